@@ -1,0 +1,19 @@
+/* Buffer, clock and memory functions shared by the devices whose buffers are ordinary host memory (cpu, blas). */
+#ifndef LLM_HOST_H
+#define LLM_HOST_H
+
+#include "../ops/device.h"
+
+void *llm_host_alloc(size_t bytes);
+void llm_host_free(void *p);
+int llm_host_upload(void *dst, const void *src, size_t bytes);
+int llm_host_download(void *dst, const void *src, size_t bytes);
+int llm_host_sync(void);
+int llm_host_status(char *err, size_t err_len);
+void llm_host_memory(llm_device_memory *out);
+void llm_host_timer_mark(int slot);
+double llm_host_timer_elapsed_ms(int from, int to);
+/* Median of a few large memcpy runs with `threads` threads (1 = plain memcpy), bytes read + written, GB/s. */
+double llm_host_measure_bandwidth(int threads);
+
+#endif

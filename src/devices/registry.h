@@ -1,0 +1,19 @@
+/* Which devices this build knows, and how a user's --device choice becomes one of them. */
+#ifndef LLM_REGISTRY_H
+#define LLM_REGISTRY_H
+
+#include <stddef.h>
+
+#include "../ops/device.h"
+
+int llm_device_count(void);
+const llm_device *llm_device_at(int i);
+const llm_device *llm_device_find(const char *name); /* exact name, NULL when unknown */
+
+/* Resolve "auto", "cpu", "blas", "cuda" or "cuda:N" into a device and options->index.
+ * For auto, `chosen` says what was taken and why ("blas (cuda: no CUDA-capable device)").
+ * A named device that is unusable is an error, never a silent switch. 0 on success, else err. */
+int llm_device_resolve(const char *spec, const llm_device **dev, llm_device_options *opt, char *chosen,
+                       size_t chosen_len, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,76 @@
+/* A device: one place that owns buffers and fills an op table.
+ * Each device is a process-wide singleton (one GPU per process, one BLAS thread pool) defined in src/devices/.
+ * The registry (src/devices/registry.c) lists them; llm_device_open() fills the gaps in a device's table
+ * from the cpu reference, visibly. Not here: the ops' specification (ops.h). */
+#ifndef LLM_DEVICE_H
+#define LLM_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "ops.h"
+
+typedef enum { LLM_DEVICE_CPU, LLM_DEVICE_GPU } llm_device_kind;
+
+typedef struct {
+    int threads; /* CPU threads for devices that use them; 0 = the device's default */
+    int index;   /* which GPU, for cuda:N */
+} llm_device_options;
+
+typedef struct {
+    size_t total;     /* device memory in bytes (host RAM for CPU devices) */
+    size_t free;
+    size_t allocated; /* bytes this process holds through alloc(), by the device's own accounting */
+} llm_device_memory;
+
+#define LLM_TIMER_SLOTS 8192
+
+typedef struct llm_device {
+    const char *name;      /* "cpu", "blas", "cuda" */
+    llm_device_kind kind;
+    bool host_memory;      /* buffers are ordinary host pointers: the cpu reference can run on them in place */
+
+    /* Is the device usable here? 1 yes; 0 no, with the reason in why ("no CUDA driver", "not compiled in"). */
+    int (*probe)(char *why, size_t why_len);
+    /* 0 on success; else a message in err. */
+    int (*init)(const llm_device_options *opt, char *err, size_t err_len);
+    void (*release)(void);
+    /* A line describing the device: "NVIDIA H100 80GB HBM3, 132 SMs, cc 9.0" or "2 threads, OpenBLAS 0.3.21". */
+    void (*describe)(char *buf, size_t len);
+
+    /* Buffers. alloc returns NULL on failure (and records why for status()). Transfers are synchronous. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    int (*upload)(void *dst, const void *src, size_t bytes);
+    int (*download)(void *dst, const void *src, size_t bytes);
+
+    /* Wait for queued work; then report the first error recorded since init, naming the op that failed.
+     * 0 when all is well. The error is sticky: a device that failed stays failed. */
+    int (*sync)(void);
+    int (*status)(char *err, size_t err_len);
+
+    void (*memory)(llm_device_memory *out);
+
+    /* Does the native table implement op for weights of this dtype? (Ops without weights ignore dtype.) */
+    bool (*supports)(llm_op op, llm_dtype dtype);
+    const llm_ops *ops; /* native ops; NULL entries are filled from the reference */
+
+    /* Optional (NULL = not provided). */
+    /* Store a weight in the device's preferred form from host data in stored dtype; the default is alloc + upload
+     * (or, for host_memory devices, pointing at the host data). May keep a converted copy (and say so in memory()). */
+    int (*weight_load)(llm_weight *w, const void *host, llm_dtype dtype, size_t rows, size_t cols);
+    void (*weight_free)(llm_weight *w);
+    /* Timestamps in stream order, for the profiler: mark(slot) records "now" as seen by the device's clock
+     * when the queue reaches it; elapsed_ms(a, b) is valid after sync(). slot < LLM_TIMER_SLOTS. */
+    void (*timer_mark)(int slot);
+    double (*timer_elapsed_ms)(int from, int to);
+    /* Measured peak memory bandwidth in GB/s (a large copy, bytes read + written, median of a few runs). */
+    double (*measure_bandwidth)(void);
+    /* Record-and-replay of a whole forward step (a CUDA graph). step_begin returns 1 when the device will replay a
+     * recorded step of this shape: the caller then skips its op calls and calls step_end, which launches it.
+     * Returns 0 when the caller must issue the ops (the device may record them). */
+    int (*step_begin)(int n_tokens);
+    void (*step_end)(void);
+} llm_device;
+
+#endif

@@ -1,0 +1,96 @@
+/* Element types of stored weights, and exact conversions of 16-bit floats to f32.
+ * Conversions are static inline so that every device's host code and the reference share one definition. */
+#ifndef LLM_DTYPE_H
+#define LLM_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum { LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16, LLM_DTYPE_COUNT } llm_dtype;
+
+static inline size_t llm_dtype_size(llm_dtype t) { return t == LLM_DTYPE_F32 ? 4 : 2; }
+
+static inline const char *llm_dtype_name(llm_dtype t)
+{
+    switch (t) {
+    case LLM_DTYPE_F32: return "F32";
+    case LLM_DTYPE_F16: return "F16";
+    case LLM_DTYPE_BF16: return "BF16";
+    default: return "?";
+    }
+}
+
+static inline float llm_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even, as torch does when casting f32 to bf16; NaN stays NaN. */
+static inline uint16_t llm_f32_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* IEEE half to single, subnormals and infinities included. */
+static inline float llm_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise the mantissa */
+        exp = 113;
+        while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+        bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Single to half, round to nearest even, overflow to infinity. */
+static inline uint16_t llm_f32_to_f16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t absb = bits & 0x7fffffffu;
+    if (absb > 0x7f800000u) return sign | 0x7e00u;             /* NaN */
+    if (absb >= 0x477ff000u) return sign | 0x7c00u;            /* rounds past 65504: infinity */
+    if (absb < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
+        if (absb < 0x33000000u) return sign;                    /* under half the smallest subnormal */
+        uint32_t exp = absb >> 23, mant = (absb & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - exp; /* value / 2^-24 = mant * 2^(exp - 126) */
+        uint32_t half = mant >> shift, rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1u))) half++;
+        return sign | (uint16_t)half;
+    }
+    uint32_t r = absb + 0xfffu + ((absb >> 13) & 1u) - (112u << 23);
+    return sign | (uint16_t)(r >> 13);
+}
+
+/* Element i of a weight stored as `t`, as f32. */
+static inline float llm_dtype_load(const void *data, llm_dtype t, size_t i)
+{
+    switch (t) {
+    case LLM_DTYPE_F32: return ((const float *)data)[i];
+    case LLM_DTYPE_F16: return llm_f16_to_f32(((const uint16_t *)data)[i]);
+    default: return llm_bf16_to_f32(((const uint16_t *)data)[i]);
+    }
+}
+
+#endif

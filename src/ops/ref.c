@@ -1,0 +1,134 @@
+/* The reference ops: plain single-threaded loops over host memory, f32 accumulation, no intrinsics.
+ * This file is the executable form of the specification in ops.h; every device is tested against it.
+ * Fast versions live in src/devices/. Keep it obviously correct rather than quick. */
+#include "ref.h"
+
+#include <math.h>
+
+static void ref_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+{
+    size_t dim = table->cols;
+    for (int i = 0; i < n; i++)
+        for (size_t c = 0; c < dim; c++)
+            out[(size_t)i * dim + c] = llm_dtype_load(table->data, table->dtype, (size_t)tokens[i] * dim + c);
+}
+
+static void ref_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+{
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *oi = out + (size_t)i * dim;
+        float ss = 0.0f;
+        for (int c = 0; c < dim; c++) ss += xi[c] * xi[c];
+        float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int c = 0; c < dim; c++) oi[c] = llm_dtype_load(weight->data, weight->dtype, (size_t)c) * (xi[c] * scale);
+    }
+}
+
+static void ref_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * w->cols;
+        for (size_t r = 0; r < w->rows; r++) {
+            float sum = 0.0f;
+            for (size_t c = 0; c < w->cols; c++) sum += llm_dtype_load(w->data, w->dtype, r * w->cols + c) * xi[c];
+            if (bias) sum += llm_dtype_load(bias->data, bias->dtype, r);
+            out[(size_t)i * w->rows + r] = sum;
+        }
+    }
+}
+
+static void rotate_heads(float *x, int n_heads, int head_dim, int32_t pos, const float *inv_freq)
+{
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int j = 0; j < half; j++) {
+            float angle = (float)pos * inv_freq[j];
+            float c = cosf(angle), s = sinf(angle);
+            float a = v[j], b = v[j + half];
+            v[j] = a * c - b * s;
+            v[j + half] = b * c + a * s;
+        }
+    }
+}
+
+static void ref_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                     int n_kv_heads, int head_dim)
+{
+    for (int i = 0; i < n; i++) {
+        rotate_heads(q + (size_t)i * n_heads * head_dim, n_heads, head_dim, positions[i], inv_freq);
+        rotate_heads(k + (size_t)i * n_kv_heads * head_dim, n_kv_heads, head_dim, positions[i], inv_freq);
+    }
+}
+
+static void ref_attention(float *out, const float *q, const float *k, const float *v, float *k_cache,
+                          float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
+                          int ctx)
+{
+    size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    (void)ctx;
+    for (int i = 0; i < n; i++)
+        for (size_t c = 0; c < kv_dim; c++) {
+            k_cache[(size_t)positions[i] * kv_dim + c] = k[(size_t)i * kv_dim + c];
+            v_cache[(size_t)positions[i] * kv_dim + c] = v[(size_t)i * kv_dim + c];
+        }
+
+    float scale = 1.0f / sqrtf((float)head_dim);
+    int group = n_heads / n_kv_heads;
+    for (int i = 0; i < n; i++) {
+        int len = positions[i] + 1;
+        for (int h = 0; h < n_heads; h++) {
+            const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
+            size_t kv_off = (size_t)(h / group) * head_dim;
+            float *oh = out + ((size_t)i * n_heads + h) * head_dim;
+
+            /* Two passes: the maximum score first, so exp() never overflows. */
+            float max = -INFINITY;
+            for (int t = 0; t < len; t++) {
+                const float *kt = k_cache + (size_t)t * kv_dim + kv_off;
+                float s = 0.0f;
+                for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
+                if (s * scale > max) max = s * scale;
+            }
+            float denom = 0.0f;
+            for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
+            for (int t = 0; t < len; t++) {
+                const float *kt = k_cache + (size_t)t * kv_dim + kv_off;
+                const float *vt = v_cache + (size_t)t * kv_dim + kv_off;
+                float s = 0.0f;
+                for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
+                float p = expf(s * scale - max);
+                denom += p;
+                for (int d = 0; d < head_dim; d++) oh[d] += p * vt[d];
+            }
+            for (int d = 0; d < head_dim; d++) oh[d] /= denom;
+        }
+    }
+}
+
+static void ref_swiglu(float *out, const float *gate, const float *up, size_t count)
+{
+    for (size_t i = 0; i < count; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+static void ref_add(float *x, const float *y, size_t count)
+{
+    for (size_t i = 0; i < count; i++) x[i] += y[i];
+}
+
+static void ref_logits(float *out, const float *x, const llm_weight *w, int n)
+{
+    ref_matmul(out, x, w, NULL, n);
+}
+
+const llm_ops llm_ref_ops = {
+    .embed = ref_embed,
+    .rmsnorm = ref_rmsnorm,
+    .matmul = ref_matmul,
+    .rope = ref_rope,
+    .attention = ref_attention,
+    .swiglu = ref_swiglu,
+    .add = ref_add,
+    .logits = ref_logits,
+};

@@ -1,0 +1,262 @@
+/* Opening a device and building the op table the model calls: native ops, reference fallbacks, pins.
+ * The transfer wrappers at the bottom let a host op run on the buffers of a device that owns its memory;
+ * they are slow by design (every argument crosses the bus) and exist so that a missing op still runs. */
+#include "runtime.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../devices/registry.h"
+#include "ref.h"
+
+/* The host implementations the transfer wrappers call, and the device whose buffers they move.
+ * One device that owns its memory is open at a time (devices are singletons), so statics suffice. */
+static const llm_device *wrap_dev;
+static llm_ops wrap_host;
+
+static void *host_copy_of(const void *device_src, size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (p && bytes) wrap_dev->download(p, device_src, bytes);
+    return p;
+}
+
+static llm_weight host_weight_of(const llm_weight *w)
+{
+    llm_weight h = *w;
+    h.data = host_copy_of(w->data, w->rows * w->cols * llm_dtype_size(w->dtype));
+    return h;
+}
+
+static void wrap_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+{
+    size_t dim = table->cols;
+    llm_weight t = host_weight_of(table);
+    int32_t *tok = host_copy_of(tokens, (size_t)n * sizeof *tok);
+    float *o = malloc((size_t)n * dim * sizeof *o);
+    if (t.data && tok && o) {
+        wrap_host.embed(o, &t, tok, n);
+        wrap_dev->upload(out, o, (size_t)n * dim * sizeof *o);
+    }
+    free(t.data), free(tok), free(o);
+}
+
+static void wrap_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+{
+    size_t bytes = (size_t)n * dim * sizeof(float);
+    llm_weight w = host_weight_of(weight);
+    float *h = host_copy_of(x, bytes);
+    if (w.data && h) {
+        wrap_host.rmsnorm(h, h, &w, n, dim, eps);
+        wrap_dev->upload(out, h, bytes);
+    }
+    free(w.data), free(h);
+}
+
+static void wrap_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    llm_weight hw = host_weight_of(w), hb = {0};
+    if (bias) hb = host_weight_of(bias);
+    float *hx = host_copy_of(x, (size_t)n * w->cols * sizeof(float));
+    float *ho = malloc((size_t)n * w->rows * sizeof(float));
+    if (hw.data && (!bias || hb.data) && hx && ho) {
+        wrap_host.matmul(ho, hx, &hw, bias ? &hb : NULL, n);
+        wrap_dev->upload(out, ho, (size_t)n * w->rows * sizeof(float));
+    }
+    free(hw.data), free(hb.data), free(hx), free(ho);
+}
+
+static void wrap_logits(float *out, const float *x, const llm_weight *w, int n)
+{
+    llm_weight hw = host_weight_of(w);
+    float *hx = host_copy_of(x, (size_t)n * w->cols * sizeof(float));
+    float *ho = malloc((size_t)n * w->rows * sizeof(float));
+    if (hw.data && hx && ho) {
+        wrap_host.logits(ho, hx, &hw, n);
+        wrap_dev->upload(out, ho, (size_t)n * w->rows * sizeof(float));
+    }
+    free(hw.data), free(hx), free(ho);
+}
+
+static void wrap_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                      int n_kv_heads, int head_dim)
+{
+    size_t qb = (size_t)n * n_heads * head_dim * sizeof(float), kb = (size_t)n * n_kv_heads * head_dim * sizeof(float);
+    float *hq = host_copy_of(q, qb), *hk = host_copy_of(k, kb);
+    int32_t *hp = host_copy_of(positions, (size_t)n * sizeof *hp);
+    float *hf = host_copy_of(inv_freq, (size_t)(head_dim / 2) * sizeof *hf);
+    if (hq && hk && hp && hf) {
+        wrap_host.rope(hq, hk, hp, hf, n, n_heads, n_kv_heads, head_dim);
+        wrap_dev->upload(q, hq, qb);
+        wrap_dev->upload(k, hk, kb);
+    }
+    free(hq), free(hk), free(hp), free(hf);
+}
+
+static void wrap_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+                           const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx)
+{
+    size_t q_bytes = (size_t)n * n_heads * head_dim * sizeof(float);
+    size_t kv_bytes = (size_t)n * n_kv_heads * head_dim * sizeof(float);
+    size_t cache_bytes = (size_t)ctx * n_kv_heads * head_dim * sizeof(float);
+    float *hq = host_copy_of(q, q_bytes), *hk = host_copy_of(k, kv_bytes), *hv = host_copy_of(v, kv_bytes);
+    float *hkc = host_copy_of(k_cache, cache_bytes), *hvc = host_copy_of(v_cache, cache_bytes);
+    int32_t *hp = host_copy_of(positions, (size_t)n * sizeof *hp);
+    float *ho = malloc(q_bytes);
+    if (hq && hk && hv && hkc && hvc && hp && ho) {
+        wrap_host.attention(ho, hq, hk, hv, hkc, hvc, hp, n, n_heads, n_kv_heads, head_dim, ctx);
+        wrap_dev->upload(out, ho, q_bytes);
+        wrap_dev->upload(k_cache, hkc, cache_bytes);
+        wrap_dev->upload(v_cache, hvc, cache_bytes);
+    }
+    free(hq), free(hk), free(hv), free(hkc), free(hvc), free(hp), free(ho);
+}
+
+static void wrap_swiglu(float *out, const float *gate, const float *up, size_t count)
+{
+    float *hg = host_copy_of(gate, count * sizeof(float)), *hu = host_copy_of(up, count * sizeof(float));
+    if (hg && hu) {
+        wrap_host.swiglu(hg, hg, hu, count);
+        wrap_dev->upload(out, hg, count * sizeof(float));
+    }
+    free(hg), free(hu);
+}
+
+static void wrap_add(float *x, const float *y, size_t count)
+{
+    float *hx = host_copy_of(x, count * sizeof(float)), *hy = host_copy_of(y, count * sizeof(float));
+    if (hx && hy) {
+        wrap_host.add(hx, hy, count);
+        wrap_dev->upload(x, hx, count * sizeof(float));
+    }
+    free(hx), free(hy);
+}
+
+static const llm_ops transfer_wrappers = {
+    .embed = wrap_embed, .rmsnorm = wrap_rmsnorm, .matmul = wrap_matmul, .rope = wrap_rope,
+    .attention = wrap_attention, .swiglu = wrap_swiglu, .add = wrap_add, .logits = wrap_logits,
+};
+
+/* Copy op `op` of `src` into `dst`. */
+static void copy_op(llm_ops *dst, const llm_ops *src, llm_op op)
+{
+    switch (op) {
+    case LLM_OP_EMBED: dst->embed = src->embed; break;
+    case LLM_OP_RMSNORM: dst->rmsnorm = src->rmsnorm; break;
+    case LLM_OP_MATMUL: dst->matmul = src->matmul; break;
+    case LLM_OP_ROPE: dst->rope = src->rope; break;
+    case LLM_OP_ATTENTION: dst->attention = src->attention; break;
+    case LLM_OP_SWIGLU: dst->swiglu = src->swiglu; break;
+    case LLM_OP_ADD: dst->add = src->add; break;
+    case LLM_OP_LOGITS: dst->logits = src->logits; break;
+    default: break;
+    }
+}
+
+static bool has_op(const llm_ops *ops, llm_op op)
+{
+    switch (op) {
+    case LLM_OP_EMBED: return ops->embed != NULL;
+    case LLM_OP_RMSNORM: return ops->rmsnorm != NULL;
+    case LLM_OP_MATMUL: return ops->matmul != NULL;
+    case LLM_OP_ROPE: return ops->rope != NULL;
+    case LLM_OP_ATTENTION: return ops->attention != NULL;
+    case LLM_OP_SWIGLU: return ops->swiglu != NULL;
+    case LLM_OP_ADD: return ops->add != NULL;
+    case LLM_OP_LOGITS: return ops->logits != NULL;
+    default: return false;
+    }
+}
+
+/* Route `op` to host device `host` (its native op, or the reference when host has none), with transfers
+ * when the runtime's device owns its memory. */
+static void route_to_host(llm_runtime *rt, llm_op op, const llm_device *host)
+{
+    const llm_ops *impl = host->ops && has_op(host->ops, op) ? host->ops : &llm_ref_ops;
+    rt->op_device[op] = host;
+    rt->op_fallback[op] = true;
+    if (rt->dev->host_memory) {
+        copy_op(&rt->ops, impl, op);
+    } else {
+        wrap_dev = rt->dev;
+        copy_op(&wrap_host, impl, op);
+        copy_op(&rt->ops, &transfer_wrappers, op);
+    }
+}
+
+int llm_op_pin_parse(const char *text, llm_op_pin *pin, char *err, size_t err_len)
+{
+    const char *eq = strchr(text, '=');
+    char name[32];
+    size_t len = eq ? (size_t)(eq - text) : 0;
+    if (!eq || len == 0 || len >= sizeof name || !eq[1]) {
+        snprintf(err, err_len, "--op-device '%s': expected OP=DEVICE, e.g. rope=cpu", text);
+        return -1;
+    }
+    memcpy(name, text, len);
+    name[len] = '\0';
+    if (llm_op_from_name(name, &pin->op) != 0) {
+        snprintf(err, err_len, "--op-device '%s': unknown op '%s' (ops: embed, rmsnorm, matmul, rope, attention, "
+                 "swiglu, add, logits)", text, name);
+        return -1;
+    }
+    pin->device = eq + 1;
+    return 0;
+}
+
+int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_options *opt, llm_dtype weight_dtype,
+                     const llm_op_pin *pins, int n_pins, FILE *log, char *err, size_t err_len)
+{
+    memset(rt, 0, sizeof *rt);
+    rt->dev = dev;
+    char why[256] = "";
+    if (!dev->probe(why, sizeof why)) {
+        snprintf(err, err_len, "device %s is not usable here: %s", dev->name, why);
+        return -1;
+    }
+    if (dev->init(opt, err, err_len) != 0) return -1;
+    rt->initialized = true;
+
+    const llm_device *cpu = llm_device_find("cpu");
+    for (int op = 0; op < LLM_OP_COUNT; op++) {
+        if (dev->ops && has_op(dev->ops, (llm_op)op) && dev->supports((llm_op)op, weight_dtype)) {
+            copy_op(&rt->ops, dev->ops, (llm_op)op);
+            rt->op_device[op] = dev;
+        } else {
+            route_to_host(rt, (llm_op)op, cpu);
+            if (log) fprintf(log, "%s: %s -> cpu reference\n", dev->name, llm_op_name((llm_op)op));
+        }
+    }
+
+    for (int i = 0; i < n_pins; i++) {
+        const llm_device *host = llm_device_find(pins[i].device);
+        if (!host || !host->host_memory) {
+            snprintf(err, err_len, "--op-device %s=%s: %s", llm_op_name(pins[i].op), pins[i].device,
+                     host ? "ops can only be pinned to a CPU device (cpu, blas)" : "unknown device");
+            llm_runtime_close(rt);
+            return -1;
+        }
+        if (host == dev) continue;
+        if (host != cpu && !host->probe(why, sizeof why)) {
+            snprintf(err, err_len, "--op-device %s=%s: device not usable here: %s", llm_op_name(pins[i].op),
+                     host->name, why);
+            llm_runtime_close(rt);
+            return -1;
+        }
+        if (host != cpu && host->init(opt, err, err_len) != 0) {
+            llm_runtime_close(rt);
+            return -1;
+        }
+        route_to_host(rt, pins[i].op, host);
+        if (log) fprintf(log, "%s: %s -> %s (pinned)\n", dev->name, llm_op_name(pins[i].op), host->name);
+    }
+    return 0;
+}
+
+void llm_runtime_close(llm_runtime *rt)
+{
+    if (!rt || !rt->initialized) return;
+    rt->dev->release();
+    if (wrap_dev == rt->dev) wrap_dev = NULL;
+    rt->initialized = false;
+}
