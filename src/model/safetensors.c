@@ -1,0 +1,577 @@
+/* The safetensors loader (see safetensors.h). A file is 8 bytes of little-endian header length N, N bytes of JSON
+ * {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the data section that
+ * the offsets index. Everything in the file is untrusted: each number is checked before it is used. */
+#include "safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+typedef struct {
+    char *path;           /* owned; label points at its basename */
+    const char *label;
+    unsigned char *bytes; /* the whole file: mapped, or malloc'd (decompressed, or copied by open_memory) */
+    size_t size;
+    bool mapped;
+    json_t *header;       /* owns the name and dtype strings the tensors point at */
+} st_file;
+
+typedef struct {
+    llm_st_tensor t;      /* first, so llm_st_at can hand out &entry->t */
+    size_t begin, end;    /* data_offsets, kept for the overlap check */
+    size_t align;         /* bytes the data pointer must be aligned to: the element size, 1 below a byte */
+    size_t file;          /* index into files: ties in the name sort go by file, so messages are stable */
+    void *copy;           /* owned aligned copy, when the file put the tensor at a misaligned offset */
+} st_entry;
+
+struct llm_st {
+    st_file *files;
+    size_t n_files;
+    st_entry *tensors;    /* sorted by name once opening is done */
+    size_t n_tensors;
+    size_t held_bytes;
+};
+
+/* Every dtype of the safetensors spec with its size in bits, so that tensors we cannot compute with are still
+ * sized and checked; the model decides whether it needs them. */
+static const struct { const char *name; unsigned bits; } st_dtypes[] = {
+    {"BOOL", 8}, {"F4", 4}, {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"U8", 8}, {"I8", 8}, {"F8_E5M2", 8}, {"F8_E4M3", 8},
+    {"F8_E8M0", 8}, {"I16", 16}, {"U16", 16}, {"F16", 16}, {"BF16", 16}, {"I32", 32}, {"U32", 32}, {"F32", 32},
+    {"C64", 64}, {"F64", 64}, {"I64", 64}, {"U64", 64},
+};
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err && err_len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static const char *st_kind(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE: case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* A JSON number that is a non-negative integer representable as size_t. */
+static bool st_size_value(const json_t *v, size_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0) return false;
+    uint64_t x = (uint64_t)json_integer_value(v);
+    if (x > SIZE_MAX) return false;
+    *out = (size_t)x;
+    return true;
+}
+
+static bool st_ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static const char *st_shape_str(const llm_st_tensor *t, char *buf, size_t n)
+{
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && used < n; i++) used += (size_t)snprintf(buf + used, n - used, "%s%zu", i ? ", " : "", t->shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+    return buf;
+}
+
+/* Fills e from one header entry, checking types, dtype, shape arithmetic and offsets against the data section. */
+static int st_parse_entry(const char *L, const char *name, const json_t *v, size_t data_len, st_entry *e,
+                          char *err, size_t err_len)
+{
+    if (!json_is_object(v))
+        return fail(err, err_len, "%s: tensor '%s': expected an object {dtype, shape, data_offsets}, found %s", L,
+                    name, st_kind(v));
+    const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
+                 *off = json_object_get(v, "data_offsets");
+    if (!dt || !sh || !off)
+        return fail(err, err_len, "%s: tensor '%s': missing \"%s\"", L, name,
+                    !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+    if (!json_is_string(dt)) return fail(err, err_len, "%s: tensor '%s': dtype should be a string, found %s", L, name, st_kind(dt));
+    if (!json_is_array(sh) || json_array_size(sh) > LLM_ST_MAX_DIMS)
+        return fail(err, err_len, "%s: tensor '%s': shape should be an array of at most %d integers, found %s%s", L,
+                    name, LLM_ST_MAX_DIMS, st_kind(sh), json_is_array(sh) ? " that is too long" : "");
+    if (!json_is_array(off) || json_array_size(off) != 2)
+        return fail(err, err_len, "%s: tensor '%s': data_offsets should be an array [begin, end], found %s", L, name,
+                    st_kind(off));
+
+    llm_st_tensor *t = &e->t;
+    t->name = name;
+    t->dtype_name = json_string_value(dt);
+    unsigned bits = 0;
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+        if (strcmp(t->dtype_name, st_dtypes[i].name) == 0) bits = st_dtypes[i].bits;
+    if (!bits) return fail(err, err_len, "%s: tensor '%s': unknown dtype '%s'", L, name, t->dtype_name);
+    e->align = bits >= 8 ? bits / 8 : 1;
+    for (llm_dtype d = 0; d < LLM_DTYPE_COUNT; d++)
+        if (strcmp(t->dtype_name, llm_dtype_name(d)) == 0) t->supported = true, t->dtype = d;
+
+    t->ndim = (int)json_array_size(sh);
+    t->numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (!st_size_value(json_array_get(sh, (size_t)i), &t->shape[i]))
+            return fail(err, err_len, "%s: tensor '%s': shape[%d] should be a non-negative integer, found %s", L,
+                        name, i, st_kind(json_array_get(sh, (size_t)i)));
+        if (t->shape[i] && t->numel > SIZE_MAX / t->shape[i])
+            return fail(err, err_len, "%s: tensor '%s': shape overflows the element count", L, name);
+        t->numel *= t->shape[i];
+    }
+    if (!st_size_value(json_array_get(off, 0), &e->begin) || !st_size_value(json_array_get(off, 1), &e->end))
+        return fail(err, err_len, "%s: tensor '%s': data_offsets should be two non-negative integers", L, name);
+    if (e->end < e->begin)
+        return fail(err, err_len, "%s: tensor '%s': data_offsets [%zu, %zu] end before they begin", L, name,
+                    e->begin, e->end);
+    if (e->end > data_len)
+        return fail(err, err_len, "%s: tensor '%s': data_offsets [%zu, %zu] outside the data section (%zu bytes)", L,
+                    name, e->begin, e->end, data_len);
+    char shape[256];
+    if (t->numel > SIZE_MAX / bits)
+        return fail(err, err_len, "%s: tensor '%s': shape %s of %s overflows the byte count", L, name,
+                    st_shape_str(t, shape, sizeof shape), t->dtype_name);
+    if (t->numel * bits % 8)
+        return fail(err, err_len, "%s: tensor '%s': shape %s of %s is not a whole number of bytes", L, name,
+                    st_shape_str(t, shape, sizeof shape), t->dtype_name);
+    t->nbytes = t->numel * bits / 8;
+    if (t->nbytes != e->end - e->begin)
+        return fail(err, err_len, "%s: tensor '%s': shape %s of %s needs %zu bytes but data_offsets [%zu, %zu] hold %zu",
+                    L, name, st_shape_str(t, shape, sizeof shape), t->dtype_name, t->nbytes, e->begin, e->end,
+                    e->end - e->begin);
+    return 0;
+}
+
+static int st_name_is(const void *name, const void *entry)
+{
+    return strcmp(name, ((const st_entry *)entry)->t.name);
+}
+
+static int st_by_begin(const void *a, const void *b)
+{
+    const st_entry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int st_by_name(const void *a, const void *b)
+{
+    const st_entry *x = a, *y = b;
+    int c = strcmp(x->t.name, y->t.name);
+    return c ? c : (x->file > y->file) - (x->file < y->file);
+}
+
+/* Parses files[fi]'s header and appends its tensors. */
+static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
+{
+    st_file *f = &st->files[fi];
+    const char *L = f->label;
+    if (f->size < 8)
+        return fail(err, err_len, "%s: file is %zu bytes, too short for the 8-byte header length", L, f->size);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | f->bytes[i];
+    if (n > f->size - 8)
+        return fail(err, err_len, "%s: header length %" PRIu64 " is beyond the end of the file (%zu bytes)", L, n,
+                    f->size);
+    json_error_t je;
+    /* Duplicate keys would make a tensor name ambiguous; jansson rejects them for us. */
+    f->header = json_loadb((const char *)f->bytes + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
+    if (!f->header)
+        return fail(err, err_len, "%s: header is not valid JSON: %s (line %d, column %d)", L, je.text, je.line,
+                    je.column);
+    if (!json_is_object(f->header))
+        return fail(err, err_len, "%s: header should be a JSON object, found %s", L, st_kind(f->header));
+
+    const unsigned char *data = f->bytes + 8 + n;
+    size_t data_len = f->size - 8 - (size_t)n;
+    st->held_bytes += data_len;
+    if (json_object_size(f->header) == 0) return 0;
+    st_entry *grown = realloc(st->tensors, (st->n_tensors + json_object_size(f->header)) * sizeof *grown);
+    if (!grown) return fail(err, err_len, "%s: out of memory for the tensor table", L);
+    st->tensors = grown;
+
+    size_t first = st->n_tensors;
+    const char *name;
+    json_t *v;
+    json_object_foreach(f->header, name, v) {
+        /* __metadata__ holds free-form strings (format, framework); nothing we load depends on it. */
+        if (strcmp(name, "__metadata__") == 0) continue;
+        st_entry e = {0};
+        if (st_parse_entry(L, name, v, data_len, &e, err, err_len)) return -1;
+        e.t.file = L;
+        e.file = fi;
+        e.t.data = data + e.begin;
+        if ((uintptr_t)e.t.data % e.align) {
+            /* Kernels read whole elements; a misaligned offset (or a header length not padded to 8) gets a copy. */
+            e.copy = malloc(e.t.nbytes);
+            if (!e.copy) return fail(err, err_len, "%s: tensor '%s': out of memory copying %zu bytes", L, name, e.t.nbytes);
+            memcpy(e.copy, e.t.data, e.t.nbytes);
+            e.t.data = e.copy;
+            st->held_bytes += e.t.nbytes;
+        }
+        st->tensors[st->n_tensors++] = e;
+    }
+
+    /* Sorted by offset, a non-empty tensor overlaps an earlier one exactly when it starts before the furthest end. */
+    qsort(st->tensors + first, st->n_tensors - first, sizeof *st->tensors, st_by_begin);
+    const st_entry *far = NULL;
+    for (size_t i = first; i < st->n_tensors; i++) {
+        const st_entry *e = &st->tensors[i];
+        if (e->begin == e->end) continue;
+        if (far && e->begin < far->end)
+            return fail(err, err_len, "%s: tensors '%s' [%zu, %zu] and '%s' [%zu, %zu] overlap", L, far->t.name,
+                        far->begin, far->end, e->t.name, e->begin, e->end);
+        if (!far || e->end > far->end) far = e;
+    }
+    return 0;
+}
+
+/* Takes the compressed bytes of f and leaves the decompressed file in f->bytes. */
+static int st_decompress(st_file *f, const unsigned char *src, size_t n, char *err, size_t err_len)
+{
+    if (n == 0) return fail(err, err_len, "%s: file is empty, expected zstd data", f->label);
+    /* The frame's content size is a hint only: a corrupt frame can claim anything, so it is capped at a ratio no
+     * weight file reaches, and the loop grows the buffer when the hint falls short. */
+    unsigned long long hint = ZSTD_getFrameContentSize(src, n);
+    size_t cap = n <= SIZE_MAX / 4 ? n * 4 : n;
+    if (hint != ZSTD_CONTENTSIZE_UNKNOWN && hint != ZSTD_CONTENTSIZE_ERROR && hint / 1024 <= n && hint <= SIZE_MAX)
+        cap = (size_t)hint;
+    if (cap < 4096) cap = 4096;
+    ZSTD_DCtx *dctx = ZSTD_createDCtx();
+    unsigned char *buf = malloc(cap);
+    int rc = -1;
+    if (!dctx || !buf) {
+        fail(err, err_len, "%s: out of memory for %zu decompressed bytes", f->label, cap);
+        goto done;
+    }
+    ZSTD_inBuffer in = {src, n, 0};
+    ZSTD_outBuffer out = {buf, cap, 0};
+    for (;;) {
+        size_t ret = ZSTD_decompressStream(dctx, &out, &in);
+        if (ZSTD_isError(ret)) {
+            fail(err, err_len, "%s: corrupt zstd data: %s", f->label, ZSTD_getErrorName(ret));
+            goto done;
+        }
+        if (ret == 0 && in.pos == in.size) break; /* the last frame is complete */
+        if (out.pos == out.size) {
+            unsigned char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!bigger) {
+                fail(err, err_len, "%s: out of memory decompressing past %zu bytes", f->label, cap);
+                goto done;
+            }
+            buf = bigger, cap *= 2;
+            out.dst = buf, out.size = cap;
+        } else if (in.pos == in.size) {
+            fail(err, err_len, "%s: zstd data ends inside a frame (truncated file?)", f->label);
+            goto done;
+        }
+    }
+    f->bytes = buf, f->size = out.pos, f->mapped = false;
+    buf = NULL;
+    rc = 0;
+done:
+    free(buf);
+    ZSTD_freeDCtx(dctx);
+    return rc;
+}
+
+/* Appends an empty file slot named by path; NULL when out of memory. */
+static st_file *st_add_file(llm_st *st, const char *path)
+{
+    st_file *files = realloc(st->files, (st->n_files + 1) * sizeof *files);
+    if (!files) return NULL;
+    st->files = files;
+    st_file *f = &files[st->n_files];
+    memset(f, 0, sizeof *f);
+    if (!(f->path = strdup(path))) return NULL;
+    st->n_files++;
+    const char *slash = strrchr(f->path, '/');
+    f->label = slash ? slash + 1 : f->path;
+    return f;
+}
+
+/* Maps (or decompresses) one file and parses it. */
+static int st_load(llm_st *st, const char *path, char *err, size_t err_len)
+{
+    st_file *f = st_add_file(st, path);
+    if (!f) return fail(err, err_len, "%s: out of memory", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > SIZE_MAX) {
+        close(fd);
+        return fail(err, err_len, "%s: not a regular file of a size we can map", path);
+    }
+    size_t size = (size_t)sb.st_size;
+    void *map = NULL;
+    if (size > 0) {
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return fail(err, err_len, "%s: cannot map %zu bytes: %s", path, size, strerror(e));
+        }
+    }
+    close(fd);
+    if (st_ends_with(path, ".zst")) {
+        int rc = st_decompress(f, map, size, err, err_len);
+        if (map) munmap(map, size);
+        if (rc) return -1;
+    } else {
+        f->bytes = map, f->size = size, f->mapped = true;
+    }
+    return st_parse(st, st->n_files - 1, err, err_len);
+}
+
+/* Sorts the table by name for llm_st_find; a name in two files is an error rather than a silent pick. */
+static int st_finish(llm_st *st, char *err, size_t err_len)
+{
+    if (st->n_tensors) qsort(st->tensors, st->n_tensors, sizeof *st->tensors, st_by_name);
+    for (size_t i = 1; i < st->n_tensors; i++)
+        if (strcmp(st->tensors[i - 1].t.name, st->tensors[i].t.name) == 0)
+            return fail(err, err_len, "%s: tensor '%s' is also in %s (a name may appear in one shard only)",
+                        st->tensors[i].t.file, st->tensors[i].t.name, st->tensors[i - 1].t.file);
+    return 0;
+}
+
+static bool st_is_file(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static char *st_join(const char *dir, const char *name, const char *suffix)
+{
+    size_t n = strlen(dir) + strlen(name) + strlen(suffix) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s%s", dir, name, suffix);
+    return p;
+}
+
+/* Loads dir/name, or dir/name.zst when only that exists; *found says whether either existed. */
+static int st_load_either(llm_st *st, const char *dir, const char *name, bool *found, char *err, size_t err_len)
+{
+    char *plain = st_join(dir, name, ""), *zst = st_join(dir, name, ".zst");
+    int rc = -1;
+    *found = false;
+    if (!plain || !zst) fail(err, err_len, "%s: out of memory", dir);
+    else if ((*found = st_is_file(plain))) rc = st_load(st, plain, err, err_len);
+    else if ((*found = st_is_file(zst))) rc = st_load(st, zst, err, err_len);
+    else rc = 0;
+    free(plain), free(zst);
+    return rc;
+}
+
+static int st_open_index(llm_st *st, const char *dir, const char *index_path, char *err, size_t err_len)
+{
+    const char *L = "model.safetensors.index.json";
+    json_error_t je;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return fail(err, err_len, "%s: not valid JSON: %s (line %d, column %d)", L, je.text, je.line, je.column);
+    const char **shards = NULL;
+    int rc = -1;
+    json_t *map = json_object_get(root, "weight_map"), *v;
+    const char *name;
+    if (!json_is_object(map) || json_object_size(map) == 0) {
+        fail(err, err_len, "%s: expected a non-empty object \"weight_map\": {tensor: shard file}", L);
+        goto done;
+    }
+    size_t n_shards = 0;
+    if (!(shards = malloc(json_object_size(map) * sizeof *shards))) {
+        fail(err, err_len, "%s: out of memory", L);
+        goto done;
+    }
+    json_object_foreach(map, name, v) {
+        if (!json_is_string(v)) {
+            fail(err, err_len, "%s: weight_map['%s'] should be a shard file name, found %s", L, name, st_kind(v));
+            goto done;
+        }
+        size_t i = 0;
+        while (i < n_shards && strcmp(shards[i], json_string_value(v)) != 0) i++;
+        if (i == n_shards) shards[n_shards++] = json_string_value(v);
+    }
+    /* Shards load in order, so shards[i] is files[i]: that is how a tensor is checked against its shard below. */
+    for (size_t i = 0; i < n_shards; i++) {
+        bool found;
+        if (st_load_either(st, dir, shards[i], &found, err, err_len)) goto done;
+        if (!found) {
+            fail(err, err_len, "%s: shard %s is missing (neither it nor %s.zst is in %s)", L, shards[i], shards[i], dir);
+            goto done;
+        }
+    }
+    if (st_finish(st, err, err_len)) goto done;
+    json_object_foreach(map, name, v) {
+        size_t i = 0;
+        while (strcmp(shards[i], json_string_value(v)) != 0) i++;
+        const llm_st_tensor *t = llm_st_find(st, name);
+        if (!t) {
+            fail(err, err_len, "%s: tensor '%s' is listed in %s, which does not contain it", L, name, shards[i]);
+            goto done;
+        }
+        if (t->file != st->files[i].label) {
+            fail(err, err_len, "%s: tensor '%s' is listed in %s but found in %s", L, name, shards[i], t->file);
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    free(shards);
+    json_decref(root);
+    return rc;
+}
+
+static int st_by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* No index and no model.safetensors: every *.safetensors(.zst) in the folder, in name order. */
+static int st_open_scan(llm_st *st, const char *dir, char *err, size_t err_len)
+{
+    DIR *d = opendir(dir);
+    if (!d) return fail(err, err_len, "%s: cannot list the folder: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0;
+    int rc = -1;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!st_ends_with(de->d_name, ".safetensors") && !st_ends_with(de->d_name, ".safetensors.zst")) continue;
+        char **grown = realloc(names, (n + 1) * sizeof *names);
+        if (grown) names = grown;
+        if (!grown || !(names[n] = strdup(de->d_name))) {
+            closedir(d);
+            fail(err, err_len, "%s: out of memory", dir);
+            goto done;
+        }
+        n++;
+    }
+    closedir(d);
+    if (n == 0) {
+        fail(err, err_len, "%s: no model.safetensors, model.safetensors.index.json or *.safetensors(.zst) here", dir);
+        goto done;
+    }
+    qsort(names, n, sizeof *names, st_by_str);
+    for (size_t i = 0; i < n; i++) {
+        char *path = st_join(dir, names[i], "");
+        if (!path) {
+            fail(err, err_len, "%s: out of memory", dir);
+            goto done;
+        }
+        bool skip = false;
+        size_t len = strlen(path);
+        if (st_ends_with(path, ".zst")) { /* NAME.zst beside NAME is the same shard twice */
+            path[len - 4] = '\0';
+            skip = st_is_file(path);
+            path[len - 4] = '.';
+        }
+        int failed = skip ? 0 : st_load(st, path, err, err_len);
+        free(path);
+        if (failed) goto done;
+    }
+    rc = st_finish(st, err, err_len);
+done:
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return rc;
+}
+
+static int st_open_dir(llm_st *st, const char *dir, char *err, size_t err_len)
+{
+    char *index = st_join(dir, "model.safetensors.index.json", "");
+    if (!index) return fail(err, err_len, "%s: out of memory", dir);
+    int rc;
+    bool found = false;
+    if (st_is_file(index)) rc = st_open_index(st, dir, index, err, err_len);
+    else if ((rc = st_load_either(st, dir, "model.safetensors", &found, err, err_len)) == 0)
+        rc = found ? st_finish(st, err, err_len) : st_open_scan(st, dir, err, err_len);
+    free(index);
+    return rc;
+}
+
+int llm_st_open(llm_st **out, const char *path, char *err, size_t err_len)
+{
+    *out = NULL;
+    llm_st *st = calloc(1, sizeof *st);
+    if (!st) return fail(err, err_len, "%s: out of memory", path);
+    struct stat sb;
+    int rc;
+    if (stat(path, &sb) != 0) rc = fail(err, err_len, "%s: %s", path, strerror(errno));
+    else if (S_ISDIR(sb.st_mode)) rc = st_open_dir(st, path, err, err_len);
+    else if ((rc = st_load(st, path, err, err_len)) == 0) rc = st_finish(st, err, err_len);
+    if (rc) {
+        llm_st_close(st);
+        return -1;
+    }
+    *out = st;
+    return 0;
+}
+
+int llm_st_open_memory(llm_st **out, const void *bytes, size_t len, const char *label, char *err, size_t err_len)
+{
+    *out = NULL;
+    llm_st *st = calloc(1, sizeof *st);
+    st_file *f = st ? st_add_file(st, label) : NULL;
+    int rc = -1;
+    if (!f) fail(err, err_len, "%s: out of memory", label);
+    else if (st_ends_with(label, ".zst")) rc = st_decompress(f, bytes, len, err, err_len);
+    else if (!(f->bytes = malloc(len ? len : 1))) fail(err, err_len, "%s: out of memory copying %zu bytes", label, len);
+    else {
+        if (len) memcpy(f->bytes, bytes, len);
+        f->size = len;
+        rc = 0;
+    }
+    if (rc == 0 && (rc = st_parse(st, 0, err, err_len)) == 0) rc = st_finish(st, err, err_len);
+    if (rc) {
+        llm_st_close(st);
+        return -1;
+    }
+    *out = st;
+    return 0;
+}
+
+const llm_st_tensor *llm_st_find(const llm_st *st, const char *name)
+{
+    if (!st->n_tensors) return NULL;
+    const st_entry *e = bsearch(name, st->tensors, st->n_tensors, sizeof *st->tensors, st_name_is);
+    return e ? &e->t : NULL;
+}
+
+size_t llm_st_count(const llm_st *st) { return st->n_tensors; }
+
+const llm_st_tensor *llm_st_at(const llm_st *st, size_t i) { return i < st->n_tensors ? &st->tensors[i].t : NULL; }
+
+size_t llm_st_mapped_bytes(const llm_st *st) { return st->held_bytes; }
+
+void llm_st_close(llm_st *st)
+{
+    if (!st) return;
+    for (size_t i = 0; i < st->n_tensors; i++) free(st->tensors[i].copy);
+    for (size_t i = 0; i < st->n_files; i++) {
+        st_file *f = &st->files[i];
+        if (f->mapped && f->bytes) munmap(f->bytes, f->size);
+        else free(f->bytes);
+        json_decref(f->header);
+        free(f->path);
+    }
+    free(st->tensors);
+    free(st->files);
+    free(st);
+}
