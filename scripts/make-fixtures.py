@@ -127,8 +127,10 @@ def main():
             path = os.path.join(out_dir, fx)
             stored = copy.deepcopy(model).to(getattr(torch, dtype))
             stored.save_pretrained(path, safe_serialization=True)
-            # The reference for 16-bit checkpoints: the same stored weights, upcast, computed in float32.
-            ref = stored.to(torch.float32).eval()
+            # The reference: the stored checkpoint loaded back the way a user loads it, upcast to float32.
+            # (Not stored.to(float32): .to() also rounds the rotary inv_freq buffer to 16 bits, which HF's own
+            # loading never does.)
+            ref = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
             logits, greedy, margins = record(ref, tokens)
             save_file({"logits": logits.contiguous()}, os.path.join(path, "logits.safetensors"))
             with open(os.path.join(path, "config.json")) as f:

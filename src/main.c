@@ -1,1 +1,21 @@
-int main(void){return 0;}
+/* llm-run: run Hugging Face Llama-family checkpoints directly, on whatever device is here.
+ * This file only picks the subcommand; each lives in its own src/cmd_*.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} commands[] = {
+    {"tokenize", llm_cmd_tokenize},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+            if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    return llm_cmd_generate(argc, argv);
+}

@@ -1,0 +1,281 @@
+/* `llm-run [options] MODEL`: generate text (or token ids) from a prompt, streaming to stdout, with a summary on
+ * stderr. Flags follow llama.cpp's names. The model, tokenizer and sampler do the work; this file wires them. */
+#include <argtable2.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+#define MAX_PINS 16
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Read a whole stream into a NUL-terminated malloc'd buffer. */
+static char *read_all(FILE *f, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger) {
+            free(buf);
+            return NULL;
+        }
+        buf = bigger;
+        cap *= 2;
+    }
+    if (!buf || ferror(f)) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* "1,2 3" -> ids. Returns the count, or -1 with err set. */
+static int parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
+{
+    size_t cap = 16, n = 0;
+    int32_t *out = malloc(cap * sizeof *out);
+    const char *p = text;
+    while (out) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX) {
+            snprintf(err, err_len, "--tokens: '%.20s' is not a token id", p);
+            free(out);
+            return -1;
+        }
+        if (n == cap) {
+            int32_t *bigger = realloc(out, 2 * cap * sizeof *out);
+            if (!bigger) break;
+            out = bigger;
+            cap *= 2;
+        }
+        out[n++] = (int32_t)v;
+        p = end;
+    }
+    if (!out || (n == cap && *p)) {
+        free(out);
+        snprintf(err, err_len, "out of memory reading --tokens");
+        return -1;
+    }
+    *ids = out;
+    return (int)n;
+}
+
+int llm_cmd_generate(int argc, char **argv)
+{
+    struct arg_lit *help = arg_lit0("h", "help", "print this help and exit");
+    struct arg_file *model_pos = arg_file0(NULL, NULL, "MODEL", "model folder or .safetensors(.zst) file");
+    struct arg_file *model_opt = arg_file0("m", "model", "MODEL", "the same, as an option");
+    struct arg_str *prompt = arg_str0("p", "prompt", "TEXT", "prompt text (else -f, --tokens, or stdin)");
+    struct arg_file *prompt_file = arg_file0("f", "file", "FILE", "read the prompt from FILE");
+    struct arg_str *tokens = arg_str0(NULL, "tokens", "IDS", "prompt as token ids (1,2,3); output is ids too");
+    struct arg_int *n_predict = arg_int0("n", "n-predict", "N", "tokens to generate (default 128)");
+    struct arg_int *ctx = arg_int0("c", "ctx-size", "N", "context size (default min(max_position_embeddings, 4096))");
+    struct arg_int *batch = arg_int0("b", "batch-size", "N", "prompt positions per forward call (default 512)");
+    struct arg_dbl *temp = arg_dbl0(NULL, "temp", "T", "temperature, 0 = greedy (default 0.8)");
+    struct arg_int *top_k = arg_int0(NULL, "top-k", "N", "keep the N most likely tokens, 0 = off (default 40)");
+    struct arg_dbl *top_p = arg_dbl0(NULL, "top-p", "P", "nucleus sampling, 1 = off (default 0.95)");
+    struct arg_dbl *min_p = arg_dbl0(NULL, "min-p", "P", "drop tokens below P x the best, 0 = off (default 0.05)");
+    struct arg_int *seed = arg_int0("s", "seed", "N", "random seed (default: from the clock)");
+    struct arg_str *device = arg_str0(NULL, "device", "DEV", "auto, cpu, blas, cuda, cuda:N (default $LLM_RUN_DEVICE "
+                                      "or auto)");
+    struct arg_int *threads = arg_int0("t", "threads", "N", "CPU threads (default: physical cores)");
+    struct arg_str *op_device = arg_strn(NULL, "op-device", "OP=DEV", 0, MAX_PINS,
+                                         "run one op on another CPU device, e.g. rope=cpu (repeatable)");
+    struct arg_lit *ignore_eos = arg_lit0(NULL, "ignore-eos", "keep generating past end-of-sequence tokens");
+    struct arg_lit *verbose_prompt = arg_lit0(NULL, "verbose-prompt", "print the prompt's token ids on stderr");
+    struct arg_lit *special = arg_lit0(NULL, "special", "print special tokens in the output");
+    struct arg_end *end = arg_end(8);
+    void *table[] = {help, model_pos, model_opt, prompt, prompt_file, tokens, n_predict, ctx, batch, temp, top_k, top_p,
+                     min_p, seed, device, threads, op_device, ignore_eos, verbose_prompt, special, end};
+
+    int rc = 1;
+    char err[1024] = "";
+    llm_model model = {0};
+    llm_state state = {0};
+    llm_sampler sampler = {0};
+    llm_tokenizer *tok = NULL;
+    llm_detokenizer *detok = NULL;
+    int32_t *ids = NULL;
+    char *prompt_text = NULL;
+    llm_op_pin pins[MAX_PINS];
+
+    if (arg_nullcheck(table) != 0) {
+        fprintf(stderr, "llm-run: out of memory\n");
+        goto done;
+    }
+    int n_errors = arg_parse(argc, argv, table);
+    if (help->count) {
+        printf("usage: llm-run [options] MODEL\n"
+               "       llm-run tokenize|devices|bench|compare ... (llm-run COMMAND --help)\n\n");
+        arg_print_glossary(stdout, table, "  %-28s %s\n");
+        rc = 0;
+        goto done;
+    }
+    if (n_errors) {
+        arg_print_errors(stderr, end, "llm-run");
+        fprintf(stderr, "llm-run: see llm-run --help\n");
+        goto done;
+    }
+    const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
+    if (!path) {
+        fprintf(stderr, "llm-run: no model given (llm-run [options] MODEL; see --help)\n");
+        goto done;
+    }
+    for (int i = 0; i < op_device->count; i++)
+        if (llm_op_pin_parse(op_device->sval[i], &pins[i], err, sizeof err)) goto fail;
+
+    int want = n_predict->count ? n_predict->ival[0] : 128;
+    if (want < 0) {
+        snprintf(err, sizeof err, "-n %d: expected a count of tokens >= 0", want);
+        goto fail;
+    }
+    const char *dev_name = device->count ? device->sval[0] : getenv("LLM_RUN_DEVICE");
+    llm_load_options lo = {.device = dev_name, .threads = threads->count ? threads->ival[0] : 0, .pins = pins,
+                           .n_pins = op_device->count, .log = stderr};
+    double t0 = now_s();
+    if (llm_model_load(&model, path, &lo, err, sizeof err)) goto fail;
+    double load_s = now_s() - t0;
+    const llm_config *c = &model.config;
+
+    /* The prompt, as ids. */
+    int n_prompt;
+    bool ids_mode = tokens->count > 0;
+    if (ids_mode) {
+        n_prompt = parse_ids(tokens->sval[0], &ids, err, sizeof err);
+        if (n_prompt < 0) goto fail;
+    } else {
+        size_t len = 0;
+        if (prompt->count) {
+            prompt_text = strdup(prompt->sval[0]);
+            len = prompt_text ? strlen(prompt_text) : 0;
+        } else if (prompt_file->count) {
+            FILE *f = fopen(prompt_file->filename[0], "rb");
+            if (!f) {
+                snprintf(err, sizeof err, "%s: cannot open the prompt file", prompt_file->filename[0]);
+                goto fail;
+            }
+            prompt_text = read_all(f, &len);
+            fclose(f);
+        } else if (!isatty(STDIN_FILENO)) {
+            prompt_text = read_all(stdin, &len);
+        } else {
+            snprintf(err, sizeof err, "no prompt: give -p TEXT, -f FILE, --tokens IDS or pipe text to stdin");
+            goto fail;
+        }
+        if (!prompt_text) {
+            snprintf(err, sizeof err, "cannot read the prompt");
+            goto fail;
+        }
+        if (llm_tokenizer_load(&tok, model.dir, err, sizeof err)) goto fail;
+        size_t n_ids = 0;
+        if (llm_tokenizer_encode(tok, prompt_text, len, true, &ids, &n_ids, err, sizeof err)) goto fail;
+        n_prompt = (int)n_ids;
+        detok = llm_detokenizer_new(tok, !special->count);
+        if (!detok) {
+            snprintf(err, sizeof err, "out of memory");
+            goto fail;
+        }
+    }
+    if (n_prompt == 0) {
+        snprintf(err, sizeof err, "the prompt is empty");
+        goto fail;
+    }
+    if (verbose_prompt->count) {
+        fprintf(stderr, "prompt: %d tokens:", n_prompt);
+        for (int i = 0; i < n_prompt; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n");
+    }
+
+    if (llm_state_init(&state, &model, ctx->count ? ctx->ival[0] : 0, batch->count ? batch->ival[0] : 512, false,
+                       err, sizeof err))
+        goto fail;
+    if (n_prompt > state.ctx) {
+        snprintf(err, sizeof err, "the prompt is %d tokens, longer than the context of %d (-c)", n_prompt, state.ctx);
+        goto fail;
+    }
+    if (n_prompt + want > state.ctx) {
+        snprintf(err, sizeof err, "-n %d goes past the context: %d prompt tokens + %d > %d (raise -c or lower -n)",
+                 want, n_prompt, want, state.ctx);
+        goto fail;
+    }
+    uint64_t rng_seed = seed->count ? (uint64_t)(uint32_t)seed->ival[0] : (uint64_t)time(NULL) ^ (uint64_t)getpid();
+    if (llm_sampler_init(&sampler, c->vocab_size, temp->count ? (float)temp->dval[0] : 0.8f,
+                         top_k->count ? top_k->ival[0] : 40, top_p->count ? (float)top_p->dval[0] : 0.95f,
+                         min_p->count ? (float)min_p->dval[0] : 0.05f, rng_seed)) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+
+    /* Prefill in chunks of the batch size; then one token at a time. */
+    const float *logits = NULL;
+    double t_prefill = now_s();
+    for (int pos = 0; pos < n_prompt; pos += state.max_batch) {
+        int n = n_prompt - pos < state.max_batch ? n_prompt - pos : state.max_batch;
+        if (llm_forward(&model, &state, ids + pos, n, pos, &logits, err, sizeof err)) goto fail;
+    }
+    double prefill_s = now_s() - t_prefill, decode_s = 0.0;
+    int generated = 0, decode_steps = 0;
+    for (int pos = n_prompt; generated < want; pos++) {
+        int32_t next = llm_sampler_sample(&sampler, logits);
+        generated++;
+        if (ids_mode) {
+            printf("%s%d", generated > 1 ? " " : "", next);
+        } else {
+            char *piece = llm_detokenizer_push(detok, next);
+            if (piece) fputs(piece, stdout);
+            free(piece);
+        }
+        fflush(stdout);
+        if (!ignore_eos->count && llm_config_is_eos(c, next)) break;
+        if (generated == want) break;
+        double t = now_s();
+        if (llm_forward(&model, &state, &next, 1, pos, &logits, err, sizeof err)) goto fail;
+        decode_s += now_s() - t;
+        decode_steps++;
+    }
+    if (!ids_mode) {
+        char *rest = llm_detokenizer_flush(detok);
+        if (rest) fputs(rest, stdout);
+        free(rest);
+    }
+    printf("\n");
+    fprintf(stderr, "\nllm-run: %s on %s | load %.2f s | prompt %d tokens, %.1f tok/s | generated %d tokens, "
+            "%.1f tok/s\n", c->architecture, model.rt.dev->name, load_s, n_prompt,
+            prefill_s > 0 ? n_prompt / prefill_s : 0.0, generated, decode_s > 0 ? decode_steps / decode_s : 0.0);
+    rc = 0;
+    goto done;
+
+fail:
+    fprintf(stderr, "llm-run: %s\n", err);
+done:
+    llm_sampler_free(&sampler);
+    llm_state_free(&state, &model);
+    llm_detokenizer_free(detok);
+    llm_tokenizer_free(tok);
+    llm_model_free(&model);
+    free(ids);
+    free(prompt_text);
+    arg_freetable(table, sizeof table / sizeof table[0]);
+    return rc;
+}

@@ -1,0 +1,299 @@
+/* config.json and generation_config.json through jansson. Every value is checked for type and range, because
+ * the sizes read here decide every allocation and every offset later. */
+#include "config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const supported_architectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+
+/* An integer field in [lo, hi]; absent is an error unless a default is given (has_default). */
+static int get_int(const json_t *obj, const char *key, long long lo, long long hi, bool has_default, int def, int *out,
+                   const char *file, char *err, size_t err_len)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (has_default) {
+            *out = def;
+            return 0;
+        }
+        snprintf(err, err_len, "%s: missing \"%s\"", file, key);
+        return -1;
+    }
+    if (!json_is_integer(v)) {
+        snprintf(err, err_len, "%s: \"%s\" must be an integer", file, key);
+        return -1;
+    }
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        snprintf(err, err_len, "%s: \"%s\" is %lld, expected %lld..%lld", file, key, x, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int get_real(const json_t *obj, const char *key, double lo, double hi, double def, float *out, const char *file,
+                    char *err, size_t err_len)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = (float)def;
+        return 0;
+    }
+    if (!json_is_number(v)) {
+        snprintf(err, err_len, "%s: \"%s\" must be a number", file, key);
+        return -1;
+    }
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) {
+        snprintf(err, err_len, "%s: \"%s\" is %g, expected %g..%g", file, key, x, lo, hi);
+        return -1;
+    }
+    *out = (float)x;
+    return 0;
+}
+
+static bool get_bool(const json_t *obj, const char *key, bool def)
+{
+    const json_t *v = json_object_get(obj, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+/* eos_token_id may be an integer or a list of them. */
+static int read_eos(const json_t *obj, llm_config *c, const char *file, char *err, size_t err_len)
+{
+    const json_t *v = json_object_get(obj, "eos_token_id");
+    if (!v || json_is_null(v)) return 0;
+    c->n_eos = 0;
+    if (json_is_integer(v)) {
+        c->eos_token_ids[c->n_eos++] = (int)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e) {
+            if (!json_is_integer(e) || c->n_eos == LLM_MAX_EOS) {
+                snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers",
+                         file, LLM_MAX_EOS);
+                return -1;
+            }
+            c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
+        }
+    } else {
+        snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of integers", file);
+        return -1;
+    }
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size) {
+            snprintf(err, err_len, "%s: eos_token_id %d is outside the vocabulary (%d)", file, c->eos_token_ids[i],
+                     c->vocab_size);
+            return -1;
+        }
+    return 0;
+}
+
+/* transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes rope_theta and rope_scaling
+ * {type or rope_type, factor, ...} at the top level. */
+static int read_rope(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
+{
+    const json_t *params = json_object_get(root, "rope_parameters");
+    const json_t *scaling = json_object_get(root, "rope_scaling");
+    const json_t *theta_from = root;
+    if (json_is_object(params)) {
+        theta_from = json_object_get(params, "rope_theta") ? params : root;
+        scaling = params;
+    } else if (params && !json_is_null(params)) {
+        snprintf(err, err_len, "%s: \"rope_parameters\" must be an object", file);
+        return -1;
+    }
+    if (get_real(theta_from, "rope_theta", 1.0, 1e12, 10000.0, &c->rope_theta, file, err, err_len)) return -1;
+
+    c->rope_scaling.rope_type = LLM_ROPE_DEFAULT;
+    if (!scaling || json_is_null(scaling)) return 0;
+    if (!json_is_object(scaling)) {
+        snprintf(err, err_len, "%s: \"rope_scaling\" must be an object or null", file);
+        return -1;
+    }
+    const json_t *type = json_object_get(scaling, "rope_type");
+    if (!type) type = json_object_get(scaling, "type");
+    const char *t = json_is_string(type) ? json_string_value(type) : "default";
+    if (strcmp(t, "default") == 0) return 0;
+    if (get_real(scaling, "factor", 1e-3, 1e6, 1.0, &c->rope_scaling.factor, file, err, err_len)) return -1;
+    if (strcmp(t, "linear") == 0) {
+        c->rope_scaling.rope_type = LLM_ROPE_LINEAR;
+        return 0;
+    }
+    if (strcmp(t, "llama3") == 0) {
+        c->rope_scaling.rope_type = LLM_ROPE_LLAMA3;
+        if (get_real(scaling, "low_freq_factor", 1e-6, 1e6, 1.0, &c->rope_scaling.low_freq_factor, file, err, err_len) ||
+            get_real(scaling, "high_freq_factor", 1e-6, 1e6, 4.0, &c->rope_scaling.high_freq_factor, file, err, err_len) ||
+            get_int(scaling, "original_max_position_embeddings", 1, 1 << 24, false, 0,
+                    &c->rope_scaling.original_max_position_embeddings, file, err, err_len))
+            return -1;
+        if (c->rope_scaling.high_freq_factor <= c->rope_scaling.low_freq_factor) {
+            snprintf(err, err_len, "%s: llama3 rope scaling needs high_freq_factor > low_freq_factor", file);
+            return -1;
+        }
+        return 0;
+    }
+    snprintf(err, err_len, "%s: rope scaling type \"%s\" is not supported (supported: default, linear, llama3)", file, t);
+    return -1;
+}
+
+static json_t *load_json(const char *dir, const char *name, bool required, char *path, size_t path_len, char *err,
+                         size_t err_len)
+{
+    snprintf(path, path_len, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (required) snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    json_error_t je;
+    json_t *root = json_loadf(f, 0, &je);
+    fclose(f);
+    if (!root) {
+        snprintf(err, err_len, "%s: malformed JSON at line %d: %s", path, je.line, je.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        snprintf(err, err_len, "%s: expected a JSON object", path);
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+static int read_config(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
+{
+    const json_t *archs = json_object_get(root, "architectures");
+    const json_t *arch = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
+    if (!json_is_string(arch)) {
+        snprintf(err, err_len, "%s: missing \"architectures\" (supported: LlamaForCausalLM, MistralForCausalLM, "
+                 "Qwen2ForCausalLM)", file);
+        return -1;
+    }
+    snprintf(c->architecture, sizeof c->architecture, "%s", json_string_value(arch));
+    bool known = false;
+    for (size_t i = 0; i < sizeof supported_architectures / sizeof *supported_architectures; i++)
+        known |= strcmp(c->architecture, supported_architectures[i]) == 0;
+    if (!known) {
+        snprintf(err, err_len, "%s: architecture \"%s\" is not supported (supported: LlamaForCausalLM, "
+                 "MistralForCausalLM, Qwen2ForCausalLM)", file, json_string_value(arch));
+        return -1;
+    }
+    const json_t *act = json_object_get(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        snprintf(err, err_len, "%s: hidden_act \"%s\" is not supported (only silu)",
+                 file, json_is_string(act) ? json_string_value(act) : "?");
+        return -1;
+    }
+    if (get_bool(root, "mlp_bias", false)) {
+        snprintf(err, err_len, "%s: mlp_bias is not supported", file);
+        return -1;
+    }
+
+    /* Upper bounds keep every later size product far from overflow and reject nonsense early. */
+    if (get_int(root, "hidden_size", 1, 1 << 16, false, 0, &c->hidden_size, file, err, err_len) ||
+        get_int(root, "intermediate_size", 1, 1 << 18, false, 0, &c->intermediate_size, file, err, err_len) ||
+        get_int(root, "num_hidden_layers", 1, 1024, false, 0, &c->num_hidden_layers, file, err, err_len) ||
+        get_int(root, "num_attention_heads", 1, 1024, false, 0, &c->num_attention_heads, file, err, err_len) ||
+        get_int(root, "num_key_value_heads", 1, 1024, true, c->num_attention_heads, &c->num_key_value_heads, file,
+                err, err_len) ||
+        get_int(root, "head_dim", 2, 1024, true, c->hidden_size / c->num_attention_heads, &c->head_dim, file, err,
+                err_len) ||
+        get_int(root, "vocab_size", 1, 1 << 22, false, 0, &c->vocab_size, file, err, err_len) ||
+        get_int(root, "max_position_embeddings", 1, 1 << 24, true, 2048, &c->max_position_embeddings, file, err,
+                err_len) ||
+        get_int(root, "bos_token_id", -1, 1 << 22, true, -1, &c->bos_token_id, file, err, err_len) ||
+        get_real(root, "rms_norm_eps", 1e-12, 1.0, 1e-6, &c->rms_norm_eps, file, err, err_len) ||
+        read_rope(root, c, file, err, err_len) || read_eos(root, c, file, err, err_len))
+        return -1;
+    if (c->head_dim % 2) {
+        snprintf(err, err_len, "%s: head_dim %d must be even for rotary embeddings", file, c->head_dim);
+        return -1;
+    }
+    if (c->num_attention_heads % c->num_key_value_heads) {
+        snprintf(err, err_len, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", file,
+                 c->num_attention_heads, c->num_key_value_heads);
+        return -1;
+    }
+    c->tie_word_embeddings = get_bool(root, "tie_word_embeddings", false);
+    bool qwen2 = strcmp(c->architecture, "Qwen2ForCausalLM") == 0;
+    bool attention_bias = get_bool(root, "attention_bias", false);
+    c->qkv_bias = qwen2 || attention_bias;
+    c->o_bias = !qwen2 && attention_bias;
+
+    const json_t *sw = json_object_get(root, "sliding_window");
+    c->sliding_window = 0;
+    if (json_is_integer(sw) && (!qwen2 || get_bool(root, "use_sliding_window", false)))
+        c->sliding_window = (int)json_integer_value(sw);
+
+    const json_t *dt = json_object_get(root, "dtype");
+    if (!json_is_string(dt)) dt = json_object_get(root, "torch_dtype");
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_is_string(dt) ? json_string_value(dt) : "?");
+    return 0;
+}
+
+int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len)
+{
+    memset(c, 0, sizeof *c);
+    char path[4096];
+    json_t *root = load_json(dir, "config.json", true, path, sizeof path, err, err_len);
+    if (!root) return -1;
+    int rc = read_config(root, c, "config.json", err, err_len);
+    json_decref(root);
+    if (rc) {
+        /* Messages name the file as the user knows it: prefix the folder. */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err);
+        snprintf(err, err_len, "%s/%s", dir, msg);
+        return -1;
+    }
+
+    /* generation_config.json, when present, decides the ids generation stops at, as transformers' generate does. */
+    err[0] = '\0';
+    root = load_json(dir, "generation_config.json", false, path, sizeof path, err, err_len);
+    if (!root) return err[0] ? -1 : 0;
+    rc = read_eos(root, c, path, err, err_len);
+    json_decref(root);
+    return rc;
+}
+
+void llm_config_inv_freq(const llm_config *c, float *inv_freq)
+{
+    int half = c->head_dim / 2;
+    float factor = c->rope_scaling.factor;
+    for (int j = 0; j < half; j++) {
+        /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in float32 */
+        float exponent = (float)(2 * j) / (float)c->head_dim;
+        float f = 1.0f / powf(c->rope_theta, exponent);
+        if (c->rope_scaling.rope_type == LLM_ROPE_LINEAR) {
+            f = f / factor;
+        } else if (c->rope_scaling.rope_type == LLM_ROPE_LLAMA3) {
+            /* transformers' _compute_llama3_parameters: long wavelengths are slowed by factor, short ones kept,
+             * the band between blended smoothly. */
+            float old_ctx = (float)c->rope_scaling.original_max_position_embeddings;
+            float lo = c->rope_scaling.low_freq_factor, hi = c->rope_scaling.high_freq_factor;
+            float low_freq_wavelen = old_ctx / lo, high_freq_wavelen = old_ctx / hi;
+            float wavelen = 2.0f * (float)M_PI / f;
+            float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+            if (!(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen)) {
+                float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+                scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+            }
+            f = scaled;
+        }
+        inv_freq[j] = f;
+    }
+}
+
+bool llm_config_is_eos(const llm_config *c, int token)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == token) return true;
+    return false;
+}

@@ -1,0 +1,168 @@
+/* The forward pass of a Llama-family decoder, read top to bottom, and the run state it works in.
+ * Every numeric step goes through the op table (m->rt.ops) of the chosen device: this file never touches
+ * activation memory itself, so the same code runs on every device. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, bool all_logits, char *err,
+                   size_t err_len)
+{
+    memset(s, 0, sizeof *s);
+    const llm_config *c = &m->config;
+    const llm_device *dev = m->rt.dev;
+    int limit = c->max_position_embeddings;
+    if (c->sliding_window > 0 && c->sliding_window < limit) limit = c->sliding_window;
+    if (ctx <= 0) ctx = limit < 4096 ? limit : 4096;
+    if (ctx > limit) {
+        snprintf(err, err_len, "context size %d is larger than the model allows (%s %d)", ctx,
+                 limit == c->max_position_embeddings ? "max_position_embeddings" : "sliding_window", limit);
+        return -1;
+    }
+    if (max_batch <= 0) max_batch = 512;
+    if (max_batch > ctx) max_batch = ctx;
+    s->ctx = ctx;
+    s->max_batch = max_batch;
+    s->all_logits = all_logits;
+
+    size_t B = (size_t)max_batch, hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
+    size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
+    size_t n_logits = all_logits ? B : 1, vocab = (size_t)c->vocab_size;
+    size_t cache = (size_t)c->num_hidden_layers * (size_t)ctx * kv_dim;
+    struct { void **buf; size_t bytes; } bufs[] = {
+        {(void **)&s->x, B * hidden * sizeof(float)},     {(void **)&s->xb, B * hidden * sizeof(float)},
+        {(void **)&s->q, B * q_dim * sizeof(float)},      {(void **)&s->att, B * q_dim * sizeof(float)},
+        {(void **)&s->k, B * kv_dim * sizeof(float)},     {(void **)&s->v, B * kv_dim * sizeof(float)},
+        {(void **)&s->gate, B * inter * sizeof(float)},   {(void **)&s->up, B * inter * sizeof(float)},
+        {(void **)&s->logits, n_logits * vocab * sizeof(float)},
+        {(void **)&s->key_cache, cache * sizeof(float)},  {(void **)&s->value_cache, cache * sizeof(float)},
+        {(void **)&s->tokens, B * sizeof(int32_t)},       {(void **)&s->positions, B * sizeof(int32_t)},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        *bufs[i].buf = dev->alloc(bufs[i].bytes);
+        if (!*bufs[i].buf) {
+            char why[256] = "";
+            dev->status(why, sizeof why);
+            snprintf(err, err_len, "%s: cannot allocate %zu bytes for the run state (context %d, batch %d)%s%s",
+                     dev->name, bufs[i].bytes, ctx, max_batch, why[0] ? ": " : "", why);
+            llm_state_free(s, m);
+            return -1;
+        }
+        s->device_bytes += bufs[i].bytes;
+    }
+    s->kv_bytes = 2 * cache * sizeof(float);
+    s->host_logits = malloc(n_logits * vocab * sizeof(float));
+    s->host_positions = malloc(B * sizeof(int32_t));
+    if (!s->host_logits || !s->host_positions) {
+        snprintf(err, err_len, "out of memory for the logits (%zu x %zu)", n_logits, vocab);
+        llm_state_free(s, m);
+        return -1;
+    }
+    return 0;
+}
+
+void llm_state_free(llm_state *s, const llm_model *m)
+{
+    if (!s) return;
+    void *bufs[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->gate, s->up, s->logits, s->key_cache, s->value_cache,
+                    s->tokens, s->positions};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) m->rt.dev->free(bufs[i]);
+    free(s->host_logits);
+    free(s->host_positions);
+    memset(s, 0, sizeof *s);
+}
+
+static void trace(const llm_model *m, const char *what, int layer, const float *buf, size_t count)
+{
+    if (m->trace) m->trace(m->trace_user, what, layer, buf, count);
+}
+
+int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int pos, const float **logits, char *err,
+                size_t err_len)
+{
+    const llm_config *c = &m->config;
+    const llm_ops *op = &m->rt.ops;
+    const llm_device *dev = m->rt.dev;
+    if (n < 1 || n > s->max_batch || pos < 0 || pos + n > s->ctx) {
+        snprintf(err, err_len, "positions %d..%d do not fit the context of %d positions", pos, pos + n - 1, s->ctx);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size) {
+            snprintf(err, err_len, "token id %d is outside the vocabulary (%d)", tokens[i], c->vocab_size);
+            return -1;
+        }
+        s->host_positions[i] = pos + i;
+    }
+    dev->upload(s->tokens, tokens, (size_t)n * sizeof(int32_t));
+    dev->upload(s->positions, s->host_positions, (size_t)n * sizeof(int32_t));
+
+    int dim = c->hidden_size, heads = c->num_attention_heads, kv_heads = c->num_key_value_heads, hd = c->head_dim;
+    size_t kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
+    size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
+    int n_out = s->all_logits ? n : 1;
+    /* Without all_logits only the last position's hidden state reaches the head. */
+    float *x_out = s->all_logits ? s->x : s->x + (size_t)(n - 1) * dim;
+    float *xb_out = s->all_logits ? s->xb : s->xb + (size_t)(n - 1) * dim;
+
+    /* A device that records steps (a CUDA graph) replays this one when it has seen its shape before. */
+    bool recordable = dev->step_begin && dev->step_end && !m->trace;
+    bool replay = recordable && dev->step_begin(n);
+    if (!replay) {
+        op->embed(s->x, &m->embed_tokens, s->tokens, n);
+        trace(m, "embed", -1, s->x, xs);
+
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            const llm_layer *L = &m->layers[l];
+            float *k_cache = s->key_cache + (size_t)l * layer_cache;
+            float *v_cache = s->value_cache + (size_t)l * layer_cache;
+
+            /* attention block */
+            op->rmsnorm(s->xb, s->x, &L->input_layernorm, n, dim, c->rms_norm_eps);
+            trace(m, "attn_norm", l, s->xb, xs);
+            op->matmul(s->q, s->xb, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
+            op->matmul(s->k, s->xb, &L->k_proj, L->k_bias.data ? &L->k_bias : NULL, n);
+            op->matmul(s->v, s->xb, &L->v_proj, L->v_bias.data ? &L->v_bias : NULL, n);
+            trace(m, "q", l, s->q, (size_t)n * heads * hd);
+            trace(m, "k", l, s->k, (size_t)n * kv_dim);
+            trace(m, "v", l, s->v, (size_t)n * kv_dim);
+            op->rope(s->q, s->k, s->positions, m->inv_freq, n, heads, kv_heads, hd);
+            trace(m, "q_rope", l, s->q, (size_t)n * heads * hd);
+            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, s->positions, n, heads, kv_heads, hd, s->ctx);
+            trace(m, "attention", l, s->att, (size_t)n * heads * hd);
+            op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
+            trace(m, "attn_out", l, s->xb, xs);
+            op->add(s->x, s->xb, xs);
+
+            /* feed-forward block */
+            op->rmsnorm(s->xb, s->x, &L->post_attention_layernorm, n, dim, c->rms_norm_eps);
+            trace(m, "ffn_norm", l, s->xb, xs);
+            op->matmul(s->gate, s->xb, &L->gate_proj, NULL, n);
+            op->matmul(s->up, s->xb, &L->up_proj, NULL, n);
+            op->swiglu(s->gate, s->gate, s->up, gs);
+            trace(m, "swiglu", l, s->gate, gs);
+            op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
+            trace(m, "ffn_out", l, s->xb, xs);
+            op->add(s->x, s->xb, xs);
+            trace(m, "residual", l, s->x, xs);
+        }
+
+        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, c->rms_norm_eps);
+        trace(m, "final_norm", -1, xb_out, (size_t)n_out * dim);
+        op->logits(s->logits, xb_out, &m->lm_head, n_out);
+        trace(m, "logits", -1, s->logits, (size_t)n_out * c->vocab_size);
+    }
+    if (recordable) dev->step_end();
+
+    size_t logit_bytes = (size_t)n_out * c->vocab_size * sizeof(float);
+    if (dev->download(s->host_logits, s->logits, logit_bytes) != 0 || dev->sync() != 0 ||
+        dev->status(err, err_len) != 0) {
+        if (!err[0]) snprintf(err, err_len, "%s: forward pass failed", dev->name);
+        return -1;
+    }
+    *logits = s->host_logits;
+    return 0;
+}

@@ -1,0 +1,222 @@
+/* Loading a Hugging Face checkpoint onto a device: config.json, the tensors the architecture needs (each checked
+ * for presence, dtype and shape against the config), and the rotary table. The forward pass is in forward.c. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../devices/registry.h"
+
+/* The folder that holds config.json: the path itself, or the folder of a weights file. */
+static void model_dir_of(const char *path, char *dir, size_t len)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(dir, len, "%s", path);
+        return;
+    }
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, len, ".");
+    else
+        snprintf(dir, len, "%.*s", (int)(slash - path) > 0 ? (int)(slash - path) : 1, path);
+}
+
+static void format_shape(const llm_st_tensor *t, char *buf, size_t len)
+{
+    int w = snprintf(buf, len, "[");
+    for (int i = 0; i < t->ndim && w > 0 && (size_t)w < len; i++)
+        w += snprintf(buf + w, len - (size_t)w, "%s%zu", i ? ", " : "", t->shape[i]);
+    if (w > 0 && (size_t)w < len) snprintf(buf + w, len - (size_t)w, "]");
+}
+
+/* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device. */
+static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
+                       char *err, size_t err_len)
+{
+    const llm_st_tensor *t = llm_st_find(m->st, name);
+    if (!t) {
+        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
+        return -1;
+    }
+    if (!t->supported) {
+        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", t->file, name,
+                 t->dtype_name);
+        return -1;
+    }
+    bool vector = rows == 0;
+    bool ok = vector ? t->ndim == 1 && t->shape[0] == cols
+                     : t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
+    if (!ok) {
+        char shape[96];
+        format_shape(t, shape, sizeof shape);
+        if (vector)
+            snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu] (%s)", t->file, name, shape,
+                     cols, why);
+        else
+            snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu, %zu] (%s)", t->file, name,
+                     shape, rows, cols, why);
+        return -1;
+    }
+    if (vector) rows = 1;
+
+    const llm_device *dev = m->rt.dev;
+    w->dtype = t->dtype;
+    w->rows = rows;
+    w->cols = cols;
+    m->weight_bytes += t->nbytes;
+    if (dev->weight_load) {
+        if (dev->weight_load(w, t->data, t->dtype, rows, cols) != 0) goto device_error;
+    } else if (dev->host_memory) {
+        w->data = (void *)t->data; /* points into the mapped checkpoint, which stays open */
+    } else {
+        w->data = dev->alloc(t->nbytes);
+        if (!w->data || dev->upload(w->data, t->data, t->nbytes) != 0) goto device_error;
+    }
+    return 0;
+
+device_error:;
+    char why_dev[256] = "";
+    dev->status(why_dev, sizeof why_dev);
+    snprintf(err, err_len, "%s: cannot place tensor '%s' (%zu bytes) on %s: %s", t->file, name, t->nbytes, dev->name,
+             why_dev[0] ? why_dev : "out of memory");
+    return -1;
+}
+
+static void free_weight(const llm_model *m, llm_weight *w)
+{
+    if (!w->data || (w == &m->lm_head && m->config.tie_word_embeddings)) return;
+    const llm_device *dev = m->rt.dev;
+    if (dev->weight_free)
+        dev->weight_free(w);
+    else if (!dev->host_memory)
+        dev->free(w->data);
+    w->data = NULL;
+}
+
+static int load_layer(llm_model *m, int l, char *err, size_t err_len)
+{
+    const llm_config *c = &m->config;
+    llm_layer *L = &m->layers[l];
+    size_t hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
+    size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
+    char name[160];
+#define LOAD(field, suffix, rows, cols, why)                                                                        \
+    do {                                                                                                            \
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                                               \
+        if (load_weight(m, &L->field, name, rows, cols, why, err, err_len)) return -1;                              \
+    } while (0)
+    LOAD(input_layernorm, "input_layernorm.weight", 0, hidden, "hidden_size");
+    LOAD(q_proj, "self_attn.q_proj.weight", q_dim, hidden, "num_attention_heads * head_dim, hidden_size");
+    LOAD(k_proj, "self_attn.k_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
+    LOAD(v_proj, "self_attn.v_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
+    LOAD(o_proj, "self_attn.o_proj.weight", hidden, q_dim, "hidden_size, num_attention_heads * head_dim");
+    if (c->qkv_bias) {
+        LOAD(q_bias, "self_attn.q_proj.bias", 0, q_dim, "num_attention_heads * head_dim");
+        LOAD(k_bias, "self_attn.k_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim");
+        LOAD(v_bias, "self_attn.v_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim");
+    }
+    if (c->o_bias) LOAD(o_bias, "self_attn.o_proj.bias", 0, hidden, "hidden_size");
+    LOAD(post_attention_layernorm, "post_attention_layernorm.weight", 0, hidden, "hidden_size");
+    LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
+    LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
+    LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
+#undef LOAD
+    return 0;
+}
+
+int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len)
+{
+    memset(m, 0, sizeof *m);
+    model_dir_of(path, m->dir, sizeof m->dir);
+    llm_config *c = &m->config;
+    if (llm_config_load(c, m->dir, err, err_len)) return -1;
+    if (llm_st_open(&m->st, path, err, err_len)) return -1;
+
+    const llm_st_tensor *embed = llm_st_find(m->st, "model.embed_tokens.weight");
+    if (!embed) {
+        snprintf(err, err_len, "%s: missing tensor 'model.embed_tokens.weight'", m->dir);
+        goto fail;
+    }
+    if (!embed->supported) {
+        snprintf(err, err_len, "%s: tensor 'model.embed_tokens.weight' has dtype %s (supported: F32, F16, BF16)",
+                 embed->file, embed->dtype_name);
+        goto fail;
+    }
+    m->weight_dtype = embed->dtype;
+
+    const llm_device *dev = NULL;
+    llm_device_options dev_opt = {.threads = opt ? opt->threads : 0};
+    char chosen[600];
+    if (llm_device_resolve(opt ? opt->device : NULL, &dev, &dev_opt, chosen, sizeof chosen, err, err_len)) goto fail;
+    if (opt && opt->log) fprintf(opt->log, "device: %s\n", chosen);
+    if (llm_runtime_open(&m->rt, dev, &dev_opt, m->weight_dtype, opt ? opt->pins : NULL, opt ? opt->n_pins : 0,
+                         opt ? opt->log : NULL, err, err_len))
+        goto fail;
+
+    size_t hidden = (size_t)c->hidden_size, vocab = (size_t)c->vocab_size;
+    if (load_weight(m, &m->embed_tokens, "model.embed_tokens.weight", vocab, hidden, "vocab_size, hidden_size", err,
+                    err_len))
+        goto fail;
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!m->layers) {
+        snprintf(err, err_len, "out of memory for %d layers", c->num_hidden_layers);
+        goto fail;
+    }
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (load_layer(m, l, err, err_len)) goto fail;
+    if (load_weight(m, &m->norm, "model.norm.weight", 0, hidden, "hidden_size", err, err_len)) goto fail;
+    if (c->tie_word_embeddings)
+        m->lm_head = m->embed_tokens;
+    else if (load_weight(m, &m->lm_head, "lm_head.weight", vocab, hidden, "vocab_size, hidden_size", err, err_len))
+        goto fail;
+
+    size_t half = (size_t)c->head_dim / 2;
+    float inv_freq[512];
+    llm_config_inv_freq(c, inv_freq);
+    m->inv_freq = dev->alloc(half * sizeof(float));
+    if (!m->inv_freq || dev->upload(m->inv_freq, inv_freq, half * sizeof(float))) {
+        snprintf(err, err_len, "%s: cannot allocate the rotary table", dev->name);
+        goto fail;
+    }
+    if (dev->sync() || dev->status(err, err_len)) goto fail;
+
+    /* Weights copied to a device that owns its memory no longer need the mapped file. */
+    if (!dev->host_memory) {
+        llm_st_close(m->st);
+        m->st = NULL;
+    }
+    return 0;
+
+fail:
+    llm_model_free(m);
+    return -1;
+}
+
+void llm_model_free(llm_model *m)
+{
+    if (!m) return;
+    if (m->rt.initialized) {
+        const llm_device *dev = m->rt.dev;
+        if (m->layers)
+            for (int l = 0; l < m->config.num_hidden_layers; l++) {
+                llm_weight *ws[] = {
+                    &m->layers[l].input_layernorm, &m->layers[l].q_proj, &m->layers[l].k_proj, &m->layers[l].v_proj,
+                    &m->layers[l].o_proj, &m->layers[l].q_bias, &m->layers[l].k_bias, &m->layers[l].v_bias,
+                    &m->layers[l].o_bias, &m->layers[l].post_attention_layernorm, &m->layers[l].gate_proj,
+                    &m->layers[l].up_proj, &m->layers[l].down_proj,
+                };
+                for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) free_weight(m, ws[i]);
+            }
+        free_weight(m, &m->lm_head);
+        free_weight(m, &m->embed_tokens);
+        free_weight(m, &m->norm);
+        if (m->inv_freq) dev->free(m->inv_freq);
+        llm_runtime_close(&m->rt);
+    }
+    free(m->layers);
+    llm_st_close(m->st);
+    memset(m, 0, sizeof *m);
+}
