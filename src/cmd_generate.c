@@ -47,6 +47,28 @@ static char *read_all(FILE *f, size_t *len)
     return buf;
 }
 
+/* Offset of the first byte that is not part of well-formed UTF-8 (no overlongs, surrogates or values past
+ * U+10FFFF), or len when all is well. Hugging Face takes text, not bytes, so a prompt must be text. */
+static size_t llm_utf8_invalid_at(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = p[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (n == 0 || i + n > len) return i;
+        unsigned cp = n == 1 ? c : c & (0x7f >> n);
+        for (size_t k = 1; k < n; k++) {
+            if ((p[i + k] & 0xc0) != 0x80) return i;
+            cp = cp << 6 | (p[i + k] & 0x3f);
+        }
+        static const unsigned min_for_len[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min_for_len[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
+        i += n;
+    }
+    return len;
+}
+
 /* "1,2 3" -> ids. Returns the count, or -1 with err set. */
 static int parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
 {
@@ -187,6 +209,12 @@ int llm_cmd_generate(int argc, char **argv)
             snprintf(err, sizeof err, "cannot read the prompt");
             goto fail;
         }
+        size_t bad_at = llm_utf8_invalid_at(prompt_text, len);
+        if (bad_at < len) {
+            snprintf(err, sizeof err, "%s: the prompt is not valid UTF-8 (byte %zu)",
+                     prompt->count ? "-p" : prompt_file->count ? prompt_file->filename[0] : "stdin", bad_at);
+            goto fail;
+        }
         if (llm_tokenizer_load(&tok, model.dir, err, sizeof err)) goto fail;
         size_t n_ids = 0;
         if (llm_tokenizer_encode(tok, prompt_text, len, true, &ids, &n_ids, err, sizeof err)) goto fail;
@@ -242,9 +270,9 @@ int llm_cmd_generate(int argc, char **argv)
         if (ids_mode) {
             printf("%s%d", generated > 1 ? " " : "", next);
         } else {
-            char *piece = llm_detokenizer_push(detok, next);
-            if (piece) fputs(piece, stdout);
-            free(piece);
+            size_t len = 0;
+            const char *piece = llm_detokenizer_push(detok, next, &len);
+            if (piece) fwrite(piece, 1, len, stdout);
         }
         fflush(stdout);
         if (!ignore_eos->count && llm_config_is_eos(c, next)) break;
@@ -255,9 +283,9 @@ int llm_cmd_generate(int argc, char **argv)
         decode_steps++;
     }
     if (!ids_mode) {
-        char *rest = llm_detokenizer_flush(detok);
-        if (rest) fputs(rest, stdout);
-        free(rest);
+        size_t len = 0;
+        const char *rest = llm_detokenizer_flush(detok, &len);
+        if (rest) fwrite(rest, 1, len, stdout);
     }
     printf("\n");
     fprintf(stderr, "\nllm-run: %s on %s | load %.2f s | prompt %d tokens, %.1f tok/s | generated %d tokens, "

@@ -1,0 +1,194 @@
+/* The llm-run binary as a user meets it: bad input gives one line "llm-run: <file>: <problem>" on stderr and exit
+ * status 1, never a crash. In the sanitizer build the binary under test is build/llm-run-asan, so a leak or an
+ * out-of-bounds read on any of these paths changes the exit status and fails the test. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "support/fixture_util.h"
+#include "support/st_writer.h"
+
+#ifdef __SANITIZE_ADDRESS__
+#define LLM_RUN "build/llm-run-asan"
+#else
+#define LLM_RUN "build/llm-run"
+#endif
+
+typedef struct {
+    int status;
+    char out[8192], err[8192];
+} run_result;
+
+/* Run llm-run with args (a shell fragment), capturing stdout and stderr. */
+static void run(run_result *r, const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=cpu %s %s >/tmp/llm-run-test.out 2>/tmp/llm-run-test.err </dev/null",
+             LLM_RUN, args);
+    int raw = system(cmd);
+    r->status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+    const char *files[2] = {"/tmp/llm-run-test.out", "/tmp/llm-run-test.err"};
+    char *bufs[2] = {r->out, r->err};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(files[i], "rb");
+        size_t n = f ? fread(bufs[i], 1, sizeof r->out - 1, f) : 0;
+        bufs[i][n] = '\0';
+        if (f) fclose(f);
+    }
+}
+
+/* Exit 1 and exactly one "llm-run:" line on stderr, containing each fragment. */
+static void expect_error(const char *args, const char *fragment1, const char *fragment2)
+{
+    run_result r;
+    run(&r, args);
+    int lines = 0;
+    const char *line = NULL;
+    for (const char *p = r.err; (p = strstr(p, "llm-run: ")) != NULL; p++)
+        if (p == r.err || p[-1] == '\n') {
+            lines++;
+            line = p;
+        }
+    if (r.status != 1 || lines != 1 || !strstr(line, fragment1) || (fragment2 && !strstr(line, fragment2)))
+        print_error("llm-run %s\nexit %d, stderr:\n%s\nexpected one line with '%s'%s%s\n", args, r.status, r.err,
+                    fragment1, fragment2 ? " and " : "", fragment2 ? fragment2 : "");
+    assert_int_equal(r.status, 1);
+    assert_int_equal(lines, 1);
+    assert_non_null(strstr(line, fragment1));
+    if (fragment2) assert_non_null(strstr(line, fragment2));
+}
+
+static const char *FIX = "tests/fixtures/models/llama-gqa-tied";
+
+static void test_help_documents_every_option(void **state)
+{
+    (void)state;
+    run_result r;
+    run(&r, "--help");
+    assert_int_equal(r.status, 0);
+    const char *options[] = {"--model", "--prompt", "--file", "--tokens", "--n-predict", "--ctx-size", "--temp",
+                             "--top-k", "--top-p", "--min-p", "--seed", "--device", "--threads", "--op-device",
+                             "--ignore-eos", "--verbose-prompt", "--special"};
+    for (size_t i = 0; i < sizeof options / sizeof *options; i++) {
+        if (!strstr(r.out, options[i])) print_error("--help does not mention %s\n", options[i]);
+        assert_non_null(strstr(r.out, options[i]));
+    }
+}
+
+static void test_greedy_ids_match_hf(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    char args[2048], expected[2048] = "";
+    int w = snprintf(args, sizeof args, "%s --temp 0 --ignore-eos -n %d --tokens ", FIX, ex.n_greedy);
+    for (int i = 0; i < ex.n_prompt; i++) w += snprintf(args + w, sizeof args - (size_t)w, "%s%d", i ? "," : "", ex.tokens[i]);
+    w = 0;
+    for (int i = 0; i < ex.n_greedy; i++) w += snprintf(expected + w, sizeof expected - (size_t)w, "%s%d", i ? " " : "", ex.greedy[i]);
+    run_result r;
+    run(&r, args);
+    if (r.status != 0 || strncmp(r.out, expected, strlen(expected)) != 0)
+        print_error("exit %d\nstdout: %s\nexpected: %s\nstderr: %s\n", r.status, r.out, expected, r.err);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(strncmp(r.out, expected, strlen(expected)), 0);
+    fixture_free_expected(&ex);
+}
+
+static void test_missing_model(void **state)
+{
+    (void)state;
+    expect_error("/nonexistent/model --tokens 1", "/nonexistent/model/config.json: cannot open", NULL);
+    expect_error("--tokens 1", "no model given", NULL);
+}
+
+/* Checkpoints broken in each way a file can lie, through the whole binary. */
+static void test_broken_checkpoints(void **state)
+{
+    (void)state;
+    char *dir = fixture_copy(FIX, NULL, NULL);
+    char path[1024], args[1200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
+    size_t len;
+    unsigned char *good = fixture_read_file(path, &len);
+
+    /* truncated inside the data */
+    assert_int_equal(stw_write(dir, "model.safetensors", good, len - 100), 0);
+    expect_error(args, "model.safetensors", "beyond");
+    /* shorter than the 8-byte length */
+    assert_int_equal(stw_write(dir, "model.safetensors", good, 5), 0);
+    expect_error(args, "model.safetensors", NULL);
+    /* header length beyond the file */
+    unsigned char *bad = malloc(len);
+    assert_non_null(bad);
+    memcpy(bad, good, len);
+    bad[6] = 0x7f;
+    assert_int_equal(stw_write(dir, "model.safetensors", bad, len), 0);
+    expect_error(args, "model.safetensors", "header length");
+    /* malformed header JSON */
+    memcpy(bad, good, len);
+    bad[8] = '[';
+    assert_int_equal(stw_write(dir, "model.safetensors", bad, len), 0);
+    expect_error(args, "model.safetensors", NULL);
+    free(bad);
+    free(good);
+    fixture_rmdir(dir);
+
+    dir = fixture_copy_retyped(FIX, "model.norm.weight", "Q4_K");
+    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
+    expect_error(args, "model.safetensors", "Q4_K");
+    fixture_rmdir(dir);
+
+    dir = fixture_copy_edited(FIX, "{\"hidden_size\": 96}");
+    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
+    expect_error(args, "model.safetensors: tensor 'model.embed_tokens.weight' has shape [512, 64], config.json says "
+                 "[512, 96]", NULL);
+    fixture_rmdir(dir);
+
+    dir = fixture_copy_edited(FIX, "{\"num_hidden_layers\": 3}");
+    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
+    expect_error(args, "missing tensor 'model.layers.2.input_layernorm.weight'", NULL);
+    fixture_rmdir(dir);
+
+    dir = fixture_copy_edited(FIX, "{\"architectures\": [\"BertForMaskedLM\"]}");
+    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
+    expect_error(args, "config.json: architecture \"BertForMaskedLM\" is not supported", "LlamaForCausalLM");
+    fixture_rmdir(dir);
+}
+
+static void test_context_errors(void **state)
+{
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "%s -c 100000 --tokens 1,2,3", FIX);
+    expect_error(args, "context size 100000 is larger than the model allows (max_position_embeddings 256)", NULL);
+    snprintf(args, sizeof args, "%s -c 8 -n 6 --tokens 1,2,3", FIX);
+    expect_error(args, "-n 6 goes past the context", NULL);
+    snprintf(args, sizeof args, "%s -c 4 -n 1 --tokens 1,2,3,4,5,6", FIX);
+    expect_error(args, "the prompt is 6 tokens, longer than the context of 4", NULL);
+    snprintf(args, sizeof args, "%s --tokens 1,2,600", FIX);
+    expect_error(args, "token id 600 is outside the vocabulary (512)", NULL);
+    snprintf(args, sizeof args, "%s --tokens 1,x", FIX);
+    expect_error(args, "--tokens: 'x' is not a token id", NULL);
+    snprintf(args, sizeof args, "%s --device nosuch --tokens 1", FIX);
+    expect_error(args, "--device nosuch: unknown device", NULL);
+    snprintf(args, sizeof args, "%s --op-device rope --tokens 1", FIX);
+    expect_error(args, "expected OP=DEVICE", NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help_documents_every_option), cmocka_unit_test(test_greedy_ids_match_hf),
+        cmocka_unit_test(test_missing_model),               cmocka_unit_test(test_broken_checkpoints),
+        cmocka_unit_test(test_context_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
