@@ -54,7 +54,8 @@ static llm_st *open_ok(const char *path, const void *bytes, size_t len)
 {
     char err[512] = "";
     llm_st *st = NULL;
-    int rc = bytes ? llm_st_open_memory(&st, bytes, len, path, err, sizeof err) : llm_st_open(&st, path, err, sizeof err);
+    int rc = bytes ? llm_st_open_memory(&st, bytes, len, path, err, sizeof err)
+                   : llm_st_open(&st, path, err, sizeof err);
     if (rc != 0) fail_msg("%s: %s", path, err);
     assert_non_null(st);
     return st;
@@ -140,9 +141,10 @@ static void test_single_file(void **state)
     assert_null(llm_st_find(st, "missing"));
     assert_null(llm_st_find(st, "__metadata__"));
     assert_null(llm_st_at(st, 5));
-    for (size_t i = 1; i < llm_st_count(st); i++) assert_true(strcmp(llm_st_at(st, i - 1)->name, llm_st_at(st, i)->name) < 0);
-    /* Data section: 24 + 8 + 8 + 4 + 16 bytes. */
-    assert_int_equal(llm_st_mapped_bytes(st), 60);
+    for (size_t i = 1; i < llm_st_count(st); i++)
+        assert_true(strcmp(llm_st_at(st, i - 1)->name, llm_st_at(st, i)->name) < 0);
+    /* The data section, 24 + 8 + 8 + 4 + 16 bytes, and a copy of i64, which sits at offset 44: not 8-aligned. */
+    assert_int_equal(llm_st_mapped_bytes(st), 60 + 16);
     llm_st_close(st);
 
     /* The folder form finds model.safetensors. */
@@ -156,9 +158,11 @@ static void test_metadata_of_any_shape_is_ignored(void **state)
 {
     const char *dir = *state;
     const char *headers[] = {
-        "{\"__metadata__\": {\"format\": \"pt\", \"note\": \"x\"}, \"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
+        "{\"__metadata__\": {\"format\": \"pt\", \"note\": \"x\"},"
+        " \"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}}",
         "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}, \"__metadata__\": 5}",
-        "{\"__metadata__\": {\"nested\": {\"a\": [1, 2]}}, \"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4], \"extra\": 1}}",
+        "{\"__metadata__\": {\"nested\": {\"a\": [1, 2]}},"
+        " \"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4], \"extra\": 1}}",
     };
     for (size_t i = 0; i < sizeof headers / sizeof headers[0]; i++) {
         size_t len;
@@ -254,7 +258,7 @@ static void test_sharded_folder_with_index(void **state)
     assert_int_equal(llm_st_count(st), 10);
     check_sample(st, "a.", "model-00001-of-00002.safetensors");
     check_sample(st, "b.", "model-00002-of-00002.safetensors.zst");
-    assert_int_equal(llm_st_mapped_bytes(st), 120);
+    assert_int_equal(llm_st_mapped_bytes(st), 2 * (60 + 16));
     llm_st_close(st);
 }
 
@@ -309,47 +313,56 @@ static void expect_fail(const char *path, const char *file, const char *phrase)
     assert_null(st);
 }
 
+/* A header with one tensor 'w'; the arguments are JSON text. */
+#define W(dtype, shape, offsets) "{\"w\": {\"dtype\": " dtype ", \"shape\": " shape ", \"data_offsets\": " offsets "}}"
+
 static void test_bad_headers(void **state)
 {
     const char *dir = *state;
     static const struct { const char *header; size_t data_len; const char *phrase; } cases[] = {
         {"[1, 2]", 0, "header should be a JSON object, found an array"},
         {"{\"w\": ", 0, "header is not valid JSON"},
+        {"", 4, "header is not valid JSON"},
+        {W("\"F32\"", "[1]", "[0, 4]") " \x01", 4, "header is not valid JSON"},
         {"{\"w\": 1, \"w\": 2}", 0, "duplicate"},
         {"{\"w\": 3}", 0, "tensor 'w': expected an object"},
         {"{\"w\": {\"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'w': missing \"dtype\""},
         {"{\"w\": {\"dtype\": \"F32\", \"data_offsets\": [0, 4]}}", 4, "tensor 'w': missing \"shape\""},
         {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1]}}", 4, "tensor 'w': missing \"data_offsets\""},
-        {"{\"w\": {\"dtype\": 5, \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "dtype should be a string, found an integer"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": \"1\", \"data_offsets\": [0, 4]}}", 4, "shape should be an array"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1,1,1,1,1,1,1,1,1], \"data_offsets\": [0, 4]}}", 4, "too long"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [-1], \"data_offsets\": [0, 4]}}", 4, "shape[0] should be a non-negative integer"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1, 2.0], \"data_offsets\": [0, 8]}}", 8, "shape[1] should be a non-negative integer, found a real"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [\"1\"], \"data_offsets\": [0, 4]}}", 4, "shape[0] should be a non-negative integer, found a string"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": {\"a\": 0}}}", 4, "data_offsets should be an array [begin, end]"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4, 8]}}", 8, "data_offsets should be an array [begin, end]"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [-4, 0]}}", 4, "data_offsets should be two non-negative integers"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4.5]}}", 8, "data_offsets should be two non-negative integers"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 99999999999999999999]}}", 4, "not valid JSON"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [8, 4]}}", 8, "data_offsets [8, 4] end before they begin"},
+        {W("5", "[1]", "[0, 4]"), 4, "dtype should be a string, found an integer"},
+        {W("\"Q4_K\"", "[1]", "[0, 4]"), 4, "tensor 'w': unknown dtype 'Q4_K'"},
+        {W("\"f32\"", "[1]", "[0, 4]"), 4, "unknown dtype 'f32'"},
+        {W("\"F32\"", "\"1\"", "[0, 4]"), 4, "shape should be an array"},
+        {W("\"F32\"", "[1, 1, 1, 1, 1, 1, 1, 1, 1]", "[0, 4]"), 4, "too long"},
+        {W("\"F32\"", "[-1]", "[0, 4]"), 4, "shape[0] should be a non-negative integer"},
+        {W("\"F32\"", "[1, 2.0]", "[0, 8]"), 8, "shape[1] should be a non-negative integer, found a real"},
+        {W("\"F32\"", "[\"1\"]", "[0, 4]"), 4, "shape[0] should be a non-negative integer, found a string"},
+        {W("\"F32\"", "[1]", "{\"a\": 0}"), 4, "data_offsets should be an array [begin, end], found an object"},
+        {W("\"F32\"", "[1]", "[0, 4, 8]"), 8, "data_offsets should be an array [begin, end]"},
+        {W("\"F32\"", "[1]", "[-4, 0]"), 4, "data_offsets should be two non-negative integers"},
+        {W("\"F32\"", "[1]", "[0, 4.5]"), 8, "data_offsets should be two non-negative integers"},
+        {W("\"F32\"", "[1]", "[0, null]"), 8, "data_offsets should be two non-negative integers"},
+        {W("\"F32\"", "[1]", "[0, 99999999999999999999]"), 4, "not valid JSON"}, /* beyond int64: jansson refuses */
+        {W("\"F32\"", "[1]", "[8, 4]"), 8, "data_offsets [8, 4] end before they begin"},
+        {W("\"F32\"", "[1]", "[4, 8]"), 4, "data_offsets [4, 8] outside the data section (4 bytes)"},
         {"{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [2250], \"data_offsets\": [0, 9000]}}", 4096,
          "tensor 'model.norm.weight': data_offsets [0, 9000] outside the data section (4096 bytes)"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [18446744073709551615, 18446744073709551615]}}", 4, "not valid JSON"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 12]}}", 16, "shape [4] of F32 needs 16 bytes but data_offsets [0, 12] hold 12"},
-        {"{\"w\": {\"dtype\": \"BF16\", \"shape\": [2, 3], \"data_offsets\": [0, 16]}}", 16, "shape [2, 3] of BF16 needs 12 bytes"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296, 16], \"data_offsets\": [0, 0]}}", 0, "overflows the element count"},
-        {"{\"w\": {\"dtype\": \"F64\", \"shape\": [2305843009213693952], \"data_offsets\": [0, 0]}}", 0, "overflows the byte count"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [144115188075855872], \"data_offsets\": [0, 0]}}", 0, "needs 576460752303423488 bytes"},
-        {"{\"w\": {\"dtype\": \"F4\", \"shape\": [3], \"data_offsets\": [0, 2]}}", 2, "not a whole number of bytes"},
-        {"{\"w\": {\"dtype\": \"Q4_K\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'w': unknown dtype 'Q4_K'"},
-        {"{\"w\": {\"dtype\": \"f32\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "unknown dtype 'f32'"},
+        {W("\"F32\"", "[4]", "[0, 12]"), 16, "shape [4] of F32 needs 16 bytes but data_offsets [0, 12] hold 12"},
+        {W("\"BF16\"", "[2, 3]", "[0, 16]"), 16, "shape [2, 3] of BF16 needs 12 bytes"},
+        {W("\"F32\"", "[4294967296, 4294967296, 16]", "[0, 0]"), 0, "overflows the element count"},
+        {W("\"F64\"", "[2305843009213693952]", "[0, 0]"), 0, "overflows the byte count"},     /* 2^61 * 64 bits */
+        {W("\"F32\"", "[144115188075855872]", "[0, 0]"), 0, "needs 576460752303423488 bytes"}, /* 2^57 * 4 */
+        {W("\"F4\"", "[3]", "[0, 2]"), 2, "not a whole number of bytes"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
-         " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}", 12, "tensors 'a' [0, 8] and 'b' [4, 12] overlap"},
+         " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}", 12,
+         "tensors 'a' [0, 8] and 'b' [4, 12] overlap"},
+        /* An empty tensor inside another overlaps nothing; the last one does. */
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]},"
          " \"e\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [4, 4]},"
-         " \"b\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [15, 16]}}", 16, "tensors 'a' [0, 16] and 'b' [15, 16] overlap"},
-        {"{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]}} \x01", 4, "not valid JSON"},
-        {"", 4, "not valid JSON"},
+         " \"b\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [15, 16]}}", 16,
+         "tensors 'a' [0, 16] and 'b' [15, 16] overlap"},
+        /* An escaped newline in a name must not break the one-line message. */
+        {"{\"a\\nb\": {\"dtype\": \"Q\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'a?b': unknown dtype"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t len;
@@ -416,7 +429,6 @@ static void test_bad_folders(void **state)
     expect_fail(dir, dir, "no model.safetensors, model.safetensors.index.json or *.safetensors");
 
     write_shards(dir, good_index);
-    char err[512];
     llm_st *st = open_ok(dir, NULL, 0); /* tensors the index leaves out are allowed */
     assert_int_equal(llm_st_count(st), 10);
     llm_st_close(st);
@@ -434,7 +446,8 @@ static void test_bad_folders(void **state)
     expect_fail(dir, I, "shard s3.safetensors is missing (neither it nor s3.safetensors.zst");
     put_text(dir, I, "{\"weight_map\": {\"a.f32\": \"s1.safetensors\", \"b.nope\": \"s2.safetensors\"}}");
     expect_fail(dir, I, "tensor 'b.nope' is listed in s2.safetensors, which does not contain it");
-    put_text(dir, I, "{\"weight_map\": {\"a.f32\": \"s1.safetensors\", \"b.f32\": \"s1.safetensors\", \"b.f16\": \"s2.safetensors\"}}");
+    put_text(dir, I, "{\"weight_map\": {\"a.f32\": \"s1.safetensors\", \"b.f32\": \"s1.safetensors\","
+                     " \"b.f16\": \"s2.safetensors\"}}");
     expect_fail(dir, I, "tensor 'b.f32' is listed in s1.safetensors but found in s2.safetensors");
 
     /* A shard with a bad header fails with the shard's name. */
@@ -472,13 +485,13 @@ static void test_random_damage(void **state)
     for (int iter = 0; iter < 400; iter++) {
         memcpy(bad, good, len);
         size_t n = len;
-        int kind = (int)(rng() % 4), edits = 1 + (int)(rng() % 4);
+        int kind = (int)(rng() % 8), edits = 1 + (int)(rng() % 3);
         for (int e = 0; e < edits; e++) {
             size_t at = (size_t)(rng() % header_end);
-            if (kind == 0) bad[at] ^= (unsigned char)(1u << (rng() % 8));
-            else if (kind == 1 && bad[at] >= '0' && bad[at] <= '9') bad[at] = (unsigned char)('0' + rng() % 10);
-            else if (kind == 2) n = (size_t)(rng() % len);
-            else bad[rng() % 8] = (unsigned char)rng();
+            if (kind < 3) bad[at] ^= (unsigned char)(1u << (rng() % 8));
+            else if (kind < 6 && bad[at] >= '0' && bad[at] <= '9') bad[at] = (unsigned char)('0' + rng() % 10);
+            else if (kind == 6) n = (size_t)(rng() % len);
+            else if (kind == 7) bad[rng() % 8] ^= (unsigned char)(1u << (rng() % 8));
         }
         int zst = iter % 5 == 0;
         const char *name = zst ? "r.safetensors.zst" : "r.safetensors";
@@ -508,6 +521,8 @@ static void test_random_damage(void **state)
             assert_int_equal(rc, -1);
             assert_null(st);
             assert_non_null(strstr(err, name));
+            for (const char *c = err; *c; c++) assert_true((unsigned char)*c >= 0x20);
+            if (getenv("ST_SHOW")) fprintf(stderr, "%s\n", err);
             failed++;
         }
     }

@@ -51,14 +51,37 @@ static const struct { const char *name; unsigned bits; } st_dtypes[] = {
     {"C64", 64}, {"F64", 64}, {"I64", 64}, {"U64", 64},
 };
 
+/* Writes "<prefix><message>" to err, on one line whatever the file holds (names may carry escaped newlines, and
+ * jansson quotes raw input), and returns -1. */
+static int st_fail_v(char *err, size_t err_len, const char *prefix, const char *fmt, va_list ap)
+{
+    if (!err || !err_len) return -1;
+    size_t used = (size_t)snprintf(err, err_len, "%s", prefix);
+    if (used < err_len) vsnprintf(err + used, err_len - used, fmt, ap);
+    for (char *c = err; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    return -1;
+}
+
 __attribute__((format(printf, 3, 4))) static int fail(char *err, size_t err_len, const char *fmt, ...)
 {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    st_fail_v(err, err_len, "", fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* "<file>: tensor '<name>': <problem>" */
+__attribute__((format(printf, 5, 6))) static int fail_tensor(char *err, size_t err_len, const char *file,
+                                                             const char *name, const char *fmt, ...)
+{
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s: tensor '%s': ", file, name);
+    va_list ap;
+    va_start(ap, fmt);
+    st_fail_v(err, err_len, prefix, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -91,33 +114,30 @@ static bool st_ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static const char *st_shape_str(const llm_st_tensor *t, char *buf, size_t n)
+/* "[2, 3]"; n fits 8 dimensions of 20 digits. */
+static void st_shape_str(const llm_st_tensor *t, char *buf, size_t n)
 {
     size_t used = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < t->ndim && used < n; i++) used += (size_t)snprintf(buf + used, n - used, "%s%zu", i ? ", " : "", t->shape[i]);
+    for (int i = 0; i < t->ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%zu", i ? ", " : "", t->shape[i]);
     if (used < n) snprintf(buf + used, n - used, "]");
-    return buf;
 }
 
 /* Fills e from one header entry, checking types, dtype, shape arithmetic and offsets against the data section. */
 static int st_parse_entry(const char *L, const char *name, const json_t *v, size_t data_len, st_entry *e,
                           char *err, size_t err_len)
 {
-    if (!json_is_object(v))
-        return fail(err, err_len, "%s: tensor '%s': expected an object {dtype, shape, data_offsets}, found %s", L,
-                    name, st_kind(v));
-    const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
-                 *off = json_object_get(v, "data_offsets");
-    if (!dt || !sh || !off)
-        return fail(err, err_len, "%s: tensor '%s': missing \"%s\"", L, name,
-                    !dt ? "dtype" : !sh ? "shape" : "data_offsets");
-    if (!json_is_string(dt)) return fail(err, err_len, "%s: tensor '%s': dtype should be a string, found %s", L, name, st_kind(dt));
+#define BAD(...) return fail_tensor(err, err_len, L, name, __VA_ARGS__)
+    if (!json_is_object(v)) BAD("expected an object {dtype, shape, data_offsets}, found %s", st_kind(v));
+    const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape");
+    const json_t *off = json_object_get(v, "data_offsets");
+    if (!dt || !sh || !off) BAD("missing \"%s\"", !dt ? "dtype" : !sh ? "shape" : "data_offsets");
+    if (!json_is_string(dt)) BAD("dtype should be a string, found %s", st_kind(dt));
     if (!json_is_array(sh) || json_array_size(sh) > LLM_ST_MAX_DIMS)
-        return fail(err, err_len, "%s: tensor '%s': shape should be an array of at most %d integers, found %s%s", L,
-                    name, LLM_ST_MAX_DIMS, st_kind(sh), json_is_array(sh) ? " that is too long" : "");
+        BAD("shape should be an array of at most %d integers, found %s%s", LLM_ST_MAX_DIMS, st_kind(sh),
+            json_is_array(sh) ? " that is too long" : "");
     if (!json_is_array(off) || json_array_size(off) != 2)
-        return fail(err, err_len, "%s: tensor '%s': data_offsets should be an array [begin, end], found %s", L, name,
-                    st_kind(off));
+        BAD("data_offsets should be an array [begin, end], found %s", st_kind(off));
 
     llm_st_tensor *t = &e->t;
     t->name = name;
@@ -125,7 +145,7 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
     unsigned bits = 0;
     for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
         if (strcmp(t->dtype_name, st_dtypes[i].name) == 0) bits = st_dtypes[i].bits;
-    if (!bits) return fail(err, err_len, "%s: tensor '%s': unknown dtype '%s'", L, name, t->dtype_name);
+    if (!bits) BAD("unknown dtype '%s'", t->dtype_name);
     e->align = bits >= 8 ? bits / 8 : 1;
     for (llm_dtype d = 0; d < LLM_DTYPE_COUNT; d++)
         if (strcmp(t->dtype_name, llm_dtype_name(d)) == 0) t->supported = true, t->dtype = d;
@@ -133,34 +153,26 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
     t->ndim = (int)json_array_size(sh);
     t->numel = 1;
     for (int i = 0; i < t->ndim; i++) {
-        if (!st_size_value(json_array_get(sh, (size_t)i), &t->shape[i]))
-            return fail(err, err_len, "%s: tensor '%s': shape[%d] should be a non-negative integer, found %s", L,
-                        name, i, st_kind(json_array_get(sh, (size_t)i)));
-        if (t->shape[i] && t->numel > SIZE_MAX / t->shape[i])
-            return fail(err, err_len, "%s: tensor '%s': shape overflows the element count", L, name);
+        const json_t *d = json_array_get(sh, (size_t)i);
+        if (!st_size_value(d, &t->shape[i])) BAD("shape[%d] should be a non-negative integer, found %s", i, st_kind(d));
+        if (t->shape[i] && t->numel > SIZE_MAX / t->shape[i]) BAD("shape overflows the element count");
         t->numel *= t->shape[i];
     }
     if (!st_size_value(json_array_get(off, 0), &e->begin) || !st_size_value(json_array_get(off, 1), &e->end))
-        return fail(err, err_len, "%s: tensor '%s': data_offsets should be two non-negative integers", L, name);
-    if (e->end < e->begin)
-        return fail(err, err_len, "%s: tensor '%s': data_offsets [%zu, %zu] end before they begin", L, name,
-                    e->begin, e->end);
+        BAD("data_offsets should be two non-negative integers");
+    if (e->end < e->begin) BAD("data_offsets [%zu, %zu] end before they begin", e->begin, e->end);
     if (e->end > data_len)
-        return fail(err, err_len, "%s: tensor '%s': data_offsets [%zu, %zu] outside the data section (%zu bytes)", L,
-                    name, e->begin, e->end, data_len);
+        BAD("data_offsets [%zu, %zu] outside the data section (%zu bytes)", e->begin, e->end, data_len);
     char shape[256];
-    if (t->numel > SIZE_MAX / bits)
-        return fail(err, err_len, "%s: tensor '%s': shape %s of %s overflows the byte count", L, name,
-                    st_shape_str(t, shape, sizeof shape), t->dtype_name);
-    if (t->numel * bits % 8)
-        return fail(err, err_len, "%s: tensor '%s': shape %s of %s is not a whole number of bytes", L, name,
-                    st_shape_str(t, shape, sizeof shape), t->dtype_name);
+    st_shape_str(t, shape, sizeof shape);
+    if (t->numel > SIZE_MAX / bits) BAD("shape %s of %s overflows the byte count", shape, t->dtype_name);
+    if (t->numel * bits % 8) BAD("shape %s of %s is not a whole number of bytes", shape, t->dtype_name);
     t->nbytes = t->numel * bits / 8;
     if (t->nbytes != e->end - e->begin)
-        return fail(err, err_len, "%s: tensor '%s': shape %s of %s needs %zu bytes but data_offsets [%zu, %zu] hold %zu",
-                    L, name, st_shape_str(t, shape, sizeof shape), t->dtype_name, t->nbytes, e->begin, e->end,
-                    e->end - e->begin);
+        BAD("shape %s of %s needs %zu bytes but data_offsets [%zu, %zu] hold %zu", shape, t->dtype_name, t->nbytes,
+            e->begin, e->end, e->end - e->begin);
     return 0;
+#undef BAD
 }
 
 static int st_name_is(const void *name, const void *entry)
@@ -225,7 +237,7 @@ static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
         if ((uintptr_t)e.t.data % e.align) {
             /* Kernels read whole elements; a misaligned offset (or a header length not padded to 8) gets a copy. */
             e.copy = malloc(e.t.nbytes);
-            if (!e.copy) return fail(err, err_len, "%s: tensor '%s': out of memory copying %zu bytes", L, name, e.t.nbytes);
+            if (!e.copy) return fail_tensor(err, err_len, L, name, "out of memory copying %zu bytes", e.t.nbytes);
             memcpy(e.copy, e.t.data, e.t.nbytes);
             e.t.data = e.copy;
             st->held_bytes += e.t.nbytes;
@@ -383,30 +395,21 @@ static int st_load_either(llm_st *st, const char *dir, const char *name, bool *f
     return rc;
 }
 
-static int st_open_index(llm_st *st, const char *dir, const char *index_path, char *err, size_t err_len)
+/* Loads the shards an index's weight_map names, then holds each tensor to the shard the index puts it in.
+ * shards has room for one name per weight_map entry. */
+static int st_load_index(llm_st *st, const char *dir, json_t *map, const char **shards, char *err,
+                         size_t err_len)
 {
-    const char *L = "model.safetensors.index.json";
-    json_error_t je;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, err_len, "%s: not valid JSON: %s (line %d, column %d)", L, je.text, je.line, je.column);
-    const char **shards = NULL;
-    int rc = -1;
-    json_t *map = json_object_get(root, "weight_map"), *v;
-    const char *name;
-    if (!json_is_object(map) || json_object_size(map) == 0) {
-        fail(err, err_len, "%s: expected a non-empty object \"weight_map\": {tensor: shard file}", L);
-        goto done;
-    }
+    const char *L = "model.safetensors.index.json", *name;
+    json_t *v;
+    if (!json_is_object(map) || json_object_size(map) == 0)
+        return fail(err, err_len, "%s: expected a non-empty object \"weight_map\": {tensor: shard file}", L);
+    if (!shards) return fail(err, err_len, "%s: out of memory", L);
     size_t n_shards = 0;
-    if (!(shards = malloc(json_object_size(map) * sizeof *shards))) {
-        fail(err, err_len, "%s: out of memory", L);
-        goto done;
-    }
     json_object_foreach(map, name, v) {
-        if (!json_is_string(v)) {
-            fail(err, err_len, "%s: weight_map['%s'] should be a shard file name, found %s", L, name, st_kind(v));
-            goto done;
-        }
+        if (!json_is_string(v))
+            return fail(err, err_len, "%s: weight_map['%s'] should be a shard file name, found %s", L, name,
+                        st_kind(v));
         size_t i = 0;
         while (i < n_shards && strcmp(shards[i], json_string_value(v)) != 0) i++;
         if (i == n_shards) shards[n_shards++] = json_string_value(v);
@@ -414,83 +417,67 @@ static int st_open_index(llm_st *st, const char *dir, const char *index_path, ch
     /* Shards load in order, so shards[i] is files[i]: that is how a tensor is checked against its shard below. */
     for (size_t i = 0; i < n_shards; i++) {
         bool found;
-        if (st_load_either(st, dir, shards[i], &found, err, err_len)) goto done;
-        if (!found) {
-            fail(err, err_len, "%s: shard %s is missing (neither it nor %s.zst is in %s)", L, shards[i], shards[i], dir);
-            goto done;
-        }
+        if (st_load_either(st, dir, shards[i], &found, err, err_len)) return -1;
+        if (!found)
+            return fail(err, err_len, "%s: shard %s is missing (neither it nor %s.zst is in %s)", L, shards[i],
+                        shards[i], dir);
     }
-    if (st_finish(st, err, err_len)) goto done;
+    if (st_finish(st, err, err_len)) return -1;
     json_object_foreach(map, name, v) {
         size_t i = 0;
         while (strcmp(shards[i], json_string_value(v)) != 0) i++;
         const llm_st_tensor *t = llm_st_find(st, name);
-        if (!t) {
-            fail(err, err_len, "%s: tensor '%s' is listed in %s, which does not contain it", L, name, shards[i]);
-            goto done;
-        }
-        if (t->file != st->files[i].label) {
-            fail(err, err_len, "%s: tensor '%s' is listed in %s but found in %s", L, name, shards[i], t->file);
-            goto done;
-        }
+        if (!t)
+            return fail(err, err_len, "%s: tensor '%s' is listed in %s, which does not contain it", L, name, shards[i]);
+        if (t->file != st->files[i].label)
+            return fail(err, err_len, "%s: tensor '%s' is listed in %s but found in %s", L, name, shards[i], t->file);
     }
-    rc = 0;
-done:
+    return 0;
+}
+
+static int st_open_index(llm_st *st, const char *dir, const char *index_path, char *err, size_t err_len)
+{
+    json_error_t je;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return fail(err, err_len, "model.safetensors.index.json: not valid JSON: %s (line %d, column %d)", je.text,
+                    je.line, je.column);
+    json_t *map = json_object_get(root, "weight_map");
+    const char **shards = json_object_size(map) ? malloc(json_object_size(map) * sizeof *shards) : NULL;
+    int rc = st_load_index(st, dir, map, shards, err, err_len);
     free(shards);
     json_decref(root);
     return rc;
 }
 
-static int st_by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int st_is_shard(const struct dirent *de)
+{
+    return st_ends_with(de->d_name, ".safetensors") || st_ends_with(de->d_name, ".safetensors.zst");
+}
 
 /* No index and no model.safetensors: every *.safetensors(.zst) in the folder, in name order. */
 static int st_open_scan(llm_st *st, const char *dir, char *err, size_t err_len)
 {
-    DIR *d = opendir(dir);
-    if (!d) return fail(err, err_len, "%s: cannot list the folder: %s", dir, strerror(errno));
-    char **names = NULL;
-    size_t n = 0;
-    int rc = -1;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!st_ends_with(de->d_name, ".safetensors") && !st_ends_with(de->d_name, ".safetensors.zst")) continue;
-        char **grown = realloc(names, (n + 1) * sizeof *names);
-        if (grown) names = grown;
-        if (!grown || !(names[n] = strdup(de->d_name))) {
-            closedir(d);
-            fail(err, err_len, "%s: out of memory", dir);
-            goto done;
-        }
-        n++;
-    }
-    closedir(d);
-    if (n == 0) {
-        fail(err, err_len, "%s: no model.safetensors, model.safetensors.index.json or *.safetensors(.zst) here", dir);
-        goto done;
-    }
-    qsort(names, n, sizeof *names, st_by_str);
-    for (size_t i = 0; i < n; i++) {
-        char *path = st_join(dir, names[i], "");
-        if (!path) {
-            fail(err, err_len, "%s: out of memory", dir);
-            goto done;
-        }
-        bool skip = false;
-        size_t len = strlen(path);
-        if (st_ends_with(path, ".zst")) { /* NAME.zst beside NAME is the same shard twice */
+    struct dirent **names;
+    int n = scandir(dir, &names, st_is_shard, alphasort);
+    if (n < 0) return fail(err, err_len, "%s: cannot list the folder: %s", dir, strerror(errno));
+    int rc = n ? 0 : fail(err, err_len, "%s: no model.safetensors, model.safetensors.index.json or *.safetensors(.zst)"
+                          " here", dir);
+    for (int i = 0; i < n; i++) {
+        char *path = rc ? NULL : st_join(dir, names[i]->d_name, "");
+        size_t len = path ? strlen(path) : 0;
+        bool twin = false;
+        if (path && st_ends_with(path, ".zst")) { /* NAME.zst beside NAME is the same shard twice */
             path[len - 4] = '\0';
-            skip = st_is_file(path);
+            twin = st_is_file(path);
             path[len - 4] = '.';
         }
-        int failed = skip ? 0 : st_load(st, path, err, err_len);
+        if (!rc) rc = !path ? fail(err, err_len, "%s: out of memory", dir) : twin ? 0 : st_load(st, path, err, err_len);
         free(path);
-        if (failed) goto done;
+        free(names[i]);
     }
-    rc = st_finish(st, err, err_len);
-done:
-    for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
-    return rc;
+    return rc ? rc : st_finish(st, err, err_len);
 }
 
 static int st_open_dir(llm_st *st, const char *dir, char *err, size_t err_len)
