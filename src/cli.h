@@ -3,7 +3,22 @@
 #ifndef LLM_CLI_H
 #define LLM_CLI_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
 int llm_cmd_generate(int argc, char **argv);
 int llm_cmd_tokenize(int argc, char **argv);
+int llm_cmd_bench(int argc, char **argv);
+int llm_cmd_compare(int argc, char **argv);
+int llm_cmd_devices(int argc, char **argv);
+
+/* The device listing of `llm-run devices` (cmd_devices.c), also behind `llm-run --list-devices`. threads: 0 = the
+ * devices' default. Returns the exit code. */
+int llm_cli_list_devices(FILE *out, bool measure, int threads);
+
+/* "1,2 3" -> malloc'd token ids (cmd_generate.c). Returns the count, or -1 with err set. */
+int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
 
 #endif

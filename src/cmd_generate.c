@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "profile.h"
 
 #define MAX_PINS 16
 
@@ -69,8 +70,7 @@ static size_t llm_utf8_invalid_at(const char *s, size_t len)
     return len;
 }
 
-/* "1,2 3" -> ids. Returns the count, or -1 with err set. */
-static int parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
+int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
 {
     size_t cap = 16, n = 0;
     int32_t *out = malloc(cap * sizeof *out);
@@ -127,9 +127,14 @@ int llm_cmd_generate(int argc, char **argv)
     struct arg_lit *ignore_eos = arg_lit0(NULL, "ignore-eos", "keep generating past end-of-sequence tokens");
     struct arg_lit *verbose_prompt = arg_lit0(NULL, "verbose-prompt", "print the prompt's token ids on stderr");
     struct arg_lit *special = arg_lit0(NULL, "special", "print special tokens in the output");
+    struct arg_lit *profile = arg_lit0(NULL, "profile", "time every op on the device's clock; print a table per op "
+                                       "for prefill and decode, and the memory used");
+    struct arg_file *profile_json = arg_file0(NULL, "profile-json", "FILE", "the same profile as JSON in FILE");
+    struct arg_lit *list_devices = arg_lit0(NULL, "list-devices", "list the devices and exit (as llm-run devices)");
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, prompt, prompt_file, tokens, n_predict, ctx, batch, temp, top_k, top_p,
-                     min_p, seed, device, threads, op_device, ignore_eos, verbose_prompt, special, end};
+                     min_p, seed, device, threads, op_device, ignore_eos, verbose_prompt, special, profile,
+                     profile_json, list_devices, end};
 
     int rc = 1;
     char err[1024] = "";
@@ -137,6 +142,7 @@ int llm_cmd_generate(int argc, char **argv)
     llm_state state = {0};
     llm_sampler sampler = {0};
     llm_tokenizer *tok = NULL;
+    llm_profile *prof = NULL; /* NULL unless --profile: the step hooks then do nothing */
     llm_detokenizer *detok = NULL;
     int32_t *ids = NULL;
     char *prompt_text = NULL;
@@ -157,6 +163,10 @@ int llm_cmd_generate(int argc, char **argv)
     if (n_errors) {
         arg_print_errors(stderr, end, "llm-run");
         fprintf(stderr, "llm-run: see llm-run --help\n");
+        goto done;
+    }
+    if (list_devices->count) {
+        rc = llm_cli_list_devices(stdout, false, threads->count ? threads->ival[0] : 0);
         goto done;
     }
     const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
@@ -184,7 +194,7 @@ int llm_cmd_generate(int argc, char **argv)
     int n_prompt;
     bool ids_mode = tokens->count > 0;
     if (ids_mode) {
-        n_prompt = parse_ids(tokens->sval[0], &ids, err, sizeof err);
+        n_prompt = llm_cli_parse_ids(tokens->sval[0], &ids, err, sizeof err);
         if (n_prompt < 0) goto fail;
     } else {
         size_t len = 0;
@@ -255,12 +265,17 @@ int llm_cmd_generate(int argc, char **argv)
         goto fail;
     }
 
+    /* The bandwidth measurement that starts a profile runs here, before any timing. */
+    if ((profile->count || profile_json->count) && !(prof = llm_profile_start(&model, err, sizeof err))) goto fail;
+
     /* Prefill in chunks of the batch size; then one token at a time. */
     const float *logits = NULL;
     double t_prefill = now_s();
     for (int pos = 0; pos < n_prompt; pos += state.max_batch) {
         int n = n_prompt - pos < state.max_batch ? n_prompt - pos : state.max_batch;
+        llm_profile_step_begin(prof, LLM_PROFILE_PREFILL, pos, n);
         if (llm_forward(&model, &state, ids + pos, n, pos, &logits, err, sizeof err)) goto fail;
+        llm_profile_step_end(prof);
     }
     double prefill_s = now_s() - t_prefill, decode_s = 0.0;
     int generated = 0, decode_steps = 0;
@@ -278,7 +293,9 @@ int llm_cmd_generate(int argc, char **argv)
         if (!ignore_eos->count && llm_config_is_eos(c, next)) break;
         if (generated == want) break;
         double t = now_s();
+        llm_profile_step_begin(prof, LLM_PROFILE_DECODE, pos, 1);
         if (llm_forward(&model, &state, &next, 1, pos, &logits, err, sizeof err)) goto fail;
+        llm_profile_step_end(prof);
         decode_s += now_s() - t;
         decode_steps++;
     }
@@ -291,12 +308,17 @@ int llm_cmd_generate(int argc, char **argv)
     fprintf(stderr, "\nllm-run: %s on %s | load %.2f s | prompt %d tokens, %.1f tok/s | generated %d tokens, "
             "%.1f tok/s\n", c->architecture, model.rt.dev->name, load_s, n_prompt,
             prefill_s > 0 ? n_prompt / prefill_s : 0.0, generated, decode_s > 0 ? decode_steps / decode_s : 0.0);
+    if (profile->count) llm_profile_print(prof, &model, &state, stderr);
+    if (profile_json->count &&
+        llm_profile_write_json(prof, &model, &state, profile_json->filename[0], err, sizeof err))
+        goto fail;
     rc = 0;
     goto done;
 
 fail:
     fprintf(stderr, "llm-run: %s\n", err);
 done:
+    llm_profile_stop(prof);
     llm_sampler_free(&sampler);
     llm_state_free(&state, &model);
     llm_detokenizer_free(detok);

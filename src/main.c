@@ -10,6 +10,9 @@ static const struct {
     int (*run)(int argc, char **argv);
 } commands[] = {
     {"tokenize", llm_cmd_tokenize},
+    {"bench", llm_cmd_bench},
+    {"compare", llm_cmd_compare},
+    {"devices", llm_cmd_devices},
 };
 
 int main(int argc, char **argv)

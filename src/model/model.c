@@ -130,6 +130,11 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len)
 {
     memset(m, 0, sizeof *m);
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        snprintf(err, err_len, "%s: no such file or folder", path);
+        return -1;
+    }
     model_dir_of(path, m->dir, sizeof m->dir);
     llm_config *c = &m->config;
     if (llm_config_load(c, m->dir, err, err_len)) return -1;
@@ -150,7 +155,10 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     const llm_device *dev = NULL;
     llm_device_options dev_opt = {.threads = opt ? opt->threads : 0};
     char chosen[600];
-    if (llm_device_resolve(opt ? opt->device : NULL, &dev, &dev_opt, chosen, sizeof chosen, err, err_len)) goto fail;
+    if (opt && opt->device_override)
+        snprintf(chosen, sizeof chosen, "%s (given)", (dev = opt->device_override)->name);
+    else if (llm_device_resolve(opt ? opt->device : NULL, &dev, &dev_opt, chosen, sizeof chosen, err, err_len))
+        goto fail;
     if (opt && opt->log) fprintf(opt->log, "device: %s\n", chosen);
     if (llm_runtime_open(&m->rt, dev, &dev_opt, m->weight_dtype, opt ? opt->pins : NULL, opt ? opt->n_pins : 0,
                          opt ? opt->log : NULL, err, err_len))

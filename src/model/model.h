@@ -48,6 +48,7 @@ typedef struct {
     const llm_op_pin *pins;
     int n_pins;
     FILE *log;               /* device choice and fallbacks are printed here; NULL = quiet */
+    const llm_device *device_override; /* when not NULL, this device instead of `device` (tests, llm-run compare) */
 } llm_load_options;
 
 /* path: a .safetensors(.zst) file with config.json beside it, or a model folder. 0 on success, else err. */

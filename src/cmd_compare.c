@@ -1,0 +1,133 @@
+/* `llm-run compare MODEL --device X [--ref cpu]`: the same tokens through the model on two devices, every traced
+ * buffer and the logits compared (src/compare.c does the work). Exit 0 within --tol, 1 beyond, 2 on error. */
+#include <argtable2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "compare.h"
+#include "devices/registry.h"
+
+#define MAX_PINS 16
+
+int llm_cmd_compare(int argc, char **argv)
+{
+    struct arg_lit *help = arg_lit0("h", "help", "print this help and exit");
+    struct arg_file *model_pos = arg_file0(NULL, NULL, "MODEL", "model folder or .safetensors(.zst) file");
+    struct arg_file *model_opt = arg_file0("m", "model", "MODEL", "the same, as an option");
+    struct arg_str *device = arg_str0(NULL, "device", "DEV", "the device under test (default $LLM_RUN_DEVICE or auto)");
+    struct arg_str *ref_dev = arg_str0(NULL, "ref", "DEV", "the reference device (default cpu)");
+    struct arg_int *positions = arg_int0("p", "n-prompt", "N", "synthetic prompt positions (default 128)");
+    struct arg_str *tokens = arg_str0(NULL, "tokens", "IDS", "the prompt as token ids (1,2,3) instead");
+    struct arg_int *seed = arg_int0("s", "seed", "N", "seed of the synthetic prompt (default 1)");
+    struct arg_int *n_gen = arg_int0("n", "n-predict", "N", "greedy tokens compared after the prompt (default 32)");
+    struct arg_int *chunk = arg_int0("b", "batch-size", "N", "positions per forward call (default 64)");
+    struct arg_dbl *tol = arg_dbl0(NULL, "tol", "T", "pass when max|logit - ref| / max|ref| over all positions <= T "
+                                   "(default 1e-3)");
+    struct arg_dbl *trace_tol = arg_dbl0(NULL, "trace-tol", "T", "a traced buffer diverges at a position past the "
+                                         "same ratio over its row (default: --tol)");
+    struct arg_int *threads = arg_int0("t", "threads", "N", "CPU threads for both devices (default: the device's)");
+    struct arg_str *op_device = arg_strn(NULL, "op-device", "OP=DEV", 0, MAX_PINS,
+                                         "run one op of the device under test on a CPU device (repeatable)");
+    struct arg_end *end = arg_end(8);
+    void *table[] = {help, model_pos, model_opt, device, ref_dev, positions, tokens, seed, n_gen, chunk, tol,
+                     trace_tol, threads, op_device, end};
+
+    int rc = 2;
+    char err[1024] = "";
+    llm_model ref = {0}, dut = {0};
+    llm_compare_result res = {0};
+    int32_t *ids = NULL;
+    llm_op_pin pins[MAX_PINS];
+
+    if (arg_nullcheck(table) != 0) {
+        fprintf(stderr, "llm-run: out of memory\n");
+        goto done;
+    }
+    int n_errors = arg_parse(argc, argv, table);
+    if (help->count) {
+        printf("usage: llm-run compare MODEL --device DEV [--ref DEV] [options]\n\n"
+               "Runs the same tokens through MODEL on two devices, compares every traced buffer of the forward pass\n"
+               "(per op and per layer, and where the first divergence past --trace-tol appears), the logits at every\n"
+               "position (max relative error, top-1 agreement, KL divergence) and -n greedy tokens.\n"
+               "Exit status: 0 when the logits agree within --tol, 1 when they do not, 2 on error.\n\n");
+        arg_print_glossary(stdout, table, "  %-24s %s\n");
+        rc = 0;
+        goto done;
+    }
+    if (n_errors) {
+        arg_print_errors(stderr, end, "llm-run compare");
+        fprintf(stderr, "llm-run: see llm-run compare --help\n");
+        goto done;
+    }
+    const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
+    if (!path) {
+        snprintf(err, sizeof err, "compare: no model given (llm-run compare MODEL --device DEV; see --help)");
+        goto fail;
+    }
+    for (int i = 0; i < op_device->count; i++)
+        if (llm_op_pin_parse(op_device->sval[i], &pins[i], err, sizeof err)) goto fail;
+    llm_compare_options opt = {
+        .chunk = chunk->count ? chunk->ival[0] : 64,
+        .n_generate = n_gen->count ? n_gen->ival[0] : 32,
+        .tol = tol->count ? tol->dval[0] : 1e-3,
+    };
+    opt.trace_tol = trace_tol->count ? trace_tol->dval[0] : opt.tol;
+    int n = positions->count ? positions->ival[0] : 128;
+    if (opt.chunk < 1 || opt.n_generate < 0 || n < 1 || !(opt.tol >= 0) || !(opt.trace_tol >= 0)) {
+        snprintf(err, sizeof err, "compare: expected -b >= 1, -n >= 0, -p >= 1 and tolerances >= 0");
+        goto fail;
+    }
+
+    const char *dev_name = device->count ? device->sval[0] : getenv("LLM_RUN_DEVICE");
+    int n_threads = threads->count ? threads->ival[0] : 0;
+    llm_load_options lo_ref = {.device = ref_dev->count ? ref_dev->sval[0] : "cpu", .threads = n_threads,
+                               .log = stderr};
+    llm_load_options lo_dut = {.device = dev_name, .threads = n_threads, .pins = pins, .n_pins = op_device->count,
+                               .log = stderr};
+    if (llm_model_load(&ref, path, &lo_ref, err, sizeof err) || llm_model_load(&dut, path, &lo_dut, err, sizeof err))
+        goto fail;
+
+    uint64_t prompt_seed = seed->count ? (uint64_t)(uint32_t)seed->ival[0] : 1;
+    if (tokens->count) {
+        n = llm_cli_parse_ids(tokens->sval[0], &ids, err, sizeof err);
+        if (n < 0) goto fail;
+        if (n == 0) {
+            snprintf(err, sizeof err, "--tokens: no token ids given");
+            goto fail;
+        }
+    } else {
+        ids = malloc((size_t)n * sizeof *ids);
+        if (!ids) {
+            snprintf(err, sizeof err, "out of memory for %d token ids", n);
+            goto fail;
+        }
+        llm_compare_synthetic_tokens(prompt_seed, ref.config.vocab_size, n, ids);
+    }
+
+    char d_ref[256] = "", d_dut[256] = "";
+    ref.rt.dev->describe(d_ref, sizeof d_ref);
+    dut.rt.dev->describe(d_dut, sizeof d_dut);
+    printf("compare: %s (%s) against %s (%s)\n", dut.rt.dev->name, d_dut, ref.rt.dev->name, d_ref);
+    if (tokens->count)
+        printf("prompt: %d given token ids", n);
+    else
+        printf("prompt: %d synthetic token ids (seed %llu)", n, (unsigned long long)prompt_seed);
+    printf(", %d positions per call, then %d greedy tokens\n\n", opt.chunk, opt.n_generate);
+    fflush(stdout);
+    if (llm_compare_run(&ref, &dut, ids, n, &opt, &res, err, sizeof err)) goto fail;
+    llm_compare_print(&res, &opt, stdout);
+    rc = res.pass ? 0 : 1;
+    goto done;
+
+fail:
+    fprintf(stderr, "llm-run: %s\n", err);
+done:
+    llm_compare_result_free(&res);
+    llm_model_free(&dut);
+    llm_model_free(&ref);
+    free(ids);
+    arg_freetable(table, sizeof table / sizeof table[0]);
+    return rc;
+}

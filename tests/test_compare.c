@@ -1,0 +1,244 @@
+/* The comparison behind `llm-run compare` (src/compare.c): cpu against blas passes on every F32 fixture; a device
+ * whose rmsnorm is deliberately off fails and is named (op, layer, position); the same device twice agrees exactly
+ * whatever the chunking; and the CLI's exit status says pass (0), fail (1) or error (2). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "compare.h"
+#include "devices/registry.h"
+#include "ops/ref.h"
+
+#ifdef __SANITIZE_ADDRESS__
+#define LLM_RUN "build/llm-run-asan"
+#else
+#define LLM_RUN "build/llm-run"
+#endif
+
+/* The F32 fixtures, where blas runs its own matrix products (it falls back to the reference for 16-bit weights). */
+static const char *const F32_FIXTURES[] = {"llama-gqa-tied", "llama3-mqa-untied", "llama-linear-rope",
+                                           "mistral-headdim", "qwen2-bias"};
+
+static void load(llm_model *m, const char *fixture, const char *device, const llm_device *override)
+{
+    char dir[256], err[1024] = "";
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", fixture);
+    llm_load_options lo = {.device = device, .device_override = override};
+    int rc = llm_model_load(m, dir, &lo, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static int run_compare(llm_model *ref, llm_model *dev, int n, const llm_compare_options *opt, llm_compare_result *res)
+{
+    int32_t ids[256];
+    assert_true(n <= 256);
+    llm_compare_synthetic_tokens(7, ref->config.vocab_size, n, ids);
+    char err[1024] = "";
+    int rc = llm_compare_run(ref, dev, ids, n, opt, res, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    return rc;
+}
+
+/* blas's sgemm sums in another order than the reference: differences of ~1e-6 of the largest value, as in
+ * tests/test_models.c; 1e-4 is that test's tolerance. */
+static void test_cpu_vs_blas(void **state)
+{
+    (void)state;
+    for (size_t f = 0; f < sizeof F32_FIXTURES / sizeof *F32_FIXTURES; f++) {
+        llm_model ref, dev;
+        load(&ref, F32_FIXTURES[f], "cpu", NULL);
+        load(&dev, F32_FIXTURES[f], "blas", NULL);
+        assert_false(dev.rt.op_fallback[LLM_OP_MATMUL]);
+        /* 40 positions in chunks of 16: two full chunks and a short one. */
+        llm_compare_options opt = {.chunk = 16, .n_generate = 8, .tol = 1e-4, .trace_tol = 1e-4};
+        llm_compare_result res;
+        assert_int_equal(run_compare(&ref, &dev, 40, &opt, &res), 0);
+        print_message("%s: blas vs cpu: logits max rel %.3g, KL max %.3g, top-1 %d/%d, greedy %d/%d\n",
+                      F32_FIXTURES[f], res.logits_rel, res.kl_max, res.top1_agree, res.positions, res.greedy_agree,
+                      res.greedy_total);
+        assert_true(res.pass);
+        assert_false(res.diverged);
+        assert_int_equal(res.positions, 40 + 7); /* the prompt, then 7 greedy steps fed to both */
+        assert_int_equal(res.top1_agree, res.positions);
+        assert_int_equal(res.greedy_agree, 8);
+        assert_true(res.logits.max_abs > 0); /* a different summation order does show */
+        assert_true(res.kl_max < 1e-9);
+        /* Every trace point of forward.c, in its order, with the op that writes it. */
+        const char *points[] = {"embed", "attn_norm", "q", "k", "v", "q_rope", "attention", "attn_out",
+                                "ffn_norm", "swiglu", "ffn_out", "residual", "final_norm", "logits"};
+        assert_int_equal(res.n_points, 14);
+        for (int p = 0; p < 14; p++) assert_string_equal(res.point[p], points[p]);
+        assert_string_equal(res.point_op[1], "rmsnorm");
+        assert_string_equal(res.point_op[2], "matmul");
+        /* The hooks are the models' own again. */
+        assert_null(ref.trace);
+        assert_null(dev.trace);
+        llm_compare_result_free(&res);
+        llm_model_free(&dev);
+        llm_model_free(&ref);
+    }
+}
+
+/* The same device twice computes the same numbers exactly, whatever the chunks (7 does not divide 30). */
+static void test_same_device_exact(void **state)
+{
+    (void)state;
+    llm_model a, b;
+    load(&a, "qwen2-bias", "cpu", NULL);
+    load(&b, "qwen2-bias", "cpu", NULL);
+    llm_compare_options opt = {.chunk = 7, .n_generate = 5, .tol = 0, .trace_tol = 0};
+    llm_compare_result res;
+    assert_int_equal(run_compare(&a, &b, 30, &opt, &res), 0);
+    assert_true(res.pass);
+    assert_false(res.diverged);
+    assert_true(res.logits.max_abs == 0);
+    assert_true(res.kl_max == 0);
+    assert_int_equal(res.greedy_agree, 5);
+    for (int l = 0; l <= res.n_layers; l++)
+        for (int p = 0; p < res.n_points; p++) assert_true(res.cell[l * LLM_COMPARE_MAX_POINTS + p].max_abs == 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    llm_compare_print(&res, &opt, out);
+    fclose(out);
+    assert_non_null(strstr(text, "first divergence beyond 0: none"));
+    assert_non_null(strstr(text, "PASS"));
+    free(text);
+    llm_compare_result_free(&res);
+    llm_model_free(&b);
+    llm_model_free(&a);
+}
+
+/* A device that is the cpu device except for an rmsnorm 1% off. */
+static llm_ops perturbed_ops;
+
+static void perturbed_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+{
+    llm_ref_ops.rmsnorm(out, x, weight, n, dim, eps);
+    for (size_t i = 0; i < (size_t)n * dim; i++) out[i] *= 1.01f;
+}
+
+static void test_perturbed_rmsnorm_is_named(void **state)
+{
+    (void)state;
+    static llm_device perturbed;
+    perturbed = *llm_device_find("cpu");
+    perturbed.name = "perturbed";
+    perturbed_ops = llm_ref_ops;
+    perturbed_ops.rmsnorm = perturbed_rmsnorm;
+    perturbed.ops = &perturbed_ops;
+
+    llm_model ref, dev;
+    load(&ref, "llama-gqa-tied", "cpu", NULL);
+    load(&dev, "llama-gqa-tied", NULL, &perturbed);
+    assert_ptr_equal(dev.rt.dev, &perturbed);
+    llm_compare_options opt = {.chunk = 16, .n_generate = 4, .tol = 1e-3, .trace_tol = 1e-3};
+    llm_compare_result res;
+    assert_int_equal(run_compare(&ref, &dev, 20, &opt, &res), 0);
+    assert_false(res.pass);
+    assert_true(res.logits_rel > 1e-3);
+    assert_true(res.diverged);
+    /* The embedding before it agrees; the first norm of layer 0 at the first position is where it starts. */
+    assert_string_equal(res.first_op, "rmsnorm");
+    assert_string_equal(res.first_point, "attn_norm");
+    assert_int_equal(res.first_layer, 0);
+    assert_int_equal(res.first_pos, 0);
+    assert_true(fabs(res.first_rel - 0.01) < 1e-4);
+    assert_true(res.cell[res.n_layers * LLM_COMPARE_MAX_POINTS + 0].max_abs == 0); /* embed */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    llm_compare_print(&res, &opt, out);
+    fclose(out);
+    print_message("%s", text);
+    assert_non_null(strstr(text, "first divergence beyond 0.001: attn_norm (op rmsnorm), layer 0, position 0"));
+    assert_non_null(strstr(text, "FAIL"));
+    free(text);
+    llm_compare_result_free(&res);
+    llm_model_free(&dev);
+    llm_model_free(&ref);
+}
+
+static void test_different_models_refused(void **state)
+{
+    (void)state;
+    llm_model a, b;
+    load(&a, "llama-gqa-tied", "cpu", NULL);
+    char err[1024] = "";
+    llm_load_options lo = {.device = "cpu"};
+    assert_int_equal(llm_model_load(&b, "models/tiny", &lo, err, sizeof err), 0);
+    llm_compare_options opt = {.chunk = 8, .tol = 1e-3, .trace_tol = 1e-3};
+    llm_compare_result res;
+    int32_t ids[4] = {1, 2, 3, 4};
+    assert_int_equal(llm_compare_run(&a, &b, ids, 4, &opt, &res, err, sizeof err), -1);
+    assert_non_null(strstr(err, "the two models differ in shape"));
+    llm_model_free(&b);
+    llm_model_free(&a);
+}
+
+/* The CLI: exit status and the verdict line. */
+static int run_cli(const char *args, char *out, size_t out_len)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s compare %s >/tmp/llm-run-compare-test.out 2>&1 </dev/null", LLM_RUN, args);
+    int raw = system(cmd);
+    FILE *f = fopen("/tmp/llm-run-compare-test.out", "rb");
+    size_t n = f ? fread(out, 1, out_len - 1, f) : 0;
+    out[n] = '\0';
+    if (f) fclose(f);
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
+}
+
+static void test_cli_exit_status(void **state)
+{
+    (void)state;
+    static char out[65536];
+    const char *fix = "tests/fixtures/models/llama3-mqa-untied";
+    char args[512];
+    snprintf(args, sizeof args, "%s --device blas --ref cpu -p 40 -b 16 -n 4", fix);
+    int status = run_cli(args, out, sizeof out);
+    if (status != 0) print_error("%s\n", out);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(out, "compare: blas ("));
+    assert_non_null(strstr(out, "prompt: 40 synthetic token ids (seed 1)"));
+    assert_non_null(strstr(out, "greedy: 4/4 tokens agree"));
+    assert_non_null(strstr(out, "PASS"));
+    /* The same run held to an impossible tolerance fails, and names where the first difference appeared. */
+    snprintf(args, sizeof args, "%s --device blas -m %s --tokens 5,6,7,8,9 -n 2 --tol 1e-12", "", fix);
+    status = run_cli(args, out, sizeof out);
+    assert_int_equal(status, 1);
+    assert_non_null(strstr(out, "prompt: 5 given token ids"));
+    assert_non_null(strstr(out, "first divergence beyond 1e-12: "));
+    assert_non_null(strstr(out, "FAIL"));
+    snprintf(args, sizeof args, "%s --device nosuch", fix);
+    assert_int_equal(run_cli(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "llm-run: --device nosuch: unknown device"));
+    snprintf(args, sizeof args, "%s --device cpu -p 300", fix);
+    assert_int_equal(run_cli(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "context size"));
+    assert_int_equal(run_cli("--device cpu", out, sizeof out), 2);
+    assert_non_null(strstr(out, "no model given"));
+    assert_int_equal(run_cli("--help", out, sizeof out), 0);
+    assert_non_null(strstr(out, "--trace-tol"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_vs_blas),
+        cmocka_unit_test(test_same_device_exact),
+        cmocka_unit_test(test_perturbed_rmsnorm_is_named),
+        cmocka_unit_test(test_different_models_refused),
+        cmocka_unit_test(test_cli_exit_status),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
