@@ -8,7 +8,8 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktra
 for dir in build/tests build/asan-tests; do
     for t in "$@"; do
         log=$(mktemp)
-        "$dir/$t" >"$log" 2>&1
+        # No test may wait for input or run away with CI's time: a hang fails after 15 minutes.
+        timeout 900 "$dir/$t" >"$log" 2>&1 </dev/null
         rc=$?
         cat "$log"
         p=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$log" | tail -1)

@@ -262,7 +262,7 @@ static void test_bad_options(void **state)
     snprintf(args, sizeof args, "%s --device nosuch", FIX);
     expect_error(args, "--device nosuch: unknown device");
     expect_error("", "no model given");
-    expect_error("tests/fixtures/models/no-such-model", "config.json: cannot open");
+    expect_error("tests/fixtures/models/no-such-model", "no-such-model: no such file or folder");
 }
 
 int main(void)
