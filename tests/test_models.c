@@ -104,6 +104,24 @@ static void test_greedy(void **state)
     fixture_free_expected(&ex);
 }
 
+/* Load the model in `dir` on cpu, run the fixture's tokens in one call and check the logits against HF's. */
+static void expect_hf_logits(const char *dir, const fixture_expected *ex)
+{
+    llm_model m;
+    llm_load_options lo = {.device = "cpu"};
+    char err[1024] = "";
+    int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
+    const float *logits = NULL;
+    assert_int_equal(llm_forward(&m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err), 0);
+    assert_true(fixture_max_rel_error(logits, ex->logits, (size_t)ex->n_tokens * m.config.vocab_size) <= LOGIT_TOL);
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+}
+
 /* The transformers 4.x layout of the same config (top-level rope_theta, rope_scaling, torch_dtype). */
 static void test_config_4x_layout(void **state)
 {
@@ -112,19 +130,7 @@ static void test_config_4x_layout(void **state)
         fixture_expected ex;
         fixture_load_expected(&ex, fixtures[f]);
         char *dir = fixture_copy(ex.dir, "config-4x.json", NULL);
-        llm_model m;
-        llm_load_options lo = {.device = "cpu"};
-        char err[1024] = "";
-        int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
-        if (rc) print_error("%s\n", err);
-        assert_int_equal(rc, 0);
-        llm_state s;
-        assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
-        const float *logits = NULL;
-        assert_int_equal(llm_forward(&m, &s, ex.tokens, ex.n_tokens, 0, &logits, err, sizeof err), 0);
-        assert_true(fixture_max_rel_error(logits, ex.logits, (size_t)ex.n_tokens * m.config.vocab_size) <= LOGIT_TOL);
-        llm_state_free(&s, &m);
-        llm_model_free(&m);
+        expect_hf_logits(dir, &ex);
         fixture_rmdir(dir);
         fixture_free_expected(&ex);
     }
@@ -137,19 +143,19 @@ static void test_zst_checkpoint(void **state)
     fixture_expected ex;
     fixture_load_expected(&ex, "llama-gqa-tied-bf16");
     char *dir = fixture_copy(ex.dir, NULL, "zst");
-    llm_model m;
-    llm_load_options lo = {.device = "cpu"};
-    char err[1024] = "";
-    int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
-    if (rc) print_error("%s\n", err);
-    assert_int_equal(rc, 0);
-    llm_state s;
-    assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
-    const float *logits = NULL;
-    assert_int_equal(llm_forward(&m, &s, ex.tokens, ex.n_tokens, 0, &logits, err, sizeof err), 0);
-    assert_true(fixture_max_rel_error(logits, ex.logits, (size_t)ex.n_tokens * m.config.vocab_size) <= LOGIT_TOL);
-    llm_state_free(&s, &m);
-    llm_model_free(&m);
+    expect_hf_logits(dir, &ex);
+    fixture_rmdir(dir);
+    fixture_free_expected(&ex);
+}
+
+/* The same checkpoint in two shards with model.safetensors.index.json, one shard zstd-compressed. */
+static void test_sharded_checkpoint(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen2-bias");
+    char *dir = fixture_copy(ex.dir, NULL, "shards");
+    expect_hf_logits(dir, &ex);
     fixture_rmdir(dir);
     fixture_free_expected(&ex);
 }
@@ -272,6 +278,7 @@ int main(void)
         }
     const struct CMUnitTest fixed[] = {
         cmocka_unit_test(test_config_4x_layout),   cmocka_unit_test(test_zst_checkpoint),
+        cmocka_unit_test(test_sharded_checkpoint),
         cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
     };

@@ -111,6 +111,44 @@ static void copy_file(const char *src_dir, const char *src_name, const char *dst
     free(bytes);
 }
 
+/* The checkpoint split in two shards with an index, as save_pretrained writes large models; the second shard
+ * is stored zstd-compressed (model-00002-of-00002.safetensors.zst) while the index names it uncompressed. */
+static void write_shards(const char *src, const char *dir)
+{
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    llm_st *st = NULL;
+    assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+    size_t n = llm_st_count(st), half = n / 2;
+    stw_tensor *t = calloc(n, sizeof *t);
+    char (*shapes)[64] = calloc(n, sizeof *shapes);
+    assert_true(t && shapes);
+    json_t *map = json_object();
+    for (size_t i = 0; i < n; i++) {
+        const llm_st_tensor *x = llm_st_at(st, i);
+        int w = snprintf(shapes[i], sizeof shapes[i], "[");
+        for (int d = 0; d < x->ndim; d++) w += snprintf(shapes[i] + w, sizeof shapes[i] - (size_t)w, "%s%zu", d ? ", " : "", x->shape[d]);
+        snprintf(shapes[i] + w, sizeof shapes[i] - (size_t)w, "]");
+        t[i] = (stw_tensor){x->name, x->dtype_name, shapes[i], x->data, x->nbytes};
+        json_object_set_new(map, x->name, json_string(i < half ? "model-00001-of-00002.safetensors"
+                                                               : "model-00002-of-00002.safetensors"));
+    }
+    size_t len1, len2, zlen;
+    unsigned char *shard1 = stw_tensors(t, (int)half, NULL, &len1), *shard2 = stw_tensors(t + half, (int)(n - half), NULL, &len2);
+    unsigned char *z = stw_zstd(shard2, len2, &zlen);
+    assert_true(shard1 && shard2 && z);
+    assert_int_equal(stw_write(dir, "model-00001-of-00002.safetensors", shard1, len1), 0);
+    assert_int_equal(stw_write(dir, "model-00002-of-00002.safetensors.zst", z, zlen), 0);
+    json_t *index = json_pack("{s:{s:i}, s:o}", "metadata", "total_size", (json_int_t)(len1 + len2), "weight_map", map);
+    char *text = json_dumps(index, JSON_INDENT(2));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    fixture_write_text(path, text);
+    free(text);
+    json_decref(index);
+    free(shard1), free(shard2), free(z), free(t), free(shapes);
+    llm_st_close(st);
+}
+
 char *fixture_copy(const char *src, const char *config_name, const char *compress)
 {
     char *dir = stw_tmpdir();
@@ -127,6 +165,8 @@ char *fixture_copy(const char *src, const char *config_name, const char *compres
         assert_int_equal(stw_write(dir, "model.safetensors.zst", z, zlen), 0);
         free(bytes);
         free(z);
+    } else if (compress && strcmp(compress, "shards") == 0) {
+        write_shards(src, dir);
     } else {
         copy_file(src, "model.safetensors", dir, "model.safetensors");
     }

@@ -22,7 +22,8 @@ double fixture_max_rel_error(const float *got, const float *ref, size_t n); /* m
 int32_t fixture_argmax(const float *logits, int vocab);
 
 /* A temporary copy of fixture folder src: config.json taken from src/config_name when not NULL; the weights
- * zstd-compressed as model.safetensors.zst when compress is "zst". Remove with fixture_rmdir. */
+ * zstd-compressed as model.safetensors.zst when compress is "zst", or split in two shards with an index (the second
+ * shard compressed) when it is "shards". Remove with fixture_rmdir. */
 char *fixture_copy(const char *src, const char *config_name, const char *compress);
 /* A copy whose config.json has the members of the JSON object `edit` set (null deletes a member). */
 char *fixture_copy_edited(const char *src, const char *edit);
