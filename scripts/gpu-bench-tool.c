@@ -1,0 +1,410 @@
+/* Measurements for scripts/gpu-bench.sh, linked with llm-run's objects (all but main.o):
+ *   gpu-bench-tool peak                     copy bandwidth (the device's measure_bandwidth) and cuBLAS BF16 GEMM rate
+ *   gpu-bench-tool gemv                     one-token products alone, GB/s per shape
+ *   gpu-bench-tool bench MODEL [--profile]  pp512 and tg128 after a 512-token prompt, against the bandwidth limit
+ *   gpu-bench-tool compare MODEL REF        top-1 agreement over 512 positions with a reference (gpu-bench-ref.py)
+ * Device: $LLM_BENCH_DEVICE or cuda. Not a test: it asserts nothing about speed. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "devices/registry.h"
+#include "model/model.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const char *device_name(void)
+{
+    const char *d = getenv("LLM_BENCH_DEVICE");
+    return d && *d ? d : "cuda";
+}
+
+static int die(const char *msg)
+{
+    fprintf(stderr, "gpu-bench-tool: %s\n", msg);
+    return 1;
+}
+
+/* ---- peak: bandwidth and a large BF16 GEMM on random data ---- */
+
+static int cmd_peak(void)
+{
+    const llm_device *dev = llm_device_find("cuda");
+    char err[512] = "";
+    if (!dev || !dev->probe(err, sizeof err)) return die(dev ? err : "cuda not compiled in");
+    llm_device_options opt = {0};
+    if (dev->init(&opt, err, sizeof err)) return die(err);
+    char desc[512];
+    dev->describe(desc, sizeof desc);
+    printf("device: %s\n", desc);
+    double bw = dev->measure_bandwidth();
+    printf("copy bandwidth: %.0f GB/s (1 GiB device-to-device copy, read + write, median of 5)\n", bw);
+
+    int N = 8192;
+    size_t count = (size_t)N * N;
+    uint16_t *h = malloc(count * 2);
+    uint64_t s = 88172645463325252ull;
+    for (size_t i = 0; i < count; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        float v = (float)((s >> 40) * (1.0 / 16777216.0)) - 0.5f;
+        h[i] = llm_f32_to_bf16(v);
+    }
+    void *a = NULL, *b = NULL, *c = NULL;
+    cudaMalloc(&a, count * 2), cudaMalloc(&b, count * 2), cudaMalloc(&c, count * 2);
+    cudaMemcpy(a, h, count * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(b, h, count * 2, cudaMemcpyHostToDevice);
+    free(h);
+    cublasHandle_t blas;
+    cublasCreate(&blas);
+    float one = 1.0f, zero = 0.0f;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    double t[10];
+    for (int r = -3; r < 10; r++) {
+        cudaEventRecord(e0, 0);
+        cublasStatus_t st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, N, N, &one, a, CUDA_R_16BF, N, b,
+                                         CUDA_R_16BF, N, &zero, c, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (st != CUBLAS_STATUS_SUCCESS) return die(cublasGetStatusString(st));
+        if (r >= 0) t[r] = ms;
+    }
+    double ms = median(t, 10);
+    printf("bf16 GEMM %dx%dx%d: %.0f TFLOP/s (median of 10, random data)\n", N, N, N,
+           2.0 * N * (double)N * N / (ms * 1e-3) / 1e12);
+    printf("PEAK bandwidth_gbs=%.0f gemm_tflops=%.0f\n", bw, 2.0 * N * (double)N * N / (ms * 1e-3) / 1e12);
+    cublasDestroy(blas);
+    cudaFree(a), cudaFree(b), cudaFree(c);
+    dev->release();
+    return 0;
+}
+
+/* ---- profile: time every op through the device's timer (which turns graph replay off) ---- */
+
+#define MAX_MARKS 8000
+static const llm_device *prof_dev;
+static llm_ops prof_inner;
+static int prof_slot;
+static llm_op prof_op[MAX_MARKS / 2];
+static double prof_bytes[MAX_MARKS / 2];
+
+static void mark_begin(void) { prof_dev->timer_mark(prof_slot); }
+static void mark_end(llm_op op, double bytes)
+{
+    prof_op[prof_slot / 2] = op;
+    prof_bytes[prof_slot / 2] = bytes;
+    prof_dev->timer_mark(prof_slot + 1);
+    if (prof_slot + 2 < MAX_MARKS) prof_slot += 2;
+}
+
+static void p_embed(float *o, const llm_weight *t, const int32_t *tk, int n)
+{
+    mark_begin(), prof_inner.embed(o, t, tk, n), mark_end(LLM_OP_EMBED, 0);
+}
+static void p_rmsnorm(float *o, const float *x, const llm_weight *w, int n, int d, float e)
+{
+    mark_begin(), prof_inner.rmsnorm(o, x, w, n, d, e), mark_end(LLM_OP_RMSNORM, 8.0 * n * d);
+}
+static void p_matmul(float *o, const float *x, const llm_weight *w, const llm_weight *b, int n)
+{
+    mark_begin(), prof_inner.matmul(o, x, w, b, n);
+    mark_end(LLM_OP_MATMUL, (double)w->rows * w->cols * llm_dtype_size(w->dtype));
+}
+static void p_rope(float *q, float *k, const int32_t *p, const float *f, int n, int h, int kh, int hd)
+{
+    mark_begin(), prof_inner.rope(q, k, p, f, n, h, kh, hd), mark_end(LLM_OP_ROPE, 0);
+}
+static void p_attention(float *o, const float *q, const float *k, const float *v, float *kc, float *vc,
+                        const int32_t *p, int n, int h, int kh, int hd, int ctx)
+{
+    mark_begin(), prof_inner.attention(o, q, k, v, kc, vc, p, n, h, kh, hd, ctx), mark_end(LLM_OP_ATTENTION, 0);
+}
+static void p_swiglu(float *o, const float *g, const float *u, size_t c)
+{
+    mark_begin(), prof_inner.swiglu(o, g, u, c), mark_end(LLM_OP_SWIGLU, 12.0 * c);
+}
+static void p_add(float *x, const float *y, size_t c) { mark_begin(), prof_inner.add(x, y, c), mark_end(LLM_OP_ADD, 12.0 * c); }
+static void p_logits(float *o, const float *x, const llm_weight *w, int n)
+{
+    mark_begin(), prof_inner.logits(o, x, w, n);
+    mark_end(LLM_OP_LOGITS, (double)w->rows * w->cols * llm_dtype_size(w->dtype));
+}
+
+static void profile_print(const char *title, double step_ms)
+{
+    double ms[LLM_OP_COUNT] = {0}, bytes[LLM_OP_COUNT] = {0};
+    int calls[LLM_OP_COUNT] = {0};
+    double total = 0;
+    for (int i = 0; i < prof_slot / 2; i++) {
+        double t = prof_dev->timer_elapsed_ms(2 * i, 2 * i + 1);
+        ms[prof_op[i]] += t, bytes[prof_op[i]] += prof_bytes[i], calls[prof_op[i]]++;
+        total += t;
+    }
+    printf("profile, %s (ops issued one by one, no fusion, no graph): %.3f ms in ops, %.3f ms the step\n", title,
+           total, step_ms);
+    printf("  %-10s %6s %10s %6s %9s\n", "op", "calls", "ms", "%", "GB/s");
+    for (int op = 0; op < LLM_OP_COUNT; op++) {
+        if (!calls[op]) continue;
+        printf("  %-10s %6d %10.3f %5.1f%%", llm_op_name((llm_op)op), calls[op], ms[op], 100.0 * ms[op] / total);
+        if (bytes[op] > 0 && ms[op] > 0) printf(" %9.0f", bytes[op] / (ms[op] * 1e-3) / 1e9);
+        printf("\n");
+    }
+}
+
+static void no_trace(void *user, const char *what, int layer, const float *buf, size_t count)
+{
+    (void)user, (void)what, (void)layer, (void)buf, (void)count;
+}
+
+/* A trace hook makes llm_forward issue every op (no step replay), and the timer marks flush fused work. */
+static void profile_start(llm_model *m)
+{
+    m->trace = no_trace;
+    prof_dev = m->rt.dev;
+    prof_inner = m->rt.ops;
+    prof_slot = 0;
+    llm_ops w = {p_embed, p_rmsnorm, p_matmul, p_rope, p_attention, p_swiglu, p_add, p_logits};
+    m->rt.ops = w;
+}
+
+static void profile_stop(llm_model *m)
+{
+    m->rt.ops = prof_inner;
+    m->trace = NULL;
+}
+
+/* ---- bench ---- */
+
+static int load(llm_model *m, const char *path)
+{
+    char err[1024] = "";
+    llm_load_options lo = {.device = device_name(), .log = stderr};
+    if (llm_model_load(m, path, &lo, err, sizeof err)) return die(err);
+    return 0;
+}
+
+static int cmd_bench(const char *path, bool profile)
+{
+    llm_model m;
+    double t0 = now_s();
+    if (load(&m, path)) return 1;
+    double t_load = now_s() - t0;
+    const llm_config *c = &m.config;
+    char err[1024] = "";
+    int pp = 512, tg = 128;
+    llm_state s;
+    if (llm_state_init(&s, &m, 1024, pp, false, err, sizeof err)) return die(err);
+    int32_t *tokens = malloc((size_t)pp * sizeof *tokens);
+    for (int i = 0; i < pp; i++) tokens[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
+    const float *logits;
+    bool quick = getenv("LLM_BENCH_QUICK") != NULL; /* for ncu: few steps */
+    double ttimes[7];
+    int reps = quick ? 1 : 7;
+    for (int r = quick ? -1 : -2; r < reps; r++) {
+        double a = now_s();
+        if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
+        if (r >= 0) ttimes[r] = now_s() - a;
+    }
+    double pp_s = median(ttimes, reps);
+    if (quick) tg = 8;
+
+    /* tg: 128 one-token steps at positions 512..639 (the prompt's cache stays), first run warms up (graph capture) */
+    double runs[5] = {0};
+    int32_t tok = 1;
+    const char *want_tg = getenv("LLM_BENCH_TG");
+    for (int r = want_tg && strcmp(want_tg, "0") == 0 ? 5 : quick ? 3 : -1; r < 5; r++) {
+        double a = now_s();
+        for (int i = 0; i < tg; i++) {
+            if (llm_forward(&m, &s, &tok, 1, pp + i, &logits, err, sizeof err)) return die(err);
+            tok = (int32_t)((tok * 31 + i) % c->vocab_size);
+        }
+        if (r >= 0) runs[r] = now_s() - a;
+    }
+    double tg_s = quick ? runs[4] : median(runs, 5);
+
+    /* bytes one decode step must read: every weight once (the embedding table only one row unless it is the head),
+     * and the KV cache up to the position, averaged over the 128 steps */
+    size_t es = llm_dtype_size(m.weight_dtype);
+    double kv_dim = (double)c->num_key_value_heads * c->head_dim;
+    double embed = (double)c->vocab_size * c->hidden_size * es;
+    double weights = (double)m.weight_bytes - (c->tie_word_embeddings ? 0.0 : embed - (double)c->hidden_size * es);
+    double kv = 2.0 * c->num_hidden_layers * kv_dim * 4.0 * (pp + (tg + 1) / 2.0);
+    double bytes = weights + kv;
+    double bw = m.rt.dev->measure_bandwidth ? m.rt.dev->measure_bandwidth() : 0.0;
+    double limit = bw > 0 ? bw * 1e9 / bytes : 0;
+    double q_dim = (double)c->num_attention_heads * c->head_dim, hid = c->hidden_size;
+    double per_layer = hid * (q_dim + 2 * kv_dim) + q_dim * hid + 3.0 * hid * c->intermediate_size;
+    double flops = 2.0 * pp * c->num_hidden_layers * per_layer + 2.0 * c->vocab_size * hid;
+    printf("model: %s (%d layers, hidden %d, %.2f GB of %s weights), load %.1f s\n", path, c->num_hidden_layers,
+           c->hidden_size, (double)m.weight_bytes / 1e9, llm_dtype_name(m.weight_dtype), t_load);
+    printf("pp%d: %.2f ms, %.0f tok/s (%.0f TFLOP/s in matmuls)\n", pp, pp_s * 1e3, pp / pp_s, flops / pp_s / 1e12);
+    printf("tg%d: %.3f ms/token, %.1f tok/s; bytes/token %.3f GB (weights %.3f + KV %.3f); limit at %.0f GB/s: %.0f "
+           "tok/s; %.1f%% of it\n", tg, tg_s / tg * 1e3, tg / tg_s, bytes / 1e9, weights / 1e9, kv / 1e9, bw, limit,
+           limit > 0 ? 100.0 * (tg / tg_s) / limit : 0.0);
+    printf("RESULT pp_tok_s=%.0f tg_tok_s=%.1f bytes_per_token=%.0f bandwidth_gbs=%.0f pct_of_limit=%.1f\n", pp / pp_s,
+           tg / tg_s, bytes, bw, limit > 0 ? 100.0 * (tg / tg_s) / limit : 0.0);
+
+    if (profile) {
+        /* one decode step and one prefill, op by op */
+        profile_start(&m);
+        double a = now_s();
+        if (llm_forward(&m, &s, &tok, 1, pp, &logits, err, sizeof err)) return die(err);
+        double step = now_s() - a;
+        profile_print("one decode step at position 512", step * 1e3);
+        profile_stop(&m);
+        profile_start(&m);
+        a = now_s();
+        if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
+        step = now_s() - a;
+        profile_print("prefill of 512 tokens", step * 1e3);
+        profile_stop(&m);
+    }
+    free(tokens);
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+    return 0;
+}
+
+/* ---- gemv: one-token products alone, replayed as a graph of many launches over more weights than L2 holds ---- */
+
+static int cmd_gemv(void)
+{
+    setenv("LLM_CUDA_FUSE", "0", 1);
+    const llm_device *dev = llm_device_find("cuda");
+    char err[512] = "";
+    if (!dev || !dev->probe(err, sizeof err)) return die(dev ? err : "cuda not compiled in");
+    llm_device_options opt = {0};
+    if (dev->init(&opt, err, sizeof err)) return die(err);
+    static const size_t shapes[][2] = {{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}, {4096, 4096},
+                                       {11008, 4096}, {4096, 11008}, {32000, 2048}, {128256, 2048}, {32000, 4096}};
+    printf("gemv (bf16 weights, one token, graph of launches, weights rotated past L2):\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        size_t rows = shapes[s][0], cols = shapes[s][1], bytes = rows * cols * 2;
+        size_t budget = (size_t)320 << 20;
+        int copies = bytes >= budget / 2 ? 2 : (int)(budget / bytes);
+        if (copies > 64) copies = 64;
+        uint16_t *h = malloc(bytes);
+        for (size_t i = 0; i < rows * cols; i++) h[i] = llm_f32_to_bf16((float)((i * 2654435761u) % 1000) * 1e-4f);
+        llm_weight *w = calloc((size_t)copies, sizeof *w);
+        for (int c = 0; c < copies; c++)
+            if (dev->weight_load(&w[c], h, LLM_DTYPE_BF16, rows, cols)) return die("weight_load");
+        free(h);
+        float *x[2] = {dev->alloc(cols * 4), dev->alloc(cols * 4)}, *out = dev->alloc(rows * 4);
+        float *hx = calloc(cols, 4);
+        for (size_t i = 0; i < cols; i++) hx[i] = 0.01f * (float)(i % 7);
+        dev->upload(x[0], hx, cols * 4), dev->upload(x[1], hx, cols * 4);
+        free(hx);
+        int launches = copies * 4;
+        double t[6];
+        for (int r = 0; r < 6; r++) {
+            double a = now_s();
+            if (!dev->step_begin(10000 + (int)s))
+                for (int k = 0; k < launches; k++) dev->ops->matmul(out, x[k & 1], &w[k % copies], NULL, 1);
+            dev->step_end();
+            if (dev->sync()) return die("sync");
+            t[r] = now_s() - a;
+        }
+        double per = median(t + 2, 4) / launches;
+        printf("  %6zu x %-6zu %7.1f MB  %7.2f us/launch  %6.0f GB/s\n", rows, cols, bytes / 1e6, per * 1e6,
+               bytes / per / 1e9);
+        for (int c = 0; c < copies; c++) dev->weight_free(&w[c]);
+        free(w);
+        dev->free(x[0]), dev->free(x[1]), dev->free(out);
+    }
+    dev->release();
+    return 0;
+}
+
+/* ---- compare: top-1 against a reference file: int32 n, then n tokens, n argmax, n (top1 - top2) floats ---- */
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int cmd_compare(const char *path, const char *ref_path)
+{
+    FILE *f = fopen(ref_path, "rb");
+    if (!f) return die("cannot open the reference file");
+    int32_t n = 0;
+    if (fread(&n, 4, 1, f) != 1 || n < 1 || n > 100000) return die("bad reference file");
+    int32_t *tokens = malloc((size_t)n * 4), *ref = malloc((size_t)n * 4);
+    float *margin = malloc((size_t)n * 4);
+    if (fread(tokens, 4, (size_t)n, f) != (size_t)n || fread(ref, 4, (size_t)n, f) != (size_t)n ||
+        fread(margin, 4, (size_t)n, f) != (size_t)n)
+        return die("short reference file");
+    fclose(f);
+    llm_model m;
+    if (load(&m, path)) return 1;
+    int vocab = m.config.vocab_size;
+    char err[1024] = "";
+    const float *logits;
+    /* the batch path (one forward of n tokens, cuBLAS) and the decode path (n one-token steps, GEMV, graphs) */
+    for (int mode = 0; mode < 2; mode++) {
+        llm_state s;
+        if (llm_state_init(&s, &m, n, mode == 0 ? n : 1, mode == 0, err, sizeof err)) return die(err);
+        int agree = 0, near_ties = 0;
+        if (mode == 0) {
+            if (llm_forward(&m, &s, tokens, n, 0, &logits, err, sizeof err)) return die(err);
+            for (int i = 0; i < n; i++) {
+                int a = argmax(logits + (size_t)i * vocab, vocab);
+                agree += a == ref[i];
+                near_ties += a != ref[i] && margin[i] < 1e-3f;
+            }
+        } else {
+            for (int i = 0; i < n; i++) {
+                if (llm_forward(&m, &s, tokens + i, 1, i, &logits, err, sizeof err)) return die(err);
+                int a = argmax(logits, vocab);
+                agree += a == ref[i];
+                near_ties += a != ref[i] && margin[i] < 1e-3f;
+            }
+        }
+        printf("top-1 agreement with the reference, %s: %d/%d = %.2f%% (%d of the misses are near-ties, margin < "
+               "1e-3)\n", mode == 0 ? "one 512-token batch" : "512 one-token steps", agree, n, 100.0 * agree / n,
+               near_ties);
+        printf("COMPARE mode=%s agree=%d n=%d\n", mode == 0 ? "batch" : "decode", agree, n);
+        llm_state_free(&s, &m);
+    }
+    llm_model_free(&m);
+    free(tokens), free(ref), free(margin);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 2 && strcmp(argv[1], "peak") == 0) return cmd_peak();
+    if (argc >= 2 && strcmp(argv[1], "gemv") == 0) return cmd_gemv();
+    if (argc >= 3 && strcmp(argv[1], "bench") == 0)
+        return cmd_bench(argv[2], argc >= 4 && strcmp(argv[3], "--profile") == 0);
+    if (argc >= 4 && strcmp(argv[1], "compare") == 0) return cmd_compare(argv[2], argv[3]);
+    fprintf(stderr, "usage: gpu-bench-tool peak | gemv | bench MODEL [--profile] | compare MODEL REF\n");
+    return 2;
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Write a Llama-family checkpoint with random weights in the shape of a known model, for benchmarks and
+accuracy comparisons where the real weights are not needed (and must not be committed).
+
+    scripts/make-random-checkpoint.py --shape llama-3.2-1b --out /tmp/models/llama-3.2-1b [--dtype bf16] [--seed 0]
+
+Writes OUT/config.json (transformers 4.x layout, which llm-run and transformers 5 both read) and
+OUT/model.safetensors. Weights are normal(0, 0.02) as transformers initialises them; norms are 1. Uses torch
+(on the GPU when there is one) when it is installed, else numpy. Not a model: its text is noise."""
+import argparse
+import json
+import os
+import struct
+import sys
+
+SHAPES = {
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0,
+                         max_position_embeddings=8192),
+    "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                           num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False, rope_theta=10000.0,
+                           max_position_embeddings=2048),
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+                         rope_theta=500000.0, max_position_embeddings=131072,
+                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                           original_max_position_embeddings=8192)),
+    "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False, rope_theta=10000.0,
+                       max_position_embeddings=4096),
+}
+
+DTYPES = {"bf16": ("BF16", "bfloat16"), "f16": ("F16", "float16"), "f32": ("F32", "float32")}
+
+
+def tensors(cfg):
+    """(name, shape, kind) in the order Hugging Face writes them; kind 'w' random, 'n' ones."""
+    h, i, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    hd = cfg.get("head_dim", h // cfg["num_attention_heads"])
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    out = [("model.embed_tokens.weight", (cfg["vocab_size"], h), "w")]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        out += [(p + "input_layernorm.weight", (h,), "n"), (p + "self_attn.q_proj.weight", (q, h), "w"),
+                (p + "self_attn.k_proj.weight", (kv, h), "w"), (p + "self_attn.v_proj.weight", (kv, h), "w"),
+                (p + "self_attn.o_proj.weight", (h, q), "w"), (p + "post_attention_layernorm.weight", (h,), "n"),
+                (p + "mlp.gate_proj.weight", (i, h), "w"), (p + "mlp.up_proj.weight", (i, h), "w"),
+                (p + "mlp.down_proj.weight", (h, i), "w")]
+    out.append(("model.norm.weight", (h,), "n"))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (cfg["vocab_size"], h), "w"))
+    return out
+
+
+class Generator:
+    """Random tensors as raw little-endian bytes in the chosen dtype."""
+
+    def __init__(self, seed, dtype):
+        self.dtype = dtype
+        try:
+            import torch
+            self.torch = torch
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        except ImportError:
+            import numpy
+            self.torch = None
+            self.np = numpy
+            self.rng = numpy.random.default_rng(seed)
+
+    def make(self, shape, kind):
+        count = 1
+        for d in shape:
+            count *= d
+        if self.torch is not None:
+            t = self.torch
+            tdt = {"bf16": t.bfloat16, "f16": t.float16, "f32": t.float32}[self.dtype]
+            if kind == "n":
+                x = t.ones(count, dtype=tdt, device=self.device)
+            else:
+                x = (t.randn(count, generator=self.gen, device=self.device, dtype=t.float32) * 0.02).to(tdt)
+            x = x.cpu()
+            if self.dtype == "f32":
+                return x.numpy().tobytes()
+            return x.view(t.int16).numpy().tobytes()
+        np = self.np
+        x = np.ones(count, np.float32) if kind == "n" else (self.rng.standard_normal(count, np.float32) * 0.02)
+        if self.dtype == "f32":
+            return x.astype("<f4").tobytes()
+        if self.dtype == "f16":
+            return x.astype("<f2").tobytes()
+        bits = x.view(np.uint32)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even, as torch casts
+        return bits.astype("<u2").tobytes()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    cfg = dict(SHAPES[args.shape])
+    st_dtype, torch_name = DTYPES[args.dtype]
+    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", rms_norm_eps=1e-5,
+                  attention_bias=False, bos_token_id=1, eos_token_id=2, torch_dtype=torch_name, **cfg)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+    es = 4 if args.dtype == "f32" else 2
+    header, offset = {"__metadata__": {"format": "pt", "note": "random weights"}}, 0
+    plan = tensors(cfg)
+    for name, shape, _ in plan:
+        n = es
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    gen = Generator(args.seed, args.dtype)
+    path = os.path.join(args.out, "model.safetensors")
+    with open(path + ".part", "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, shape, kind in plan:
+            f.write(gen.make(shape, kind))
+    os.replace(path + ".part", path)
+    print(f"{args.shape}: {len(plan)} tensors, {offset / 1e9:.2f} GB of {st_dtype} in {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

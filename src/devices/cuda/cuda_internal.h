@@ -1,0 +1,213 @@
+/* Internal to the cuda device (the .cu files beside it): the shared context, error recording, device helpers used
+ * by several kernels, and the launchers each .cu file provides to device.cu.
+ * Not a public interface: the rest of llm-run sees only `llm_device_cuda` (device.cu). */
+#ifndef LLM_CUDA_INTERNAL_H
+#define LLM_CUDA_INTERNAL_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "../../ops/device.h"
+}
+
+/* What every launcher needs from the device. */
+struct llm_cuda_ctx {
+    cudaStream_t stream; /* every kernel and copy goes here (a non-default stream, so steps can be captured) */
+    int sm_count;
+    size_t smem_optin;   /* the most dynamic shared memory one block may ask for */
+    bool pdl;            /* launch the decode kernels with programmatic dependent launch */
+    bool pdl_early;      /* ... and let the next kernel launch from the start of this one (else at its exit) */
+};
+extern llm_cuda_ctx llm_cuda;
+
+/* Record the first error of the device (sticky), as "cuda: OP: MESSAGE". Later ones are dropped. */
+void llm_cuda_fail(const char *op, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* true when e is cudaSuccess; else records "cuda: OP: <cudaGetErrorString(e)>". */
+bool llm_cuda_ok(cudaError_t e, const char *op);
+#define LLM_CUDA_CHECK(op, call) llm_cuda_ok((call), (op))
+/* After every launch: a bad configuration shows here; faults inside the kernel show at the next sync. */
+#define LLM_CUDA_LAUNCHED(op) llm_cuda_ok(cudaGetLastError(), (op))
+
+/* A scratch buffer owned by the device, grown on demand (never inside a captured step: see device.cu).
+ * Zeroed when (re)allocated. NULL after recording an error. */
+enum { LLM_CUDA_SCRATCH_SPLIT, LLM_CUDA_SCRATCH_N };
+void *llm_cuda_scratch(int slot, size_t bytes, const char *op);
+
+/* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
+bool llm_cuda_allow_smem(const void *kernel, const char *op);
+
+/* Programmatic dependent launch (Hopper): a kernel launched with llm_cuda_launch_attr() may be scheduled while
+ * the kernel before it drains. Before llm_cuda_wait_prior() it may only read what no kernel writes (weights);
+ * after it, everything earlier in the stream is complete and visible. Both are no-ops without the attribute. */
+__device__ __forceinline__ void llm_cuda_wait_prior() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void llm_cuda_allow_next(int early)
+{
+    if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+static inline cudaLaunchConfig_t llm_cuda_launch_config(dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *attr)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = llm_cuda.stream;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr, cfg.numAttrs = llm_cuda.pdl ? 1 : 0;
+    return cfg;
+}
+
+/* ---- device helpers shared by kernels.cu and gemv.cu ---- */
+
+/* Element i of a weight vector of dtype t as f32 (norm weights, biases). */
+__device__ __forceinline__ float llm_cuda_load(const void *p, int t, size_t i)
+{
+    if (t == LLM_DTYPE_F32) return ((const float *)p)[i];
+    if (t == LLM_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+/* Threads of every block that normalises a row: the standalone rmsnorm and the fused GEMV prologue use the same
+ * count and the same reduction below, so a fused step produces bit-identical normalised values. */
+#define LLM_CUDA_NORM_THREADS 256
+
+/* sum(x[c]^2) over one row, by a block of LLM_CUDA_NORM_THREADS threads; red is 32 floats of shared memory.
+ * Every thread returns the same total, summed in the same order. Loads are issued four at a time: a loop that
+ * waits for each load before the next would pay a memory latency per element. */
+__device__ __forceinline__ float llm_cuda_block_sumsq(const float *x, int dim, float *red)
+{
+    float ss = 0.0f;
+    for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * LLM_CUDA_NORM_THREADS;
+            v[u] = c < dim ? x[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) ss += v[u] * v[u];
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < LLM_CUDA_NORM_THREADS / 32; w++) total += red[w];
+    __syncthreads();
+    return total;
+}
+
+/* out[c] = w[c] * (x[c] * scale) for c < dim by a block of LLM_CUDA_NORM_THREADS threads, loads four at a time;
+ * also to out2 when not NULL. */
+__device__ __forceinline__ void llm_cuda_block_normalize(float *out, float *out2, const float *x, const void *w,
+                                                         int w_dtype, int dim, float scale)
+{
+    for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
+        float v[4], g[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * LLM_CUDA_NORM_THREADS;
+            v[u] = c < dim ? x[c] : 0.0f;
+            g[u] = c < dim ? llm_cuda_load(w, w_dtype, (size_t)c) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * LLM_CUDA_NORM_THREADS;
+            if (c < dim) {
+                float r = g[u] * (v[u] * scale);
+                out[c] = r;
+                if (out2) out2[c] = r;
+            }
+        }
+    }
+}
+
+/* dst[c] = src[c] for c < n by a block of `threads` threads, loads four at a time. */
+__device__ __forceinline__ void llm_cuda_block_copy(float *dst, const float *src, int n, int threads)
+{
+    for (int c0 = threadIdx.x; c0 < n; c0 += 4 * threads) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * threads;
+            v[u] = c < n ? src[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * threads;
+            if (c < n) dst[c] = v[u];
+        }
+    }
+}
+
+/* 1 / sqrt(mean + eps) exactly as the reference writes it (IEEE sqrt and division: no fast math here). */
+__device__ __forceinline__ float llm_cuda_rms_scale(float sumsq, int dim, float eps)
+{
+    return 1.0f / sqrtf(sumsq / (float)dim + eps);
+}
+
+/* ---- kernels.cu ---- */
+void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n);
+void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps);
+void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                   int n_kv_heads, int head_dim);
+void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count);
+void llm_cuda_add(float *x, const float *y, size_t count);
+/* x (count) f32 -> hi = round(x), lo = round(x - hi) in dtype (F16 or BF16); lo may be NULL. */
+void llm_cuda_split(void *hi, void *lo, const float *x, size_t count, llm_dtype dtype, const char *op);
+/* out[i, r] += bias[r] for i < n, r < rows. */
+void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op);
+/* k_cache[positions[i], :] = k[i, :], the same for v.  (n, kv_dim). */
+void llm_cuda_kv_store(const float *k, const float *v, float *k_cache, float *v_cache, const int32_t *positions, int n,
+                       int kv_dim);
+
+/* ---- gemv.cu: one-token matrix-vector products, several matrices and a fused prologue/epilogue per launch ---- */
+#define LLM_CUDA_GEMV_MATS 3
+enum { LLM_CUDA_EPI_NONE, LLM_CUDA_EPI_ROPE, LLM_CUDA_EPI_ADD, LLM_CUDA_EPI_SWIGLU };
+
+typedef struct {
+    const void *w;      /* (rows, cols) in the job's dtype */
+    const void *bias;   /* (rows) or NULL */
+    int bias_dtype;
+    float *out;         /* (rows) */
+    int rows;
+    int unit_begin;     /* first work unit of this matrix (set by the launcher) */
+    int rope;           /* rows are heads of head_dim rotated in the epilogue (q and k) */
+} llm_cuda_gemv_mat;
+
+typedef struct {
+    llm_cuda_gemv_mat mats[LLM_CUDA_GEMV_MATS];
+    int n_mats;
+    int units;          /* set by the launcher */
+    int cols;
+    int dtype;
+    const float *x;     /* (cols) input; with a norm prologue, the rmsnorm's output instead */
+    /* rmsnorm prologue: x = norm_w * (norm_src * scale), written to norm_out by block 0 as the op would */
+    const float *norm_src;
+    const void *norm_w;
+    int norm_dtype;
+    float eps;
+    float *norm_out;
+    int epi;
+    /* EPI_ROPE: mats with .rope are rotated at positions[0]; k (mat 1) and v (mat 2) also go to the caches when
+     * k_cache is set (row positions[0] of (ctx, kv_dim)) */
+    const int32_t *positions;
+    const float *inv_freq;
+    int head_dim;
+    float *k_cache, *v_cache;
+    int kv_dim;
+    float *resid;       /* EPI_ADD: resid += out */
+    int pdl_early;      /* set by the launcher */
+} llm_cuda_gemv;
+
+/* Can a one-token product with w run as a GEMV (x staged in shared memory)? */
+bool llm_cuda_gemv_fits(size_t cols);
+void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
+
+/* ---- attention.cu ---- */
+/* The attention op; kv_stored: row positions[0] of the caches already holds k, v (n == 1, fused into the GEMV). */
+void llm_cuda_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+                        const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                        bool kv_stored);
+
+#endif

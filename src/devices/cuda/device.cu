@@ -1,0 +1,953 @@
+/* The cuda device: the whole forward pass on one NVIDIA GPU. This file holds the device struct, buffers and their
+ * accounting, the sticky error, timers, CUDA-graph record/replay of a step, the cuBLAS path for token batches, and
+ * the op table with its fusion of neighbouring ops (see "Fusion" below). Kernels live in kernels.cu, gemv.cu and
+ * attention.cu. Environment (docs/cuda-notes.md has the measurements behind each default): LLM_CUDA_GRAPHS=0 (no
+ * graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op so an error names
+ * its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the two that keep f32 accuracy),
+ * LLM_CUDA_PDL=0 (no programmatic dependent launch). Not here: what the ops compute (src/ops/ops.h). */
+#include <cublas_v2.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+llm_cuda_ctx llm_cuda;
+
+#define GRAPH_SLOTS 8
+#define CUBLAS_WORKSPACE ((size_t)32 << 20)
+
+typedef struct {
+    llm_weight w, bias;
+    bool has_bias;
+    float *out;
+} pend_mat;
+
+/* Fusion. With LLM_CUDA_FUSE on, an op that can merge with the ones after it is not launched at once but kept
+ * here: rmsnorm waits for a one-token matmul reading its output (normalising in the GEMV's prologue); up to three
+ * one-token matmuls on the same input share one GEMV launch; rope (q, k), the KV store of attention, a residual add
+ * or swiglu after them become the GEMV's epilogue. Anything else (another op, a transfer, sync, a timer mark, the
+ * end of a step) launches what is pending first, so every op still computes what ops.h says, in order. */
+enum { PEND_NONE, PEND_NORM, PEND_GEMV };
+
+typedef struct {
+    int kind;
+    bool norm, logits;
+    float *norm_out;
+    const float *norm_src;
+    llm_weight norm_w;
+    int dim;
+    float eps;
+    pend_mat mats[LLM_CUDA_GEMV_MATS];
+    int n_mats;
+    const float *x;
+    int cols;
+    llm_dtype dtype;
+    int epi;
+    const int32_t *positions;
+    const float *inv_freq;
+    int head_dim;
+    float *k_cache, *v_cache;
+    int kv_dim;
+    float *resid;
+} pending_t;
+
+typedef struct {
+    int n, seen;
+    cudaGraphExec_t exec;
+} graph_slot;
+
+static struct {
+    bool initialized;
+    int index;
+    cudaDeviceProp prop;
+    cublasHandle_t blas;
+    void *workspace;
+    /* sticky error */
+    bool failed;
+    char error[512];
+    char last_op[48];
+    int ops_since_sync;
+    /* settings (environment, read at init) */
+    bool use_graphs, fuse, sync_each, gemm_accurate;
+    /* accounting */
+    size_t allocated, weight_bytes;
+    struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];
+    /* graphs */
+    graph_slot graphs[GRAPH_SLOTS];
+    int next_evict;
+    bool capturing, replaying;
+    int slot;
+    pending_t pend;
+} g;
+
+static cudaEvent_t timer_events[LLM_TIMER_SLOTS];
+
+/* ---------- errors ---------- */
+
+void llm_cuda_fail(const char *op, const char *fmt, ...)
+{
+    if (g.failed) return;
+    g.failed = true;
+    int w = snprintf(g.error, sizeof g.error, "cuda: %s: ", op);
+    if (w < 0 || (size_t)w >= sizeof g.error) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g.error + w, sizeof g.error - (size_t)w, fmt, ap);
+    va_end(ap);
+}
+
+bool llm_cuda_ok(cudaError_t e, const char *op)
+{
+    if (e == cudaSuccess) return true;
+    cudaGetLastError(); /* clear a non-sticky error so that later checks do not report it again */
+    llm_cuda_fail(op, "%s", cudaGetErrorString(e));
+    return false;
+}
+
+static bool blas_ok(cublasStatus_t st, const char *op)
+{
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    llm_cuda_fail(op, "cuBLAS: %s", cublasGetStatusString(st));
+    return false;
+}
+
+static void format_bytes(size_t bytes, char *buf, size_t len)
+{
+    const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 6) v /= 1024.0, u++;
+    if (u == 0)
+        snprintf(buf, len, "%zu bytes", bytes);
+    else
+        snprintf(buf, len, "%.1f %s", v, unit[u]);
+}
+
+/* Wait for the stream. An error found here belongs to some op since the last sync: named exactly when only one
+ * ran (or with LLM_CUDA_SYNC=1), else the last one is named with a hint. */
+static bool sync_stream(const char *where)
+{
+    cudaError_t e = cudaStreamSynchronize(llm_cuda.stream);
+    if (e == cudaSuccess) {
+        g.ops_since_sync = 0;
+        return true;
+    }
+    cudaGetLastError();
+    if (g.ops_since_sync <= 1)
+        llm_cuda_fail(g.last_op[0] ? g.last_op : where, "%s", cudaGetErrorString(e));
+    else
+        llm_cuda_fail(g.last_op, "%s (seen at %s, %d launches after the last sync; LLM_CUDA_SYNC=1 names the op "
+                      "that failed)", cudaGetErrorString(e), where, g.ops_since_sync);
+    return false;
+}
+
+static void after_op(const char *name)
+{
+    snprintf(g.last_op, sizeof g.last_op, "%s", name);
+    g.ops_since_sync++;
+    if (g.sync_each && !g.capturing) sync_stream(name);
+}
+
+/* ---------- graphs ---------- */
+
+static void flush_pending(void);
+
+/* A transfer, sync or timer mark arrived inside a step being captured: finish the capture, run what was captured,
+ * and stop using graphs (the caller mixes host work into steps, as the profiler and host fallbacks do). */
+static void abandon_capture(void)
+{
+    if (!g.capturing) return;
+    flush_pending();
+    g.capturing = false;
+    g.use_graphs = false;
+    cudaGraph_t graph = NULL;
+    if (!LLM_CUDA_CHECK("graph capture", cudaStreamEndCapture(llm_cuda.stream, &graph))) return;
+    cudaGraphExec_t exec = NULL;
+    bool ok = LLM_CUDA_CHECK("graph capture", cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    if (!ok) return;
+    LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(exec, llm_cuda.stream));
+    cudaGraphExecDestroy(exec); /* freed once it has run */
+}
+
+/* Recorded steps hold buffer addresses: any allocation or free may make them stale, so they are dropped. */
+static void invalidate_graphs(void)
+{
+    abandon_capture();
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (g.graphs[i].exec) cudaGraphExecDestroy(g.graphs[i].exec);
+        g.graphs[i] = graph_slot{0, 0, NULL};
+    }
+}
+
+static int cuda_step_begin(int n_tokens)
+{
+    if (!g.initialized || g.failed || !g.use_graphs || g.capturing) return 0;
+    flush_pending();
+    int slot = -1;
+    for (int i = 0; i < GRAPH_SLOTS && slot < 0; i++)
+        if (g.graphs[i].seen && g.graphs[i].n == n_tokens) slot = i;
+    if (slot < 0) {
+        for (int i = 0; i < GRAPH_SLOTS && slot < 0; i++)
+            if (!g.graphs[i].seen) slot = i;
+        if (slot < 0) {
+            slot = g.next_evict;
+            g.next_evict = (g.next_evict + 1) % GRAPH_SLOTS;
+            if (g.graphs[slot].exec) cudaGraphExecDestroy(g.graphs[slot].exec);
+        }
+        g.graphs[slot] = graph_slot{n_tokens, 0, NULL};
+    }
+    graph_slot *s = &g.graphs[slot];
+    if (s->exec) {
+        g.replaying = true;
+        g.slot = slot;
+        return 1;
+    }
+    /* The first step of a shape runs as issued (scratch buffers grow to their size); the second is captured. */
+    if (s->seen++ == 0) return 0;
+    if (!LLM_CUDA_CHECK("graph capture", cudaStreamBeginCapture(llm_cuda.stream, cudaStreamCaptureModeRelaxed)))
+        return 0;
+    g.capturing = true;
+    g.slot = slot;
+    return 0;
+}
+
+static void cuda_step_end(void)
+{
+    if (g.replaying) {
+        g.replaying = false;
+        snprintf(g.last_op, sizeof g.last_op, "graph replay of a %d-token step", g.graphs[g.slot].n);
+        g.ops_since_sync++;
+        LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(g.graphs[g.slot].exec, llm_cuda.stream));
+        return;
+    }
+    flush_pending();
+    if (!g.capturing) return;
+    g.capturing = false;
+    cudaGraph_t graph = NULL;
+    /* The captured ops have not run: failing here fails the step. */
+    if (!LLM_CUDA_CHECK("graph capture", cudaStreamEndCapture(llm_cuda.stream, &graph))) return;
+    cudaGraphExec_t exec = NULL;
+    bool ok = LLM_CUDA_CHECK("graph capture", cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    if (!ok) return;
+    g.graphs[g.slot].exec = exec;
+    snprintf(g.last_op, sizeof g.last_op, "first replay of a %d-token step", g.graphs[g.slot].n);
+    g.ops_since_sync++;
+    LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(exec, llm_cuda.stream));
+}
+
+/* ---------- allocation accounting: pointer -> bytes, open addressing ---------- */
+
+static struct {
+    uintptr_t *keys; /* 0 empty, 1 deleted */
+    size_t *bytes;
+    size_t cap, used;
+} table;
+
+static size_t slot_of(uintptr_t key, size_t cap) { return (size_t)((key >> 8) * 0x9E3779B97F4A7C15ull) & (cap - 1); }
+
+static bool table_put(void *p, size_t bytes)
+{
+    if ((table.used + 1) * 2 > table.cap) {
+        size_t cap = table.cap ? table.cap * 2 : 1024;
+        uintptr_t *keys = (uintptr_t *)calloc(cap, sizeof *keys);
+        size_t *vals = (size_t *)calloc(cap, sizeof *vals);
+        if (!keys || !vals) {
+            free(keys), free(vals);
+            return false;
+        }
+        size_t used = 0;
+        for (size_t i = 0; i < table.cap; i++)
+            if (table.keys[i] > 1) {
+                size_t s = slot_of(table.keys[i], cap);
+                while (keys[s]) s = (s + 1) & (cap - 1);
+                keys[s] = table.keys[i], vals[s] = table.bytes[i], used++;
+            }
+        free(table.keys), free(table.bytes);
+        table.keys = keys, table.bytes = vals, table.cap = cap, table.used = used;
+    }
+    size_t s = slot_of((uintptr_t)p, table.cap);
+    while (table.keys[s] > 1) s = (s + 1) & (table.cap - 1);
+    table.keys[s] = (uintptr_t)p, table.bytes[s] = bytes, table.used++;
+    return true;
+}
+
+/* The size recorded for p, removing it; 0 when unknown. */
+static size_t table_take(void *p)
+{
+    if (!table.cap) return 0;
+    for (size_t s = slot_of((uintptr_t)p, table.cap); table.keys[s]; s = (s + 1) & (table.cap - 1))
+        if (table.keys[s] == (uintptr_t)p) {
+            table.keys[s] = 1;
+            return table.bytes[s];
+        }
+    return 0;
+}
+
+/* ---------- device struct: probe, init, release ---------- */
+
+static int cuda_probe(char *why, size_t why_len)
+{
+    static int usable = -1;
+    static char reason[400];
+    if (usable < 0) {
+        int count = 0;
+        cudaError_t e = cudaGetDeviceCount(&count);
+        cudaDeviceProp p;
+        usable = 0;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(reason, sizeof reason, "%s", cudaGetErrorString(e));
+        } else if (count == 0) {
+            snprintf(reason, sizeof reason, "no CUDA-capable device is detected");
+        } else if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+            cudaGetLastError();
+            snprintf(reason, sizeof reason, "cannot read the properties of GPU 0");
+        } else if (p.major < 9) {
+            snprintf(reason, sizeof reason, "GPU 0 (%s) has compute capability %d.%d; this build carries code for 9.0 "
+                     "and later (set NVCCFLAGS' -gencode for it and rebuild)", p.name, p.major, p.minor);
+        } else {
+            usable = 1;
+        }
+    }
+    if (!usable && why_len) snprintf(why, why_len, "%s", reason);
+    return usable;
+}
+
+static bool env_flag(const char *name, bool fallback)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return fallback;
+    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
+}
+
+static void cuda_release(void);
+
+static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
+{
+    if (g.initialized) cuda_release();
+    int index = opt ? opt->index : 0, count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || index >= count) {
+        cudaGetLastError();
+        snprintf(err, err_len, "cuda:%d: %s", index,
+                 e != cudaSuccess ? cudaGetErrorString(e) : count == 1 ? "there is one GPU (cuda:0)" : "no such GPU");
+        return -1;
+    }
+    g.failed = false;
+    g.error[0] = g.last_op[0] = '\0';
+    g.ops_since_sync = 0;
+    g.index = index;
+    const char *step = "cudaSetDevice";
+    if ((e = cudaSetDevice(index)) != cudaSuccess) goto cuda_fail;
+    step = "cudaGetDeviceProperties";
+    if ((e = cudaGetDeviceProperties(&g.prop, index)) != cudaSuccess) goto cuda_fail;
+    step = "cudaStreamCreate";
+    if ((e = cudaStreamCreateWithFlags(&llm_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess) goto cuda_fail;
+    llm_cuda.sm_count = g.prop.multiProcessorCount;
+    llm_cuda.smem_optin = g.prop.sharedMemPerBlockOptin;
+    step = "cuBLAS workspace";
+    if ((e = cudaMalloc(&g.workspace, CUBLAS_WORKSPACE)) != cudaSuccess) goto cuda_fail;
+    {
+        cublasStatus_t st = cublasCreate(&g.blas);
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(g.blas, llm_cuda.stream);
+        /* A workspace of our own keeps cuBLAS from allocating inside a captured step. */
+        if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetWorkspace(g.blas, g.workspace, CUBLAS_WORKSPACE);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            snprintf(err, err_len, "cuda:%d: cuBLAS: %s", index, cublasGetStatusString(st));
+            g.initialized = true;
+            cuda_release();
+            return -1;
+        }
+    }
+    g.use_graphs = env_flag("LLM_CUDA_GRAPHS", true);
+    g.fuse = env_flag("LLM_CUDA_FUSE", true);
+    g.sync_each = env_flag("LLM_CUDA_SYNC", false);
+    llm_cuda.pdl = env_flag("LLM_CUDA_PDL", true);
+    /* Measured: letting the next kernel launch from the start of this one (early trigger) made decode slower. */
+    llm_cuda.pdl_early = env_flag("LLM_CUDA_PDL_EARLY", false);
+    if (g.sync_each) g.use_graphs = false;
+    {
+        const char *mode = getenv("LLM_CUDA_GEMM");
+        g.gemm_accurate = !(mode && strcmp(mode, "fast") == 0);
+    }
+    g.pend.kind = PEND_NONE;
+    g.initialized = true;
+    return 0;
+
+cuda_fail:
+    cudaGetLastError();
+    snprintf(err, err_len, "cuda:%d: %s: %s", index, step, cudaGetErrorString(e));
+    g.initialized = true;
+    cuda_release();
+    return -1;
+}
+
+static void cuda_release(void)
+{
+    if (!g.initialized) return;
+    flush_pending();
+    abandon_capture();
+    if (llm_cuda.stream) cudaStreamSynchronize(llm_cuda.stream);
+    invalidate_graphs();
+    for (int i = 0; i < LLM_TIMER_SLOTS; i++)
+        if (timer_events[i]) cudaEventDestroy(timer_events[i]), timer_events[i] = NULL;
+    for (int i = 0; i < LLM_CUDA_SCRATCH_N; i++) {
+        if (g.scratch[i].p) cudaFree(g.scratch[i].p);
+        g.scratch[i].p = NULL, g.scratch[i].bytes = 0;
+    }
+    if (g.blas) cublasDestroy(g.blas);
+    if (g.workspace) cudaFree(g.workspace);
+    if (llm_cuda.stream) cudaStreamDestroy(llm_cuda.stream);
+    g.blas = NULL, g.workspace = NULL, llm_cuda.stream = NULL;
+    cudaGetLastError();
+    g.initialized = false;
+}
+
+static void cuda_describe(char *buf, size_t len)
+{
+    cudaDeviceProp p;
+    if (g.initialized)
+        p = g.prop;
+    else if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(buf, len, "no GPU");
+        return;
+    }
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    snprintf(buf, len, "%s, %d SMs, cc %d.%d, %.1f GiB, driver %d.%d, runtime %d.%d; graphs %s, fusion %s, pdl %s, "
+             "batch matmul %s", p.name, p.multiProcessorCount, p.major, p.minor,
+             (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), driver / 1000, driver % 1000 / 10,
+             runtime / 1000, runtime % 1000 / 10, g.initialized && !g.use_graphs ? "off" : "on",
+             g.initialized && !g.fuse ? "off" : "on", g.initialized && !llm_cuda.pdl ? "off" : "on",
+             g.initialized && !g.gemm_accurate ? "bf16/f16 (fast)" : "split f32 (accurate)");
+}
+
+/* ---------- buffers ---------- */
+
+static void *cuda_alloc(size_t bytes)
+{
+    if (!g.initialized) {
+        llm_cuda_fail("alloc", "the device is not initialised");
+        return NULL;
+    }
+    flush_pending();
+    invalidate_graphs();
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        cudaGetLastError();
+        char want[32], fr[32], tot[32];
+        format_bytes(bytes, want, sizeof want), format_bytes(free_b, fr, sizeof fr);
+        format_bytes(total_b, tot, sizeof tot);
+        if (e == cudaErrorMemoryAllocation)
+            llm_cuda_fail("alloc", "out of memory: asked for %s (%zu bytes), %s free of %s", want, bytes, fr, tot);
+        else
+            llm_cuda_fail("alloc", "%s (asked for %s)", cudaGetErrorString(e), want);
+        return NULL;
+    }
+    if (!table_put(p, bytes)) {
+        cudaFree(p);
+        llm_cuda_fail("alloc", "out of host memory for the allocation table");
+        return NULL;
+    }
+    g.allocated += bytes;
+    return p;
+}
+
+static void cuda_free(void *p)
+{
+    if (!p) return;
+    if (g.initialized) {
+        flush_pending();
+        invalidate_graphs();
+    }
+    g.allocated -= table_take(p);
+    cudaFree(p);
+    cudaGetLastError();
+}
+
+static int cuda_upload(void *dst, const void *src, size_t bytes)
+{
+    if (!g.initialized || g.failed) return -1;
+    if (!bytes) return 0;
+    flush_pending();
+    abandon_capture();
+    if (!LLM_CUDA_CHECK("upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llm_cuda.stream)))
+        return -1;
+    /* From pageable memory the copy returns once src has been staged; from pinned memory it may still be reading
+     * src, and the contract says src is free to reuse on return. */
+    cudaPointerAttributes attr;
+    if (cudaPointerGetAttributes(&attr, src) != cudaSuccess || attr.type != cudaMemoryTypeUnregistered) {
+        cudaGetLastError();
+        if (!sync_stream("upload")) return -1;
+    }
+    return 0;
+}
+
+static int cuda_download(void *dst, const void *src, size_t bytes)
+{
+    if (!g.initialized || g.failed) return -1;
+    if (!bytes) return 0;
+    flush_pending();
+    abandon_capture();
+    if (!LLM_CUDA_CHECK("download", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llm_cuda.stream)))
+        return -1;
+    return sync_stream("download") ? 0 : -1;
+}
+
+static int cuda_sync(void)
+{
+    if (!g.initialized) return -1;
+    flush_pending();
+    abandon_capture();
+    if (!g.failed) sync_stream("sync");
+    return g.failed ? -1 : 0;
+}
+
+static int cuda_status(char *err, size_t err_len)
+{
+    if (err_len) snprintf(err, err_len, "%s", g.failed ? g.error : "");
+    return g.failed ? -1 : 0;
+}
+
+static void cuda_memory(llm_device_memory *out)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) cudaGetLastError();
+    out->total = total_b;
+    out->free = free_b;
+    out->allocated = g.allocated;
+}
+
+void *llm_cuda_scratch(int slot, size_t bytes, const char *op)
+{
+    if (g.scratch[slot].bytes >= bytes && g.scratch[slot].p) return g.scratch[slot].p;
+    /* Growing happens in the first step of a shape, which runs uncaptured; the old buffer may still be in use. */
+    abandon_capture();
+    if (!sync_stream(op)) return NULL;
+    invalidate_graphs();
+    if (g.scratch[slot].p) cudaFree(g.scratch[slot].p);
+    g.scratch[slot].p = NULL, g.scratch[slot].bytes = 0;
+    size_t want = bytes + bytes / 4;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        char a[32], f[32];
+        format_bytes(want, a, sizeof a), format_bytes(free_b, f, sizeof f);
+        llm_cuda_fail(op, "out of memory for scratch: asked for %s, %s free", a, f);
+        return NULL;
+    }
+    if (!LLM_CUDA_CHECK(op, cudaMemset(p, 0, want))) {
+        cudaFree(p);
+        return NULL;
+    }
+    g.scratch[slot].p = p, g.scratch[slot].bytes = want;
+    return p;
+}
+
+bool llm_cuda_allow_smem(const void *kernel, const char *op)
+{
+    static struct { const void *k; } done[64];
+    static int used;
+    for (int i = 0; i < used; i++)
+        if (done[i].k == kernel) return true;
+    cudaFuncAttributes fa;
+    if (!LLM_CUDA_CHECK(op, cudaFuncGetAttributes(&fa, kernel))) return false;
+    if (!LLM_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)(llm_cuda.smem_optin - fa.sharedSizeBytes))))
+        return false;
+    if (used < 64) done[used++].k = kernel;
+    return true;
+}
+
+/* ---------- weights ---------- */
+
+static int cuda_weight_load(llm_weight *w, const void *host, llm_dtype dtype, size_t rows, size_t cols)
+{
+    size_t bytes = rows * cols * llm_dtype_size(dtype);
+    void *p = cuda_alloc(bytes);
+    if (!p) return -1;
+    if (cuda_upload(p, host, bytes) != 0) {
+        cuda_free(p);
+        return -1;
+    }
+    w->data = p, w->dtype = dtype, w->rows = rows, w->cols = cols;
+    g.weight_bytes += bytes;
+    return 0;
+}
+
+static void cuda_weight_free(llm_weight *w)
+{
+    if (!w->data) return;
+    g.weight_bytes -= w->rows * w->cols * llm_dtype_size(w->dtype);
+    cuda_free(w->data);
+    w->data = NULL;
+}
+
+/* ---------- timers and bandwidth ---------- */
+
+static void cuda_timer_mark(int slot)
+{
+    if (!g.initialized || slot < 0 || slot >= LLM_TIMER_SLOTS) return;
+    flush_pending();
+    /* Per-op timing needs every op issued on its own: no replay from here on. */
+    abandon_capture();
+    g.use_graphs = false;
+    if (!timer_events[slot] && !LLM_CUDA_CHECK("timer", cudaEventCreate(&timer_events[slot]))) return;
+    LLM_CUDA_CHECK("timer", cudaEventRecord(timer_events[slot], llm_cuda.stream));
+}
+
+static double cuda_timer_elapsed_ms(int from, int to)
+{
+    if (from < 0 || to < 0 || from >= LLM_TIMER_SLOTS || to >= LLM_TIMER_SLOTS || !timer_events[from] ||
+        !timer_events[to])
+        return 0.0;
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, timer_events[from], timer_events[to]) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
+    return ms;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* A 1 GiB device-to-device copy, bytes read + written, median of 5 after a warm-up. 0 when it cannot run. */
+static double cuda_measure_bandwidth(void)
+{
+    if (!g.initialized) return 0.0;
+    flush_pending();
+    abandon_capture();
+    size_t bytes = (size_t)1 << 30;
+    void *src = NULL, *dst = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    double gbs = 0.0;
+    float ms[5];
+    if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) goto done;
+    if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) goto done;
+    cudaMemsetAsync(src, 1, bytes, llm_cuda.stream);
+    cudaMemsetAsync(dst, 2, bytes, llm_cuda.stream);
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, llm_cuda.stream);
+    for (int r = 0; r < 5; r++) {
+        cudaEventRecord(a, llm_cuda.stream);
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, llm_cuda.stream);
+        cudaEventRecord(b, llm_cuda.stream);
+        if (cudaEventSynchronize(b) != cudaSuccess || cudaEventElapsedTime(&ms[r], a, b) != cudaSuccess) goto done;
+    }
+    qsort(ms, 5, sizeof ms[0], cmp_float);
+    if (ms[2] > 0) gbs = 2.0 * (double)bytes / (ms[2] * 1e-3) / 1e9;
+done:
+    cudaGetLastError();
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    cudaFree(src);
+    cudaFree(dst);
+    return gbs;
+}
+
+/* ---------- batched products through cuBLAS ---------- */
+
+/* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
+ * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in the f32 output,
+ * which keeps f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast
+ * uses hi alone (about 2^-9). */
+static void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, const char *op)
+{
+    int rows = (int)w->rows, cols = (int)w->cols;
+    const float one = 1.0f, zero = 0.0f;
+    if (w->dtype == LLM_DTYPE_F32) {
+        blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, CUDA_R_32F, cols, x,
+                             CUDA_R_32F, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F_PEDANTIC,
+                             CUBLAS_GEMM_DEFAULT), op);
+    } else {
+        cudaDataType t = w->dtype == LLM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        size_t count = (size_t)n * cols;
+        bool two = g.gemm_accurate;
+        char *hi = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_SPLIT, count * 2 * (two ? 2 : 1), op);
+        if (!hi) return;
+        char *lo = two ? hi + count * 2 : NULL;
+        llm_cuda_split(hi, lo, x, count, w->dtype, op);
+        if (!blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, hi, t, cols,
+                                  &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op))
+            return;
+        if (two)
+            blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, lo, t, cols,
+                                 &one, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op);
+    }
+    if (bias) llm_cuda_add_bias(out, bias, n, (size_t)rows, op);
+}
+
+/* ---------- the op table ---------- */
+
+static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
+static bool op_usable(void) { return g.initialized && !g.failed; }
+
+static void flush_pending(void)
+{
+    pending_t *P = &g.pend;
+    if (P->kind == PEND_NONE) return;
+    int kind = P->kind;
+    P->kind = PEND_NONE;
+    if (kind == PEND_NORM) {
+        llm_cuda_rmsnorm(P->norm_out, P->norm_src, &P->norm_w, 1, P->dim, P->eps);
+        after_op("rmsnorm");
+        return;
+    }
+    llm_cuda_gemv job;
+    memset(&job, 0, sizeof job);
+    for (int m = 0; m < P->n_mats; m++) {
+        job.mats[m].w = P->mats[m].w.data;
+        job.mats[m].rows = (int)P->mats[m].w.rows;
+        job.mats[m].out = P->mats[m].out;
+        job.mats[m].bias = P->mats[m].has_bias ? P->mats[m].bias.data : NULL;
+        job.mats[m].bias_dtype = P->mats[m].bias.dtype;
+        job.mats[m].rope = P->epi == LLM_CUDA_EPI_ROPE && m < 2;
+    }
+    job.n_mats = P->n_mats;
+    job.cols = P->cols;
+    job.dtype = P->dtype;
+    job.x = P->x;
+    if (P->norm) {
+        job.norm_src = P->norm_src, job.norm_w = P->norm_w.data, job.norm_dtype = P->norm_w.dtype;
+        job.eps = P->eps, job.norm_out = P->norm_out;
+    }
+    job.epi = P->epi;
+    if (P->epi == LLM_CUDA_EPI_ROPE) job.positions = P->positions, job.inv_freq = P->inv_freq, job.head_dim = P->head_dim;
+    job.k_cache = P->k_cache, job.v_cache = P->v_cache, job.kv_dim = P->kv_dim;
+    job.resid = P->resid;
+    char name[48];
+    const char *what = P->logits ? "logits" : "matmul";
+    const char *epi = P->epi == LLM_CUDA_EPI_ROPE ? (P->k_cache ? "+rope+kv" : "+rope")
+                      : P->epi == LLM_CUDA_EPI_ADD ? "+add" : P->epi == LLM_CUDA_EPI_SWIGLU ? "+swiglu" : "";
+    if (P->n_mats > 1)
+        snprintf(name, sizeof name, "%s%s x%d%s", P->norm ? "rmsnorm+" : "", what, P->n_mats, epi);
+    else
+        snprintf(name, sizeof name, "%s%s%s", P->norm ? "rmsnorm+" : "", what, epi);
+    llm_cuda_gemv_launch(&job, name);
+    after_op(name);
+}
+
+static void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+{
+    if (!op_usable()) return;
+    flush_pending();
+    llm_cuda_embed(out, table, tokens, n);
+    after_op("embed");
+}
+
+static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+{
+    if (!op_usable()) return;
+    flush_pending();
+    size_t bytes = (size_t)dim * sizeof(float);
+    /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
+    if (g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim) && !overlaps(out, bytes, x, bytes)) {
+        pending_t *P = &g.pend;
+        P->kind = PEND_NORM;
+        P->norm = true;
+        P->norm_out = out, P->norm_src = x, P->norm_w = *weight, P->dim = dim, P->eps = eps;
+        return;
+    }
+    llm_cuda_rmsnorm(out, x, weight, n, dim, eps);
+    after_op("rmsnorm");
+}
+
+/* Add a one-token product to the pending GEMV when it reads the same input; false when it cannot join. */
+static bool pend_append(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
+{
+    pending_t *P = &g.pend;
+    size_t out_bytes = w->rows * sizeof(float), in_bytes = w->cols * sizeof(float);
+    if (P->kind == PEND_NORM) {
+        if (x != P->norm_out || w->cols != (size_t)P->dim) return false;
+        if (overlaps(out, out_bytes, P->norm_src, in_bytes) || overlaps(out, out_bytes, P->norm_out, in_bytes))
+            return false;
+        P->kind = PEND_GEMV;
+        P->n_mats = 0, P->x = P->norm_out, P->cols = P->dim, P->dtype = w->dtype, P->epi = LLM_CUDA_EPI_NONE;
+        P->logits = false, P->k_cache = P->v_cache = NULL, P->resid = NULL;
+    } else if (P->kind == PEND_GEMV) {
+        if (P->epi != LLM_CUDA_EPI_NONE || P->n_mats == LLM_CUDA_GEMV_MATS || x != P->x ||
+            w->cols != (size_t)P->cols || w->dtype != P->dtype || P->logits != logits)
+            return false;
+        if (overlaps(out, out_bytes, P->x, in_bytes) ||
+            (P->norm && overlaps(out, out_bytes, P->norm_src, in_bytes)))
+            return false;
+        for (int m = 0; m < P->n_mats; m++)
+            if (overlaps(out, out_bytes, P->mats[m].out, P->mats[m].w.rows * sizeof(float))) return false;
+    } else {
+        return false;
+    }
+    pend_mat *M = &P->mats[P->n_mats++];
+    M->w = *w, M->out = out, M->has_bias = bias != NULL;
+    if (bias) M->bias = *bias;
+    P->logits = logits;
+    return true;
+}
+
+static void one_token_product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
+{
+    if (g.fuse && pend_append(out, x, w, bias, logits)) return;
+    flush_pending();
+    pending_t *P = &g.pend;
+    P->kind = PEND_GEMV;
+    P->norm = false, P->logits = logits;
+    P->n_mats = 0, P->x = x, P->cols = (int)w->cols, P->dtype = w->dtype, P->epi = LLM_CUDA_EPI_NONE;
+    P->k_cache = P->v_cache = NULL, P->resid = NULL;
+    pend_mat *M = &P->mats[P->n_mats++];
+    M->w = *w, M->out = out, M->has_bias = bias != NULL;
+    if (bias) M->bias = *bias;
+    if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) flush_pending();
+}
+
+static void op_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    if (!op_usable()) return;
+    if (n == 1 && llm_cuda_gemv_fits(w->cols)) {
+        one_token_product(out, x, w, bias, false);
+        return;
+    }
+    flush_pending();
+    gemm(out, x, w, bias, n, "matmul");
+    after_op("matmul");
+}
+
+static void op_logits(float *out, const float *x, const llm_weight *w, int n)
+{
+    if (!op_usable()) return;
+    if (n == 1 && llm_cuda_gemv_fits(w->cols)) {
+        one_token_product(out, x, w, NULL, true);
+        return;
+    }
+    flush_pending();
+    gemm(out, x, w, NULL, n, "logits");
+    after_op("logits");
+}
+
+static void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                    int n_kv_heads, int head_dim)
+{
+    if (!op_usable()) return;
+    pending_t *P = &g.pend;
+    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats >= 2 &&
+        P->mats[0].out == q && P->mats[1].out == k && P->mats[0].w.rows == (size_t)n_heads * head_dim &&
+        P->mats[1].w.rows == (size_t)n_kv_heads * head_dim && head_dim % 2 == 0) {
+        P->epi = LLM_CUDA_EPI_ROPE;
+        P->positions = positions, P->inv_freq = inv_freq, P->head_dim = head_dim;
+        return;
+    }
+    flush_pending();
+    llm_cuda_rope(q, k, positions, inv_freq, n, n_heads, n_kv_heads, head_dim);
+    after_op("rope");
+}
+
+static void op_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx)
+{
+    if (!op_usable()) return;
+    pending_t *P = &g.pend;
+    bool stored = false;
+    size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first. */
+    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_ROPE && P->n_mats == 3 &&
+        P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->positions == positions &&
+        P->mats[1].w.rows == kv_dim) {
+        P->k_cache = k_cache, P->v_cache = v_cache, P->kv_dim = (int)kv_dim;
+        stored = true;
+    }
+    flush_pending();
+    llm_cuda_attention(out, q, k, v, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, stored);
+    after_op("attention");
+}
+
+static void op_swiglu(float *out, const float *gate, const float *up, size_t count)
+{
+    if (!op_usable()) return;
+    pending_t *P = &g.pend;
+    if (g.fuse && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats == 2 &&
+        P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
+        count == P->mats[0].w.rows) {
+        P->epi = LLM_CUDA_EPI_SWIGLU;
+        flush_pending();
+        return;
+    }
+    flush_pending();
+    llm_cuda_swiglu(out, gate, up, count);
+    after_op("swiglu");
+}
+
+static void op_add(float *x, const float *y, size_t count)
+{
+    if (!op_usable()) return;
+    pending_t *P = &g.pend;
+    size_t bytes = count * sizeof(float);
+    /* resid must not be read by the GEMV itself (its input, or the prologue's source). */
+    if (g.fuse && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats == 1 &&
+        P->mats[0].out == y && count == P->mats[0].w.rows && !overlaps(x, bytes, y, bytes) &&
+        !overlaps(x, bytes, P->x, (size_t)P->cols * sizeof(float)) &&
+        !(P->norm && overlaps(x, bytes, P->norm_src, (size_t)P->cols * sizeof(float)))) {
+        P->epi = LLM_CUDA_EPI_ADD;
+        P->resid = x;
+        flush_pending();
+        return;
+    }
+    flush_pending();
+    llm_cuda_add(x, y, count);
+    after_op("add");
+}
+
+static bool cuda_supports(llm_op op, llm_dtype dtype)
+{
+    (void)op;
+    return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;
+}
+
+static const llm_ops cuda_ops = {
+    op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_swiglu, op_add, op_logits,
+};
+
+/* Positional: C++ has no designated initialisers before C++20. Order as in device.h. */
+extern "C" const llm_device llm_device_cuda = {
+    "cuda",                 /* name */
+    LLM_DEVICE_GPU,         /* kind */
+    false,                  /* host_memory */
+    cuda_probe,
+    cuda_init,
+    cuda_release,
+    cuda_describe,
+    cuda_alloc,
+    cuda_free,
+    cuda_upload,
+    cuda_download,
+    cuda_sync,
+    cuda_status,
+    cuda_memory,
+    cuda_supports,
+    &cuda_ops,
+    cuda_weight_load,
+    cuda_weight_free,
+    cuda_timer_mark,
+    cuda_timer_elapsed_ms,
+    cuda_measure_bandwidth,
+    cuda_step_begin,
+    cuda_step_end,
+};

@@ -1,0 +1,171 @@
+/* The cuda device's small kernels: embedding lookup, rmsnorm, rotary embedding, swiglu, residual add, and the
+ * helpers of the batched matmul path (activation split into 16-bit halves, bias) and of attention (KV store).
+ * Each computes its op exactly as src/ops/ref.c writes it, in f32.
+ * Not here: GEMV (gemv.cu), attention (attention.cu). */
+#include "cuda_internal.h"
+
+static unsigned grid_for(size_t count, int threads)
+{
+    size_t blocks = (count + (size_t)threads - 1) / (size_t)threads;
+    size_t cap = (size_t)llm_cuda.sm_count * 32; /* grid-stride loops do the rest */
+    if (blocks > cap) blocks = cap;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+template <typename T> __device__ __forceinline__ float to_f32(T v);
+template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ void embed_kernel(float *out, const T *table, const int32_t *tokens, int dim)
+{
+    const T *row = table + (size_t)tokens[blockIdx.x] * dim;
+    float *o = out + (size_t)blockIdx.x * dim;
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) o[c] = to_f32(row[c]);
+}
+
+void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+{
+    int dim = (int)table->cols;
+    cudaStream_t s = llm_cuda.stream;
+    if (table->dtype == LLM_DTYPE_F32)
+        embed_kernel<<<n, 256, 0, s>>>(out, (const float *)table->data, tokens, dim);
+    else if (table->dtype == LLM_DTYPE_F16)
+        embed_kernel<<<n, 256, 0, s>>>(out, (const __half *)table->data, tokens, dim);
+    else
+        embed_kernel<<<n, 256, 0, s>>>(out, (const __nv_bfloat16 *)table->data, tokens, dim);
+    LLM_CUDA_LAUNCHED("embed");
+}
+
+/* One block per row. Same reduction as the GEMV prologue (cuda_internal.h). */
+__global__ void __launch_bounds__(LLM_CUDA_NORM_THREADS)
+rmsnorm_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps)
+{
+    __shared__ float red[32];
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *oi = out + (size_t)blockIdx.x * dim;
+    float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq(xi, dim, red), dim, eps);
+    llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale);
+}
+
+void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps)
+{
+    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps);
+    LLM_CUDA_LAUNCHED("rmsnorm");
+}
+
+/* One thread per rotated pair, over q's heads then k's. */
+__global__ void rope_kernel(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                            int n_kv_heads, int head_dim)
+{
+    int half = head_dim / 2, heads = n_heads + n_kv_heads;
+    size_t total = (size_t)n * heads * half;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
+        int j = (int)(idx % half);
+        size_t th = idx / half;
+        int h = (int)(th % heads), i = (int)(th / heads);
+        float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
+                               : k + ((size_t)i * n_kv_heads + (h - n_heads)) * head_dim;
+        float angle = (float)positions[i] * inv_freq[j];
+        float c = cosf(angle), s = sinf(angle);
+        float a = v[j], b = v[j + half];
+        v[j] = a * c - b * s;
+        v[j + half] = b * c + a * s;
+    }
+}
+
+void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                   int n_kv_heads, int head_dim)
+{
+    size_t total = (size_t)n * (n_heads + n_kv_heads) * (head_dim / 2);
+    rope_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(q, k, positions, inv_freq, n, n_heads, n_kv_heads,
+                                                                   head_dim);
+    LLM_CUDA_LAUNCHED("rope");
+}
+
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count)
+{
+    swiglu_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count);
+    LLM_CUDA_LAUNCHED("swiglu");
+}
+
+__global__ void add_kernel(float *x, const float *y, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+void llm_cuda_add(float *x, const float *y, size_t count)
+{
+    add_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(x, y, count);
+    LLM_CUDA_LAUNCHED("add");
+}
+
+/* x = hi + lo + (error of about 2^-16 |x| for bf16, 2^-22 |x| for f16): two 16-bit products summed in f32 give
+ * nearly f32 accuracy from the 16-bit tensor cores (see device.cu, matmul). */
+__device__ __forceinline__ void store_16(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store_16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+template <typename T>
+__global__ void split_kernel(T *hi, T *lo, const float *x, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        T h;
+        store_16(&h, v);
+        hi[i] = h;
+        if (lo) store_16(lo + i, v - to_f32(h));
+    }
+}
+
+void llm_cuda_split(void *hi, void *lo, const float *x, size_t count, llm_dtype dtype, const char *op)
+{
+    unsigned g = grid_for(count, 256);
+    if (dtype == LLM_DTYPE_F16)
+        split_kernel<<<g, 256, 0, llm_cuda.stream>>>((__half *)hi, (__half *)lo, x, count);
+    else
+        split_kernel<<<g, 256, 0, llm_cuda.stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, count);
+    LLM_CUDA_LAUNCHED(op);
+}
+
+__global__ void bias_kernel(float *out, const void *bias, int bias_dtype, size_t rows, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        out[i] += llm_cuda_load(bias, bias_dtype, i % rows);
+}
+
+void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op)
+{
+    size_t count = (size_t)n * rows;
+    bias_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, bias->data, bias->dtype, rows, count);
+    LLM_CUDA_LAUNCHED(op);
+}
+
+__global__ void kv_store_kernel(const float *k, const float *v, float *k_cache, float *v_cache,
+                                const int32_t *positions, int n, int kv_dim)
+{
+    size_t total = (size_t)n * kv_dim;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
+        size_t i = idx / kv_dim, c = idx % kv_dim;
+        size_t dst = (size_t)positions[i] * kv_dim + c;
+        k_cache[dst] = k[idx];
+        v_cache[dst] = v[idx];
+    }
+}
+
+void llm_cuda_kv_store(const float *k, const float *v, float *k_cache, float *v_cache, const int32_t *positions, int n,
+                       int kv_dim)
+{
+    size_t total = (size_t)n * kv_dim;
+    kv_store_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n, kv_dim);
+    LLM_CUDA_LAUNCHED("attention");
+}

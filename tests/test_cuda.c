@@ -1,0 +1,530 @@
+/* What only the cuda device needs checking: its kernels against the reference ops at model shapes (one-token GEMV,
+ * the split-f32 cuBLAS path, attention at a KV length near 4000), its fusion of neighbouring ops, CUDA-graph replay
+ * against plain decode, and its error messages. Without a usable GPU (CI) every test reports skipped, never passed.
+ * The generic op-by-op comparison of all devices is tests/test_ops.c; whole models are tests/test_models.c. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "devices/registry.h"
+#include "model/model.h"
+#include "ops/ref.h"
+#include "support/fixture_util.h"
+
+static const llm_device *dev;
+
+/* The cuda device, initialised; skips the test when it is not compiled in or not usable here. */
+static void cuda_or_skip(void)
+{
+    dev = llm_device_find("cuda");
+    char why[256] = "";
+    if (!dev) {
+        print_message("skipped: cuda is not compiled into this build\n");
+        skip();
+    }
+    if (!dev->probe(why, sizeof why)) {
+        print_message("skipped: cuda not usable here: %s\n", why);
+        skip();
+    }
+    char err[512] = "";
+    llm_device_options opt = {0};
+    int rc = dev->init(&opt, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void cuda_done(void)
+{
+    char err[512] = "";
+    int rc = dev->sync() || dev->status(err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    dev->release();
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static float uniform(void) /* in [-1, 1) */
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static float *random_floats(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof *x);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = uniform() * scale;
+    return x;
+}
+
+static void *on_device(const void *host, size_t bytes)
+{
+    void *p = dev->alloc(bytes);
+    assert_non_null(p);
+    assert_int_equal(dev->upload(p, host, bytes), 0);
+    return p;
+}
+
+static float *from_device(const void *p, size_t count)
+{
+    float *h = malloc(count * sizeof *h);
+    assert_non_null(h);
+    assert_int_equal(dev->download(h, p, count * sizeof *h), 0);
+    return h;
+}
+
+/* A random weight in dtype on the host (for the reference) and on the device. */
+typedef struct {
+    llm_weight host, device;
+} weight_pair;
+
+static weight_pair make_weight(llm_dtype dtype, size_t rows, size_t cols, float scale)
+{
+    weight_pair w = {{0}, {0}};
+    size_t count = rows * cols, es = llm_dtype_size(dtype);
+    void *data = malloc(count * es);
+    assert_non_null(data);
+    for (size_t i = 0; i < count; i++) {
+        float v = uniform() * scale;
+        if (dtype == LLM_DTYPE_F32) ((float *)data)[i] = v;
+        else if (dtype == LLM_DTYPE_F16) ((uint16_t *)data)[i] = llm_f32_to_f16(v);
+        else ((uint16_t *)data)[i] = llm_f32_to_bf16(v);
+    }
+    w.host = (llm_weight){data, dtype, rows, cols};
+    assert_int_equal(dev->weight_load(&w.device, data, dtype, rows, cols), 0);
+    return w;
+}
+
+static void free_weight(weight_pair *w)
+{
+    dev->weight_free(&w->device);
+    free(w->host.data);
+}
+
+/* max |got - ref| / max |ref| */
+static double rel_error(const float *got, const float *ref, size_t n)
+{
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i])) return INFINITY;
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > worst) worst = d;
+        if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+
+/* ---- matmul: one-token GEMV (16-byte and element-wise paths) and token batches through cuBLAS ---- */
+
+typedef struct {
+    size_t rows, cols;
+    int n;
+    llm_dtype dtype;
+    bool bias;
+} mm_case;
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    static const mm_case cases[] = {
+        {2048, 2048, 1, LLM_DTYPE_BF16, false}, {5632, 2048, 1, LLM_DTYPE_BF16, false},
+        {2048, 5632, 1, LLM_DTYPE_BF16, false}, {256, 2048, 1, LLM_DTYPE_F16, true},
+        {4096, 4096, 1, LLM_DTYPE_F32, false},  {77, 100, 1, LLM_DTYPE_BF16, true}, /* rows odd, cols % 8 != 0 */
+        {64, 160, 1, LLM_DTYPE_F32, false},     {2048, 2048, 17, LLM_DTYPE_BF16, true},
+        {1000, 2048, 33, LLM_DTYPE_F16, false}, {512, 1024, 9, LLM_DTYPE_F32, true},
+        {100, 72, 5, LLM_DTYPE_BF16, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        const mm_case *k = &cases[c];
+        weight_pair w = make_weight(k->dtype, k->rows, k->cols, 0.05f);
+        weight_pair b = {{0}, {0}};
+        if (k->bias) b = make_weight(k->dtype, 1, k->rows, 0.5f);
+        size_t nx = (size_t)k->n * k->cols, no = (size_t)k->n * k->rows;
+        float *x = random_floats(nx, 1.0f), *ref = malloc(no * sizeof *ref);
+        assert_non_null(ref);
+        llm_ref_ops.matmul(ref, x, &w.host, k->bias ? &b.host : NULL, k->n);
+        float *dx = on_device(x, nx * sizeof *x), *dout = dev->alloc(no * sizeof(float));
+        assert_non_null(dout);
+        dev->ops->matmul(dout, dx, &w.device, k->bias ? &b.device : NULL, k->n);
+        float *got = from_device(dout, no);
+        double err = rel_error(got, ref, no);
+        print_message("matmul %zux%zu n=%d %s%s: rel error %.2g\n", k->rows, k->cols, k->n, llm_dtype_name(k->dtype),
+                      k->bias ? " +bias" : "", err);
+        /* f32 products of the same values; only the summation order differs (and, for batches of 16-bit weights,
+         * the split of x into two 16-bit halves, good to about 2^-16): far under 1e-5 of the largest output. */
+        assert_true(err < 1e-5);
+        free(x), free(ref), free(got);
+        dev->free(dx), dev->free(dout);
+        free_weight(&w);
+        if (k->bias) free_weight(&b);
+    }
+    cuda_done();
+}
+
+/* ---- the elementwise and normalisation ops ---- */
+
+static void test_small_ops(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    int dim = 2048, n = 7, vocab = 1000;
+    size_t nd = (size_t)n * dim;
+    /* rmsnorm (one token and a batch), embed, swiglu, add */
+    weight_pair nw = make_weight(LLM_DTYPE_BF16, 1, (size_t)dim, 1.0f);
+    weight_pair table = make_weight(LLM_DTYPE_BF16, (size_t)vocab, (size_t)dim, 1.0f);
+    float *x = random_floats(nd, 2.0f), *y = random_floats(nd, 2.0f), *ref = malloc(nd * sizeof *ref);
+    assert_non_null(ref);
+    float *dx = on_device(x, nd * 4), *dy = on_device(y, nd * 4), *dout = dev->alloc(nd * 4);
+    assert_non_null(dout);
+    for (int batch = 1; batch <= n; batch += n - 1) {
+        llm_ref_ops.rmsnorm(ref, x, &nw.host, batch, dim, 1e-5f);
+        dev->ops->rmsnorm(dout, dx, &nw.device, batch, dim, 1e-5f);
+        float *got = from_device(dout, (size_t)batch * dim);
+        /* one rounding per step, a different summation order for the mean square */
+        assert_true(rel_error(got, ref, (size_t)batch * dim) < 1e-6);
+        free(got);
+    }
+    int32_t tokens[7] = {0, 999, 5, 17, 500, 5, 42};
+    int32_t *dtok = on_device(tokens, sizeof tokens);
+    llm_ref_ops.embed(ref, &table.host, tokens, n);
+    dev->ops->embed(dout, &table.device, dtok, n);
+    float *got = from_device(dout, nd);
+    assert_memory_equal(got, ref, nd * sizeof *ref); /* a conversion, exact */
+    free(got);
+    llm_ref_ops.swiglu(ref, x, y, nd);
+    dev->ops->swiglu(dout, dx, dy, nd);
+    got = from_device(dout, nd);
+    assert_true(rel_error(got, ref, nd) < 1e-6); /* expf within 2 ulp */
+    free(got);
+    memcpy(ref, x, nd * 4);
+    llm_ref_ops.add(ref, y, nd);
+    dev->ops->add(dx, dy, nd);
+    got = from_device(dx, nd);
+    assert_memory_equal(got, ref, nd * sizeof *ref); /* one rounding, exact */
+    free(got);
+    free(x), free(y), free(ref);
+    dev->free(dx), dev->free(dy), dev->free(dout), dev->free(dtok);
+    free_weight(&nw), free_weight(&table);
+    cuda_done();
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    int n = 5, heads = 32, kv_heads = 8, hd = 64;
+    size_t nq = (size_t)n * heads * hd, nk = (size_t)n * kv_heads * hd;
+    float *q = random_floats(nq, 1.0f), *k = random_floats(nk, 1.0f), inv_freq[32];
+    for (int j = 0; j < hd / 2; j++) inv_freq[j] = 1.0f / powf(500000.0f, (float)(2 * j) / (float)hd);
+    int32_t pos[5] = {0, 1, 777, 3998, 4095};
+    float *dq = on_device(q, nq * 4), *dk = on_device(k, nk * 4), *df = on_device(inv_freq, sizeof inv_freq);
+    int32_t *dp = on_device(pos, sizeof pos);
+    llm_ref_ops.rope(q, k, pos, inv_freq, n, heads, kv_heads, hd);
+    dev->ops->rope(dq, dk, dp, df, n, heads, kv_heads, hd);
+    float *gq = from_device(dq, nq), *gk = from_device(dk, nk);
+    /* cosf/sinf of the same f32 angle: within a few ulp */
+    print_message("rope: q %.2g, k %.2g\n", rel_error(gq, q, nq), rel_error(gk, k, nk));
+    assert_true(rel_error(gq, q, nq) < 1e-6 && rel_error(gk, k, nk) < 1e-6);
+    free(q), free(k), free(gq), free(gk);
+    dev->free(dq), dev->free(dk), dev->free(df), dev->free(dp);
+    cuda_done();
+}
+
+/* ---- attention at long KV: decode (split KV + merge), a few tokens, and a tiled prefill chunk ---- */
+
+typedef struct {
+    int heads, kv_heads, hd, n, pos, ctx;
+} attn_case;
+
+static void run_attention(const attn_case *c)
+{
+    size_t kv_dim = (size_t)c->kv_heads * c->hd, q_dim = (size_t)c->heads * c->hd;
+    size_t cache = (size_t)c->ctx * kv_dim;
+    float *q = random_floats((size_t)c->n * q_dim, 1.0f), *k = random_floats((size_t)c->n * kv_dim, 1.0f);
+    float *v = random_floats((size_t)c->n * kv_dim, 1.0f);
+    /* Rows before pos hold earlier tokens; the rest is garbage the op must not read. */
+    float *kc = random_floats(cache, 1.0f), *vc = random_floats(cache, 1.0f);
+    for (size_t i = (size_t)c->pos * kv_dim; i < cache; i++) kc[i] = vc[i] = NAN;
+    int32_t *pos = malloc((size_t)c->n * sizeof *pos);
+    assert_non_null(pos);
+    for (int i = 0; i < c->n; i++) pos[i] = c->pos + i;
+    float *dq = on_device(q, (size_t)c->n * q_dim * 4), *dk = on_device(k, (size_t)c->n * kv_dim * 4);
+    float *dv = on_device(v, (size_t)c->n * kv_dim * 4), *dkc = on_device(kc, cache * 4);
+    float *dvc = on_device(vc, cache * 4), *dout = dev->alloc((size_t)c->n * q_dim * 4);
+    int32_t *dpos = on_device(pos, (size_t)c->n * sizeof *pos);
+    assert_non_null(dout);
+    float *ref = malloc((size_t)c->n * q_dim * sizeof *ref);
+    assert_non_null(ref);
+    llm_ref_ops.attention(ref, q, k, v, kc, vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx);
+    dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, c->n, c->heads, c->kv_heads, c->hd, c->ctx);
+    float *got = from_device(dout, (size_t)c->n * q_dim);
+    float *got_kc = from_device(dkc, cache);
+    double err = rel_error(got, ref, (size_t)c->n * q_dim);
+    print_message("attention heads %d/%d hd %d, %d token(s) at %d: rel error %.2g\n", c->heads, c->kv_heads, c->hd,
+                  c->n, c->pos, err);
+    /* f32 throughout: the online softmax and its merge reorder sums and use expf: 1e-5 of the largest output */
+    assert_true(err < 1e-5);
+    /* the new rows were stored */
+    assert_memory_equal(got_kc + (size_t)c->pos * kv_dim, kc + (size_t)c->pos * kv_dim, (size_t)c->n * kv_dim * 4);
+    free(q), free(k), free(v), free(kc), free(vc), free(pos), free(ref), free(got), free(got_kc);
+    void *bufs[] = {dq, dk, dv, dkc, dvc, dout, dpos};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
+}
+
+static void test_attention_long(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    static const attn_case cases[] = {
+        {32, 8, 64, 1, 3999, 4096},  {32, 32, 128, 1, 4000, 4096}, {32, 8, 64, 3, 3990, 4096},
+        {32, 8, 64, 64, 3936, 4096}, {32, 32, 128, 70, 3900, 4096}, {4, 2, 16, 24, 0, 256},
+        {4, 1, 32, 9, 3, 256},       {9, 3, 64, 1, 0, 128},         {4, 2, 16, 1, 200, 256},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_attention(&cases[i]);
+    cuda_done();
+}
+
+/* ---- a decode layer through the op table: the fused launches against the reference, op by op ---- */
+
+static void test_fused_layer(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    const int dim = 512, inter = 1408, heads = 8, kv_heads = 2, hd = 64, vocab = 3000, ctx = 64, pos = 37;
+    const int q_dim = heads * hd, kv_dim = kv_heads * hd;
+    weight_pair ln1 = make_weight(LLM_DTYPE_BF16, 1, dim, 1.0f), ln2 = make_weight(LLM_DTYPE_BF16, 1, dim, 1.0f);
+    weight_pair norm = make_weight(LLM_DTYPE_BF16, 1, dim, 1.0f);
+    weight_pair wq = make_weight(LLM_DTYPE_BF16, q_dim, dim, 0.05f), wk = make_weight(LLM_DTYPE_BF16, kv_dim, dim, 0.05f);
+    weight_pair wv = make_weight(LLM_DTYPE_BF16, kv_dim, dim, 0.05f), wo = make_weight(LLM_DTYPE_BF16, dim, q_dim, 0.05f);
+    weight_pair bq = make_weight(LLM_DTYPE_BF16, 1, q_dim, 0.1f);
+    weight_pair wg = make_weight(LLM_DTYPE_BF16, inter, dim, 0.05f), wu = make_weight(LLM_DTYPE_BF16, inter, dim, 0.05f);
+    weight_pair wd = make_weight(LLM_DTYPE_BF16, dim, inter, 0.05f), head = make_weight(LLM_DTYPE_BF16, vocab, dim, 0.05f);
+    float inv_freq[32];
+    for (int j = 0; j < hd / 2; j++) inv_freq[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)hd);
+    int32_t position = pos;
+
+    /* host state for the reference */
+    float *x = random_floats(dim, 1.0f), *kc = random_floats((size_t)ctx * kv_dim, 1.0f);
+    float *vc = random_floats((size_t)ctx * kv_dim, 1.0f);
+    float *xb = calloc(dim, 4), *q = calloc(q_dim, 4), *k = calloc(kv_dim, 4), *v = calloc(kv_dim, 4);
+    float *att = calloc(q_dim, 4), *gate = calloc(inter, 4), *up = calloc(inter, 4), *logits = calloc(vocab, 4);
+    /* device copies */
+    float *d_x = on_device(x, dim * 4), *d_kc = on_device(kc, (size_t)ctx * kv_dim * 4);
+    float *d_vc = on_device(vc, (size_t)ctx * kv_dim * 4);
+    float *d_xb = dev->alloc(dim * 4), *d_q = dev->alloc(q_dim * 4), *d_k = dev->alloc(kv_dim * 4);
+    float *d_v = dev->alloc(kv_dim * 4), *d_att = dev->alloc(q_dim * 4), *d_gate = dev->alloc(inter * 4);
+    float *d_up = dev->alloc(inter * 4), *d_logits = dev->alloc(vocab * 4), *d_freq = on_device(inv_freq, sizeof inv_freq);
+    int32_t *d_pos = on_device(&position, sizeof position);
+
+    /* The same op sequence as src/model/forward.c for one token, on both. */
+    const llm_ops *ops[2] = {&llm_ref_ops, dev->ops};
+    for (int side = 0; side < 2; side++) {
+        const llm_ops *o = ops[side];
+        bool dv = side == 1;
+        const llm_weight *W[] = {&ln1.host, &wq.host, &wk.host, &wv.host, &wo.host, &ln2.host, &wg.host, &wu.host,
+                                 &wd.host, &norm.host, &head.host, &bq.host};
+        const llm_weight *D[] = {&ln1.device, &wq.device, &wk.device, &wv.device, &wo.device, &ln2.device, &wg.device,
+                                 &wu.device, &wd.device, &norm.device, &head.device, &bq.device};
+        const llm_weight *const *w = dv ? D : W;
+        float *X = dv ? d_x : x, *XB = dv ? d_xb : xb, *Q = dv ? d_q : q, *K = dv ? d_k : k, *V = dv ? d_v : v;
+        float *ATT = dv ? d_att : att, *G = dv ? d_gate : gate, *U = dv ? d_up : up, *L = dv ? d_logits : logits;
+        float *KC = dv ? d_kc : kc, *VC = dv ? d_vc : vc, *F = dv ? d_freq : inv_freq;
+        const int32_t *P = dv ? d_pos : &position;
+        o->rmsnorm(XB, X, w[0], 1, dim, 1e-5f);
+        o->matmul(Q, XB, w[1], w[11], 1);
+        o->matmul(K, XB, w[2], NULL, 1);
+        o->matmul(V, XB, w[3], NULL, 1);
+        o->rope(Q, K, P, F, 1, heads, kv_heads, hd);
+        o->attention(ATT, Q, K, V, KC, VC, P, 1, heads, kv_heads, hd, ctx);
+        o->matmul(XB, ATT, w[4], NULL, 1);
+        o->add(X, XB, dim);
+        o->rmsnorm(XB, X, w[5], 1, dim, 1e-5f);
+        o->matmul(G, XB, w[6], NULL, 1);
+        o->matmul(U, XB, w[7], NULL, 1);
+        o->swiglu(G, G, U, inter);
+        o->matmul(XB, G, w[8], NULL, 1);
+        o->add(X, XB, dim);
+        o->rmsnorm(XB, X, w[9], 1, dim, 1e-5f);
+        o->logits(L, XB, w[10], 1);
+    }
+    struct { const char *name; float *host; float *device; size_t n; } checks[] = {
+        {"q (roped)", q, d_q, (size_t)q_dim}, {"k (roped)", k, d_k, (size_t)kv_dim}, {"v", v, d_v, (size_t)kv_dim},
+        {"k cache", kc, d_kc, (size_t)ctx * kv_dim}, {"v cache", vc, d_vc, (size_t)ctx * kv_dim},
+        {"attention", att, d_att, (size_t)q_dim}, {"gate (swiglu)", gate, d_gate, (size_t)inter},
+        {"up", up, d_up, (size_t)inter}, {"residual", x, d_x, (size_t)dim}, {"final norm", xb, d_xb, (size_t)dim},
+        {"logits", logits, d_logits, (size_t)vocab},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
+        float *got = from_device(checks[i].device, checks[i].n);
+        double err = rel_error(got, checks[i].host, checks[i].n);
+        print_message("fused layer: %s rel error %.2g\n", checks[i].name, err);
+        /* f32 arithmetic on both sides, compounded over one layer */
+        assert_true(err < 1e-5);
+        free(got);
+    }
+    free(x), free(kc), free(vc), free(xb), free(q), free(k), free(v), free(att), free(gate), free(up), free(logits);
+    void *bufs[] = {d_x, d_kc, d_vc, d_xb, d_q, d_k, d_v, d_att, d_gate, d_up, d_logits, d_freq, d_pos};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
+    weight_pair *ws[] = {&ln1, &ln2, &norm, &wq, &wk, &wv, &wo, &bq, &wg, &wu, &wd, &head};
+    for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) free_weight(ws[i]);
+    cuda_done();
+}
+
+/* ---- a model decoding 64 steps: graph replay against plain issue, fused against unfused, both against cpu ---- */
+
+#define DECODE_STEPS 64
+
+/* Logits after the fixture's prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab). */
+static float *decode_run(const char *fixture, const char *device, const char *graphs, const char *fuse, int *vocab)
+{
+    fixture_expected ex;
+    fixture_load_expected(&ex, fixture);
+    setenv("LLM_CUDA_GRAPHS", graphs, 1);
+    setenv("LLM_CUDA_FUSE", fuse, 1);
+    llm_model m;
+    llm_load_options lo = {.device = device};
+    char err[1024] = "";
+    int rc = llm_model_load(&m, ex.dir, &lo, err, sizeof err);
+    unsetenv("LLM_CUDA_GRAPHS");
+    unsetenv("LLM_CUDA_FUSE");
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, &m, 0, 0, false, err, sizeof err), 0);
+    *vocab = m.config.vocab_size;
+    float *all = malloc((size_t)(1 + DECODE_STEPS) * *vocab * sizeof *all);
+    assert_non_null(all);
+    const float *logits = NULL;
+    assert_int_equal(llm_forward(&m, &s, ex.tokens, ex.n_prompt, 0, &logits, err, sizeof err), 0);
+    memcpy(all, logits, (size_t)*vocab * sizeof *all);
+    for (int i = 0; i < DECODE_STEPS; i++) {
+        int32_t token = (int32_t)((i * 131 + 7) % *vocab);
+        rc = llm_forward(&m, &s, &token, 1, ex.n_prompt + i, &logits, err, sizeof err);
+        if (rc) print_error("step %d: %s\n", i, err);
+        assert_int_equal(rc, 0);
+        memcpy(all + (size_t)(1 + i) * *vocab, logits, (size_t)*vocab * sizeof *all);
+    }
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+    fixture_free_expected(&ex);
+    return all;
+}
+
+static void test_graph_replay(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    dev->release();
+    const char *fixtures[] = {"llama-gqa-tied-bf16", "qwen2-bias", "llama3-mqa-untied"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        int vocab = 0;
+        float *graphs = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
+        float *plain = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
+        float *unfused = decode_run(fixtures[f], "cuda", "0", "0", &vocab);
+        float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
+        size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+        double e_plain = rel_error(graphs, plain, n), e_fuse = rel_error(plain, unfused, n);
+        double e_cpu = rel_error(graphs, cpu, n);
+        print_message("%s, %d decode steps: graphs vs plain %.2g, fused vs unfused %.2g, cuda vs cpu %.2g\n",
+                      fixtures[f], DECODE_STEPS, e_plain, e_fuse, e_cpu);
+        /* Replay runs the very kernels the plain step launches, with the same arguments: identical bits. */
+        assert_memory_equal(graphs, plain, n * sizeof *graphs);
+        /* Fusion changes only where a value is computed (FMA contraction may differ): f32 rounding. */
+        assert_true(e_fuse < 1e-5);
+        /* As tests/test_models.c allows against Hugging Face. */
+        assert_true(e_cpu < 1e-4);
+        free(graphs), free(plain), free(unfused), free(cpu);
+    }
+}
+
+/* ---- errors ---- */
+
+static void test_out_of_memory_message(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    void *p = dev->alloc((size_t)1 << 50);
+    assert_null(p);
+    char err[512] = "";
+    assert_int_equal(dev->status(err, sizeof err), -1);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "cuda: alloc: out of memory: asked for 1.0 PiB (1125899906842624 bytes), "));
+    assert_non_null(strstr(err, " free of "));
+    /* sticky until the device is opened again */
+    assert_int_equal(dev->sync(), -1);
+    dev->release();
+    assert_int_equal(dev->init(&(llm_device_options){0}, err, sizeof err), 0);
+    assert_int_equal(dev->status(err, sizeof err), 0);
+    dev->release();
+}
+
+static void test_memory_and_timers(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    llm_device_memory before, after;
+    dev->memory(&before);
+    void *p = dev->alloc((size_t)256 << 20);
+    assert_non_null(p);
+    dev->memory(&after);
+    assert_int_equal(after.allocated - before.allocated, (size_t)256 << 20);
+    assert_true(after.total > 0 && after.free < after.total);
+    dev->timer_mark(0);
+    float *x = random_floats(1 << 20, 1.0f);
+    void *d = on_device(x, (size_t)4 << 20);
+    dev->ops->add(d, d, 1 << 20);
+    dev->timer_mark(1);
+    assert_int_equal(dev->sync(), 0);
+    double ms = dev->timer_elapsed_ms(0, 1);
+    assert_true(ms > 0.0 && ms < 1000.0);
+    dev->free(p), dev->free(d), free(x);
+    dev->memory(&after);
+    assert_int_equal(after.allocated, before.allocated);
+    char desc[256];
+    dev->describe(desc, sizeof desc);
+    print_message("%s\n", desc);
+    cuda_done();
+}
+
+/* Last: a fault inside a kernel poisons the CUDA context for the rest of the process. */
+static void test_fault_names_the_op(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    int heads = 4, kv_heads = 2, hd = 16, ctx = 16;
+    size_t cache = (size_t)ctx * kv_heads * hd;
+    float *zeros = calloc(cache, sizeof *zeros);
+    float *q = on_device(zeros, (size_t)heads * hd * 4), *k = on_device(zeros, (size_t)kv_heads * hd * 4);
+    float *kc = on_device(zeros, cache * 4), *vc = on_device(zeros, cache * 4), *out = dev->alloc(heads * hd * 4);
+    int32_t bad = 1 << 30; /* far outside the cache */
+    int32_t *pos = on_device(&bad, sizeof bad);
+    dev->ops->attention(out, q, k, k, kc, vc, pos, 1, heads, kv_heads, hd, ctx);
+    assert_int_equal(dev->sync(), -1);
+    char err[512] = "";
+    assert_int_equal(dev->status(err, sizeof err), -1);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "cuda: attention: "));
+    assert_non_null(strstr(err, "illegal memory access"));
+    free(zeros);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),        cmocka_unit_test(test_small_ops),
+        cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
+        cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
+        cmocka_unit_test(test_fault_names_the_op),
+    };
+    return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+}
