@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "support/fixture_util.h"
 #include "support/st_writer.h"
@@ -183,12 +184,53 @@ static void test_context_errors(void **state)
     expect_error(args, "expected OP=DEVICE", NULL);
 }
 
+/* Text in, text out: models/tiny greedily continues its prompt exactly as transformers did when it was trained
+ * (models/tiny/expected.json, written by scripts/train-tiny.py). */
+static void test_text_generation_matches_hf(void **state)
+{
+    (void)state;
+    size_t len;
+    char *json = fixture_read_file("models/tiny/expected.json", &len);
+    json_error_t je;
+    json_t *root = json_loads(json, 0, &je);
+    assert_non_null(root);
+    const char *text = json_string_value(json_object_get(root, "text"));
+    int n = (int)json_array_size(json_object_get(root, "greedy"));
+    char args[256];
+    snprintf(args, sizeof args, "models/tiny -p 'def fibonacci(n):' --temp 0 --ignore-eos -n %d", n);
+    run_result r;
+    run(&r, args);
+    if (r.status != 0 || strncmp(r.out, text, strlen(text)) != 0)
+        print_error("exit %d\nstdout: %s\nexpected: %s\nstderr: %s\n", r.status, r.out, text, r.err);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(strncmp(r.out, text, strlen(text)), 0);
+    json_decref(root);
+    free(json);
+}
+
+static void test_bad_text_input(void **state)
+{
+    (void)state;
+    /* "ok \xc3\x28 no": a lead byte followed by a byte that cannot continue it */
+    expect_error("models/tiny -n 2 -p \"$(printf 'ok \\303\\050 no')\"", "-p: the prompt is not valid UTF-8 (byte 3)", NULL);
+    char *dir = fixture_copy("tests/fixtures/models/llama-gqa-tied", NULL, NULL);
+    char path[1024], args[1200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    fixture_write_text(path, "{\"model\": {\"type\": \"BPE\", ");
+    snprintf(args, sizeof args, "%s -n 2 -p hello", dir);
+    expect_error(args, "tokenizer.json", NULL);
+    remove(path);
+    expect_error(args, "tokenizer.json", NULL);
+    fixture_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help_documents_every_option), cmocka_unit_test(test_greedy_ids_match_hf),
         cmocka_unit_test(test_missing_model),               cmocka_unit_test(test_broken_checkpoints),
-        cmocka_unit_test(test_context_errors),
+        cmocka_unit_test(test_context_errors),              cmocka_unit_test(test_text_generation_matches_hf),
+        cmocka_unit_test(test_bad_text_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
