@@ -84,7 +84,8 @@ run: check-deps
 	@$(MAKE) --no-print-directory build/llm-run
 	build/llm-run --device auto -p "Once upon a time" -n 48 models/tiny
 
-bench: check-deps
+bench:
+	@scripts/install-deps.sh bench
 	@$(MAKE) --no-print-directory build/llm-run
 	@scripts/bench.sh
 

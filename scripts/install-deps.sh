@@ -6,6 +6,8 @@ set -euo pipefail
 
 packages=(build-essential pkg-config libjansson-dev libpcre2-dev libzstd-dev libopenblas-openmp-dev
           libargtable2-dev libutf8proc-dev libcmocka-dev)
+# `install-deps.sh bench`: also what the benchmarks' checkpoint generator needs.
+[ "${1:-}" = bench ] && packages+=(python3 python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

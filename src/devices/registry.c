@@ -12,23 +12,51 @@ extern const llm_device llm_device_blas;
 extern const llm_device llm_device_cuda;
 #endif
 
-static const llm_device *const devices[] = {
+/* Every device llm-run has, in auto's order of preference, compiled into this build or not: a user asking for one
+ * that was left out is told so, not that it does not exist. */
+static const struct {
+    const char *name;
+    const llm_device *dev; /* NULL when this build left it out */
+    const char *how;       /* then: how to build it in */
+} known[] = {
 #ifdef LLM_HAVE_CUDA
-    &llm_device_cuda,
+    {"cuda", &llm_device_cuda, NULL},
+#else
+    {"cuda", NULL, "install the CUDA toolkit (nvcc) and rebuild: make LLM_CUDA=1"},
 #endif
-    &llm_device_blas,
-    &llm_device_cpu,
+    {"blas", &llm_device_blas, NULL},
+    {"cpu", &llm_device_cpu, NULL},
 };
-#define N_DEVICES ((int)(sizeof devices / sizeof devices[0]))
+#define N_KNOWN ((int)(sizeof known / sizeof known[0]))
+#define NOT_COMPILED_IN "not compiled in"
 
-int llm_device_count(void) { return N_DEVICES; }
+int llm_device_count(void)
+{
+    int n = 0;
+    for (int i = 0; i < N_KNOWN; i++) n += known[i].dev != NULL;
+    return n;
+}
 
-const llm_device *llm_device_at(int i) { return i >= 0 && i < N_DEVICES ? devices[i] : NULL; }
+const llm_device *llm_device_at(int i)
+{
+    for (int k = 0; k < N_KNOWN; k++)
+        if (known[k].dev && i-- == 0) return known[k].dev;
+    return NULL;
+}
+
+int llm_device_known_count(void) { return N_KNOWN; }
+
+const char *llm_device_known(int i, const llm_device **dev)
+{
+    if (i < 0 || i >= N_KNOWN) return NULL;
+    *dev = known[i].dev;
+    return known[i].name;
+}
 
 const llm_device *llm_device_find(const char *name)
 {
-    for (int i = 0; i < N_DEVICES; i++)
-        if (strcmp(devices[i]->name, name) == 0) return devices[i];
+    for (int i = 0; i < N_KNOWN; i++)
+        if (known[i].dev && strcmp(known[i].name, name) == 0) return known[i].dev;
     return NULL;
 }
 
@@ -37,18 +65,18 @@ static int resolve_auto(const llm_device **dev, char *chosen, size_t chosen_len)
     char reasons[512] = "";
     size_t used = 0;
     /* The table is in order of preference; say why each better device was passed over. */
-    for (int i = 0; i < N_DEVICES; i++) {
-        char why[200] = "";
-        if (devices[i]->probe(why, sizeof why)) {
-            *dev = devices[i];
+    for (int i = 0; i < N_KNOWN; i++) {
+        char why[200] = NOT_COMPILED_IN;
+        if (known[i].dev && known[i].dev->probe(why, sizeof why)) {
+            *dev = known[i].dev;
             if (used)
-                snprintf(chosen, chosen_len, "%s (%s)", devices[i]->name, reasons);
+                snprintf(chosen, chosen_len, "%s (%s)", known[i].name, reasons);
             else
-                snprintf(chosen, chosen_len, "%s (%s)", devices[i]->name,
-                         devices[i]->kind == LLM_DEVICE_GPU ? "GPU found" : "best device present");
+                snprintf(chosen, chosen_len, "%s (%s)", known[i].name,
+                         known[i].dev->kind == LLM_DEVICE_GPU ? "GPU found" : "best device present");
             return 0;
         }
-        int w = snprintf(reasons + used, sizeof reasons - used, "%s%s: %s", used ? "; " : "", devices[i]->name, why);
+        int w = snprintf(reasons + used, sizeof reasons - used, "%s%s: %s", used ? "; " : "", known[i].name, why);
         if (w > 0 && (size_t)w < sizeof reasons - used) used += (size_t)w;
     }
     return -1;
@@ -70,11 +98,20 @@ int llm_device_resolve(const char *spec, const llm_device **dev, llm_device_opti
     memcpy(name, spec, len);
     name[len] = '\0';
     const llm_device *d = llm_device_find(name);
+    for (int i = 0; i < N_KNOWN && !d; i++)
+        if (strcmp(known[i].name, name) == 0) {
+            snprintf(err, err_len, "--device %s: not usable here: %s (%s)", spec, NOT_COMPILED_IN, known[i].how);
+            return -1;
+        }
     if (!d) {
-        int w = snprintf(err, err_len, "--device %s: unknown device (known:", spec);
-        for (int i = 0; i < N_DEVICES && w > 0 && (size_t)w < err_len; i++)
-            w += snprintf(err + w, err_len - (size_t)w, " %s", devices[i]->name);
-        if (w > 0 && (size_t)w < err_len) snprintf(err + w, err_len - (size_t)w, ", auto)");
+        int w = snprintf(err, err_len, "--device %s: unknown device (known: auto", spec);
+        for (int i = 0; i < N_KNOWN && w > 0 && (size_t)w < err_len; i++)
+            w += snprintf(err + w, err_len - (size_t)w, ", %s", known[i].name);
+        if (w > 0 && (size_t)w < err_len) snprintf(err + w, err_len - (size_t)w, ")");
+        return -1;
+    }
+    if (colon && d->kind != LLM_DEVICE_GPU) {
+        snprintf(err, err_len, "--device %s: only GPU devices take an index (%s:N)", spec, name);
         return -1;
     }
     if (colon) {

@@ -243,9 +243,14 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
             llm_runtime_close(rt);
             return -1;
         }
-        if (host != cpu && host->init(opt, err, err_len) != 0) {
-            llm_runtime_close(rt);
-            return -1;
+        bool opened = host == cpu;
+        for (int h = 0; h < rt->n_hosts && !opened; h++) opened = rt->hosts[h] == host;
+        if (!opened) {
+            if (host->init(opt, err, err_len) != 0) {
+                llm_runtime_close(rt);
+                return -1;
+            }
+            rt->hosts[rt->n_hosts++] = host;
         }
         route_to_host(rt, pins[i].op, host);
         if (log) fprintf(log, "%s: %s -> %s (pinned)\n", dev->name, llm_op_name(pins[i].op), host->name);
@@ -256,6 +261,8 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
 void llm_runtime_close(llm_runtime *rt)
 {
     if (!rt || !rt->initialized) return;
+    for (int h = rt->n_hosts - 1; h >= 0; h--) rt->hosts[h]->release();
+    rt->n_hosts = 0;
     rt->dev->release();
     if (wrap_dev == rt->dev) wrap_dev = NULL;
     rt->initialized = false;

@@ -21,6 +21,8 @@ typedef struct llm_runtime {
     llm_ops ops;                               /* the table the model calls */
     const llm_device *op_device[LLM_OP_COUNT]; /* who computes each op: dev itself, or a host device */
     bool op_fallback[LLM_OP_COUNT];            /* true when the op does not run natively on dev */
+    const llm_device *hosts[LLM_OP_COUNT];     /* host devices opened for pins, each once; released on close */
+    int n_hosts;
     bool initialized;
 } llm_runtime;
 

@@ -1,0 +1,146 @@
+/* `llm-run devices [--measure]` (and `llm-run --list-devices`): every device llm-run knows, compiled in or not,
+ * whether it is usable here and why not, what it is (describe()), its memory, and which ops it runs natively for
+ * which weight dtypes; --measure adds each usable device's peak memory bandwidth. Not here: choosing a device
+ * (src/devices/registry.c) or the fallback itself (src/ops/runtime.c). */
+#include <argtable2.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "devices/host.h"
+#include "devices/registry.h"
+
+static bool has_op(const llm_ops *ops, llm_op op)
+{
+    if (!ops) return false;
+    switch (op) {
+    case LLM_OP_EMBED: return ops->embed != NULL;
+    case LLM_OP_RMSNORM: return ops->rmsnorm != NULL;
+    case LLM_OP_MATMUL: return ops->matmul != NULL;
+    case LLM_OP_ROPE: return ops->rope != NULL;
+    case LLM_OP_ATTENTION: return ops->attention != NULL;
+    case LLM_OP_SWIGLU: return ops->swiglu != NULL;
+    case LLM_OP_ADD: return ops->add != NULL;
+    case LLM_OP_LOGITS: return ops->logits != NULL;
+    default: return false;
+    }
+}
+
+static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
+
+/* "embed rmsnorm matmul(F32 only) ..." and "-> cpu reference: ..." for the rest. */
+static void print_ops(FILE *out, const llm_device *dev)
+{
+    static const llm_dtype dtypes[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16};
+    char missing[256] = "";
+    size_t used = 0;
+    fprintf(out, "  native ops (F32, F16 and BF16 weights unless noted):");
+    int n_native = 0;
+    for (int op = 0; op < LLM_OP_COUNT; op++) {
+        unsigned mask = 0;
+        for (int d = 0; d < 3; d++)
+            if (has_op(dev->ops, (llm_op)op) && dev->supports((llm_op)op, dtypes[d])) mask |= 1u << d;
+        if (mask == 0) {
+            int w = snprintf(missing + used, sizeof missing - used, " %s", llm_op_name((llm_op)op));
+            if (w > 0 && (size_t)w < sizeof missing - used) used += (size_t)w;
+            continue;
+        }
+        n_native++;
+        fprintf(out, " %s", llm_op_name((llm_op)op));
+        if (mask != 7u) { /* differs by dtype: say for which */
+            fprintf(out, "(");
+            for (int d = 0, first = 1; d < 3; d++)
+                if (mask & 1u << d) fprintf(out, "%s%s", first ? "" : ",", llm_dtype_name(dtypes[d])), first = 0;
+            fprintf(out, " weights)");
+        }
+    }
+    fprintf(out, "%s\n", n_native ? "" : " none");
+    if (used) fprintf(out, "  from the cpu reference:%s\n", missing);
+}
+
+int llm_cli_list_devices(FILE *out, bool measure, int threads)
+{
+    for (int i = 0; i < llm_device_known_count(); i++) {
+        const llm_device *dev = NULL;
+        const char *name = llm_device_known(i, &dev);
+        if (!dev) {
+            fprintf(out, "%-5s  not available: not compiled in\n", name);
+            continue;
+        }
+        const char *kind = dev->kind == LLM_DEVICE_GPU ? "GPU" : "CPU";
+        char why[256] = "";
+        if (!dev->probe(why, sizeof why)) {
+            fprintf(out, "%-5s  %s, not available: %s\n", name, kind, why);
+            print_ops(out, dev);
+            continue;
+        }
+        llm_device_options opt = {.threads = threads};
+        char err[512] = "";
+        if (dev->init(&opt, err, sizeof err) != 0) {
+            fprintf(out, "%-5s  %s, not available: %s\n", name, kind, err);
+            continue;
+        }
+        char desc[512] = "";
+        dev->describe(desc, sizeof desc);
+        fprintf(out, "%-5s  %s, available: %s\n", name, kind, desc);
+        llm_device_memory mem = {0};
+        dev->memory(&mem);
+        fprintf(out, "  memory: %.1f GiB total, %.1f GiB free%s; %.1f MiB held by the device\n", gib(mem.total),
+                gib(mem.free), dev->kind == LLM_DEVICE_CPU ? " (host RAM)" : "", gib(mem.allocated) * 1024.0);
+        print_ops(out, dev);
+        if (measure) {
+            if (dev->measure_bandwidth)
+                fprintf(out, "  peak bandwidth: %.1f GB/s (a large copy, bytes read + written, median of 5)\n",
+                        dev->measure_bandwidth());
+            else
+                fprintf(out, "  peak bandwidth: this device cannot measure it\n");
+        }
+        fflush(out);
+        dev->release();
+    }
+    if (measure) {
+        /* A decode step only reads weights: its ceiling is the read bandwidth, with one thread and with all. */
+        int all = threads > 0 ? threads : llm_host_physical_cores();
+        fprintf(out, "host memory: read bandwidth %.1f GB/s with 1 thread", llm_host_measure_read_bandwidth(1));
+        if (all > 1) fprintf(out, ", %.1f GB/s with %d threads", llm_host_measure_read_bandwidth(all), all);
+        fprintf(out, " (summing a large buffer, best of 5)\n");
+    }
+    return 0;
+}
+
+int llm_cmd_devices(int argc, char **argv)
+{
+    struct arg_lit *help = arg_lit0("h", "help", "print this help and exit");
+    struct arg_lit *measure = arg_lit0(NULL, "measure", "also measure each available device's peak bandwidth");
+    struct arg_int *threads = arg_int0("t", "threads", "N", "CPU threads for the CPU devices (default: physical cores)");
+    struct arg_end *end = arg_end(8);
+    void *table[] = {help, measure, threads, end};
+    int rc = 1;
+    if (arg_nullcheck(table) != 0) {
+        fprintf(stderr, "llm-run: out of memory\n");
+        goto done;
+    }
+    int n_errors = arg_parse(argc, argv, table);
+    if (help->count) {
+        printf("usage: llm-run devices [--measure] [-t N]\n\n"
+               "Lists every device llm-run knows: whether it is usable here (and why not), what it is, its memory,\n"
+               "and which ops it runs natively (the others come from the cpu reference).\n\n");
+        arg_print_glossary(stdout, table, "  %-26s %s\n");
+        rc = 0;
+        goto done;
+    }
+    if (n_errors) {
+        arg_print_errors(stderr, end, "llm-run devices");
+        fprintf(stderr, "llm-run: see llm-run devices --help\n");
+        goto done;
+    }
+    if (threads->count && threads->ival[0] < 1) {
+        fprintf(stderr, "llm-run: -t %d: expected a thread count >= 1\n", threads->ival[0]);
+        goto done;
+    }
+    rc = llm_cli_list_devices(stdout, measure->count > 0, threads->count ? threads->ival[0] : 0);
+done:
+    arg_freetable(table, sizeof table / sizeof table[0]);
+    return rc;
+}

@@ -1,0 +1,448 @@
+/* Device selection and per-op fallback: a test device that implements only matmul runs Hugging Face fixtures end to
+ * end (every other op filled from the cpu reference, visibly), both as a host-memory device and as one that owns
+ * its memory (so the runtime's transfer wrappers move every argument); --op-device pinning; `auto` and
+ * LLM_RUN_DEVICE through llm_device_resolve and through the llm-run binary; an unusable device is a clean error.
+ * Not here: the ops' numerics (test_ops.c) or every fixture on every device (test_models.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "devices/host.h"
+#include "devices/registry.h"
+#include "model/model.h"
+#include "ops/ref.h"
+#include "support/fixture_util.h"
+
+#define LOGIT_TOL 1e-4 /* as test_models.c: f32 throughout, only summation order differs from HF */
+
+/* ---- a device with matmul only, on host memory ---- */
+
+static int matmul_calls;
+
+static int test_probe(char *why, size_t why_len)
+{
+    (void)why, (void)why_len;
+    return 1;
+}
+static int test_init(const llm_device_options *opt, char *err, size_t err_len)
+{
+    (void)opt, (void)err, (void)err_len;
+    return 0;
+}
+static void test_release(void) {}
+static void test_describe(char *buf, size_t len) { snprintf(buf, len, "test device: matmul only"); }
+static bool matmul_only(llm_op op, llm_dtype dtype)
+{
+    (void)dtype;
+    return op == LLM_OP_MATMUL;
+}
+
+static void host_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    matmul_calls++;
+    llm_ref_ops.matmul(out, x, w, bias, n);
+}
+
+static const llm_ops host_matmul_ops = {.matmul = host_matmul};
+
+static const llm_device matmul_host_device = {
+    .name = "matmul-host", .kind = LLM_DEVICE_CPU, .host_memory = true,
+    .probe = test_probe, .init = test_init, .release = test_release, .describe = test_describe,
+    .alloc = llm_host_alloc, .free = llm_host_free, .upload = llm_host_upload, .download = llm_host_download,
+    .sync = llm_host_sync, .status = llm_host_status, .memory = llm_host_memory,
+    .supports = matmul_only, .ops = &host_matmul_ops,
+};
+
+/* ---- the same owning its memory ----
+ * Its buffers are malloc'd, but the handles it gives out have bit 62 flipped: a non-canonical address, so host code
+ * that dereferences one instead of going through download/upload crashes the test at once. */
+#define DISGUISE ((uintptr_t)1 << 62)
+static void *hide(void *p) { return p ? (void *)((uintptr_t)p ^ DISGUISE) : NULL; }
+static void *show(const void *h) { return h ? (void *)((uintptr_t)h ^ DISGUISE) : NULL; }
+
+static size_t owned_bytes;
+
+static void *owned_alloc(size_t bytes)
+{
+    size_t *p = malloc(sizeof(size_t) + (bytes ? bytes : 1));
+    if (!p) return NULL;
+    *p = bytes;
+    owned_bytes += bytes;
+    return hide(p + 1);
+}
+static void owned_free(void *h)
+{
+    if (!h) return;
+    size_t *p = (size_t *)show(h) - 1;
+    owned_bytes -= *p;
+    free(p);
+}
+static int owned_upload(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memcpy(show(dst), src, bytes);
+    return 0;
+}
+static int owned_download(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memcpy(dst, show(src), bytes);
+    return 0;
+}
+static void owned_memory(llm_device_memory *out)
+{
+    llm_host_memory(out);
+    out->allocated = owned_bytes;
+}
+
+static void owned_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    matmul_calls++;
+    llm_weight hw = *w, hb = bias ? *bias : (llm_weight){0};
+    hw.data = show(w->data);
+    hb.data = show(hb.data);
+    llm_ref_ops.matmul(show(out), show(x), &hw, bias ? &hb : NULL, n);
+}
+
+static const llm_ops owned_matmul_ops = {.matmul = owned_matmul};
+
+static const llm_device matmul_owned_device = {
+    .name = "matmul-owned", .kind = LLM_DEVICE_GPU, .host_memory = false,
+    .probe = test_probe, .init = test_init, .release = test_release, .describe = test_describe,
+    .alloc = owned_alloc, .free = owned_free, .upload = owned_upload, .download = owned_download,
+    .sync = llm_host_sync, .status = llm_host_status, .memory = owned_memory,
+    .supports = matmul_only, .ops = &owned_matmul_ops,
+};
+
+/* ---- running a fixture ---- */
+
+typedef struct {
+    const char *fixture;
+    const llm_device *dev; /* a test device, or NULL to resolve `device` */
+    const char *device;
+    llm_op_pin pins[4];
+    int n_pins;
+} run_case;
+
+/* Loads the fixture as the case says, checks logits at every position and HF's greedy tokens, and returns what the
+ * load printed (free it). The loaded model is left in *m for the caller to inspect, then free. */
+static char *run_fixture(const run_case *c, llm_model *m)
+{
+    fixture_expected ex;
+    fixture_load_expected(&ex, c->fixture);
+    char *log = NULL;
+    size_t log_len = 0;
+    FILE *logf = open_memstream(&log, &log_len);
+    assert_non_null(logf);
+    llm_load_options lo = {.device = c->device, .device_override = c->dev, .pins = c->pins, .n_pins = c->n_pins,
+                           .log = logf};
+    char err[1024] = "";
+    int rc = llm_model_load(m, ex.dir, &lo, err, sizeof err);
+    fclose(logf);
+    if (rc) fail_msg("%s: %s", c->fixture, err);
+
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, m, 0, 0, true, err, sizeof err), 0);
+    const float *logits = NULL;
+    if (llm_forward(m, &s, ex.tokens, ex.n_tokens, 0, &logits, err, sizeof err)) fail_msg("%s", err);
+    double rel = fixture_max_rel_error(logits, ex.logits, (size_t)ex.n_tokens * (size_t)m->config.vocab_size);
+    print_message("  %s on %s: max |logit - HF| / max |HF| = %.3g\n", c->fixture, m->rt.dev->name, rel);
+    assert_true(rel <= LOGIT_TOL);
+    llm_state_free(&s, m);
+
+    /* Greedy decoding one token at a time after the prompt, as generation runs. */
+    assert_int_equal(llm_state_init(&s, m, 64, 8, false, err, sizeof err), 0);
+    for (int pos = 0; pos < ex.n_prompt; pos += 8) {
+        int n = ex.n_prompt - pos < 8 ? ex.n_prompt - pos : 8;
+        assert_int_equal(llm_forward(m, &s, ex.tokens + pos, n, pos, &logits, err, sizeof err), 0);
+    }
+    for (int i = 0; i < ex.n_greedy; i++) {
+        int32_t next = fixture_argmax(logits, m->config.vocab_size);
+        if (next != ex.greedy[i]) fail_msg("%s: token %d is %d, HF says %d", c->fixture, i, next, ex.greedy[i]);
+        if (i + 1 < ex.n_greedy)
+            assert_int_equal(llm_forward(m, &s, &next, 1, ex.n_prompt + i, &logits, err, sizeof err), 0);
+    }
+    llm_state_free(&s, m);
+    fixture_free_expected(&ex);
+    return log;
+}
+
+/* Only matmul is native; every other op runs the cpu reference, and the load said so, one line per op. */
+static void expect_matmul_only(const llm_model *m, const char *log)
+{
+    const llm_device *cpu = llm_device_find("cpu");
+    for (int op = 0; op < LLM_OP_COUNT; op++) {
+        char line[96];
+        snprintf(line, sizeof line, "%s: %s -> cpu reference\n", m->rt.dev->name, llm_op_name((llm_op)op));
+        if (op == LLM_OP_MATMUL) {
+            assert_ptr_equal(m->rt.op_device[op], m->rt.dev);
+            assert_false(m->rt.op_fallback[op]);
+            assert_null(strstr(log, line));
+        } else {
+            assert_ptr_equal(m->rt.op_device[op], cpu);
+            assert_true(m->rt.op_fallback[op]);
+            if (!strstr(log, line)) fail_msg("expected '%s' in the load's output:\n%s", line, log);
+        }
+    }
+}
+
+static void test_fallback_host_memory(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"llama-gqa-tied-bf16", "qwen2-bias"};
+    for (size_t f = 0; f < 2; f++) {
+        run_case c = {.fixture = fixtures[f], .dev = &matmul_host_device};
+        llm_model m;
+        matmul_calls = 0;
+        char *log = run_fixture(&c, &m);
+        assert_true(matmul_calls > 0);
+        expect_matmul_only(&m, log);
+        llm_model_free(&m);
+        free(log);
+    }
+}
+
+static void test_fallback_owned_memory(void **state)
+{
+    (void)state;
+    static const char *const fixtures[] = {"llama-gqa-tied-f16", "qwen2-bias", "llama3-mqa-untied"};
+    for (size_t f = 0; f < 3; f++) {
+        run_case c = {.fixture = fixtures[f], .dev = &matmul_owned_device};
+        llm_model m;
+        matmul_calls = 0;
+        char *log = run_fixture(&c, &m);
+        assert_true(matmul_calls > 0);
+        expect_matmul_only(&m, log);
+        llm_model_free(&m);
+        free(log);
+        assert_int_equal(owned_bytes, 0); /* the model gave back every buffer */
+    }
+}
+
+/* ---- --op-device ---- */
+
+static void expect_pinned(const llm_model *m, const char *log, llm_op op, const char *host)
+{
+    char line[96];
+    snprintf(line, sizeof line, "%s: %s -> %s (pinned)\n", m->rt.dev->name, llm_op_name(op), host);
+    if (!strstr(log, line)) fail_msg("expected '%s' in the load's output:\n%s", line, log);
+    assert_ptr_equal(m->rt.op_device[op], llm_device_find(host));
+    assert_true(m->rt.op_fallback[op]);
+}
+
+static void test_pins(void **state)
+{
+    (void)state;
+    char err[256];
+    llm_model m;
+
+    /* Two ops of the fast device moved to the reference. */
+    run_case c = {.fixture = "llama-gqa-tied-bf16", .device = "blas", .n_pins = 2};
+    assert_int_equal(llm_op_pin_parse("rope=cpu", &c.pins[0], err, sizeof err), 0);
+    assert_int_equal(llm_op_pin_parse("attention=cpu", &c.pins[1], err, sizeof err), 0);
+    char *log = run_fixture(&c, &m);
+    expect_pinned(&m, log, LLM_OP_ROPE, "cpu");
+    expect_pinned(&m, log, LLM_OP_ATTENTION, "cpu");
+    assert_ptr_equal(m.rt.op_device[LLM_OP_MATMUL], llm_device_find("blas"));
+    assert_false(m.rt.op_fallback[LLM_OP_MATMUL]);
+    llm_model_free(&m);
+    free(log);
+
+    /* The reference device borrowing blas's matmul and logits (blas is opened for them, and closed with the model). */
+    run_case c2 = {.fixture = "qwen2-bias", .device = "cpu", .n_pins = 2};
+    assert_int_equal(llm_op_pin_parse("matmul=blas", &c2.pins[0], err, sizeof err), 0);
+    assert_int_equal(llm_op_pin_parse("logits=blas", &c2.pins[1], err, sizeof err), 0);
+    log = run_fixture(&c2, &m);
+    expect_pinned(&m, log, LLM_OP_MATMUL, "blas");
+    expect_pinned(&m, log, LLM_OP_LOGITS, "blas");
+    llm_model_free(&m);
+    free(log);
+
+    /* A device owning its memory with an op pinned to blas: the transfer wrappers carry blas's op. */
+    run_case c3 = {.fixture = "llama-gqa-tied", .dev = &matmul_owned_device, .n_pins = 1};
+    assert_int_equal(llm_op_pin_parse("rmsnorm=blas", &c3.pins[0], err, sizeof err), 0);
+    log = run_fixture(&c3, &m);
+    expect_pinned(&m, log, LLM_OP_RMSNORM, "blas");
+    llm_model_free(&m);
+    free(log);
+}
+
+static void expect_pin_error(const char *text, const char *fragment)
+{
+    char err[256] = "";
+    llm_op_pin pin;
+    assert_int_equal(llm_op_pin_parse(text, &pin, err, sizeof err), -1);
+    if (!strstr(err, fragment)) fail_msg("--op-device %s: expected '%s' in: %s", text, fragment, err);
+}
+
+static void expect_load_error(const char *pin_text, const char *fragment)
+{
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    char err[512] = "";
+    llm_op_pin pin;
+    assert_int_equal(llm_op_pin_parse(pin_text, &pin, err, sizeof err), 0);
+    llm_load_options lo = {.device = "cpu", .pins = &pin, .n_pins = 1};
+    llm_model m;
+    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), -1);
+    if (!strstr(err, fragment)) fail_msg("--op-device %s: expected '%s' in: %s", pin_text, fragment, err);
+    assert_null(strchr(err, '\n'));
+    fixture_free_expected(&ex);
+}
+
+static void test_bad_pins(void **state)
+{
+    (void)state;
+    expect_pin_error("rope", "expected OP=DEVICE");
+    expect_pin_error("rope=", "expected OP=DEVICE");
+    expect_pin_error("=cpu", "expected OP=DEVICE");
+    expect_pin_error("softmax=cpu", "unknown op 'softmax'");
+    expect_load_error("rope=nosuch", "--op-device rope=nosuch: unknown device");
+    const llm_device *cuda = llm_device_find("cuda");
+    if (cuda) expect_load_error("rope=cuda", "can only be pinned to a CPU device");
+}
+
+/* ---- choosing a device ---- */
+
+static void test_resolve(void **state)
+{
+    (void)state;
+    const llm_device *dev = NULL;
+    llm_device_options opt = {0};
+    char chosen[600] = "", err[512] = "", why[256] = "";
+
+    /* auto: a usable GPU first, else blas, saying why the GPU was passed over. */
+    const llm_device *cuda = llm_device_find("cuda");
+    bool gpu = cuda && cuda->probe(why, sizeof why);
+    const char *specs[] = {"auto", "", NULL};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(llm_device_resolve(specs[i], &dev, &opt, chosen, sizeof chosen, err, sizeof err), 0);
+        print_message("  --device %s: %s\n", specs[i] ? specs[i] : "(none)", chosen);
+        if (gpu) {
+            assert_ptr_equal(dev, cuda);
+        } else {
+            assert_ptr_equal(dev, llm_device_find("blas"));
+            char expect[300];
+            snprintf(expect, sizeof expect, "blas (cuda: %s", cuda ? why : "not compiled in");
+            if (strncmp(chosen, expect, strlen(expect)) != 0) fail_msg("expected '%s...', got '%s'", expect, chosen);
+        }
+    }
+
+    assert_int_equal(llm_device_resolve("cpu", &dev, &opt, chosen, sizeof chosen, err, sizeof err), 0);
+    assert_ptr_equal(dev, llm_device_find("cpu"));
+    assert_string_equal(chosen, "cpu (requested)");
+    assert_int_equal(llm_device_resolve("blas", &dev, &opt, chosen, sizeof chosen, err, sizeof err), 0);
+    assert_ptr_equal(dev, llm_device_find("blas"));
+
+    assert_int_equal(llm_device_resolve("tpu", &dev, &opt, chosen, sizeof chosen, err, sizeof err), -1);
+    assert_string_equal(err, "--device tpu: unknown device (known: auto, cuda, blas, cpu)");
+    assert_int_equal(llm_device_resolve("blas:1", &dev, &opt, chosen, sizeof chosen, err, sizeof err), -1);
+    assert_non_null(strstr(err, "only GPU devices take an index"));
+    if (!gpu) {
+        assert_int_equal(llm_device_resolve("cuda", &dev, &opt, chosen, sizeof chosen, err, sizeof err), -1);
+        print_message("  --device cuda: %s\n", err);
+        assert_non_null(strstr(err, "--device cuda: not usable here: "));
+        if (!cuda) assert_non_null(strstr(err, "not compiled in"));
+    }
+}
+
+/* ---- the same through the binary ---- */
+
+#define LLM_RUN "build/llm-run"
+#define FIXTURE "tests/fixtures/models/llama-gqa-tied"
+
+/* Runs `command` through the shell; returns its exit status and its stderr (stdout discarded). */
+static int run_cli(const char *command, char *out, size_t out_len)
+{
+    if (access(LLM_RUN, X_OK) != 0) fail_msg("%s is not built (make build/llm-run)", LLM_RUN);
+    char full[1024];
+    snprintf(full, sizeof full, "%s 2>&1 >/dev/null", command);
+    FILE *p = popen(full, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, out_len - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void expect_cli(const char *command, int status, const char *fragment)
+{
+    char out[8192];
+    int rc = run_cli(command, out, sizeof out);
+    if (rc != status || !strstr(out, fragment))
+        fail_msg("%s: exit %d (expected %d), expected '%s' in its stderr:\n%s", command, rc, status, fragment, out);
+}
+
+static void test_cli_device_choice(void **state)
+{
+    (void)state;
+    const char *gen = LLM_RUN " --tokens 1,2,3 -n 2 --temp 0 " FIXTURE;
+    char cmd[512], why[256] = "";
+    const llm_device *cuda = llm_device_find("cuda");
+    bool gpu = cuda && cuda->probe(why, sizeof why);
+
+    snprintf(cmd, sizeof cmd, "env -u LLM_RUN_DEVICE %s", gen);
+    expect_cli(cmd, 0, gpu ? "device: cuda (" : cuda ? "device: blas (cuda: " : "device: blas (cuda: not compiled in)");
+    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=cpu %s", gen);
+    expect_cli(cmd, 0, "device: cpu (requested)");
+    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=cpu %s --device blas", gen); /* the flag wins */
+    expect_cli(cmd, 0, "device: blas (requested)");
+    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=tpu %s", gen);
+    expect_cli(cmd, 1, "llm-run: --device tpu: unknown device");
+    snprintf(cmd, sizeof cmd, "%s --op-device rope=cpu --device blas", gen);
+    expect_cli(cmd, 0, "blas: rope -> cpu (pinned)");
+    snprintf(cmd, sizeof cmd, "%s --device cpu --op-device matmul=blas", gen);
+    expect_cli(cmd, 0, "cpu: matmul -> blas (pinned)");
+
+    /* An unusable device named explicitly: exit 1 and one line saying why, never a silent switch. */
+    if (gpu) {
+        print_message("  skipped the unusable --device cuda case: a GPU is usable here\n");
+        return;
+    }
+    char out[4096];
+    snprintf(cmd, sizeof cmd, "%s --device cuda", gen);
+    int rc = run_cli(cmd, out, sizeof out);
+    print_message("  %s -> exit %d: %s", "--device cuda", rc, out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "llm-run: --device cuda: not usable here: "));
+    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1); /* one line */
+}
+
+static void test_devices_listing(void **state)
+{
+    (void)state;
+    static const char *const commands[] = {LLM_RUN " devices", LLM_RUN " --list-devices"};
+    for (int c = 0; c < 2; c++) {
+        char out[8192];
+        FILE *p = popen(commands[c], "r");
+        assert_non_null(p);
+        size_t n = fread(out, 1, sizeof out - 1, p);
+        out[n] = '\0';
+        assert_int_equal(pclose(p), 0);
+        if (c == 0) print_message("%s", out);
+        /* cuda is listed even when this build left it out; blas and cpu are available with every op native. */
+        assert_non_null(strstr(out, "cuda "));
+        if (!llm_device_find("cuda")) assert_non_null(strstr(out, "cuda   not available: not compiled in"));
+        assert_non_null(strstr(out, "blas   CPU, available: "));
+        assert_non_null(strstr(out, "cpu    CPU, available: reference ops"));
+        assert_non_null(strstr(out, "native ops (F32, F16 and BF16 weights unless noted): embed rmsnorm matmul rope "
+                                    "attention swiglu add logits\n"));
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fallback_host_memory), cmocka_unit_test(test_fallback_owned_memory),
+        cmocka_unit_test(test_pins),                 cmocka_unit_test(test_bad_pins),
+        cmocka_unit_test(test_resolve),              cmocka_unit_test(test_cli_device_choice),
+        cmocka_unit_test(test_devices_listing),
+    };
+    return cmocka_run_group_tests_name("devices", tests, NULL, NULL);
+}

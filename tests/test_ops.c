@@ -1,0 +1,625 @@
+/* Every op of every registered device that is usable here, against the cpu reference (src/ops/ref.c), on seeded
+ * random inputs over a table of model-like shapes, for F32, F16 and BF16 weights. Device buffers are reached only
+ * through dev->alloc/upload/download, so devices that own their memory (cuda) are tested by the same code.
+ * Not here: whole models (test_models.c) or fallback and device selection (test_devices.c). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "devices/registry.h"
+#include "ops/ref.h"
+
+/* Under AddressSanitizer the reference runs ~10x slower: the largest cases are left out (each case's cost is its
+ * multiply-adds), keeping the odd sizes that exercise vector tails. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MAX_COST 4000000.0
+#else
+#define MAX_COST 2.0e9
+#endif
+
+/* ---- tolerances ----
+ * Errors are ‖device − reference‖₂ / ‖reference‖₂ over the whole output.
+ * Elementwise ops with exact IEEE semantics (embed is a conversion, add one rounded sum) must match bit for bit. */
+#define TOL_EXACT 0.0
+/* rope: one libm cos/sin per angle on both sides, but a device may contract a*c - b*s into an FMA: a few ulp. */
+#define TOL_ROPE 1e-6
+/* swiglu: expf from libm versus a device's vectorised exp (≤ 2 ulp) and a division: a few ulp per element. */
+#define TOL_SWIGLU 2e-6
+/* Reductions of length K in f32 (rmsnorm's sum of squares, matmul's dot products): the reference sums left to
+ * right, whose rounding error on random-sign terms grows like eps·sqrt(K) (eps = 6e-8), and a device may sum
+ * in any order. 1e-6·sqrt(K) leaves a margin of about 16 over that: K = 64 allows 8e-6, K = 5632 allows 7.5e-5. */
+static double tol_reduction(size_t k) { return 1e-6 * sqrt((double)k); }
+/* attention: a dot product of head_dim terms, then a softmax-weighted sum over up to ~1000 cached rows (a convex
+ * combination, so its error does not grow with the values) and a device may use an online (rescaled) softmax. */
+static double tol_attention(int head_dim, int len) { return 1e-6 * (sqrt((double)head_dim) + sqrt((double)len)); }
+
+/* ---- seeded random inputs ---- */
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(void) { return (float)((rng_next() >> 40) * (1.0 / 16777216.0)); } /* [0, 1) */
+
+/* Uniform on [-sqrt(3), sqrt(3)): mean 0 and variance 1 like a normal, at a fraction of the cost. */
+static float rng_unit(void) { return (rng_uniform() * 2.0f - 1.0f) * 1.7320508f; }
+
+static float *random_floats(size_t count, float scale)
+{
+    float *p = malloc((count ? count : 1) * sizeof *p);
+    assert_non_null(p);
+    for (size_t i = 0; i < count; i++) p[i] = rng_unit() * scale;
+    return p;
+}
+
+/* A weight on the host in dtype `t` (offset + scale·unit noise, rounded to t), as the model would read it from a checkpoint. */
+static llm_weight host_weight(llm_dtype t, size_t rows, size_t cols, float scale, float offset)
+{
+    size_t count = rows * cols;
+    llm_weight w = {.dtype = t, .rows = rows, .cols = cols};
+    w.data = malloc(count * llm_dtype_size(t));
+    assert_non_null(w.data);
+    for (size_t i = 0; i < count; i++) {
+        float v = offset + rng_unit() * scale;
+        if (t == LLM_DTYPE_F32)
+            ((float *)w.data)[i] = v;
+        else if (t == LLM_DTYPE_F16)
+            ((uint16_t *)w.data)[i] = llm_f32_to_f16(v);
+        else
+            ((uint16_t *)w.data)[i] = llm_f32_to_bf16(v);
+    }
+    return w;
+}
+
+/* ---- device buffers ---- */
+static const llm_device *dev;
+
+static void *dev_copy(const void *host, size_t bytes)
+{
+    void *d = dev->alloc(bytes ? bytes : 1);
+    assert_non_null(d);
+    if (host && bytes) assert_int_equal(dev->upload(d, host, bytes), 0);
+    return d;
+}
+
+/* A device buffer of `count` floats filled with NaN, so that an element the op does not write shows up. */
+static float *dev_poisoned(size_t count)
+{
+    float *h = malloc((count ? count : 1) * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < count; i++) h[i] = NAN;
+    float *d = dev_copy(h, count * sizeof *h);
+    free(h);
+    return d;
+}
+
+static float *dev_fetch(const float *d, size_t count)
+{
+    float *h = malloc((count ? count : 1) * sizeof *h);
+    assert_non_null(h);
+    assert_int_equal(dev->sync(), 0);
+    char err[512] = "";
+    if (dev->status(err, sizeof err) != 0) fail_msg("%s: %s", dev->name, err);
+    if (count) assert_int_equal(dev->download(h, d, count * sizeof *h), 0);
+    return h;
+}
+
+/* The weight placed as llm_model_load places it: the device's weight_load, or its host data, or a copy. */
+static llm_weight dev_weight(const llm_weight *host)
+{
+    llm_weight w = *host;
+    size_t bytes = host->rows * host->cols * llm_dtype_size(host->dtype);
+    if (dev->weight_load)
+        assert_int_equal(dev->weight_load(&w, host->data, host->dtype, host->rows, host->cols), 0);
+    else if (!dev->host_memory)
+        w.data = dev_copy(host->data, bytes);
+    return w;
+}
+
+static void dev_weight_free(llm_weight *w)
+{
+    if (dev->weight_free)
+        dev->weight_free(w);
+    else if (!dev->host_memory)
+        dev->free(w->data);
+}
+
+/* ---- comparison ---- */
+typedef struct {
+    double worst;     /* largest error / tolerance seen */
+    double worst_rel; /* the error of that case */
+    int cases;
+    unsigned unsupported; /* bit per dtype already reported as not supported */
+} op_stats;
+
+/* Checks that every element was written and that the relative L2 error is within tol; returns the error. */
+static double compare(const char *what, const float *got, const float *ref, size_t count, double tol)
+{
+    double diff = 0.0, norm = 0.0;
+    size_t unwritten = 0, first_bad = (size_t)-1;
+    for (size_t i = 0; i < count; i++) {
+        if (isnan(got[i]) && !isnan(ref[i])) {
+            if (!unwritten) first_bad = i;
+            unwritten++;
+            continue;
+        }
+        double d = (double)got[i] - (double)ref[i];
+        diff += d * d;
+        norm += (double)ref[i] * ref[i];
+    }
+    if (unwritten) fail_msg("%s: %zu of %zu elements not written (NaN), the first at %zu", what, unwritten, count,
+                            first_bad);
+    double rel = norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+    if (!(rel <= tol)) fail_msg("%s: relative L2 error %.3g exceeds the tolerance %.3g", what, rel, tol);
+    return rel;
+}
+
+static void note(op_stats *st, double rel, double tol)
+{
+    double r = tol > 0 ? rel / tol : (rel > 0 ? INFINITY : 0.0);
+    if (r > st->worst || st->cases == 0) st->worst = r, st->worst_rel = rel;
+    st->cases++;
+}
+
+static const llm_dtype dtypes[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16};
+#define N_DTYPES 3
+
+/* Is op natively there for dtype? When it is not, say so once per (op, dtype): it never counts as a pass. */
+static bool native(llm_op op, llm_dtype t, op_stats *st)
+{
+    if (dev->ops && dev->supports(op, t)) return true;
+    if (!(st->unsupported & 1u << t))
+        print_message("  %s: %s with %s weights: not supported (falls back to the reference)\n", dev->name,
+                      llm_op_name(op), llm_dtype_name(t));
+    st->unsupported |= 1u << t;
+    return false;
+}
+
+static void report(llm_op op, const op_stats *st)
+{
+    if (!st->cases) {
+        print_message("  %s: %s not implemented natively: nothing to test\n", dev->name, llm_op_name(op));
+        skip();
+    }
+    print_message("  %s: %s: %d cases, worst error %.2g (%.2f of its tolerance)%s\n", dev->name, llm_op_name(op),
+                  st->cases, st->worst_rel, st->worst, st->unsupported ? "; some dtypes not supported, see above" : "");
+}
+
+/* ---- ops ---- */
+
+static void test_embed(void **state)
+{
+    (void)state;
+    static const struct { size_t vocab, dim; int n; } shapes[] = {
+        {3001, 64, 1}, {3001, 576, 7}, {300, 2048, 128}, {49152, 16, 9}, {257, 4096, 7}, {50, 129, 3},
+    };
+    op_stats st = {0};
+    if (!dev->ops->embed) goto done;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int d = 0; d < N_DTYPES; d++) {
+            if (!native(LLM_OP_EMBED, dtypes[d], &st)) continue;
+            size_t dim = shapes[s].dim, count = (size_t)shapes[s].n * dim;
+            llm_weight table = host_weight(dtypes[d], shapes[s].vocab, dim, 0.02f, 0.0f);
+            int32_t *tokens = malloc((size_t)shapes[s].n * sizeof *tokens);
+            assert_non_null(tokens);
+            for (int i = 0; i < shapes[s].n; i++) tokens[i] = (int32_t)(rng_next() % shapes[s].vocab);
+            tokens[0] = (int32_t)shapes[s].vocab - 1; /* the last row too */
+            float *ref = malloc(count * sizeof *ref);
+            llm_ref_ops.embed(ref, &table, tokens, shapes[s].n);
+
+            llm_weight dt = dev_weight(&table);
+            int32_t *dtok = dev_copy(tokens, (size_t)shapes[s].n * sizeof *tokens);
+            float *dout = dev_poisoned(count);
+            dev->ops->embed(dout, &dt, dtok, shapes[s].n);
+            float *got = dev_fetch(dout, count);
+            char what[128];
+            snprintf(what, sizeof what, "%s: embed vocab %zu dim %zu n %d %s", dev->name, shapes[s].vocab, dim,
+                     shapes[s].n, llm_dtype_name(dtypes[d]));
+            note(&st, compare(what, got, ref, count, TOL_EXACT), TOL_EXACT);
+            dev->free(dout), dev->free(dtok), dev_weight_free(&dt);
+            free(got), free(ref), free(tokens), free(table.data);
+        }
+done:
+    report(LLM_OP_EMBED, &st);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    static const struct { int dim, n; } shapes[] = {
+        {64, 1}, {576, 7}, {576, 128}, {960, 3}, {2048, 1}, {2048, 128}, {4096, 7}, {5632, 2}, {8192, 1}, {133, 5},
+    };
+    op_stats st = {0};
+    if (!dev->ops->rmsnorm) goto done;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int d = 0; d < N_DTYPES; d++) {
+            if (!native(LLM_OP_RMSNORM, dtypes[d], &st)) continue;
+            int dim = shapes[s].dim, n = shapes[s].n;
+            size_t count = (size_t)n * dim;
+            llm_weight w = host_weight(dtypes[d], 1, (size_t)dim, 0.1f, 1.0f);
+            float *x = random_floats(count, 3.0f);
+            float *ref = malloc(count * sizeof *ref);
+            llm_ref_ops.rmsnorm(ref, x, &w, n, dim, 1e-5f);
+            double tol = tol_reduction((size_t)dim);
+
+            /* out != x, then in place (the spec allows out == x). */
+            llm_weight dw = dev_weight(&w);
+            float *dx = dev_copy(x, count * sizeof *x), *dout = dev_poisoned(count);
+            dev->ops->rmsnorm(dout, dx, &dw, n, dim, 1e-5f);
+            float *got = dev_fetch(dout, count);
+            char what[128];
+            snprintf(what, sizeof what, "%s: rmsnorm dim %d n %d %s", dev->name, dim, n, llm_dtype_name(dtypes[d]));
+            note(&st, compare(what, got, ref, count, tol), tol);
+            free(got);
+            dev->ops->rmsnorm(dx, dx, &dw, n, dim, 1e-5f);
+            got = dev_fetch(dx, count);
+            strncat(what, " in place", sizeof what - strlen(what) - 1);
+            note(&st, compare(what, got, ref, count, tol), tol);
+            dev->free(dout), dev->free(dx), dev_weight_free(&dw);
+            free(got), free(ref), free(x), free(w.data);
+        }
+done:
+    report(LLM_OP_RMSNORM, &st);
+}
+
+/* (rows, cols) of the weight and n positions: SmolLM2's 576 x 576 and 192 x 576 (q and kv), 1536 x 576 (mlp),
+ * TinyLlama's 2048 x 5632, Llama-2-7B's 4096 x 4096, odd sizes that leave vector tails; n = 1 (decode), small
+ * batches, and batches of 8 and more (where a device may switch to a gemm, 16-bit weights converted in tiles). */
+typedef struct { size_t rows, cols; int n; bool bias; } mm_shape;
+static const mm_shape mm_shapes[] = {
+    {576, 576, 1, false},   {576, 576, 7, true},    {576, 576, 128, false}, {192, 576, 1, true},
+    {192, 576, 128, true},  {1536, 576, 1, false},  {576, 1536, 7, false},  {576, 1536, 128, false},
+    {2048, 2048, 1, false}, {256, 2048, 8, true},   {5632, 2048, 1, false}, {2048, 5632, 1, false},
+    {700, 5632, 16, false}, {1024, 2048, 32, false}, {4096, 4096, 1, false}, {37, 129, 5, true},
+    {1, 3, 1, false},       {131, 67, 128, true},   {8, 8200, 3, false},    {4099, 64, 2, false},
+    {100, 40000, 16, false}, {300, 1000, 12, true}, {301, 999, 11, true},
+};
+/* The head: slices of 49152- and 32000-word vocabularies. */
+static const mm_shape logit_shapes[] = {
+    {3000, 576, 1, false}, {3001, 576, 9, false}, {4096, 2048, 1, false}, {1000, 2048, 64, false},
+    {37, 129, 5, false},
+};
+
+static void matmul_cases(llm_op op, const mm_shape *shapes, size_t n_shapes, op_stats *st)
+{
+    for (size_t s = 0; s < n_shapes; s++) {
+        size_t rows = shapes[s].rows, cols = shapes[s].cols;
+        int n = shapes[s].n;
+        bool with_bias = op == LLM_OP_MATMUL && shapes[s].bias;
+        if ((double)rows * (double)cols * n > MAX_COST) continue;
+        for (int d = 0; d < N_DTYPES; d++) {
+            if (!native(op, dtypes[d], st)) continue;
+            llm_weight w = host_weight(dtypes[d], rows, cols, 0.05f, 0.0f);
+            llm_weight b = with_bias ? host_weight(dtypes[d], 1, rows, 0.5f, 0.0f) : (llm_weight){0};
+            float *x = random_floats((size_t)n * cols, 1.0f);
+            size_t count = (size_t)n * rows;
+            float *ref = malloc(count * sizeof *ref);
+            if (op == LLM_OP_MATMUL)
+                llm_ref_ops.matmul(ref, x, &w, with_bias ? &b : NULL, n);
+            else
+                llm_ref_ops.logits(ref, x, &w, n);
+
+            llm_weight dw = dev_weight(&w), db = with_bias ? dev_weight(&b) : (llm_weight){0};
+            float *dx = dev_copy(x, (size_t)n * cols * sizeof *x), *dout = dev_poisoned(count);
+            if (op == LLM_OP_MATMUL)
+                dev->ops->matmul(dout, dx, &dw, with_bias ? &db : NULL, n);
+            else
+                dev->ops->logits(dout, dx, &dw, n);
+            float *got = dev_fetch(dout, count);
+            char what[128];
+            snprintf(what, sizeof what, "%s: %s %zu x %zu n %d%s %s", dev->name, llm_op_name(op), rows, cols, n,
+                     with_bias ? " +bias" : "", llm_dtype_name(dtypes[d]));
+            double tol = tol_reduction(cols);
+            note(st, compare(what, got, ref, count, tol), tol);
+            dev->free(dout), dev->free(dx), dev_weight_free(&dw);
+            if (with_bias) dev_weight_free(&db);
+            free(got), free(ref), free(x), free(w.data), free(b.data);
+        }
+    }
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    op_stats st = {0};
+    if (dev->ops->matmul) matmul_cases(LLM_OP_MATMUL, mm_shapes, sizeof mm_shapes / sizeof *mm_shapes, &st);
+    report(LLM_OP_MATMUL, &st);
+}
+
+static void test_logits(void **state)
+{
+    (void)state;
+    op_stats st = {0};
+    if (dev->ops->logits) matmul_cases(LLM_OP_LOGITS, logit_shapes, sizeof logit_shapes / sizeof *logit_shapes, &st);
+    report(LLM_OP_LOGITS, &st);
+}
+
+/* Heads as in real models: (n_heads, n_kv_heads, head_dim) = SmolLM2 (9, 3, 64), TinyLlama (32, 4, 64),
+ * Llama-3.2-1B (32, 8, 64), Llama-2-7B (32, 32, 128), Mistral-like (32, 8, 128), a tiny (4, 1, 16). */
+static const struct { int heads, kv_heads, head_dim; } head_shapes[] = {
+    {9, 3, 64}, {32, 4, 64}, {32, 8, 64}, {32, 32, 128}, {32, 8, 128}, {4, 1, 16},
+};
+#define N_HEAD_SHAPES (sizeof head_shapes / sizeof *head_shapes)
+
+static void test_rope(void **state)
+{
+    (void)state;
+    static const struct { int n, start; } batches[] = {{1, 0}, {1, 1000}, {7, 3990}, {128, 0}};
+    op_stats st = {0};
+    if (!dev->ops->rope) goto done;
+    if (!native(LLM_OP_ROPE, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t h = 0; h < N_HEAD_SHAPES; h++)
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+            int n = batches[b].n, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
+                kvh = head_shapes[h].kv_heads;
+            size_t qc = (size_t)n * heads * hd, kc = (size_t)n * kvh * hd;
+            float *q = random_floats(qc, 1.0f), *k = random_floats(kc, 1.0f);
+            float inv_freq[256];
+            float theta = h % 2 ? 500000.0f : 10000.0f;
+            for (int j = 0; j < hd / 2; j++) inv_freq[j] = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+            int32_t *pos = malloc((size_t)n * sizeof *pos);
+            assert_non_null(pos);
+            for (int i = 0; i < n; i++) pos[i] = batches[b].start + i;
+
+            float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kc * sizeof *k);
+            int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
+            float *dfreq = dev_copy(inv_freq, (size_t)(hd / 2) * sizeof *inv_freq);
+            dev->ops->rope(dq, dk, dpos, dfreq, n, heads, kvh, hd);
+            llm_ref_ops.rope(q, k, pos, inv_freq, n, heads, kvh, hd);
+            float *gq = dev_fetch(dq, qc), *gk = dev_fetch(dk, kc);
+            char what[128];
+            snprintf(what, sizeof what, "%s: rope q heads %d x %d n %d from %d", dev->name, heads, hd, n,
+                     batches[b].start);
+            note(&st, compare(what, gq, q, qc, TOL_ROPE), TOL_ROPE);
+            snprintf(what, sizeof what, "%s: rope k heads %d x %d n %d from %d", dev->name, kvh, hd, n,
+                     batches[b].start);
+            note(&st, compare(what, gk, k, kc, TOL_ROPE), TOL_ROPE);
+            dev->free(dq), dev->free(dk), dev->free(dpos), dev->free(dfreq);
+            free(gq), free(gk), free(q), free(k), free(pos);
+        }
+done:
+    report(LLM_OP_ROPE, &st);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    /* Decode deep into the cache, a prompt from 0, a chunk continuing a prompt, and a non-contiguous batch. */
+    static const struct { int n, start, ctx; } batches[] = {
+        {1, 0, 16}, {1, 1000, 1024}, {128, 0, 160}, {7, 500, 640}, {16, 77, 100},
+    };
+    op_stats st = {0};
+    if (!dev->ops->attention) goto done;
+    if (!native(LLM_OP_ATTENTION, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t h = 0; h < N_HEAD_SHAPES; h++)
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+            int n = batches[b].n, ctx = batches[b].ctx, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
+                kvh = head_shapes[h].kv_heads;
+            int last = batches[b].start + n - 1;
+            if ((double)n * (last + 1) * heads * hd * 2 > MAX_COST) continue;
+            size_t qc = (size_t)n * heads * hd, kvc = (size_t)n * kvh * hd, cc = (size_t)ctx * kvh * hd;
+            /* q scaled by 3 so that the softmax is peaked, as trained models make it. */
+            float *q = random_floats(qc, 3.0f), *k = random_floats(kvc, 1.0f), *v = random_floats(kvc, 1.0f);
+            /* Earlier calls' rows hold random values; rows past the last position hold NaN, so that a device
+             * reading beyond the causal limit is caught. */
+            float *kcache = random_floats(cc, 1.0f), *vcache = random_floats(cc, 1.0f);
+            for (size_t i = (size_t)(last + 1) * kvh * hd; i < cc; i++) kcache[i] = vcache[i] = NAN;
+            int32_t *pos = malloc((size_t)n * sizeof *pos);
+            assert_non_null(pos);
+            for (int i = 0; i < n; i++) pos[i] = batches[b].start + i;
+
+            float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kvc * sizeof *k),
+                  *dv = dev_copy(v, kvc * sizeof *v);
+            float *dkc = dev_copy(kcache, cc * sizeof *kcache), *dvc = dev_copy(vcache, cc * sizeof *vcache);
+            int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
+            float *dout = dev_poisoned(qc);
+            dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, n, heads, kvh, hd, ctx);
+            float *ref = malloc(qc * sizeof *ref);
+            llm_ref_ops.attention(ref, q, k, v, kcache, vcache, pos, n, heads, kvh, hd, ctx);
+            float *got = dev_fetch(dout, qc), *gkc = dev_fetch(dkc, cc), *gvc = dev_fetch(dvc, cc);
+
+            char what[160];
+            double tol = tol_attention(hd, last + 1);
+            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d ctx %d", dev->name, heads, kvh,
+                     hd, n, batches[b].start, ctx);
+            note(&st, compare(what, got, ref, qc, tol), tol);
+            /* The caches: this call's rows stored exactly, every other row untouched. */
+            size_t filled = (size_t)(last + 1) * kvh * hd;
+            strncat(what, " k_cache", sizeof what - strlen(what) - 1);
+            note(&st, compare(what, gkc, kcache, filled, TOL_EXACT), TOL_EXACT);
+            what[strlen(what) - 7] = 'v';
+            note(&st, compare(what, gvc, vcache, filled, TOL_EXACT), TOL_EXACT);
+            for (size_t i = filled; i < cc; i++)
+                if (!isnan(gkc[i]) || !isnan(gvc[i])) fail_msg("%s: cache row %zu past the last position was written",
+                                                               what, i / ((size_t)kvh * hd));
+            dev->free(dq), dev->free(dk), dev->free(dv), dev->free(dkc), dev->free(dvc), dev->free(dpos);
+            dev->free(dout);
+            free(got), free(gkc), free(gvc), free(ref), free(q), free(k), free(v), free(kcache), free(vcache);
+            free(pos);
+        }
+done:
+    report(LLM_OP_ATTENTION, &st);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {1, 7, 64, 1536 * 7, 5632 * 3 + 5, 8192 * 128, 49};
+    op_stats st = {0};
+    if (!dev->ops->swiglu) goto done;
+    if (!native(LLM_OP_SWIGLU, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t s = 0; s < sizeof counts / sizeof *counts; s++) {
+        size_t count = counts[s];
+        if ((double)count * 20 > MAX_COST) continue;
+        float *gate = random_floats(count, 4.0f), *up = random_floats(count, 1.0f);
+        /* Saturated inputs: exp(-x) overflows to infinity for x < -88.7, and silu must still be finite. */
+        static const float extremes[] = {-100.0f, 100.0f, -88.0f, 88.0f, -20.0f, 20.0f, 0.0f};
+        for (size_t i = 0; i < count && i < sizeof extremes / sizeof *extremes; i++) gate[count - 1 - i] = extremes[i];
+        float *ref = malloc(count * sizeof *ref);
+        llm_ref_ops.swiglu(ref, gate, up, count);
+
+        float *dg = dev_copy(gate, count * sizeof *gate), *du = dev_copy(up, count * sizeof *up);
+        float *dout = dev_poisoned(count);
+        char what[96];
+        dev->ops->swiglu(dout, dg, du, count);
+        float *got = dev_fetch(dout, count);
+        snprintf(what, sizeof what, "%s: swiglu count %zu", dev->name, count);
+        note(&st, compare(what, got, ref, count, TOL_SWIGLU), TOL_SWIGLU);
+        free(got);
+        dev->ops->swiglu(dg, dg, du, count); /* out aliasing gate, as the forward pass calls it */
+        got = dev_fetch(dg, count);
+        snprintf(what, sizeof what, "%s: swiglu count %zu in place", dev->name, count);
+        note(&st, compare(what, got, ref, count, TOL_SWIGLU), TOL_SWIGLU);
+        dev->free(dg), dev->free(du), dev->free(dout);
+        free(got), free(ref), free(gate), free(up);
+    }
+done:
+    report(LLM_OP_SWIGLU, &st);
+}
+
+static void test_add(void **state)
+{
+    (void)state;
+    static const size_t counts[] = {1, 7, 576, 2048 * 7 + 3, 4096 * 128, 33};
+    op_stats st = {0};
+    if (!dev->ops->add) goto done;
+    if (!native(LLM_OP_ADD, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t s = 0; s < sizeof counts / sizeof *counts; s++) {
+        size_t count = counts[s];
+        if ((double)count * 20 > MAX_COST) continue;
+        float *x = random_floats(count, 1.0f), *y = random_floats(count, 1.0f);
+        float *dx = dev_copy(x, count * sizeof *x), *dy = dev_copy(y, count * sizeof *y);
+        dev->ops->add(dx, dy, count);
+        llm_ref_ops.add(x, y, count);
+        float *got = dev_fetch(dx, count);
+        char what[96];
+        snprintf(what, sizeof what, "%s: add count %zu", dev->name, count);
+        note(&st, compare(what, got, x, count, TOL_EXACT), TOL_EXACT);
+        dev->free(dx), dev->free(dy);
+        free(got), free(x), free(y);
+    }
+done:
+    report(LLM_OP_ADD, &st);
+}
+
+/* ---- one test per (device, op) ---- */
+
+/* A device under test, and for devices with several kernel sets (blas: LLM_BLAS_KERNELS=avx2|portable) the set to
+ * force, so that the narrower kernels are tested on a machine that would not pick them; and a thread count, so that
+ * one thread's path is tested on a machine with several cores. */
+typedef struct {
+    const llm_device *dev;
+    const char *kernels; /* NULL: the device's own choice */
+    int threads;         /* 0: the device's default */
+} target;
+
+/* Each test opens its device in setup and closes it in teardown, so that a failing test still releases it.
+ * Devices that cannot run here (and cpu, which is the reference) are left closed and their tests skip. */
+static bool dev_open;
+
+static int device_setup(void **state)
+{
+    const target *tg = *state;
+    dev = tg->dev;
+    dev_open = false;
+    rng_state = 0x5eedull; /* the same inputs for every device */
+    char why[256] = "";
+    if (dev == llm_device_find("cpu") || !dev->probe(why, sizeof why)) return 0;
+    if (tg->kernels) setenv("LLM_BLAS_KERNELS", tg->kernels, 1);
+    llm_device_options opt = {.threads = tg->threads};
+    char err[512] = "";
+    int rc = dev->init(&opt, err, sizeof err);
+    unsetenv("LLM_BLAS_KERNELS");
+    if (rc != 0) {
+        print_error("%s: init failed: %s\n", dev->name, err);
+        return -1;
+    }
+    dev_open = true;
+    return 0;
+}
+
+static int device_teardown(void **state)
+{
+    (void)state;
+    if (dev_open) dev->release();
+    dev_open = false;
+    return 0;
+}
+
+static void with_device(void (*body)(void **), void **state)
+{
+    char why[256] = "";
+    if (dev == llm_device_find("cpu")) {
+        print_message("  cpu: the reference itself (src/ops/ref.c), nothing to compare\n");
+        skip();
+    }
+    if (!dev_open) {
+        dev->probe(why, sizeof why);
+        print_message("  %s: not usable here: %s\n", dev->name, why);
+        skip();
+    }
+    if (body == test_embed) {
+        char desc[512] = "";
+        dev->describe(desc, sizeof desc);
+        print_message("  %s: %s\n", dev->name, desc);
+    }
+    body(state);
+}
+
+#define OP_TESTS(X) X(embed) X(rmsnorm) X(matmul) X(rope) X(attention) X(swiglu) X(add) X(logits)
+#define WRAP(op) static void run_##op(void **state) { with_device(test_##op, state); }
+OP_TESTS(WRAP)
+#undef WRAP
+
+int main(void)
+{
+    static void (*const runs[])(void **) = {
+#define ENTRY(op) run_##op,
+        OP_TESTS(ENTRY)
+#undef ENTRY
+    };
+    static const char *const names[] = {
+#define NAME(op) #op,
+        OP_TESTS(NAME)
+#undef NAME
+    };
+    enum { N_OPS = sizeof runs / sizeof *runs, MAX_TARGETS = 16 };
+    static target targets[MAX_TARGETS];
+    static struct CMUnitTest tests[MAX_TARGETS * N_OPS];
+    static char test_names[MAX_TARGETS * N_OPS][80];
+    int n_targets = 0;
+    for (int d = 0; d < llm_device_count() && n_targets < MAX_TARGETS - 2; d++) {
+        const llm_device *dv = llm_device_at(d);
+        targets[n_targets++] = (target){dv, NULL, 0};
+        if (strcmp(dv->name, "blas") == 0) {
+            targets[n_targets++] = (target){dv, "avx2", 0};
+            targets[n_targets++] = (target){dv, "portable", 1};
+        }
+    }
+    size_t n_tests = 0;
+    for (int t = 0; t < n_targets; t++)
+        for (int o = 0; o < N_OPS; o++) {
+            if (targets[t].kernels)
+                snprintf(test_names[n_tests], sizeof test_names[0], "%s on %s (%s kernels%s)", names[o],
+                         targets[t].dev->name, targets[t].kernels, targets[t].threads == 1 ? ", 1 thread" : "");
+            else
+                snprintf(test_names[n_tests], sizeof test_names[0], "%s on %s", names[o], targets[t].dev->name);
+            tests[n_tests] = (struct CMUnitTest){test_names[n_tests], runs[o], device_setup, device_teardown,
+                                                 &targets[t]};
+            n_tests++;
+        }
+    return _cmocka_run_group_tests("ops", tests, n_tests, NULL, NULL);
+}
