@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The cuda device on this machine's GPU, end to end: build, the GPU tests, random-weight checkpoints in three model
 # shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (device-to-device copy
-# bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face on Llama-3.2-1B, then pp512 and tg128 (after a
-# 512-token prompt) per shape against the bandwidth limit. A summary table goes to stdout; logs to $OUT (default
-# gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 9.0 or later:
+# bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face and with the blas device (llm-run compare) on
+# Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit. A summary
+# table goes to stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute
+# capability 9.0 or later:
 #   scripts/gpu-bench.sh                      everything
 #   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests ckpt peak compare bench
-# Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above),
-# LLM_DEPS_DIR (a prefix with include/ and lib/ holding the -dev packages, for machines without them).
+# Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above), HF_REF=0
+# (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
+# prefix with include/ and lib/ holding the -dev packages, for machines without them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -83,11 +85,19 @@ if has peak; then
 fi
 
 if has compare && [ -d "$MODELS/llama-3.2-1b" ]; then
-    say "top-1 agreement, llama-3.2-1b shape, 512 positions, against transformers in f32"
-    PYTHONUNBUFFERED=1 python3 scripts/gpu-bench-ref.py "$MODELS/llama-3.2-1b" "$MODELS/llama-3.2-1b.ref" 2>&1 |
-        grep -v Warning | tail -3 | tee -a "$summary"
-    build/gpu-bench-tool compare "$MODELS/llama-3.2-1b" "$MODELS/llama-3.2-1b.ref" 2>&1 | grep -v '^device' |
-        tee -a "$summary"
+    if [ "${HF_REF:-1}" != 0 ]; then # HF_REF=0: only the llm-run compare below (no transformers needed)
+        say "top-1 agreement, llama-3.2-1b shape, 512 positions, against transformers in f32"
+        PYTHONUNBUFFERED=1 python3 scripts/gpu-bench-ref.py "$MODELS/llama-3.2-1b" "$MODELS/llama-3.2-1b.ref" 2>&1 |
+            grep -v Warning | tail -3 | tee -a "$summary"
+        build/gpu-bench-tool compare "$MODELS/llama-3.2-1b" "$MODELS/llama-3.2-1b.ref" 2>&1 | grep -v '^device' |
+            tee -a "$summary"
+    fi
+    say "llm-run compare --device cuda --ref blas -p 512, llama-3.2-1b shape (bar: top-1 >= 99%)"
+    timeout "${COMPARE_TIMEOUT:-300}" build/llm-run compare "$MODELS/llama-3.2-1b" --device cuda --ref blas -p 512 \
+        >"$OUT/compare-blas.log" 2>&1
+    rc=$?
+    echo "compare exit $rc (0 within --tol, 1 beyond, 2 error, 124 timed out)" >>"$OUT/compare-blas.log"
+    grep -E "top-1|greedy|llm-run:|compare exit" "$OUT/compare-blas.log" | tee -a "$summary"
 fi
 
 if has bench; then

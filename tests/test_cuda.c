@@ -288,6 +288,8 @@ static void test_attention_long(void **state)
         {32, 8, 64, 1, 3999, 4096},  {32, 32, 128, 1, 4000, 4096}, {32, 8, 64, 3, 3990, 4096},
         {32, 8, 64, 64, 3936, 4096}, {32, 32, 128, 70, 3900, 4096}, {4, 2, 16, 24, 0, 256},
         {4, 1, 32, 9, 3, 256},       {9, 3, 64, 1, 0, 128},         {4, 2, 16, 1, 200, 256},
+        /* whole prompts through the tensor-core prefill (3xTF32): Llama-2-7B heads, and GQA with a ragged tile */
+        {32, 32, 128, 512, 0, 512},  {32, 8, 64, 333, 0, 512},      {6, 2, 32, 100, 5, 128},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_attention(&cases[i]);
     cuda_done();

@@ -4,9 +4,12 @@
  *    position); in a block each warp streams its own rows with q and an online softmax in registers, and the
  *    splits, launched as one thread-block cluster, merge through distributed shared memory (no second launch).
  *  - prefill (a batch): tiled causal attention, 64 queries x 32 keys per tile with an online softmax; the score
- *    matrix never leaves the block.
+ *    matrix never leaves the block. On the tensor cores (mma.sync TF32, each f32 operand split in hi + lo: f32
+ *    accuracy) for head_dim 16..128; the f32 SIMT kernel for other head_dims or with LLM_CUDA_ATTN=simt.
  * Positions are read from device memory in both. Not here: rope (fused into the q/k/v GEMV, or kernels.cu). */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cooperative_groups.h>
 
@@ -27,8 +30,7 @@ typedef struct {
     int pdl_early;
 } attn_args;
 
-#define DEC_WARPS 8
-#define DEC_THREADS (DEC_WARPS * 32)
+#define DEC_MAX_WARPS 16 /* warps per block: 8, or 16 with LLM_CUDA_DEC_WARPS=16 (measured: no gain) */
 #define DEC_MAX_HEADS 8
 #define DEC_MAX_SPLITS 8 /* a portable cluster */
 
@@ -62,9 +64,9 @@ __device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int
     for (int e = 0; e < DPL; e++) r[e] = d0 + e < hd ? row[d0 + e] : 0.0f;
 }
 
-static size_t decode_smem(int heads, int hd)
+static size_t decode_smem(int warps, int heads, int hd)
 {
-    return ((size_t)2 * DEC_WARPS * DEC_MAX_HEADS + (size_t)DEC_WARPS * heads * hd + (size_t)heads * hd +
+    return ((size_t)2 * warps * DEC_MAX_HEADS + (size_t)warps * heads * hd + (size_t)heads * hd +
             2 * DEC_MAX_HEADS) * sizeof(float);
 }
 
@@ -87,13 +89,15 @@ __device__ __forceinline__ void decode_row(const float (&q)[DPL], const float (&
 }
 
 /* grid (n_kv_heads * head_blocks, n_splits, n), the splits of a (token, head group) one cluster. Each warp streams
- * rows t_begin + warp, + 8, ... of its split; its lanes are heads_per_block groups of lpg = 32 / heads_per_block,
- * lane j of a group holding dimensions j*DPL .. j*DPL + DPL - 1 of its head's q and output, so every head of the
- * group advances its online softmax at once (no barrier in the loop). The 8 warps then merge in shared memory, and
+ * rows t_begin + warp, + W, ... of its split (W warps); its lanes are heads_per_block groups of lpg = 32 /
+ * heads_per_block, lane j of a group holding dimensions j*DPL .. j*DPL + DPL - 1 of its head's q and output, so every
+ * head of the group advances its online softmax at once (no barrier in the loop). The W warps then merge in shared
+ * memory, and
  * split 0 merges the cluster through distributed shared memory. */
-template <int DPL>
-__global__ void __launch_bounds__(DEC_THREADS) attn_decode_kernel(const __grid_constant__ attn_args a)
+template <int DPL, int W>
+__global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_constant__ attn_args a)
 {
+    constexpr int DEC_WARPS = W, DEC_THREADS = W * 32;
     extern __shared__ float4 smem4[];
     const int hd = a.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, HPB = a.heads_per_block;
     const int lpg = 32 / HPB, hl = lane / lpg, d0 = (lane - hl * lpg) * DPL;
@@ -361,6 +365,256 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_c
     }
 }
 
+/* ---- prefill on the tensor cores: mma.sync m16n8k8 TF32 with each f32 operand split in two (3xTF32) ----
+ * x = hi + lo with hi = tf32(x), lo = tf32(x - hi) carries about 22 bits of x; a*b is taken as
+ * a_hi*b_hi + a_hi*b_lo + a_lo*b_hi (the lo*lo term is below f32's rounding), accumulated in f32: f32-level
+ * accuracy at three tensor-core products per product. One block per (64-query tile, head), heaviest tiles first;
+ * 8 warps in two groups: each group covers the 64 queries (a warp owns 16 rows) over half of the keys -- group 0
+ * the first 32 of every 64, group 1 the second 32 -- and the two partial softmax states merge at the end, so the
+ * heaviest tile's serial chain is half as long. In a warp: S = Q K^T for 32 keys in registers (the mma accumulator
+ * layout: rows g, g+8, columns 2t, 2t+1 of each 8-key slice, g = lane / 4, t = lane % 4) and an online softmax over
+ * the quad that shares a row. For O += P V the keys of each 8-key slice are taken in the order 0, 2, 4, 6, 1, 3,
+ * 5, 7: then the accumulator of S is already P's A fragment (no shuffle, no shared memory), and V's rows are read
+ * in that order. K/V tiles of 64 rows come in by cp.async. */
+#define TC_BQ 64
+#define TC_BK 32     /* keys per warp and step */
+#define TC_GROUPS 2  /* warp groups splitting the keys */
+#define TC_WARPS (4 * TC_GROUPS)
+#define TC_THREADS (TC_WARPS * 32)
+#define TC_ROWS (TC_GROUPS * TC_BK) /* K/V rows per step */
+
+template <int HD> static size_t prefill_tc_smem()
+{
+    return ((size_t)TC_BQ + 2 * (size_t)TC_ROWS) * (HD + 4) * sizeof(float);
+}
+
+__device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo)
+{
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(x - __uint_as_float(hi)));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += a . b in 3xTF32; a given as hi/lo fragments, b as two f32 values split here. */
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], float b0,
+                                           float b1)
+{
+    uint32_t bh0, bl0, bh1, bl1;
+    tf32_split(b0, bh0, bl0);
+    tf32_split(b1, bh1, bl1);
+    mma_tf32(d, al, bh0, bh1);
+    mma_tf32(d, ah, bl0, bl1);
+    mma_tf32(d, ah, bh0, bh1);
+}
+
+/* A fragment (16 x 8, row-major in shared memory with stride ld) at column k0, split into hi/lo. */
+__device__ __forceinline__ void load_a_split(uint32_t (&ah)[4], uint32_t (&al)[4], const float *base, int ld, int k0,
+                                             int g, int t)
+{
+    tf32_split(base[g * ld + k0 + t], ah[0], al[0]);
+    tf32_split(base[(g + 8) * ld + k0 + t], ah[1], al[1]);
+    tf32_split(base[g * ld + k0 + t + 4], ah[2], al[2]);
+    tf32_split(base[(g + 8) * ld + k0 + t + 4], ah[3], al[3]);
+}
+
+/* 16 bytes global -> shared without registers; zeros when !valid (nothing is read then). */
+__device__ __forceinline__ void cp_async16(float *dst, const float *src, bool valid)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+
+/* The K and V rows t0 .. t0 + TC_ROWS - 1 of head kv_off; rows past t_last are zeros. */
+template <int HD>
+__device__ __forceinline__ void load_kv_tile(float *Ks, float *Vs, const attn_args &a, size_t kv_off, int t0,
+                                             int t_last)
+{
+#pragma unroll
+    for (int idx = threadIdx.x; idx < TC_ROWS * (HD / 4); idx += TC_THREADS) {
+        int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4, key = t0 + r;
+        bool ok = key <= t_last;
+        size_t off = ok ? (size_t)key * a.kv_dim + kv_off + c : 0;
+        cp_async16(Ks + r * (HD + 4) + c, a.k_cache + off, ok);
+        cp_async16(Vs + r * (HD + 4) + c, a.v_cache + off, ok);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int HD>
+__global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __grid_constant__ attn_args a)
+{
+    /* one row stride for Q, K and V: A and B fragment reads (rows g, columns t) and V's reads in the slice order
+     * (rows 2t and 2t + 1, columns g) all fall in 32 distinct banks with HD + 4 */
+    constexpr int LD = HD + 4, NT = TC_BK / 8, OT = HD / 8;
+    extern __shared__ float4 smem4[];
+    float *Qs = (float *)smem4;        /* (TC_BQ, LD) */
+    float *Kb = Qs + TC_BQ * LD;       /* (TC_ROWS, LD) */
+    float *Vb = Kb + TC_ROWS * LD;     /* (TC_ROWS, LD) */
+    __shared__ int tile_max_pos;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int grp = warp >> 2, wrow = (warp & 3) * 16;
+    /* blocks run roughly in index order: the heaviest query tiles of every head first, then lighter ones fill in */
+    const int n_tiles = (a.n + TC_BQ - 1) / TC_BQ;
+    const int tile = n_tiles - 1 - (int)blockIdx.x / a.n_heads, h = (int)blockIdx.x % a.n_heads, i0 = tile * TC_BQ;
+    const size_t q_stride = (size_t)a.n_heads * HD, kv_off = (size_t)(h / a.group) * HD;
+    const float *Qw = Qs + wrow * LD;
+    const float *Ks = Kb + grp * TC_BK * LD, *Vs = Vb + grp * TC_BK * LD;
+
+    if (tid == 0) tile_max_pos = -1;
+    __syncthreads();
+    if (tid < TC_BQ && i0 + tid < a.n) atomicMax(&tile_max_pos, a.positions[i0 + tid]);
+    __syncthreads();
+    const int t_last = tile_max_pos;
+    load_kv_tile<HD>(Kb, Vb, a, kv_off, 0, t_last); /* in flight while Q is staged */
+#pragma unroll
+    for (int idx = tid; idx < TC_BQ * (HD / 4); idx += TC_THREADS) {
+        int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i0 + r < a.n) v = *(const float4 *)(a.q + (size_t)(i0 + r) * q_stride + (size_t)h * HD + c);
+        *(float4 *)(Qs + r * LD + c) = v;
+    }
+    const int ra = i0 + wrow + g, rb = ra + 8;
+    const int pos_a = ra < a.n ? a.positions[ra] : -1, pos_b = rb < a.n ? a.positions[rb] : -1;
+    int warp_max = max(pos_a, pos_b);
+    for (int o = 16; o > 0; o >>= 1) warp_max = max(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
+
+    float o_acc[OT][4];
+#pragma unroll
+    for (int j = 0; j < OT; j++) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+
+    for (int tt = 0; tt <= t_last; tt += TC_ROWS) {
+        if (tt > 0) load_kv_tile<HD>(Kb, Vb, a, kv_off, tt, t_last);
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        const int t0 = tt + grp * TC_BK; /* this group's keys */
+
+        if (t0 <= warp_max) { /* else every key of this slice is past every row of this warp */
+            float s[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll 4
+            for (int k0 = 0; k0 < HD; k0 += 8) {
+                uint32_t ah[4], al[4];
+                load_a_split(ah, al, Qw, LD, k0, g, t);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    mma_3xtf32(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
+            }
+            float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                int key = t0 + j * 8 + 2 * t;
+                s[j][0] = key <= pos_a ? s[j][0] * a.scale : -INFINITY;
+                s[j][1] = key + 1 <= pos_a ? s[j][1] * a.scale : -INFINITY;
+                s[j][2] = key <= pos_b ? s[j][2] * a.scale : -INFINITY;
+                s[j][3] = key + 1 <= pos_b ? s[j][3] * a.scale : -INFINITY;
+                mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+                mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
+            }
+            for (int o = 1; o < 4; o <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o));
+            }
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+            const float al_a = m_a == -INFINITY ? 0.0f : expf(m_a - mn_a);
+            const float al_b = m_b == -INFINITY ? 0.0f : expf(m_b - mn_b);
+            m_a = mn_a, m_b = mn_b;
+            float sum_a = 0.0f, sum_b = 0.0f;
+            uint32_t ph[NT][4], pl[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    s[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn_a);
+                    s[j][2 + e] = s[j][2 + e] == -INFINITY ? 0.0f : expf(s[j][2 + e] - mn_b);
+                    sum_a += s[j][e], sum_b += s[j][2 + e];
+                }
+                /* A fragment of slice j in the order 0, 2, 4, 6, 1, 3, 5, 7: column t is key 2t, column t + 4 is
+                 * key 2t + 1 -- exactly this thread's accumulator elements */
+                tf32_split(s[j][0], ph[j][0], pl[j][0]);
+                tf32_split(s[j][2], ph[j][1], pl[j][1]);
+                tf32_split(s[j][1], ph[j][2], pl[j][2]);
+                tf32_split(s[j][3], ph[j][3], pl[j][3]);
+            }
+            l_a = l_a * al_a + sum_a; /* this thread's columns; the quad's partial sums meet at the end */
+            l_b = l_b * al_b + sum_b;
+            /* This slice's P V on the tensor cores from zero, then added in f32 FMA: a long chain of accumulating
+             * mma steps (their adds do not round to nearest) loses accuracy over thousands of keys. */
+#pragma unroll
+            for (int j = 0; j < OT; j++) {
+                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kc = 0; kc < NT; kc++)
+                    mma_3xtf32(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LD + j * 8 + g],
+                               Vs[(kc * 8 + 2 * t + 1) * LD + j * 8 + g]);
+                o_acc[j][0] = o_acc[j][0] * al_a + d[0], o_acc[j][1] = o_acc[j][1] * al_a + d[1];
+                o_acc[j][2] = o_acc[j][2] * al_b + d[2], o_acc[j][3] = o_acc[j][3] * al_b + d[3];
+            }
+        }
+        __syncthreads(); /* the tile is overwritten next step */
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+
+    for (int o = 1; o < 4; o <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, o);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, o);
+    }
+    /* group 1 hands its state to group 0 through the (now free) K/V tile: o as (64, LD), m and l per row */
+    float *Os = Kb, *Ms = Vb, *Ls = Vb + TC_BQ;
+    const int la = wrow + g, lb = la + 8; /* rows in the tile */
+    if (grp == 1) {
+#pragma unroll
+        for (int j = 0; j < OT; j++) {
+            *(float2 *)(Os + la * LD + j * 8 + 2 * t) = make_float2(o_acc[j][0], o_acc[j][1]);
+            *(float2 *)(Os + lb * LD + j * 8 + 2 * t) = make_float2(o_acc[j][2], o_acc[j][3]);
+        }
+        if (t == 0) Ms[la] = m_a, Ms[lb] = m_b, Ls[la] = l_a, Ls[lb] = l_b;
+    }
+    __syncthreads();
+    if (grp == 1) return;
+    const float m1a = Ms[la], m1b = Ms[lb];
+    const float Ma = fmaxf(m_a, m1a), Mb = fmaxf(m_b, m1b);
+    const float w0a = m_a == -INFINITY ? 0.0f : expf(m_a - Ma), w1a = m1a == -INFINITY ? 0.0f : expf(m1a - Ma);
+    const float w0b = m_b == -INFINITY ? 0.0f : expf(m_b - Mb), w1b = m1b == -INFINITY ? 0.0f : expf(m1b - Mb);
+    const float La = l_a * w0a + Ls[la] * w1a, Lb = l_b * w0b + Ls[lb] * w1b;
+    if (ra < a.n) {
+        float *orow = a.out + (size_t)ra * q_stride + (size_t)h * HD;
+#pragma unroll
+        for (int j = 0; j < OT; j++) {
+            float2 p = *(const float2 *)(Os + la * LD + j * 8 + 2 * t);
+            *(float2 *)(orow + j * 8 + 2 * t) =
+                make_float2((o_acc[j][0] * w0a + p.x * w1a) / La, (o_acc[j][1] * w0a + p.y * w1a) / La);
+        }
+    }
+    if (rb < a.n) {
+        float *orow = a.out + (size_t)rb * q_stride + (size_t)h * HD;
+#pragma unroll
+        for (int j = 0; j < OT; j++) {
+            float2 p = *(const float2 *)(Os + lb * LD + j * 8 + 2 * t);
+            *(float2 *)(orow + j * 8 + 2 * t) =
+                make_float2((o_acc[j][2] * w0b + p.x * w1b) / Lb, (o_acc[j][3] * w0b + p.y * w1b) / Lb);
+        }
+    }
+}
+
+template <int HD> static bool launch_prefill_tc(const attn_args *a)
+{
+    const void *kernel = (const void *)attn_prefill_tc_kernel<HD>;
+    if (!llm_cuda_allow_smem(kernel, "attention")) return false;
+    unsigned blocks = (unsigned)((a->n + TC_BQ - 1) / TC_BQ) * (unsigned)a->n_heads;
+    attn_prefill_tc_kernel<HD><<<blocks, TC_THREADS, prefill_tc_smem<HD>(), llm_cuda.stream>>>(*a);
+    return LLM_CUDA_LAUNCHED("attention");
+}
+
 template <int HD> static bool launch_prefill(const attn_args *a)
 {
     const void *kernel = (const void *)attn_prefill_kernel<HD>;
@@ -370,9 +624,9 @@ template <int HD> static bool launch_prefill(const attn_args *a)
     return LLM_CUDA_LAUNCHED("attention");
 }
 
-template <int DPL> static void launch_decode(attn_args *a, int ctx)
+template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
 {
-    if (!llm_cuda_allow_smem((const void *)attn_decode_kernel<DPL>, "attention")) return;
+    if (!llm_cuda_allow_smem((const void *)attn_decode_kernel<DPL, W>, "attention")) return;
     /* About two blocks per SM, no split shorter than 64 rows of the context, at most a cluster's worth. */
     int base = a->n_kv_heads * a->head_blocks * a->n;
     int splits = (2 * llm_cuda.sm_count + base - 1) / base;
@@ -384,14 +638,29 @@ template <int DPL> static void launch_decode(attn_args *a, int ctx)
     dim3 grid(a->n_kv_heads * a->head_blocks, splits, a->n);
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg =
-        llm_cuda_launch_config(grid, dim3(DEC_THREADS), decode_smem(a->heads_per_block, a->head_dim), &attr[0]);
+        llm_cuda_launch_config(grid, dim3(W * 32), decode_smem(W, a->heads_per_block, a->head_dim), &attr[0]);
     attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
     attr[cfg.numAttrs].val.clusterDim.x = 1;
     attr[cfg.numAttrs].val.clusterDim.y = grid.y;
     attr[cfg.numAttrs].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs++;
-    LLM_CUDA_CHECK("attention", cudaLaunchKernelEx(&cfg, attn_decode_kernel<DPL>, *a));
+    LLM_CUDA_CHECK("attention", cudaLaunchKernelEx(&cfg, attn_decode_kernel<DPL, W>, *a));
+}
+
+template <int DPL> static void launch_decode_w(attn_args *a, int ctx)
+{
+    /* Warps per block, each streaming every W-th row of its split. 16 halves the serial rows per warp, but
+     * measured no faster for TinyLlama (+0.5 %) and 2.5 % slower for Llama-2-7B: 8 unless LLM_CUDA_DEC_WARPS=16. */
+    static int warps = 0;
+    if (!warps) {
+        const char *e = getenv("LLM_CUDA_DEC_WARPS");
+        warps = e && atoi(e) == 16 ? DEC_MAX_WARPS : 8;
+    }
+    if (warps == 8)
+        launch_decode<DPL, 8>(a, ctx);
+    else
+        launch_decode<DPL, DEC_MAX_WARPS>(a, ctx);
 }
 
 void llm_cuda_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
@@ -413,6 +682,21 @@ void llm_cuda_attention(float *out, const float *q, const float *k, const float 
     /* Batches: store the new rows first (one token: inside the decode kernel, or already by the GEMV), then the
      * tiled kernel where head_dim has an instance. */
     if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim);
+    /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
+    static int simt = -1;
+    if (simt < 0) {
+        const char *e = getenv("LLM_CUDA_ATTN");
+        simt = e && strcmp(e, "simt") == 0;
+    }
+    if (n > 4 && !simt) {
+        switch (head_dim) {
+        case 16: launch_prefill_tc<16>(&a); return;
+        case 32: launch_prefill_tc<32>(&a); return;
+        case 64: launch_prefill_tc<64>(&a); return;
+        case 128: launch_prefill_tc<128>(&a); return;
+        default: break;
+        }
+    }
     if (n > 4) {
         switch (head_dim) {
         case 16: launch_prefill<16>(&a); return;
@@ -439,10 +723,10 @@ void llm_cuda_attention(float *out, const float *q, const float *k, const float 
     a.head_blocks = (a.group + hpb - 1) / hpb;
     a.store_row = n == 1 && !kv_stored;
     switch (dpl) {
-    case 1: launch_decode<1>(&a, ctx); break;
-    case 2: launch_decode<2>(&a, ctx); break;
-    case 4: launch_decode<4>(&a, ctx); break;
-    case 8: launch_decode<8>(&a, ctx); break;
-    default: launch_decode<16>(&a, ctx); break;
+    case 1: launch_decode_w<1>(&a, ctx); break;
+    case 2: launch_decode_w<2>(&a, ctx); break;
+    case 4: launch_decode_w<4>(&a, ctx); break;
+    case 8: launch_decode_w<8>(&a, ctx); break;
+    default: launch_decode_w<16>(&a, ctx); break;
     }
 }

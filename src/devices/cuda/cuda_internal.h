@@ -97,8 +97,36 @@ __device__ __forceinline__ float llm_cuda_block_sumsq(const float *x, int dim, f
     return total;
 }
 
+/* llm_cuda_block_sumsq that also copies x to xs (shared memory): the same loads, sums in the same order, so a
+ * prologue can normalise from xs in place without reading x from global memory a second time. */
+__device__ __forceinline__ float llm_cuda_block_sumsq_stage(float *xs, const float *x, int dim, float *red)
+{
+    float ss = 0.0f;
+    for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * LLM_CUDA_NORM_THREADS;
+            v[u] = c < dim ? x[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * LLM_CUDA_NORM_THREADS;
+            if (c < dim) xs[c] = v[u];
+            ss += v[u] * v[u];
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < LLM_CUDA_NORM_THREADS / 32; w++) total += red[w];
+    __syncthreads();
+    return total;
+}
+
 /* out[c] = w[c] * (x[c] * scale) for c < dim by a block of LLM_CUDA_NORM_THREADS threads, loads four at a time;
- * also to out2 when not NULL. */
+ * also to out2 when not NULL. out may be x (each thread reads and writes only its own elements). */
 __device__ __forceinline__ void llm_cuda_block_normalize(float *out, float *out2, const float *x, const void *w,
                                                          int w_dtype, int dim, float scale)
 {

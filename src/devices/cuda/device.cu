@@ -4,7 +4,8 @@
  * attention.cu. Environment (docs/cuda-notes.md has the measurements behind each default): LLM_CUDA_GRAPHS=0 (no
  * graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op so an error names
  * its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the two that keep f32 accuracy),
- * LLM_CUDA_PDL=0 (no programmatic dependent launch). Not here: what the ops compute (src/ops/ops.h). */
+ * LLM_CUDA_PDL=0 (no programmatic dependent launch); attention.cu reads LLM_CUDA_ATTN=simt and LLM_CUDA_DEC_WARPS.
+ * Not here: what the ops compute (src/ops/ops.h). */
 #include <cublas_v2.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -549,7 +550,9 @@ void *llm_cuda_scratch(int slot, size_t bytes, const char *op)
         llm_cuda_fail(op, "out of memory for scratch: asked for %s, %s free", a, f);
         return NULL;
     }
-    if (!LLM_CUDA_CHECK(op, cudaMemset(p, 0, want))) {
+    /* On our stream: cudaMemset goes to the legacy default stream, which a non-blocking stream does not wait for,
+     * so the zeroing could land after (and over) the first kernel writing the new buffer. */
+    if (!LLM_CUDA_CHECK(op, cudaMemsetAsync(p, 0, want, llm_cuda.stream))) {
         cudaFree(p);
         return NULL;
     }

@@ -137,6 +137,13 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
         group_rows(job, g, rowp);
         load_step(w, rowp, 0, n_chunks, tid);
     }
+    /* ... and bring the norm weights into L2, so the prologue after the wait reads them from there */
+    if (job.norm_src) {
+        const int line_elems = 128 / (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2);
+        for (int c = tid * line_elems; c < cols; c += GEMV_THREADS * line_elems)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w +
+                                                            (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
+    }
     llm_cuda_wait_prior();
     llm_cuda_allow_next(job.pdl_early);
 
@@ -149,10 +156,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
             rot[2 * jj] = cosf(angle);
             rot[2 * jj + 1] = sinf(angle);
         }
-    if (job.norm_src) {
-        float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq(job.norm_src, cols, red), cols, job.eps);
-        llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, job.norm_src, job.norm_w, job.norm_dtype,
-                                 cols, scale);
+    if (job.norm_src) { /* x read from global memory once: staged while summing, then normalised in place */
+        float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq_stage(xs, job.norm_src, cols, red), cols, job.eps);
+        llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs, job.norm_w, job.norm_dtype, cols,
+                                 scale);
     } else {
         llm_cuda_block_copy(xs, job.x, cols, GEMV_THREADS);
     }
