@@ -354,7 +354,12 @@ static void test_resolve(void **state)
 
 /* ---- the same through the binary ---- */
 
+/* The binary built like this test: the sanitizer build has no cuda device, and neither has llm-run-asan. */
+#ifdef __SANITIZE_ADDRESS__
+#define LLM_RUN "build/llm-run-asan"
+#else
 #define LLM_RUN "build/llm-run"
+#endif
 #define FIXTURE "tests/fixtures/models/llama-gqa-tied"
 
 /* Runs `command` through the shell; returns its exit status and its stderr (stdout discarded). */
