@@ -82,7 +82,7 @@ test: check-deps
 
 run: check-deps
 	@$(MAKE) --no-print-directory build/llm-run
-	build/llm-run --device auto -p "Once upon a time" -n 48 models/tiny
+	build/llm-run --device auto -p "import os" -n 64 models/tiny
 
 bench:
 	@scripts/install-deps.sh bench
