@@ -11,22 +11,6 @@
 #include "devices/host.h"
 #include "devices/registry.h"
 
-static bool has_op(const llm_ops *ops, llm_op op)
-{
-    if (!ops) return false;
-    switch (op) {
-    case LLM_OP_EMBED: return ops->embed != NULL;
-    case LLM_OP_RMSNORM: return ops->rmsnorm != NULL;
-    case LLM_OP_MATMUL: return ops->matmul != NULL;
-    case LLM_OP_ROPE: return ops->rope != NULL;
-    case LLM_OP_ATTENTION: return ops->attention != NULL;
-    case LLM_OP_SWIGLU: return ops->swiglu != NULL;
-    case LLM_OP_ADD: return ops->add != NULL;
-    case LLM_OP_LOGITS: return ops->logits != NULL;
-    default: return false;
-    }
-}
-
 static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 
 /* "embed rmsnorm matmul(F32 only) ..." and "-> cpu reference: ..." for the rest. */
@@ -40,7 +24,7 @@ static void print_ops(FILE *out, const llm_device *dev)
     for (int op = 0; op < LLM_OP_COUNT; op++) {
         unsigned mask = 0;
         for (int d = 0; d < 3; d++)
-            if (has_op(dev->ops, (llm_op)op) && dev->supports((llm_op)op, dtypes[d])) mask |= 1u << d;
+            if (llm_ops_has(dev->ops, (llm_op)op) && dev->supports((llm_op)op, dtypes[d])) mask |= 1u << d;
         if (mask == 0) {
             int w = snprintf(missing + used, sizeof missing - used, " %s", llm_op_name((llm_op)op));
             if (w > 0 && (size_t)w < sizeof missing - used) used += (size_t)w;

@@ -20,3 +20,34 @@ int llm_op_from_name(const char *name, llm_op *op)
         }
     return -1;
 }
+
+bool llm_ops_has(const llm_ops *ops, llm_op op)
+{
+    if (!ops) return false;
+    switch (op) {
+    case LLM_OP_EMBED: return ops->embed != NULL;
+    case LLM_OP_RMSNORM: return ops->rmsnorm != NULL;
+    case LLM_OP_MATMUL: return ops->matmul != NULL;
+    case LLM_OP_ROPE: return ops->rope != NULL;
+    case LLM_OP_ATTENTION: return ops->attention != NULL;
+    case LLM_OP_SWIGLU: return ops->swiglu != NULL;
+    case LLM_OP_ADD: return ops->add != NULL;
+    case LLM_OP_LOGITS: return ops->logits != NULL;
+    default: return false;
+    }
+}
+
+void llm_ops_copy(llm_ops *dst, const llm_ops *src, llm_op op)
+{
+    switch (op) {
+    case LLM_OP_EMBED: dst->embed = src->embed; break;
+    case LLM_OP_RMSNORM: dst->rmsnorm = src->rmsnorm; break;
+    case LLM_OP_MATMUL: dst->matmul = src->matmul; break;
+    case LLM_OP_ROPE: dst->rope = src->rope; break;
+    case LLM_OP_ATTENTION: dst->attention = src->attention; break;
+    case LLM_OP_SWIGLU: dst->swiglu = src->swiglu; break;
+    case LLM_OP_ADD: dst->add = src->add; break;
+    case LLM_OP_LOGITS: dst->logits = src->logits; break;
+    default: break;
+    }
+}

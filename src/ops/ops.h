@@ -5,6 +5,7 @@
 #ifndef LLM_OPS_H
 #define LLM_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -76,5 +77,8 @@ typedef struct llm_ops {
      * the largest single product and deserves its own line in the profile.  out (n, vocab); x (n, dim); w (vocab, dim). */
     void (*logits)(float *out, const float *x, const llm_weight *w, int n);
 } llm_ops;
+
+bool llm_ops_has(const llm_ops *ops, llm_op op);                 /* the table has op (ops may be NULL) */
+void llm_ops_copy(llm_ops *dst, const llm_ops *src, llm_op op);   /* dst's entry for op = src's */
 
 #endif

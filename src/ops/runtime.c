@@ -137,50 +137,19 @@ static const llm_ops transfer_wrappers = {
     .attention = wrap_attention, .swiglu = wrap_swiglu, .add = wrap_add, .logits = wrap_logits,
 };
 
-/* Copy op `op` of `src` into `dst`. */
-static void copy_op(llm_ops *dst, const llm_ops *src, llm_op op)
-{
-    switch (op) {
-    case LLM_OP_EMBED: dst->embed = src->embed; break;
-    case LLM_OP_RMSNORM: dst->rmsnorm = src->rmsnorm; break;
-    case LLM_OP_MATMUL: dst->matmul = src->matmul; break;
-    case LLM_OP_ROPE: dst->rope = src->rope; break;
-    case LLM_OP_ATTENTION: dst->attention = src->attention; break;
-    case LLM_OP_SWIGLU: dst->swiglu = src->swiglu; break;
-    case LLM_OP_ADD: dst->add = src->add; break;
-    case LLM_OP_LOGITS: dst->logits = src->logits; break;
-    default: break;
-    }
-}
-
-static bool has_op(const llm_ops *ops, llm_op op)
-{
-    switch (op) {
-    case LLM_OP_EMBED: return ops->embed != NULL;
-    case LLM_OP_RMSNORM: return ops->rmsnorm != NULL;
-    case LLM_OP_MATMUL: return ops->matmul != NULL;
-    case LLM_OP_ROPE: return ops->rope != NULL;
-    case LLM_OP_ATTENTION: return ops->attention != NULL;
-    case LLM_OP_SWIGLU: return ops->swiglu != NULL;
-    case LLM_OP_ADD: return ops->add != NULL;
-    case LLM_OP_LOGITS: return ops->logits != NULL;
-    default: return false;
-    }
-}
-
 /* Route `op` to host device `host` (its native op, or the reference when host has none), with transfers
  * when the runtime's device owns its memory. */
 static void route_to_host(llm_runtime *rt, llm_op op, const llm_device *host)
 {
-    const llm_ops *impl = host->ops && has_op(host->ops, op) ? host->ops : &llm_ref_ops;
+    const llm_ops *impl = llm_ops_has(host->ops, op) ? host->ops : &llm_ref_ops;
     rt->op_device[op] = host;
     rt->op_fallback[op] = true;
     if (rt->dev->host_memory) {
-        copy_op(&rt->ops, impl, op);
+        llm_ops_copy(&rt->ops, impl, op);
     } else {
         wrap_dev = rt->dev;
-        copy_op(&wrap_host, impl, op);
-        copy_op(&rt->ops, &transfer_wrappers, op);
+        llm_ops_copy(&wrap_host, impl, op);
+        llm_ops_copy(&rt->ops, &transfer_wrappers, op);
     }
 }
 
@@ -219,8 +188,8 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
 
     const llm_device *cpu = llm_device_find("cpu");
     for (int op = 0; op < LLM_OP_COUNT; op++) {
-        if (dev->ops && has_op(dev->ops, (llm_op)op) && dev->supports((llm_op)op, weight_dtype)) {
-            copy_op(&rt->ops, dev->ops, (llm_op)op);
+        if (llm_ops_has(dev->ops, (llm_op)op) && dev->supports((llm_op)op, weight_dtype)) {
+            llm_ops_copy(&rt->ops, dev->ops, (llm_op)op);
             rt->op_device[op] = dev;
         } else {
             route_to_host(rt, (llm_op)op, cpu);
