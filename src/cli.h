@@ -20,5 +20,7 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads);
 
 /* "1,2 3" -> malloc'd token ids (cmd_generate.c). Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
+/* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
+char *llm_cli_read_file(const char *path, size_t *len);
 
 #endif

@@ -1,6 +1,7 @@
 /* `llm-run [options] MODEL`: generate text (or token ids) from a prompt, streaming to stdout, with a summary on
  * stderr. Flags follow llama.cpp's names. The model, tokenizer and sampler do the work; this file wires them. */
 #include <argtable2.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +24,11 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Read a whole stream into a NUL-terminated malloc'd buffer. */
-static char *read_all(FILE *f, size_t *len)
+/* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
+char *llm_cli_read_file(const char *path, size_t *len)
 {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return NULL;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -34,12 +37,15 @@ static char *read_all(FILE *f, size_t *len)
         char *bigger = realloc(buf, cap * 2);
         if (!bigger) {
             free(buf);
-            return NULL;
+            buf = NULL;
+            break;
         }
         buf = bigger;
         cap *= 2;
     }
-    if (!buf || ferror(f)) {
+    int failed = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || failed) {
         free(buf);
         return NULL;
     }
@@ -202,15 +208,14 @@ int llm_cmd_generate(int argc, char **argv)
             prompt_text = strdup(prompt->sval[0]);
             len = prompt_text ? strlen(prompt_text) : 0;
         } else if (prompt_file->count) {
-            FILE *f = fopen(prompt_file->filename[0], "rb");
-            if (!f) {
-                snprintf(err, sizeof err, "%s: cannot open the prompt file", prompt_file->filename[0]);
+            prompt_text = llm_cli_read_file(prompt_file->filename[0], &len);
+            if (!prompt_text) {
+                snprintf(err, sizeof err, "%s: cannot read the prompt file: %s", prompt_file->filename[0],
+                         strerror(errno));
                 goto fail;
             }
-            prompt_text = read_all(f, &len);
-            fclose(f);
         } else if (!isatty(STDIN_FILENO)) {
-            prompt_text = read_all(stdin, &len);
+            prompt_text = llm_cli_read_file("-", &len);
         } else {
             snprintf(err, sizeof err, "no prompt: give -p TEXT, -f FILE, --tokens IDS or pipe text to stdin");
             goto fail;

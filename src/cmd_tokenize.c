@@ -25,34 +25,6 @@ static int say(const char *fmt, ...) {
     return 1;
 }
 
-/* Reads a whole file ("-": standard input) into a malloc'd buffer. */
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t k = fread(buf + n, 1, cap - n, f);
-        n += k;
-        if (n < cap) break;
-        char *b = realloc(buf, cap *= 2);
-        if (!b) {
-            free(buf);
-            buf = NULL;
-        } else {
-            buf = b;
-        }
-    }
-    int bad = ferror(f);
-    if (f != stdin) fclose(f);
-    if (bad) {
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
 /* MODEL may be a folder, or a file inside one (model.safetensors, tokenizer.json): the folder is used. */
 static char *model_dir(const char *model) {
     struct stat st;
@@ -173,7 +145,7 @@ int llm_cmd_tokenize(int argc, char **argv) {
         text = malloc(len + 1);
         if (text) memcpy(text, prompt->sval[0], len + 1);
     } else {
-        text = read_all(file->filename[0], &len);
+        text = llm_cli_read_file(file->filename[0], &len);
         if (!text) {
             say("%s: cannot read: %s", file->filename[0], strerror(errno));
             goto done;
