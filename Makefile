@@ -53,6 +53,13 @@ build/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+# registry.c is the one file that depends on LLM_CUDA: rebuild it whenever the choice changes.
+build/cuda-flag: FORCE
+	@mkdir -p build
+	@echo $(LLM_CUDA) | cmp -s - $@ || echo $(LLM_CUDA) > $@
+build/obj/devices/registry.o: build/cuda-flag
+.PHONY: FORCE
+
 build/obj/%.o: src/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<

@@ -14,6 +14,7 @@
 
 #include "devices/registry.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 static double now_s(void)
 {
@@ -341,14 +342,6 @@ static int cmd_gemv(void)
 
 /* ---- compare: top-1 against a reference file: int32 n, then n tokens, n argmax, n (top1 - top2) floats ---- */
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 static int cmd_compare(const char *path, const char *ref_path)
 {
     FILE *f = fopen(ref_path, "rb");
@@ -374,14 +367,14 @@ static int cmd_compare(const char *path, const char *ref_path)
         if (mode == 0) {
             if (llm_forward(&m, &s, tokens, n, 0, &logits, err, sizeof err)) return die(err);
             for (int i = 0; i < n; i++) {
-                int a = argmax(logits + (size_t)i * vocab, vocab);
+                int a = llm_argmax(logits + (size_t)i * vocab, vocab);
                 agree += a == ref[i];
                 near_ties += a != ref[i] && margin[i] < 1e-3f;
             }
         } else {
             for (int i = 0; i < n; i++) {
                 if (llm_forward(&m, &s, tokens + i, 1, i, &logits, err, sizeof err)) return die(err);
-                int a = argmax(logits, vocab);
+                int a = llm_argmax(logits, vocab);
                 agree += a == ref[i];
                 near_ties += a != ref[i] && margin[i] < 1e-3f;
             }

@@ -9,6 +9,7 @@ OUT/model.safetensors. Weights are normal(0, 0.02) as transformers initialises t
 (on the GPU when there is one) when it is installed, else numpy. Not a model: its text is noise."""
 import argparse
 import json
+import math
 import os
 import struct
 import sys
@@ -69,9 +70,7 @@ class Generator:
             self.rng = numpy.random.default_rng(seed)
 
     def make(self, shape, kind):
-        count = 1
-        for d in shape:
-            count *= d
+        count = math.prod(shape)
         if self.torch is not None:
             t = self.torch
             tdt = {"bf16": t.bfloat16, "f16": t.float16, "f32": t.float32}[self.dtype]
@@ -114,9 +113,7 @@ def main():
     header, offset = {"__metadata__": {"format": "pt", "note": "random weights"}}, 0
     plan = tensors(cfg)
     for name, shape, _ in plan:
-        n = es
-        for d in shape:
-            n *= d
+        n = es * math.prod(shape)
         header[name] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()

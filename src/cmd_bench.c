@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "devices/host.h"
 #include "compare.h"
 #include "profile.h"
 
@@ -37,13 +38,6 @@ typedef struct {
     llm_dtype dtype;
     int batch, depth;
 } bench_model;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* "128,512" -> {128, 512}. Returns the count, or -1 with err. */
 static int parse_list(const char *text, const char *flag, int min, int *out, char *err, size_t err_len)
@@ -101,10 +95,10 @@ static int run_gen(llm_model *m, llm_state *s, const int32_t *ids, int n, int de
     return 0;
 }
 
-static double pct_peak(const bench_row *r)
-{
-    return r->peak_gbs > 0 ? 100.0 * r->bytes_per_token * r->mean / 1e9 / r->peak_gbs : 0.0;
-}
+/* tg only: what the steps read per second. */
+static double row_gbs(const bench_row *r) { return r->bytes_per_token * r->mean / 1e9; }
+
+static double pct_peak(const bench_row *r) { return r->peak_gbs > 0 ? 100.0 * row_gbs(r) / r->peak_gbs : 0.0; }
 
 static void print_markdown(const bench_model *bm, const bench_row *rows, int n_rows, FILE *out)
 {
@@ -129,7 +123,7 @@ static void print_markdown(const bench_model *bm, const bench_row *rows, int n_r
         const bench_row *r = &rows[i];
         char gbs[32] = "-", pct[32] = "-", threads[16] = "default";
         if (r->n_gen) {
-            snprintf(gbs, sizeof gbs, "%.2f", r->bytes_per_token * r->mean / 1e9);
+            snprintf(gbs, sizeof gbs, "%.2f", row_gbs(r));
             if (r->peak_gbs > 0) snprintf(pct, sizeof pct, "%.1f", pct_peak(r));
         }
         if (r->threads) snprintf(threads, sizeof threads, "%d", r->threads);
@@ -157,7 +151,7 @@ static json_t *row_json(const bench_model *bm, const bench_row *r)
         r->threads, "batch", bm->batch, "test", r->test, "n_prompt", r->n_prompt, "n_gen", r->n_gen, "depth",
         r->depth, "reps", r->reps, "avg_ts", r->mean, "stddev_ts", r->sd, "median_ts", r->median, "bytes_per_token",
         tg ? json_real(r->bytes_per_token) : json_null(), "gb_per_s",
-        tg ? json_real(r->bytes_per_token * r->mean / 1e9) : json_null(), "peak_gb_per_s",
+        tg ? json_real(row_gbs(r)) : json_null(), "peak_gb_per_s",
         r->peak_gbs > 0 ? json_real(r->peak_gbs) : json_null(), "pct_peak_bandwidth",
         tg && r->peak_gbs > 0 ? json_real(pct_peak(r)) : json_null(), "samples_ts", samples);
 }
@@ -207,7 +201,7 @@ static void print_csv(const bench_model *bm, const bench_row *rows, int n_rows, 
         fprintf(out, "%d,%d,%d,%d,%.6g,%.6g,%.6g,", r->n_prompt, r->n_gen, r->depth, r->reps, r->mean, r->sd,
                 r->median);
         /* Empty where a field does not apply (no bandwidth for pp; no peak when the device cannot measure it). */
-        if (r->n_gen) fprintf(out, "%.6g,%.6g", r->bytes_per_token, r->bytes_per_token * r->mean / 1e9);
+        if (r->n_gen) fprintf(out, "%.6g,%.6g", r->bytes_per_token, row_gbs(r));
         else fprintf(out, ",");
         fprintf(out, ",");
         if (r->peak_gbs > 0) fprintf(out, "%.6g", r->peak_gbs);
@@ -258,9 +252,9 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
         for (int w = 0; w < 2; w++)
             if (run_prompt(m, &s, ids, plan->p[i], err, err_len)) goto done;
         for (int k = 0; k < plan->reps; k++) {
-            double t0 = now_s();
+            double t0 = llm_host_now_s();
             if (run_prompt(m, &s, ids, plan->p[i], err, err_len)) goto done;
-            r->samples[k] = plan->p[i] / (now_s() - t0);
+            r->samples[k] = plan->p[i] / (llm_host_now_s() - t0);
         }
         row_stats(r);
     }
@@ -276,14 +270,16 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
             snprintf(r->test, sizeof r->test, "tg%d@d%d", n, plan->depth);
         else
             snprintf(r->test, sizeof r->test, "tg%d", n);
-        /* Step i reads the cache rows 0 .. depth+i. */
-        for (int k = 0; k < n; k++) r->bytes_per_token += llm_profile_decode_bytes(m, plan->depth + k + 1) / n;
+        /* Step k reads the cache rows 0 .. depth+k: bytes grow by the same amount each step, so their mean is
+         * the mean of the first and the last step's. */
+        r->bytes_per_token =
+            0.5 * (llm_profile_decode_bytes(m, plan->depth + 1) + llm_profile_decode_bytes(m, plan->depth + n));
         /* A few steps warm up (and let a device that records steps record one and replay it). */
         if (run_gen(m, &s, ids, n < 4 ? n : 4, plan->depth, err, err_len)) goto done;
         for (int k = 0; k < plan->reps; k++) {
-            double t0 = now_s();
+            double t0 = llm_host_now_s();
             if (run_gen(m, &s, ids, n, plan->depth, err, err_len)) goto done;
-            r->samples[k] = n / (now_s() - t0);
+            r->samples[k] = n / (llm_host_now_s() - t0);
         }
         row_stats(r);
     }

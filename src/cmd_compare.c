@@ -7,7 +7,6 @@
 
 #include "cli.h"
 #include "compare.h"
-#include "devices/registry.h"
 
 #define MAX_PINS 16
 
@@ -80,7 +79,7 @@ int llm_cmd_compare(int argc, char **argv)
         goto fail;
     }
 
-    const char *dev_name = device->count ? device->sval[0] : getenv("LLM_RUN_DEVICE");
+    const char *dev_name = device->count ? device->sval[0] : NULL; /* NULL: $LLM_RUN_DEVICE or auto */
     int n_threads = threads->count ? threads->ival[0] : 0;
     llm_load_options lo_ref = {.device = ref_dev->count ? ref_dev->sval[0] : "cpu", .threads = n_threads,
                                .log = stderr};

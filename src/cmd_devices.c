@@ -16,15 +16,15 @@ static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024
 /* "embed rmsnorm matmul(F32 only) ..." and "-> cpu reference: ..." for the rest. */
 static void print_ops(FILE *out, const llm_device *dev)
 {
-    static const llm_dtype dtypes[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16};
+    const unsigned all = (1u << LLM_DTYPE_COUNT) - 1;
     char missing[256] = "";
     size_t used = 0;
     fprintf(out, "  native ops (F32, F16 and BF16 weights unless noted):");
     int n_native = 0;
     for (int op = 0; op < LLM_OP_COUNT; op++) {
         unsigned mask = 0;
-        for (int d = 0; d < 3; d++)
-            if (llm_ops_has(dev->ops, (llm_op)op) && dev->supports((llm_op)op, dtypes[d])) mask |= 1u << d;
+        for (int d = 0; d < LLM_DTYPE_COUNT; d++)
+            if (llm_ops_has(dev->ops, (llm_op)op) && dev->supports((llm_op)op, (llm_dtype)d)) mask |= 1u << d;
         if (mask == 0) {
             int w = snprintf(missing + used, sizeof missing - used, " %s", llm_op_name((llm_op)op));
             if (w > 0 && (size_t)w < sizeof missing - used) used += (size_t)w;
@@ -32,10 +32,10 @@ static void print_ops(FILE *out, const llm_device *dev)
         }
         n_native++;
         fprintf(out, " %s", llm_op_name((llm_op)op));
-        if (mask != 7u) { /* differs by dtype: say for which */
+        if (mask != all) { /* differs by dtype: say for which */
             fprintf(out, "(");
-            for (int d = 0, first = 1; d < 3; d++)
-                if (mask & 1u << d) fprintf(out, "%s%s", first ? "" : ",", llm_dtype_name(dtypes[d])), first = 0;
+            for (int d = 0, first = 1; d < LLM_DTYPE_COUNT; d++)
+                if (mask & 1u << d) fprintf(out, "%s%s", first ? "" : ",", llm_dtype_name((llm_dtype)d)), first = 0;
             fprintf(out, " weights)");
         }
     }

@@ -10,19 +10,13 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "devices/host.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "profile.h"
 
 #define MAX_PINS 16
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
 char *llm_cli_read_file(const char *path, size_t *len)
@@ -52,28 +46,6 @@ char *llm_cli_read_file(const char *path, size_t *len)
     buf[n] = '\0';
     *len = n;
     return buf;
-}
-
-/* Offset of the first byte that is not part of well-formed UTF-8 (no overlongs, surrogates or values past
- * U+10FFFF), or len when all is well. Hugging Face takes text, not bytes, so a prompt must be text. */
-static size_t llm_utf8_invalid_at(const char *s, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = p[i];
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (n == 0 || i + n > len) return i;
-        unsigned cp = n == 1 ? c : c & (0x7f >> n);
-        for (size_t k = 1; k < n; k++) {
-            if ((p[i + k] & 0xc0) != 0x80) return i;
-            cp = cp << 6 | (p[i + k] & 0x3f);
-        }
-        static const unsigned min_for_len[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min_for_len[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-        i += n;
-    }
-    return len;
 }
 
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
@@ -188,12 +160,12 @@ int llm_cmd_generate(int argc, char **argv)
         snprintf(err, sizeof err, "-n %d: expected a count of tokens >= 0", want);
         goto fail;
     }
-    const char *dev_name = device->count ? device->sval[0] : getenv("LLM_RUN_DEVICE");
+    const char *dev_name = device->count ? device->sval[0] : NULL; /* NULL: $LLM_RUN_DEVICE or auto */
     llm_load_options lo = {.device = dev_name, .threads = threads->count ? threads->ival[0] : 0, .pins = pins,
                            .n_pins = op_device->count, .log = stderr};
-    double t0 = now_s();
+    double t0 = llm_host_now_s();
     if (llm_model_load(&model, path, &lo, err, sizeof err)) goto fail;
-    double load_s = now_s() - t0;
+    double load_s = llm_host_now_s() - t0;
     const llm_config *c = &model.config;
 
     /* The prompt, as ids. */
@@ -282,14 +254,14 @@ int llm_cmd_generate(int argc, char **argv)
     if (profiling && !(prof = llm_profile_start(&model, err, sizeof err))) goto fail;
 
     /* Prefill in chunks of the batch size; then one token at a time. */
-    double t_prefill = now_s();
+    double t_prefill = llm_host_now_s();
     for (int pos = 0; pos < n_prompt; pos += state.max_batch) {
         int n = n_prompt - pos < state.max_batch ? n_prompt - pos : state.max_batch;
         llm_profile_step_begin(prof, LLM_PROFILE_PREFILL, pos, n);
         if (llm_forward(&model, &state, ids + pos, n, pos, &logits, err, sizeof err)) goto fail;
         llm_profile_step_end(prof);
     }
-    double prefill_s = now_s() - t_prefill, decode_s = 0.0;
+    double prefill_s = llm_host_now_s() - t_prefill, decode_s = 0.0;
     int generated = 0, decode_steps = 0;
     for (int pos = n_prompt; generated < want; pos++) {
         int32_t next = llm_sampler_sample(&sampler, logits);
@@ -304,11 +276,11 @@ int llm_cmd_generate(int argc, char **argv)
         fflush(stdout);
         if (!ignore_eos->count && llm_config_is_eos(c, next)) break;
         if (generated == want) break;
-        double t = now_s();
+        double t = llm_host_now_s();
         llm_profile_step_begin(prof, LLM_PROFILE_DECODE, pos, 1);
         if (llm_forward(&model, &state, &next, 1, pos, &logits, err, sizeof err)) goto fail;
         llm_profile_step_end(prof);
-        decode_s += now_s() - t;
+        decode_s += llm_host_now_s() - t;
         decode_steps++;
     }
     if (!ids_mode) {

@@ -12,6 +12,8 @@
 #include <time.h>
 
 #include "cli.h"
+#include "devices/host.h"
+#include "model/model.h"
 #include "model/tokenizer.h"
 
 /* One line on stderr, "llm-run: <message>"; returns 1, the command's failure status. */
@@ -23,29 +25,6 @@ static int say(const char *fmt, ...) {
     fputc('\n', stderr);
     va_end(ap);
     return 1;
-}
-
-/* MODEL may be a folder, or a file inside one (model.safetensors, tokenizer.json): the folder is used. */
-static char *model_dir(const char *model) {
-    struct stat st;
-    if (stat(model, &st) != 0) return NULL;
-    char *dir = strdup(model);
-    if (!dir || S_ISDIR(st.st_mode)) return dir;
-    char *slash = strrchr(dir, '/');
-    if (!slash) {
-        strcpy(dir, ".");
-    } else if (slash == dir) {
-        dir[1] = 0;
-    } else {
-        *slash = 0;
-    }
-    return dir;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -61,13 +40,13 @@ static int bench(const llm_tokenizer *t, const char *text, size_t len, bool add_
     size_t n_ids = 0;
     for (int r = -1; r < RUNS; r++) {
         int32_t *ids;
-        double t0 = now_s();
+        double t0 = llm_host_now_s();
         if (llm_tokenizer_encode(t, text, len, add_special, &ids, &n_ids, err, sizeof err) != 0)
             return say("%s", err);
-        double t1 = now_s();
+        double t1 = llm_host_now_s();
         size_t out_len;
         char *back = llm_tokenizer_decode_len(t, ids, n_ids, false, &out_len);
-        double t2 = now_s();
+        double t2 = llm_host_now_s();
         free(back);
         free(ids);
         if (!back) return say("out of memory while decoding");
@@ -101,7 +80,7 @@ int llm_cmd_tokenize(int argc, char **argv) {
     struct arg_end *end = arg_end(8);
     void *table[] = {model_pos, model_opt, prompt, file, ids_only, no_bos, bench_opt, help, end};
     int rc = 1;
-    char *text = NULL, *dir = NULL;
+    char *text = NULL, dir[4096];
     llm_tokenizer *t = NULL;
     if (arg_nullcheck(table) != 0) {
         say("out of memory");
@@ -142,8 +121,7 @@ int llm_cmd_tokenize(int argc, char **argv) {
     size_t len;
     if (prompt->count) {
         len = strlen(prompt->sval[0]);
-        text = malloc(len + 1);
-        if (text) memcpy(text, prompt->sval[0], len + 1);
+        text = strdup(prompt->sval[0]);
     } else {
         text = llm_cli_read_file(file->filename[0], &len);
         if (!text) {
@@ -155,11 +133,12 @@ int llm_cmd_tokenize(int argc, char **argv) {
         say("out of memory");
         goto done;
     }
-    dir = model_dir(model);
-    if (!dir) {
+    struct stat sb;
+    if (stat(model, &sb) != 0) {
         say("%s: %s (expected a model folder)", model, strerror(errno));
         goto done;
     }
+    llm_model_dir(model, dir, sizeof dir);
     char err[512];
     if (llm_tokenizer_load(&t, dir, err, sizeof err) != 0) {
         say("%s", err);
@@ -187,7 +166,6 @@ int llm_cmd_tokenize(int argc, char **argv) {
 done:
     llm_tokenizer_free(t);
     free(text);
-    free(dir);
     arg_freetable(table, sizeof table / sizeof table[0]);
     return rc;
 }

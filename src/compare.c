@@ -7,20 +7,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/sampler.h"
+
 /* The op that writes each trace point of forward.c. */
 static const struct {
-    const char *point, *op;
+    const char *point;
+    llm_op op;
 } point_ops[] = {
-    {"embed", "embed"},       {"attn_norm", "rmsnorm"},  {"q", "matmul"},        {"k", "matmul"},
-    {"v", "matmul"},          {"q_rope", "rope"},        {"attention", "attention"}, {"attn_out", "matmul"},
-    {"ffn_norm", "rmsnorm"},  {"swiglu", "swiglu"},      {"ffn_out", "matmul"},  {"residual", "add"},
-    {"final_norm", "rmsnorm"}, {"logits", "logits"},
+    {"embed", LLM_OP_EMBED},        {"attn_norm", LLM_OP_RMSNORM}, {"q", LLM_OP_MATMUL},
+    {"k", LLM_OP_MATMUL},           {"v", LLM_OP_MATMUL},          {"q_rope", LLM_OP_ROPE},
+    {"attention", LLM_OP_ATTENTION}, {"attn_out", LLM_OP_MATMUL},  {"ffn_norm", LLM_OP_RMSNORM},
+    {"swiglu", LLM_OP_SWIGLU},      {"ffn_out", LLM_OP_MATMUL},    {"residual", LLM_OP_ADD},
+    {"final_norm", LLM_OP_RMSNORM}, {"logits", LLM_OP_LOGITS},
 };
 
 static const char *op_of_point(const char *point)
 {
     for (size_t i = 0; i < sizeof point_ops / sizeof *point_ops; i++)
-        if (strcmp(point, point_ops[i].point) == 0) return point_ops[i].op;
+        if (strcmp(point, point_ops[i].point) == 0) return llm_op_name(point_ops[i].op);
     return "?";
 }
 
@@ -169,14 +173,6 @@ static void on_trace(void *user, const char *what, int layer, const float *buf, 
         check_trace(t, what, layer, buf, count);
 }
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 static double log_sum_exp(const float *x, int n, double max)
 {
     double sum = 0.0;
@@ -190,7 +186,7 @@ static void compare_logits(llm_compare_result *res, const float *ref, const floa
 {
     for (int r = 0; r < rows; r++) {
         const float *a = ref + (size_t)r * vocab, *b = dev + (size_t)r * vocab;
-        int ia = argmax(a, vocab), ib = argmax(b, vocab);
+        int ia = llm_argmax(a, vocab), ib = llm_argmax(b, vocab);
         for (int v = 0; v < vocab; v++) {
             keep_max(&res->logits.max_abs, fabs((double)b[v] - a[v]));
             keep_max(&res->logits.max_ref, fabs((double)a[v]));
@@ -281,7 +277,7 @@ int llm_compare_run(llm_model *ref, llm_model *dev, const int32_t *tokens, int n
      * past a mismatch the two would be fed different tokens. */
     const float *la = lr + (size_t)(last_rows - 1) * vocab, *lb = ld + (size_t)(last_rows - 1) * vocab;
     for (int i = 0; i < n_gen; i++) {
-        int32_t a = argmax(la, vocab), b = argmax(lb, vocab);
+        int32_t a = llm_argmax(la, vocab), b = llm_argmax(lb, vocab);
         if (a != b) {
             res->greedy_ref = a, res->greedy_dev = b;
             break;

@@ -3,6 +3,8 @@
  * llm_forward has already waited for the step). Not a tracer: it keeps per-op sums, never a timeline. */
 #include "profile.h"
 
+#include "devices/host.h"
+
 #include <jansson.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -31,20 +33,13 @@ static double wall_t0;
  * whose ops are synchronous, which is the only kind that can lack one. */
 static double host_slots[LLM_TIMER_SLOTS];
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 static void mark(int slot)
 {
     const llm_device *dev = P.m->rt.dev;
     if (dev->timer_mark && dev->timer_elapsed_ms)
         dev->timer_mark(slot);
     else
-        host_slots[slot] = now_ms();
+        host_slots[slot] = llm_host_now_ms();
 }
 
 static double elapsed_ms(int from, int to)
@@ -271,7 +266,7 @@ void llm_profile_step_begin(llm_profile *p, llm_profile_phase phase, int pos, in
     p->phase[phase].tokens += (uint64_t)n;
     n_calls = 0;
     next_slot = 1;
-    wall_t0 = now_ms();
+    wall_t0 = llm_host_now_ms();
     mark(0);
 }
 
@@ -280,7 +275,7 @@ void llm_profile_step_end(llm_profile *p)
     if (!p) return;
     llm_profile_stats *st = &p->phase[cur_phase];
     flush_segment();
-    st->wall_ms += now_ms() - wall_t0;
+    st->wall_ms += llm_host_now_ms() - wall_t0;
     st->steps++;
 }
 
@@ -300,11 +295,9 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
     memset(ws, 0, sizeof *ws);
     add_weight(ws, &m->embed_tokens);
     for (int l = 0; l < m->config.num_hidden_layers; l++) {
-        const llm_layer *L = &m->layers[l];
-        const llm_weight *layer[] = {&L->input_layernorm, &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj,
-                                     &L->q_bias, &L->k_bias, &L->v_bias, &L->o_bias, &L->post_attention_layernorm,
-                                     &L->gate_proj, &L->up_proj, &L->down_proj};
-        for (size_t i = 0; i < sizeof layer / sizeof *layer; i++) add_weight(ws, layer[i]);
+        llm_weight *layer[LLM_LAYER_WEIGHTS];
+        llm_layer_weights(&m->layers[l], layer);
+        for (int i = 0; i < LLM_LAYER_WEIGHTS; i++) add_weight(ws, layer[i]);
     }
     add_weight(ws, &m->norm);
     if (!m->config.tie_word_embeddings) add_weight(ws, &m->lm_head);
@@ -357,12 +350,16 @@ static size_t rss_now_bytes(void)
     return got == 2 && page > 0 ? (size_t)resident * (size_t)page : 0;
 }
 
-static const char *op_where(const llm_profile *p, llm_op op, char *buf, size_t len)
+/* The device that computed op: the runtime's own, or the host device it was pinned to or fell back on. */
+static const llm_device *op_device(const llm_profile *p, llm_op op)
 {
-    const llm_device *on = p->m->rt.op_device[op] ? p->m->rt.op_device[op] : p->m->rt.dev;
-    snprintf(buf, len, "%s%s", on->name, p->m->rt.op_fallback[op] ? " (fallback)" : "");
-    return buf;
+    return p->m->rt.op_device[op] ? p->m->rt.op_device[op] : p->m->rt.dev;
 }
+
+/* amount per second in billions (GB/s, GFLOP/s) over ms; 0 when no time was measured. */
+static double giga_per_s(double amount, double ms) { return ms > 0 ? amount / (ms * 1e-3) / 1e9 : 0.0; }
+
+static double pct(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
 
 /* Ops in order of time spent, most first. */
 static void ops_by_time(const llm_profile_stats *st, int order[LLM_OP_COUNT])
@@ -396,19 +393,19 @@ static void print_phase(const llm_profile *p, llm_profile_phase ph, FILE *out)
         if (!o->calls) continue;
         in_ops += o->ms;
         char where[48], bytes[24], flops[24], peak[16] = "-";
-        double gbs = o->ms > 0 ? o->bytes / (o->ms * 1e-3) / 1e9 : 0.0;
-        double gflops = o->ms > 0 ? o->flops / (o->ms * 1e-3) / 1e9 : 0.0;
+        double gbs = giga_per_s(o->bytes, o->ms);
         fmt_si(o->bytes / (double)o->calls, "B", bytes, sizeof bytes);
         fmt_si(o->flops / (double)o->calls, "", flops, sizeof flops);
-        if (p->peak_gbs > 0) snprintf(peak, sizeof peak, "%.1f", 100.0 * gbs / p->peak_gbs);
+        if (p->peak_gbs > 0) snprintf(peak, sizeof peak, "%.1f", pct(gbs, p->peak_gbs));
+        snprintf(where, sizeof where, "%s%s", op_device(p, order[i])->name,
+                 p->m->rt.op_fallback[order[i]] ? " (fallback)" : "");
         fprintf(out, "  %-10s %-16s %7llu %10.3f %7.1f %9.1f %11s %11s %8.2f %8.2f %7s\n", llm_op_name(order[i]),
-                op_where(p, order[i], where, sizeof where), (unsigned long long)o->calls, o->ms,
-                st->step_ms > 0 ? 100.0 * o->ms / st->step_ms : 0.0, 1e3 * o->ms / (double)o->calls, bytes, flops,
-                gbs, gflops, peak);
+                where, (unsigned long long)o->calls, o->ms, pct(o->ms, st->step_ms), 1e3 * o->ms / (double)o->calls,
+                bytes, flops, gbs, giga_per_s(o->flops, o->ms), peak);
     }
     double other = st->step_ms - in_ops;
     fprintf(out, "  %-27s %7s %10.3f %7.1f   (transfers, host code and gaps between ops)\n", "(outside ops)", "",
-            other, st->step_ms > 0 ? 100.0 * other / st->step_ms : 0.0);
+            other, pct(other, st->step_ms));
 }
 
 typedef struct {
@@ -488,17 +485,15 @@ static json_t *phase_json(const llm_profile *p, llm_profile_phase ph)
         const llm_profile_op *o = &st->ops[i];
         if (!o->calls) continue;
         in_ops += o->ms;
-        const llm_device *on = p->m->rt.op_device[i] ? p->m->rt.op_device[i] : p->m->rt.dev;
-        double gbs = o->ms > 0 ? o->bytes / (o->ms * 1e-3) / 1e9 : 0.0;
+        double gbs = giga_per_s(o->bytes, o->ms);
         json_array_append_new(
             ops, json_pack("{s:s, s:s, s:b, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}", "op",
-                           llm_op_name((llm_op)i), "device", on->name, "fallback", p->m->rt.op_fallback[i],
-                           "calls", (json_int_t)o->calls, "total_ms", o->ms, "pct_step",
-                           st->step_ms > 0 ? 100.0 * o->ms / st->step_ms : 0.0, "mean_us",
-                           1e3 * o->ms / (double)o->calls, "bytes_per_call", o->bytes / (double)o->calls,
-                           "flops_per_call", o->flops / (double)o->calls, "gb_per_s", gbs, "gflop_per_s",
-                           o->ms > 0 ? o->flops / (o->ms * 1e-3) / 1e9 : 0.0, "pct_peak_bandwidth",
-                           p->peak_gbs > 0 ? json_real(100.0 * gbs / p->peak_gbs) : json_null()));
+                           llm_op_name((llm_op)i), "device", op_device(p, (llm_op)i)->name, "fallback",
+                           p->m->rt.op_fallback[i], "calls", (json_int_t)o->calls, "total_ms", o->ms, "pct_step",
+                           pct(o->ms, st->step_ms), "mean_us", 1e3 * o->ms / (double)o->calls, "bytes_per_call",
+                           o->bytes / (double)o->calls, "flops_per_call", o->flops / (double)o->calls, "gb_per_s",
+                           gbs, "gflop_per_s", giga_per_s(o->flops, o->ms), "pct_peak_bandwidth",
+                           p->peak_gbs > 0 ? json_real(pct(gbs, p->peak_gbs)) : json_null()));
     }
     return json_pack("{s:i, s:I, s:f, s:f, s:f, s:o}", "steps", st->steps, "tokens", (json_int_t)st->tokens,
                      "step_ms", st->step_ms, "wall_ms", st->wall_ms, "outside_ops_ms", st->step_ms - in_ops, "ops",

@@ -10,23 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 
 #include "model/model.h"
 #include "profile.h"
-
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-/* The binary built like this test (the sanitizer build runs the sanitizer binary, so its leaks fail too). */
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-#define LLM_RUN "build/llm-run"
-#endif
-#endif
+#include "support/cli_run.h"
 
 static const char *FIX = "tests/fixtures/models/llama-gqa-tied";
 /* Two devices, two prompt lengths, generation after an 8-token prompt: 6 rows. Small, so the sanitizer build is
@@ -39,36 +28,6 @@ static const char *const FIELDS[] = {
     "stddev_ts", "median_ts", "bytes_per_token", "gb_per_s", "peak_gb_per_s", "pct_peak_bandwidth", "samples_ts",
 };
 #define N_FIELDS (sizeof FIELDS / sizeof *FIELDS)
-
-/* Run llm-run with args; stdout in a malloc'd string, stderr in err (when not NULL). Returns the exit status. */
-static int run(const char *args, char **out, char *err, size_t err_len)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>/tmp/llm-run-bench-test.err </dev/null", LLM_RUN, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (n + 1 == cap) {
-            buf = realloc(buf, cap *= 2);
-            assert_non_null(buf);
-        }
-    }
-    buf[n] = '\0';
-    int raw = pclose(p);
-    *out = buf;
-    if (err) {
-        FILE *f = fopen("/tmp/llm-run-bench-test.err", "rb");
-        size_t k = f ? fread(err, 1, err_len - 1, f) : 0;
-        err[k] = '\0';
-        if (f) fclose(f);
-    }
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
-}
 
 /* Bytes one decode step reads, averaged over tg8 after an 8-token prompt, as bench must compute them. */
 static double expected_tg_bytes(void)
@@ -88,15 +47,13 @@ static const char *const TESTS[3] = {"pp16", "pp32", "tg8@d8"};
 static void test_json(void **state)
 {
     (void)state;
-    char cmd[512], err[4096];
-    char *out;
-    snprintf(cmd, sizeof cmd, "bench %s %s -o json", FIX, ARGS);
-    int status = run(cmd, &out, err, sizeof err);
-    if (status) print_error("exit %d: %s\n", status, err);
+    cli_run_result run;
+    int status = cli_run(&run, "bench %s %s -o json", FIX, ARGS);
+    if (status) print_error("exit %d: %s\n", status, run.err);
     assert_int_equal(status, 0);
     json_error_t je;
-    json_t *rows = json_loads(out, 0, &je);
-    if (!rows) print_error("not JSON (%s): %s\n", je.text, out);
+    json_t *rows = json_loads(run.out, 0, &je);
+    if (!rows) print_error("not JSON (%s): %s\n", je.text, run.out);
     assert_true(json_is_array(rows));
     assert_int_equal(json_array_size(rows), 6);
     double tg_bytes = expected_tg_bytes();
@@ -152,7 +109,7 @@ static void test_json(void **state)
         }
     }
     json_decref(rows);
-    free(out);
+    cli_run_free(&run);
 }
 
 /* Split one CSV line in place: fields may be quoted, with "" for a quote. Returns the count. */
@@ -185,13 +142,11 @@ static int csv_split(char *line, char **fields, int cap)
 static void test_csv(void **state)
 {
     (void)state;
-    char cmd[512], err[4096];
-    char *out;
-    snprintf(cmd, sizeof cmd, "bench %s %s -o csv", FIX, ARGS);
-    int status = run(cmd, &out, err, sizeof err);
-    if (status) print_error("exit %d: %s\n", status, err);
+    cli_run_result run;
+    int status = cli_run(&run, "bench %s %s -o csv", FIX, ARGS);
+    if (status) print_error("exit %d: %s\n", status, run.err);
     assert_int_equal(status, 0);
-    char *save = NULL, *line = strtok_r(out, "\n", &save);
+    char *save = NULL, *line = strtok_r(run.out, "\n", &save);
     char *header[64], *fields[64];
     assert_int_equal(csv_split(line, header, 64), (int)N_FIELDS);
     for (size_t f = 0; f < N_FIELDS; f++) assert_string_equal(header[f], FIELDS[f]);
@@ -215,18 +170,17 @@ static void test_csv(void **state)
         rows++;
     }
     assert_int_equal(rows, 6);
-    free(out);
+    cli_run_free(&run);
 }
 
 static void test_markdown(void **state)
 {
     (void)state;
-    char cmd[512], err[4096];
-    char *out;
-    snprintf(cmd, sizeof cmd, "bench %s --device cpu -p 8 -n 4 -r 2", FIX);
-    int status = run(cmd, &out, err, sizeof err);
-    if (status) print_error("exit %d: %s\n", status, err);
+    cli_run_result run;
+    int status = cli_run(&run, "bench %s --device cpu -p 8 -n 4 -r 2", FIX);
+    if (status) print_error("exit %d: %s\n", status, run.err);
     assert_int_equal(status, 0);
+    const char *out = run.out;
     assert_non_null(strstr(out, "| model | params | dtype | device | threads | test | t/s |"));
     assert_non_null(strstr(out, "| llama-gqa-tied |"));
     assert_non_null(strstr(out, "| pp8 |"));
@@ -234,22 +188,21 @@ static void test_markdown(void **state)
     assert_non_null(strstr(out, "LlamaForCausalLM, 2 layers, hidden 64"));
     assert_non_null(strstr(out, "cpu: reference ops"));
     assert_non_null(strstr(out, " ± "));
-    free(out);
+    cli_run_free(&run);
 }
 
 static void expect_error(const char *args, const char *fragment)
 {
-    char cmd[512], err[4096];
-    char *out;
-    snprintf(cmd, sizeof cmd, "bench %s", args);
-    int status = run(cmd, &out, err, sizeof err);
-    const char *line = strstr(err, "llm-run: ");
+    cli_run_result run;
+    int status = cli_run(&run, "bench %s", args);
+    const char *line = strstr(run.err, "llm-run: ");
     if (status != 1 || !line || !strstr(line, fragment) || strstr(line + 1, "llm-run: "))
-        print_error("llm-run %s: exit %d, stderr:\n%s\nexpected one line with '%s'\n", cmd, status, err, fragment);
+        print_error("llm-run bench %s: exit %d, stderr:\n%s\nexpected one line with '%s'\n", args, status, run.err,
+                    fragment);
     assert_int_equal(status, 1);
     assert_non_null(line);
     assert_non_null(strstr(line, fragment));
-    free(out);
+    cli_run_free(&run);
 }
 
 static void test_bad_options(void **state)

@@ -8,48 +8,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "support/cli_run.h"
 #include "support/fixture_util.h"
 #include "support/st_writer.h"
-
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-#define LLM_RUN "build/llm-run"
-#endif
-
-typedef struct {
-    int status;
-    char out[8192], err[8192];
-} run_result;
-
-/* Run llm-run with args (a shell fragment), capturing stdout and stderr. */
-static void run(run_result *r, const char *args)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=cpu %s %s >/tmp/llm-run-test.out 2>/tmp/llm-run-test.err </dev/null",
-             LLM_RUN, args);
-    int raw = system(cmd);
-    r->status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-    const char *files[2] = {"/tmp/llm-run-test.out", "/tmp/llm-run-test.err"};
-    char *bufs[2] = {r->out, r->err};
-    for (int i = 0; i < 2; i++) {
-        FILE *f = fopen(files[i], "rb");
-        size_t n = f ? fread(bufs[i], 1, sizeof r->out - 1, f) : 0;
-        bufs[i][n] = '\0';
-        if (f) fclose(f);
-    }
-}
 
 /* Exit 1 and exactly one "llm-run:" line on stderr, containing each fragment. */
 static void expect_error(const char *args, const char *fragment1, const char *fragment2)
 {
-    run_result r;
-    run(&r, args);
+    cli_run_result r;
+    cli_run(&r, "%s", args);
     int lines = 0;
     const char *line = NULL;
     for (const char *p = r.err; (p = strstr(p, "llm-run: ")) != NULL; p++)
@@ -64,6 +35,7 @@ static void expect_error(const char *args, const char *fragment1, const char *fr
     assert_int_equal(lines, 1);
     assert_non_null(strstr(line, fragment1));
     if (fragment2) assert_non_null(strstr(line, fragment2));
+    cli_run_free(&r);
 }
 
 static const char *FIX = "tests/fixtures/models/llama-gqa-tied";
@@ -71,8 +43,8 @@ static const char *FIX = "tests/fixtures/models/llama-gqa-tied";
 static void test_help_documents_every_option(void **state)
 {
     (void)state;
-    run_result r;
-    run(&r, "--help");
+    cli_run_result r;
+    cli_run(&r, "--help");
     assert_int_equal(r.status, 0);
     const char *options[] = {"--model", "--prompt", "--file", "--tokens", "--n-predict", "--ctx-size", "--temp",
                              "--top-k", "--top-p", "--min-p", "--seed", "--device", "--threads", "--op-device",
@@ -81,6 +53,7 @@ static void test_help_documents_every_option(void **state)
         if (!strstr(r.out, options[i])) print_error("--help does not mention %s\n", options[i]);
         assert_non_null(strstr(r.out, options[i]));
     }
+    cli_run_free(&r);
 }
 
 static void test_greedy_ids_match_hf(void **state)
@@ -93,12 +66,13 @@ static void test_greedy_ids_match_hf(void **state)
     for (int i = 0; i < ex.n_prompt; i++) w += snprintf(args + w, sizeof args - (size_t)w, "%s%d", i ? "," : "", ex.tokens[i]);
     w = 0;
     for (int i = 0; i < ex.n_greedy; i++) w += snprintf(expected + w, sizeof expected - (size_t)w, "%s%d", i ? " " : "", ex.greedy[i]);
-    run_result r;
-    run(&r, args);
+    cli_run_result r;
+    cli_run(&r, "%s", args);
     if (r.status != 0 || strncmp(r.out, expected, strlen(expected)) != 0)
         print_error("exit %d\nstdout: %s\nexpected: %s\nstderr: %s\n", r.status, r.out, expected, r.err);
     assert_int_equal(r.status, 0);
     assert_int_equal(strncmp(r.out, expected, strlen(expected)), 0);
+    cli_run_free(&r);
     fixture_free_expected(&ex);
 }
 
@@ -107,6 +81,16 @@ static void test_missing_model(void **state)
     (void)state;
     expect_error("/nonexistent/model --tokens 1", "/nonexistent/model: no such file or folder", NULL);
     expect_error("--tokens 1", "no model given", NULL);
+}
+
+/* A copy of the fixture whose config.json has the members of `edit` set, run through the binary. */
+static void expect_config_error(const char *edit, const char *fragment1, const char *fragment2)
+{
+    char *dir = fixture_copy_edited(FIX, edit);
+    char args[1200];
+    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
+    expect_error(args, fragment1, fragment2);
+    fixture_rmdir(dir);
 }
 
 /* Checkpoints broken in each way a file can lie, through the whole binary. */
@@ -147,41 +131,31 @@ static void test_broken_checkpoints(void **state)
     expect_error(args, "model.safetensors", "Q4_K");
     fixture_rmdir(dir);
 
-    dir = fixture_copy_edited(FIX, "{\"hidden_size\": 96}");
-    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
-    expect_error(args, "model.safetensors: tensor 'model.embed_tokens.weight' has shape [512, 64], config.json says "
-                 "[512, 96]", NULL);
-    fixture_rmdir(dir);
-
-    dir = fixture_copy_edited(FIX, "{\"num_hidden_layers\": 3}");
-    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
-    expect_error(args, "missing tensor 'model.layers.2.input_layernorm.weight'", NULL);
-    fixture_rmdir(dir);
-
-    dir = fixture_copy_edited(FIX, "{\"architectures\": [\"BertForMaskedLM\"]}");
-    snprintf(args, sizeof args, "%s --tokens 1,2,3", dir);
-    expect_error(args, "config.json: architecture \"BertForMaskedLM\" is not supported", "LlamaForCausalLM");
-    fixture_rmdir(dir);
+    expect_config_error("{\"hidden_size\": 96}",
+                        "model.safetensors: tensor 'model.embed_tokens.weight' has shape [512, 64], config.json says "
+                        "[512, 96]", NULL);
+    expect_config_error("{\"num_hidden_layers\": 3}", "missing tensor 'model.layers.2.input_layernorm.weight'", NULL);
+    expect_config_error("{\"architectures\": [\"BertForMaskedLM\"]}",
+                        "config.json: architecture \"BertForMaskedLM\" is not supported", "LlamaForCausalLM");
 }
 
 static void test_context_errors(void **state)
 {
     (void)state;
-    char args[1024];
-    snprintf(args, sizeof args, "%s -c 100000 --tokens 1,2,3", FIX);
-    expect_error(args, "context size 100000 is larger than the model allows (max_position_embeddings 256)", NULL);
-    snprintf(args, sizeof args, "%s -c 8 -n 6 --tokens 1,2,3", FIX);
-    expect_error(args, "-n 6 goes past the context", NULL);
-    snprintf(args, sizeof args, "%s -c 4 -n 1 --tokens 1,2,3,4,5,6", FIX);
-    expect_error(args, "the prompt is 6 tokens, longer than the context of 4", NULL);
-    snprintf(args, sizeof args, "%s --tokens 1,2,600", FIX);
-    expect_error(args, "token id 600 is outside the vocabulary (512)", NULL);
-    snprintf(args, sizeof args, "%s --tokens 1,x", FIX);
-    expect_error(args, "--tokens: 'x' is not a token id", NULL);
-    snprintf(args, sizeof args, "%s --device nosuch --tokens 1", FIX);
-    expect_error(args, "--device nosuch: unknown device", NULL);
-    snprintf(args, sizeof args, "%s --op-device rope --tokens 1", FIX);
-    expect_error(args, "expected OP=DEVICE", NULL);
+    static const struct { const char *args, *fragment; } cases[] = {
+        {"-c 100000 --tokens 1,2,3", "context size 100000 is larger than the model allows (max_position_embeddings 256)"},
+        {"-c 8 -n 6 --tokens 1,2,3", "-n 6 goes past the context"},
+        {"-c 4 -n 1 --tokens 1,2,3,4,5,6", "the prompt is 6 tokens, longer than the context of 4"},
+        {"--tokens 1,2,600", "token id 600 is outside the vocabulary (512)"},
+        {"--tokens 1,x", "--tokens: 'x' is not a token id"},
+        {"--device nosuch --tokens 1", "--device nosuch: unknown device"},
+        {"--op-device rope --tokens 1", "expected OP=DEVICE"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "%s %s", FIX, cases[i].args);
+        expect_error(args, cases[i].fragment, NULL);
+    }
 }
 
 /* Text in, text out: models/tiny greedily continues its prompt exactly as transformers did when it was trained
@@ -198,12 +172,13 @@ static void test_text_generation_matches_hf(void **state)
     int n = (int)json_array_size(json_object_get(root, "greedy"));
     char args[256];
     snprintf(args, sizeof args, "models/tiny -p 'def fibonacci(n):' --temp 0 --ignore-eos -n %d", n);
-    run_result r;
-    run(&r, args);
+    cli_run_result r;
+    cli_run(&r, "%s", args);
     if (r.status != 0 || strncmp(r.out, text, strlen(text)) != 0)
         print_error("exit %d\nstdout: %s\nexpected: %s\nstderr: %s\n", r.status, r.out, text, r.err);
     assert_int_equal(r.status, 0);
     assert_int_equal(strncmp(r.out, text, strlen(text)), 0);
+    cli_run_free(&r);
     json_decref(root);
     free(json);
 }
@@ -232,5 +207,6 @@ int main(void)
         cmocka_unit_test(test_context_errors),              cmocka_unit_test(test_text_generation_matches_hf),
         cmocka_unit_test(test_bad_text_input),
     };
+    setenv("LLM_RUN_DEVICE", "cpu", 1); /* the binary runs the reference unless a test says otherwise */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

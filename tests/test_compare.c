@@ -9,24 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 
 #include "compare.h"
 #include "devices/registry.h"
 #include "ops/ref.h"
-
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-/* The binary built like this test (the sanitizer build runs the sanitizer binary, so its leaks fail too). */
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-#define LLM_RUN "build/llm-run"
-#endif
-#endif
+#include "support/cli_run.h"
 
 /* The F32 fixtures, where blas runs its own matrix products (it falls back to the reference for 16-bit weights). */
 static const char *const F32_FIXTURES[] = {"llama-gqa-tied", "llama3-mqa-untied", "llama-linear-rope",
@@ -51,6 +40,18 @@ static int run_compare(llm_model *ref, llm_model *dev, int n, const llm_compare_
     int rc = llm_compare_run(ref, dev, ids, n, opt, res, err, sizeof err);
     if (rc) print_error("%s\n", err);
     return rc;
+}
+
+/* llm_compare_print's text, malloc'd. */
+static char *printed(const llm_compare_result *res, const llm_compare_options *opt)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    assert_non_null(out);
+    llm_compare_print(res, opt, out);
+    fclose(out);
+    return text;
 }
 
 /* blas's sgemm sums in another order than the reference: differences of ~1e-6 of the largest value, as in
@@ -110,11 +111,7 @@ static void test_same_device_exact(void **state)
     assert_int_equal(res.greedy_agree, 5);
     for (int l = 0; l <= res.n_layers; l++)
         for (int p = 0; p < res.n_points; p++) assert_true(res.cell[l * LLM_COMPARE_MAX_POINTS + p].max_abs == 0);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
-    llm_compare_print(&res, &opt, out);
-    fclose(out);
+    char *text = printed(&res, &opt);
     assert_non_null(strstr(text, "first divergence beyond 0: none"));
     assert_non_null(strstr(text, "PASS"));
     free(text);
@@ -159,11 +156,7 @@ static void test_perturbed_rmsnorm_is_named(void **state)
     assert_int_equal(res.first_pos, 0);
     assert_true(fabs(res.first_rel - 0.01) < 1e-4);
     assert_true(res.cell[res.n_layers * LLM_COMPARE_MAX_POINTS + 0].max_abs == 0); /* embed */
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
-    llm_compare_print(&res, &opt, out);
-    fclose(out);
+    char *text = printed(&res, &opt);
     print_message("%s", text);
     assert_non_null(strstr(text, "first divergence beyond 0.001: attn_norm (op rmsnorm), layer 0, position 0"));
     assert_non_null(strstr(text, "FAIL"));
@@ -190,50 +183,38 @@ static void test_different_models_refused(void **state)
     llm_model_free(&a);
 }
 
-/* The CLI: exit status and the verdict line. */
-static int run_cli(const char *args, char *out, size_t out_len)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s compare %s >/tmp/llm-run-compare-test.out 2>&1 </dev/null", LLM_RUN, args);
-    int raw = system(cmd);
-    FILE *f = fopen("/tmp/llm-run-compare-test.out", "rb");
-    size_t n = f ? fread(out, 1, out_len - 1, f) : 0;
-    out[n] = '\0';
-    if (f) fclose(f);
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : 128;
-}
-
+/* The CLI: exit status and the verdict line (on stdout; errors on stderr). */
 static void test_cli_exit_status(void **state)
 {
     (void)state;
-    static char out[65536];
     const char *fix = "tests/fixtures/models/llama3-mqa-untied";
-    char args[512];
-    snprintf(args, sizeof args, "%s --device blas --ref cpu -p 40 -b 16 -n 4", fix);
-    int status = run_cli(args, out, sizeof out);
-    if (status != 0) print_error("%s\n", out);
+    cli_run_result r;
+    int status = cli_run(&r, "compare %s --device blas --ref cpu -p 40 -b 16 -n 4", fix);
+    if (status != 0) print_error("%s%s\n", r.out, r.err);
     assert_int_equal(status, 0);
-    assert_non_null(strstr(out, "compare: blas ("));
-    assert_non_null(strstr(out, "prompt: 40 synthetic token ids (seed 1)"));
-    assert_non_null(strstr(out, "greedy: 4/4 tokens agree"));
-    assert_non_null(strstr(out, "PASS"));
+    assert_non_null(strstr(r.out, "compare: blas ("));
+    assert_non_null(strstr(r.out, "prompt: 40 synthetic token ids (seed 1)"));
+    assert_non_null(strstr(r.out, "greedy: 4/4 tokens agree"));
+    assert_non_null(strstr(r.out, "PASS"));
+    cli_run_free(&r);
     /* The same run held to an impossible tolerance fails, and names where the first difference appeared. */
-    snprintf(args, sizeof args, "%s --device blas -m %s --tokens 5,6,7,8,9 -n 2 --tol 1e-12", "", fix);
-    status = run_cli(args, out, sizeof out);
-    assert_int_equal(status, 1);
-    assert_non_null(strstr(out, "prompt: 5 given token ids"));
-    assert_non_null(strstr(out, "first divergence beyond 1e-12: "));
-    assert_non_null(strstr(out, "FAIL"));
-    snprintf(args, sizeof args, "%s --device nosuch", fix);
-    assert_int_equal(run_cli(args, out, sizeof out), 2);
-    assert_non_null(strstr(out, "llm-run: --device nosuch: unknown device"));
-    snprintf(args, sizeof args, "%s --device cpu -p 300", fix);
-    assert_int_equal(run_cli(args, out, sizeof out), 2);
-    assert_non_null(strstr(out, "context size"));
-    assert_int_equal(run_cli("--device cpu", out, sizeof out), 2);
-    assert_non_null(strstr(out, "no model given"));
-    assert_int_equal(run_cli("--help", out, sizeof out), 0);
-    assert_non_null(strstr(out, "--trace-tol"));
+    assert_int_equal(cli_run(&r, "compare --device blas -m %s --tokens 5,6,7,8,9 -n 2 --tol 1e-12", fix), 1);
+    assert_non_null(strstr(r.out, "prompt: 5 given token ids"));
+    assert_non_null(strstr(r.out, "first divergence beyond 1e-12: "));
+    assert_non_null(strstr(r.out, "FAIL"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare %s --device nosuch", fix), 2);
+    assert_non_null(strstr(r.err, "llm-run: --device nosuch: unknown device"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare %s --device cpu -p 300", fix), 2);
+    assert_non_null(strstr(r.err, "context size"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare --device cpu"), 2);
+    assert_non_null(strstr(r.err, "no model given"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare --help"), 0);
+    assert_non_null(strstr(r.out, "--trace-tol"));
+    cli_run_free(&r);
 }
 
 int main(void)

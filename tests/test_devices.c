@@ -10,8 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -19,6 +17,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "ops/ref.h"
+#include "support/cli_run.h"
 #include "support/fixture_util.h"
 
 #define LOGIT_TOL 1e-4 /* as test_models.c: f32 throughout, only summation order differs from HF */
@@ -27,11 +26,6 @@
 
 static int matmul_calls;
 
-static int test_probe(char *why, size_t why_len)
-{
-    (void)why, (void)why_len;
-    return 1;
-}
 static int test_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     (void)opt, (void)err, (void)err_len;
@@ -55,7 +49,7 @@ static const llm_ops host_matmul_ops = {.matmul = host_matmul};
 
 static const llm_device matmul_host_device = {
     .name = "matmul-host", .kind = LLM_DEVICE_CPU, .host_memory = true,
-    .probe = test_probe, .init = test_init, .release = test_release, .describe = test_describe,
+    .probe = llm_host_probe, .init = test_init, .release = test_release, .describe = test_describe,
     .alloc = llm_host_alloc, .free = llm_host_free, .upload = llm_host_upload, .download = llm_host_download,
     .sync = llm_host_sync, .status = llm_host_status, .memory = llm_host_memory,
     .supports = matmul_only, .ops = &host_matmul_ops,
@@ -114,7 +108,7 @@ static const llm_ops owned_matmul_ops = {.matmul = owned_matmul};
 
 static const llm_device matmul_owned_device = {
     .name = "matmul-owned", .kind = LLM_DEVICE_GPU, .host_memory = false,
-    .probe = test_probe, .init = test_init, .release = test_release, .describe = test_describe,
+    .probe = llm_host_probe, .init = test_init, .release = test_release, .describe = test_describe,
     .alloc = owned_alloc, .free = owned_free, .upload = owned_upload, .download = owned_download,
     .sync = llm_host_sync, .status = llm_host_status, .memory = owned_memory,
     .supports = matmul_only, .ops = &owned_matmul_ops,
@@ -192,20 +186,24 @@ static void expect_matmul_only(const llm_model *m, const char *log)
     }
 }
 
+/* The fixture on a matmul-only test device: its matmul ran, and every other op came from the reference. */
+static void run_matmul_only(const char *fixture, const llm_device *dev)
+{
+    run_case c = {.fixture = fixture, .dev = dev};
+    llm_model m;
+    matmul_calls = 0;
+    char *log = run_fixture(&c, &m);
+    assert_true(matmul_calls > 0);
+    expect_matmul_only(&m, log);
+    llm_model_free(&m);
+    free(log);
+}
+
 static void test_fallback_host_memory(void **state)
 {
     (void)state;
-    static const char *const fixtures[] = {"llama-gqa-tied-bf16", "qwen2-bias"};
-    for (size_t f = 0; f < 2; f++) {
-        run_case c = {.fixture = fixtures[f], .dev = &matmul_host_device};
-        llm_model m;
-        matmul_calls = 0;
-        char *log = run_fixture(&c, &m);
-        assert_true(matmul_calls > 0);
-        expect_matmul_only(&m, log);
-        llm_model_free(&m);
-        free(log);
-    }
+    run_matmul_only("llama-gqa-tied-bf16", &matmul_host_device);
+    run_matmul_only("qwen2-bias", &matmul_host_device);
 }
 
 static void test_fallback_owned_memory(void **state)
@@ -213,14 +211,7 @@ static void test_fallback_owned_memory(void **state)
     (void)state;
     static const char *const fixtures[] = {"llama-gqa-tied-f16", "qwen2-bias", "llama3-mqa-untied"};
     for (size_t f = 0; f < 3; f++) {
-        run_case c = {.fixture = fixtures[f], .dev = &matmul_owned_device};
-        llm_model m;
-        matmul_calls = 0;
-        char *log = run_fixture(&c, &m);
-        assert_true(matmul_calls > 0);
-        expect_matmul_only(&m, log);
-        llm_model_free(&m);
-        free(log);
+        run_matmul_only(fixtures[f], &matmul_owned_device);
         assert_int_equal(owned_bytes, 0); /* the model gave back every buffer */
     }
 }
@@ -354,82 +345,67 @@ static void test_resolve(void **state)
 
 /* ---- the same through the binary ---- */
 
-/* The binary built like this test: the sanitizer build has no cuda device, and neither has llm-run-asan. */
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-#define LLM_RUN "build/llm-run"
-#endif
 #define FIXTURE "tests/fixtures/models/llama-gqa-tied"
+#define GENERATE "--tokens 1,2,3 -n 2 --temp 0 " FIXTURE
 
-/* Runs `command` through the shell; returns its exit status and its stderr (stdout discarded). */
-static int run_cli(const char *command, char *out, size_t out_len)
+/* Runs llm-run with ARGS (printf-style) and expects its exit status and a fragment of its stderr. */
+static void expect_cli(int status, const char *fragment, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void expect_cli(int status, const char *fragment, const char *fmt, ...)
 {
-    if (access(LLM_RUN, X_OK) != 0) fail_msg("%s is not built (make build/llm-run)", LLM_RUN);
-    char full[1024];
-    snprintf(full, sizeof full, "%s 2>&1 >/dev/null", command);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, out_len - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static void expect_cli(const char *command, int status, const char *fragment)
-{
-    char out[8192];
-    int rc = run_cli(command, out, sizeof out);
-    if (rc != status || !strstr(out, fragment))
-        fail_msg("%s: exit %d (expected %d), expected '%s' in its stderr:\n%s", command, rc, status, fragment, out);
+    char args[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    cli_run_result r;
+    int rc = cli_run(&r, "%s", args);
+    if (rc != status || !strstr(r.err, fragment))
+        fail_msg("llm-run %s: exit %d (expected %d), expected '%s' in its stderr:\n%s", args, rc, status, fragment,
+                 r.err);
+    cli_run_free(&r);
 }
 
 static void test_cli_device_choice(void **state)
 {
     (void)state;
-    const char *gen = LLM_RUN " --tokens 1,2,3 -n 2 --temp 0 " FIXTURE;
-    char cmd[512], why[256] = "";
+    char why[256] = "";
     const llm_device *cuda = llm_device_find("cuda");
     bool gpu = cuda && cuda->probe(why, sizeof why);
 
-    snprintf(cmd, sizeof cmd, "env -u LLM_RUN_DEVICE %s", gen);
-    expect_cli(cmd, 0, gpu ? "device: cuda (" : cuda ? "device: blas (cuda: " : "device: blas (cuda: not compiled in)");
-    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=cpu %s", gen);
-    expect_cli(cmd, 0, "device: cpu (requested)");
-    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=cpu %s --device blas", gen); /* the flag wins */
-    expect_cli(cmd, 0, "device: blas (requested)");
-    snprintf(cmd, sizeof cmd, "LLM_RUN_DEVICE=tpu %s", gen);
-    expect_cli(cmd, 1, "llm-run: --device tpu: unknown device");
-    snprintf(cmd, sizeof cmd, "%s --op-device rope=cpu --device blas", gen);
-    expect_cli(cmd, 0, "blas: rope -> cpu (pinned)");
-    snprintf(cmd, sizeof cmd, "%s --device cpu --op-device matmul=blas", gen);
-    expect_cli(cmd, 0, "cpu: matmul -> blas (pinned)");
+    unsetenv("LLM_RUN_DEVICE");
+    expect_cli(0, gpu ? "device: cuda (" : cuda ? "device: blas (cuda: " : "device: blas (cuda: not compiled in)",
+               GENERATE);
+    setenv("LLM_RUN_DEVICE", "cpu", 1);
+    expect_cli(0, "device: cpu (requested)", GENERATE);
+    expect_cli(0, "device: blas (requested)", GENERATE " --device blas"); /* the flag wins */
+    setenv("LLM_RUN_DEVICE", "tpu", 1);
+    expect_cli(1, "llm-run: LLM_RUN_DEVICE=tpu: unknown device", GENERATE); /* names where the choice came from */
+    unsetenv("LLM_RUN_DEVICE");
+    expect_cli(0, "blas: rope -> cpu (pinned)", GENERATE " --op-device rope=cpu --device blas");
+    expect_cli(0, "cpu: matmul -> blas (pinned)", GENERATE " --device cpu --op-device matmul=blas");
 
     /* An unusable device named explicitly: exit 1 and one line saying why, never a silent switch. */
     if (gpu) {
         print_message("  skipped the unusable --device cuda case: a GPU is usable here\n");
         return;
     }
-    char out[4096];
-    snprintf(cmd, sizeof cmd, "%s --device cuda", gen);
-    int rc = run_cli(cmd, out, sizeof out);
-    print_message("  %s -> exit %d: %s", "--device cuda", rc, out);
+    cli_run_result r;
+    int rc = cli_run(&r, GENERATE " --device cuda");
+    print_message("  %s -> exit %d: %s", "--device cuda", rc, r.err);
     assert_int_equal(rc, 1);
-    assert_non_null(strstr(out, "llm-run: --device cuda: not usable here: "));
-    assert_ptr_equal(strchr(out, '\n'), out + strlen(out) - 1); /* one line */
+    assert_non_null(strstr(r.err, "llm-run: --device cuda: not usable here: "));
+    assert_ptr_equal(strchr(r.err, '\n'), r.err + strlen(r.err) - 1); /* one line */
+    cli_run_free(&r);
 }
 
 static void test_devices_listing(void **state)
 {
     (void)state;
-    static const char *const commands[] = {LLM_RUN " devices", LLM_RUN " --list-devices"};
+    static const char *const commands[] = {"devices", "--list-devices"};
     for (int c = 0; c < 2; c++) {
-        char out[8192];
-        FILE *p = popen(commands[c], "r");
-        assert_non_null(p);
-        size_t n = fread(out, 1, sizeof out - 1, p);
-        out[n] = '\0';
-        assert_int_equal(pclose(p), 0);
+        cli_run_result r;
+        assert_int_equal(cli_run(&r, "%s", commands[c]), 0);
+        const char *out = r.out;
         if (c == 0) print_message("%s", out);
         /* cuda is listed even when this build left it out; blas and cpu are available with every op native. */
         assert_non_null(strstr(out, "cuda "));
@@ -438,6 +414,7 @@ static void test_devices_listing(void **state)
         assert_non_null(strstr(out, "cpu    CPU, available: reference ops"));
         assert_non_null(strstr(out, "native ops (F32, F16 and BF16 weights unless noted): embed rmsnorm matmul rope "
                                     "attention swiglu add logits\n"));
+        cli_run_free(&r);
     }
 }
 

@@ -122,42 +122,26 @@ static void expect_hf_logits(const char *dir, const fixture_expected *ex)
     llm_model_free(&m);
 }
 
-/* The transformers 4.x layout of the same config (top-level rope_theta, rope_scaling, torch_dtype). */
-static void test_config_4x_layout(void **state)
+/* The same checkpoints stored other ways compute the same logits: config.json in the transformers 4.x layout
+ * (top-level rope_theta, rope_scaling, torch_dtype) for every fixture; the weights zstd-compressed; the weights in
+ * two shards with model.safetensors.index.json, one shard compressed. */
+static void test_other_layouts(void **state)
 {
     (void)state;
-    for (size_t f = 0; f < N_FIXTURES; f++) {
+    static const struct { const char *fixture, *config, *storage; } stored[] = {
+        {"llama-gqa-tied-bf16", NULL, "zst"},
+        {"qwen2-bias", NULL, "shards"},
+    };
+    for (size_t i = 0; i < N_FIXTURES + 2; i++) {
+        const char *name = i < N_FIXTURES ? fixtures[i] : stored[i - N_FIXTURES].fixture;
         fixture_expected ex;
-        fixture_load_expected(&ex, fixtures[f]);
-        char *dir = fixture_copy(ex.dir, "config-4x.json", NULL);
+        fixture_load_expected(&ex, name);
+        char *dir = i < N_FIXTURES ? fixture_copy(ex.dir, "config-4x.json", NULL)
+                                   : fixture_copy(ex.dir, stored[i - N_FIXTURES].config, stored[i - N_FIXTURES].storage);
         expect_hf_logits(dir, &ex);
         fixture_rmdir(dir);
         fixture_free_expected(&ex);
     }
-}
-
-/* The same checkpoint compressed with zstd loads and computes the same logits. */
-static void test_zst_checkpoint(void **state)
-{
-    (void)state;
-    fixture_expected ex;
-    fixture_load_expected(&ex, "llama-gqa-tied-bf16");
-    char *dir = fixture_copy(ex.dir, NULL, "zst");
-    expect_hf_logits(dir, &ex);
-    fixture_rmdir(dir);
-    fixture_free_expected(&ex);
-}
-
-/* The same checkpoint in two shards with model.safetensors.index.json, one shard zstd-compressed. */
-static void test_sharded_checkpoint(void **state)
-{
-    (void)state;
-    fixture_expected ex;
-    fixture_load_expected(&ex, "qwen2-bias");
-    char *dir = fixture_copy(ex.dir, NULL, "shards");
-    expect_hf_logits(dir, &ex);
-    fixture_rmdir(dir);
-    fixture_free_expected(&ex);
 }
 
 /* Load a copy of a fixture whose config.json was edited by `edit` (a JSON object merged over the original; a null
@@ -277,8 +261,7 @@ int main(void)
             n_tests++;
         }
     const struct CMUnitTest fixed[] = {
-        cmocka_unit_test(test_config_4x_layout),   cmocka_unit_test(test_zst_checkpoint),
-        cmocka_unit_test(test_sharded_checkpoint),
+        cmocka_unit_test(test_other_layouts),
         cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
     };

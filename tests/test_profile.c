@@ -1,4 +1,4 @@
-/* The op profiler (src/ops/profile.c) on the cpu device with an HF fixture: per-op bytes and FLOPs checked by hand
+/* The op profiler (src/profile.c) on the cpu device with an HF fixture: per-op bytes and FLOPs checked by hand
  * for one shape, call counts and bytes against the model's own shapes, op times adding up to the step time, the
  * profiled run computing the same logits, the JSON report and the CLI flags, and a device that records whole
  * steps made to issue its ops one by one. */
@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -19,15 +18,36 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "profile.h"
+#include "support/cli_run.h"
 #include "support/fixture_util.h"
 
-static void load_cpu(llm_model *m, const char *dir)
+/* The model in dir on the cpu device, or on `override` when not NULL. */
+static void load(llm_model *m, const char *dir, const llm_device *override)
 {
-    llm_load_options lo = {.device = "cpu"};
+    llm_load_options lo = {.device = "cpu", .device_override = override};
     char err[1024] = "";
     int rc = llm_model_load(m, dir, &lo, err, sizeof err);
     if (rc) print_error("%s\n", err);
     assert_int_equal(rc, 0);
+}
+
+/* The llama-gqa-tied fixture loaded as load() does, with a state of ctx positions in batches of max_batch. */
+static void open_tied(fixture_expected *ex, llm_model *m, llm_state *s, const llm_device *override, int ctx,
+                      int max_batch)
+{
+    fixture_load_expected(ex, "llama-gqa-tied");
+    load(m, ex->dir, override);
+    char err[1024] = "";
+    int rc = llm_state_init(s, m, ctx, max_batch, false, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+}
+
+static void close_tied(fixture_expected *ex, llm_model *m, llm_state *s)
+{
+    llm_state_free(s, m);
+    llm_model_free(m);
+    fixture_free_expected(ex);
 }
 
 static void expect_cost(llm_op_cost got, double bytes, double flops)
@@ -101,12 +121,10 @@ static void test_profile_adds_up(void **state)
 {
     (void)state;
     fixture_expected ex;
-    fixture_load_expected(&ex, "llama-gqa-tied");
     llm_model m;
-    load_cpu(&m, ex.dir);
     llm_state s;
+    open_tied(&ex, &m, &s, NULL, 0, 0);
     char err[1024] = "";
-    assert_int_equal(llm_state_init(&s, &m, 0, 0, false, err, sizeof err), 0);
     const llm_config *c = &m.config;
     int L = c->num_hidden_layers, n = ex.n_prompt, steps = 32;
 
@@ -174,9 +192,7 @@ static void test_profile_adds_up(void **state)
     llm_profile_stop(again);
 
     free(plain);
-    llm_state_free(&s, &m);
-    llm_model_free(&m);
-    fixture_free_expected(&ex);
+    close_tied(&ex, &m, &s);
 }
 
 /* What one decode step reads: every weight once plus the KV rows, a tied table counted once (the head's read). */
@@ -188,7 +204,7 @@ static void test_decode_bytes(void **state)
         fixture_expected ex;
         fixture_load_expected(&ex, names[i]);
         llm_model m;
-        load_cpu(&m, ex.dir);
+        load(&m, ex.dir, NULL);
         const llm_config *c = &m.config;
         llm_weight_stats ws;
         llm_profile_weight_stats(&m, &ws);
@@ -214,12 +230,10 @@ static void test_json_report(void **state)
 {
     (void)state;
     fixture_expected ex;
-    fixture_load_expected(&ex, "llama-gqa-tied");
     llm_model m;
-    load_cpu(&m, ex.dir);
     llm_state s;
+    open_tied(&ex, &m, &s, NULL, 64, 8);
     char err[1024] = "";
-    assert_int_equal(llm_state_init(&s, &m, 64, 8, false, err, sizeof err), 0);
     llm_profile *p = llm_profile_start(&m, err, sizeof err);
     assert_non_null(p);
     const float *logits;
@@ -283,10 +297,7 @@ static void test_json_report(void **state)
 
     assert_int_not_equal(llm_profile_write_json(p, &m, &s, "/nonexistent-dir/profile.json", err, sizeof err), 0);
     assert_non_null(strstr(err, "/nonexistent-dir/profile.json"));
-
-    llm_state_free(&s, &m);
-    llm_model_free(&m);
-    fixture_free_expected(&ex);
+    close_tied(&ex, &m, &s);
 }
 
 /* A device that records whole steps and replays them (as a CUDA graph would): a replayed step calls no op, so the
@@ -310,14 +321,11 @@ static void test_recording_device_runs_op_by_op(void **state)
     replaying.step_begin = replay_begin;
     replaying.step_end = replay_end;
     fixture_expected ex;
-    fixture_load_expected(&ex, "llama-gqa-tied");
     llm_model m;
-    llm_load_options lo = {.device_override = &replaying};
-    char err[1024] = "";
-    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), 0);
-    assert_ptr_equal(m.rt.dev, &replaying);
     llm_state s;
-    assert_int_equal(llm_state_init(&s, &m, 64, 8, false, err, sizeof err), 0);
+    open_tied(&ex, &m, &s, &replaying, 64, 8);
+    assert_ptr_equal(m.rt.dev, &replaying);
+    char err[1024] = "";
     const float *logits;
     assert_int_equal(llm_forward(&m, &s, ex.tokens, 1, 0, &logits, err, sizeof err), 0);
     assert_int_equal(step_begins, 1); /* unprofiled, the step is replayed */
@@ -341,21 +349,10 @@ static void test_recording_device_runs_op_by_op(void **state)
     assert_null(m.trace);
     assert_int_equal(llm_forward(&m, &s, ex.tokens + 2, 1, 2, &logits, err, sizeof err), 0);
     assert_int_equal(step_begins, 2); /* replayed again once the profile stops */
-    llm_state_free(&s, &m);
-    llm_model_free(&m);
-    fixture_free_expected(&ex);
+    close_tied(&ex, &m, &s);
 }
 
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-/* The binary built like this test (the sanitizer build runs the sanitizer binary, so its leaks fail too). */
-#ifdef __SANITIZE_ADDRESS__
-#define LLM_RUN "build/llm-run-asan"
-#else
-#define LLM_RUN "build/llm-run"
-#endif
-#endif
+#define FIXTURE "tests/fixtures/models/llama-gqa-tied"
 
 /* `llm-run --profile --profile-json`: the tables on stderr after the summary, the same numbers in the file. */
 static void test_generate_profile_flags(void **state)
@@ -365,13 +362,10 @@ static void test_generate_profile_flags(void **state)
     int fd = mkstemp(json_path);
     assert_true(fd >= 0);
     close(fd);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s tests/fixtures/models/llama-gqa-tied --device cpu --tokens 1,2,3,4,5 -n 4 --temp 0 "
-             "-b 2 --profile --profile-json %s >/tmp/llm-profile-cli.out 2>/tmp/llm-profile-cli.err </dev/null",
-             LLM_RUN, json_path);
-    int status = system(cmd);
-    size_t len;
-    char *err = fixture_read_file("/tmp/llm-profile-cli.err", &len);
+    cli_run_result r;
+    int status = cli_run(&r, "%s --device cpu --tokens 1,2,3,4,5 -n 4 --temp 0 -b 2 --profile --profile-json %s",
+                         FIXTURE, json_path);
+    const char *err = r.err;
     if (status != 0) print_error("%s\n", err);
     assert_int_equal(status, 0);
     /* 5 prompt tokens in batches of 2 are 3 prefill steps; 4 tokens generated take 3 decode steps. */
@@ -381,7 +375,7 @@ static void test_generate_profile_flags(void **state)
     assert_non_null(strstr(err, "(outside ops)"));
     assert_non_null(strstr(err, "KV cache"));
     assert_non_null(strstr(err, "peak RSS"));
-    free(err);
+    cli_run_free(&r);
     json_error_t je;
     json_t *root = json_load_file(json_path, 0, &je);
     assert_non_null(root);
@@ -391,25 +385,20 @@ static void test_generate_profile_flags(void **state)
     remove(json_path);
 
     /* --profile-json alone writes the file and prints no table. */
-    snprintf(cmd, sizeof cmd, "%s tests/fixtures/models/llama-gqa-tied --device cpu --tokens 1,2 -n 2 --temp 0 "
-             "--profile-json %s >/dev/null 2>/tmp/llm-profile-cli.err </dev/null", LLM_RUN, json_path);
-    assert_int_equal(system(cmd), 0);
-    err = fixture_read_file("/tmp/llm-profile-cli.err", &len);
-    assert_null(strstr(err, "profile: "));
-    free(err);
+    assert_int_equal(cli_run(&r, "%s --device cpu --tokens 1,2 -n 2 --temp 0 --profile-json %s", FIXTURE, json_path),
+                     0);
+    assert_null(strstr(r.err, "profile: "));
+    cli_run_free(&r);
     root = json_load_file(json_path, 0, &je);
     assert_non_null(root);
     json_decref(root);
     remove(json_path);
 
     /* An unwritable file is one error line and exit 1. */
-    snprintf(cmd, sizeof cmd, "%s tests/fixtures/models/llama-gqa-tied --device cpu --tokens 1,2 -n 2 "
-             "--profile-json /nonexistent-dir/p.json >/dev/null 2>/tmp/llm-profile-cli.err </dev/null", LLM_RUN);
-    status = system(cmd);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
-    err = fixture_read_file("/tmp/llm-profile-cli.err", &len);
-    assert_non_null(strstr(err, "llm-run: /nonexistent-dir/p.json: cannot write the profile JSON"));
-    free(err);
+    assert_int_equal(cli_run(&r, "%s --device cpu --tokens 1,2 -n 2 --profile-json /nonexistent-dir/p.json", FIXTURE),
+                     1);
+    assert_non_null(strstr(r.err, "llm-run: /nonexistent-dir/p.json: cannot write the profile JSON"));
+    cli_run_free(&r);
 }
 
 int main(void)

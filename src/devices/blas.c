@@ -378,12 +378,6 @@ static size_t scratch_floats;
 /* Elements of work below which a parallel region costs more than it saves (~2 us to wake the threads). */
 #define PAR_MIN 32768
 
-static int blas_probe(char *why, size_t why_len)
-{
-    (void)why, (void)why_len;
-    return 1;
-}
-
 static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
@@ -421,12 +415,11 @@ static void blas_describe(char *buf, size_t len)
              cores, cores == 1 ? "" : "s", K->name, openblas_get_config());
 }
 
-
 /* Weights. Decode reads every matrix once per token, and with 4 KiB pages the TLB misses of that stream cost
  * bandwidth (measured on TinyLlama's shape: one thread decodes ~11% faster from huge pages; two, within the noise,
- * a few percent). So matrices of 2 MiB and more are copied into
- * anonymous memory advised for transparent huge pages, when free memory allows; smaller tensors, and any copy that
- * cannot be made, stay where the model mapped them. The copies are counted in memory(). */
+ * a few percent). So matrices of 2 MiB and more are copied into anonymous memory advised for transparent huge pages,
+ * when free memory allows; smaller tensors, and any copy that cannot be made, stay where the model mapped them. The
+ * copies are counted in memory(). */
 #define HUGE_PAGE ((size_t)2 << 20)
 #define MAX_COPIES 4096
 static void *copies[MAX_COPIES]; /* weights copied by weight_load, to be unmapped by weight_free */
@@ -536,9 +529,6 @@ static void matmul_rows(float *out, const float *x, const llm_weight *w, const l
     }
 }
 
-/* out = x w^T through sgemm. 16-bit weights are converted a tile of rows at a time into the scratch buffer (in
- * parallel), each tile multiplied into its columns of out. Returns false when the scratch cannot hold a useful
- * tile (a matrix wider than ~130k columns), leaving the work to matmul_rows. */
 /* One thread's share of out = x w^T: weight rows [r_begin, r_end), 16-bit ones converted a tile at a time into
  * this thread's part of the scratch (tile: scr_floats / cols rows, at least 16). */
 static void gemm_rows(float *out, const float *x, const llm_weight *w, int n, size_t r_begin, size_t r_end,
@@ -734,7 +724,7 @@ const llm_device llm_device_blas = {
     .name = "blas",
     .kind = LLM_DEVICE_CPU,
     .host_memory = true,
-    .probe = blas_probe,
+    .probe = llm_host_probe,
     .init = blas_init,
     .release = blas_release,
     .describe = blas_describe,

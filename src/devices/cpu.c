@@ -5,12 +5,6 @@
 #include "../ops/ref.h"
 #include "host.h"
 
-static int cpu_probe(char *why, size_t why_len)
-{
-    (void)why, (void)why_len;
-    return 1;
-}
-
 static int cpu_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     (void)opt, (void)err, (void)err_len;
@@ -33,7 +27,7 @@ const llm_device llm_device_cpu = {
     .name = "cpu",
     .kind = LLM_DEVICE_CPU,
     .host_memory = true,
-    .probe = cpu_probe,
+    .probe = llm_host_probe,
     .init = cpu_init,
     .release = cpu_release,
     .describe = cpu_describe,

@@ -2,13 +2,12 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include "host.h"
 
-#include <sched.h>
-#include <stdbool.h>
-#include <stdio.h>
-
 #include <omp.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -42,6 +41,12 @@ void llm_host_free(void *p)
     free(base);
 }
 
+int llm_host_probe(char *why, size_t why_len)
+{
+    (void)why, (void)why_len;
+    return 1;
+}
+
 int llm_host_upload(void *dst, const void *src, size_t bytes)
 {
     if (bytes) memcpy(dst, src, bytes);
@@ -70,16 +75,18 @@ void llm_host_memory(llm_device_memory *out)
     out->allocated = host_allocated;
 }
 
-static double now_ms(void)
+double llm_host_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+double llm_host_now_s(void) { return llm_host_now_ms() * 1e-3; }
+
 void llm_host_timer_mark(int slot)
 {
-    if (slot >= 0 && slot < LLM_TIMER_SLOTS) timer_slots[slot] = now_ms();
+    if (slot >= 0 && slot < LLM_TIMER_SLOTS) timer_slots[slot] = llm_host_now_ms();
 }
 
 double llm_host_timer_elapsed_ms(int from, int to)
@@ -141,13 +148,13 @@ double llm_host_measure_bandwidth(int threads)
     if (threads < 1) threads = 1;
     double runs[5];
     for (int r = 0; r < 5; r++) {
-        double t0 = now_ms();
+        double t0 = llm_host_now_ms();
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int part = 0; part < threads; part++) {
             size_t chunk = bytes / (size_t)threads, off = (size_t)part * chunk;
             memcpy(dst + off, src + off, part == threads - 1 ? bytes - off : chunk);
         }
-        runs[r] = now_ms() - t0;
+        runs[r] = llm_host_now_ms() - t0;
     }
     qsort(runs, 5, sizeof runs[0], cmp_double);
     free(src), free(dst);
@@ -192,7 +199,7 @@ double llm_host_measure_read_bandwidth(int threads)
     volatile uint64_t sink = 0;
     for (int r = 0; r < 5; r++) {
         uint64_t total = 0;
-        double t0 = now_ms();
+        double t0 = llm_host_now_ms();
         /* One contiguous stretch per thread. */
 #pragma omp parallel num_threads(threads) reduction(+ : total)
         {
@@ -200,7 +207,7 @@ double llm_host_measure_read_bandwidth(int threads)
             size_t chunk = vecs / n / 4 * 4, begin = id * chunk, end = id == n - 1 ? vecs : begin + chunk;
             total += avx2 ? sum_avx2(buf, begin, end) : sum_sse2(buf, begin, end);
         }
-        runs[r] = now_ms() - t0;
+        runs[r] = llm_host_now_ms() - t0;
         sink += total;
     }
     (void)sink;

@@ -4,6 +4,7 @@
 
 #include "../ops/device.h"
 
+int llm_host_probe(char *why, size_t why_len); /* always 1: a CPU device runs wherever llm-run runs */
 void *llm_host_alloc(size_t bytes);
 void llm_host_free(void *p);
 int llm_host_upload(void *dst, const void *src, size_t bytes);
@@ -20,5 +21,9 @@ int llm_host_physical_cores(void);
 /* Best of a few sweeps summing a large buffer with `threads` threads, bytes read, GB/s: the ceiling of a decode
  * step, which only reads weights. */
 double llm_host_measure_read_bandwidth(int threads);
+
+/* A monotonic clock in milliseconds, for wall-clock timings anywhere in the program. */
+double llm_host_now_ms(void);
+double llm_host_now_s(void);
 
 #endif

@@ -2,6 +2,7 @@
  * `auto` prefers a GPU, then the fast CPU device, then the reference. */
 #include "registry.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,10 +86,15 @@ static int resolve_auto(const llm_device **dev, char *chosen, size_t chosen_len)
 int llm_device_resolve(const char *spec, const llm_device **dev, llm_device_options *opt, char *chosen,
                        size_t chosen_len, char *err, size_t err_len)
 {
+    /* No --device: the environment decides, and messages name where the choice came from. */
+    bool from_env = !spec && getenv("LLM_RUN_DEVICE") && *getenv("LLM_RUN_DEVICE");
+    if (from_env) spec = getenv("LLM_RUN_DEVICE");
     if (!spec || !*spec) spec = "auto";
+    char label[96];
+    snprintf(label, sizeof label, "%s%s", from_env ? "LLM_RUN_DEVICE=" : "--device ", spec);
     if (strcmp(spec, "auto") == 0) {
         if (resolve_auto(dev, chosen, chosen_len) == 0) return 0;
-        snprintf(err, err_len, "--device auto: no usable device");
+        snprintf(err, err_len, "%s: no usable device", label);
         return -1;
     }
     char name[32];
@@ -100,32 +106,32 @@ int llm_device_resolve(const char *spec, const llm_device **dev, llm_device_opti
     const llm_device *d = llm_device_find(name);
     for (int i = 0; i < N_KNOWN && !d; i++)
         if (strcmp(known[i].name, name) == 0) {
-            snprintf(err, err_len, "--device %s: not usable here: %s (%s)", spec, NOT_COMPILED_IN, known[i].how);
+            snprintf(err, err_len, "%s: not usable here: %s (%s)", label, NOT_COMPILED_IN, known[i].how);
             return -1;
         }
     if (!d) {
-        int w = snprintf(err, err_len, "--device %s: unknown device (known: auto", spec);
+        int w = snprintf(err, err_len, "%s: unknown device (known: auto", label);
         for (int i = 0; i < N_KNOWN && w > 0 && (size_t)w < err_len; i++)
             w += snprintf(err + w, err_len - (size_t)w, ", %s", known[i].name);
         if (w > 0 && (size_t)w < err_len) snprintf(err + w, err_len - (size_t)w, ")");
         return -1;
     }
     if (colon && d->kind != LLM_DEVICE_GPU) {
-        snprintf(err, err_len, "--device %s: only GPU devices take an index (%s:N)", spec, name);
+        snprintf(err, err_len, "%s: only GPU devices take an index (%s:N)", label, name);
         return -1;
     }
     if (colon) {
         char *end;
         long index = strtol(colon + 1, &end, 10);
         if (*end || end == colon + 1 || index < 0 || index > 1024) {
-            snprintf(err, err_len, "--device %s: expected %s:N with N a device index", spec, name);
+            snprintf(err, err_len, "%s: expected %s:N with N a device index", label, name);
             return -1;
         }
         opt->index = (int)index;
     }
     char why[200] = "";
     if (!d->probe(why, sizeof why)) {
-        snprintf(err, err_len, "--device %s: not usable here: %s", spec, why);
+        snprintf(err, err_len, "%s: not usable here: %s", label, why);
         return -1;
     }
     *dev = d;

@@ -15,7 +15,8 @@ const llm_device *llm_device_find(const char *name); /* exact name, NULL when un
 int llm_device_known_count(void);
 const char *llm_device_known(int i, const llm_device **dev);
 
-/* Resolve "auto", "cpu", "blas", "cuda" or "cuda:N" into a device and options->index.
+/* Resolve "auto", "cpu", "blas", "cuda" or "cuda:N" into a device and options->index; spec NULL (no --device)
+ * takes $LLM_RUN_DEVICE, else auto, and errors then name the variable.
  * For auto, `chosen` says what was taken and why ("blas (cuda: no CUDA-capable device)", "blas (cuda: not compiled
  * in)").
  * A named device that is unusable is an error, never a silent switch. 0 on success, else err. */

@@ -172,7 +172,7 @@ int bpe_add_merge(bpe_model *m, const char *a, size_t alen, const char *b, size_
     return 0;
 }
 
-int bpe_finish(bpe_model *m) {
+void bpe_finish(bpe_model *m) {
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
@@ -187,7 +187,6 @@ int bpe_finish(bpe_model *m) {
         int32_t id = bpe_lookup(m, m->unk_token, strlen(m->unk_token));
         m->unk_id = id >= 0 ? id : -2;
     }
-    return 0;
 }
 
 /* ---- merge engine ---- */

@@ -59,15 +59,16 @@ void bpe_scratch_free(bpe_scratch *s);
 /* Building: init with the id table size, add every vocabulary entry, then the merges in rank order. */
 int bpe_init(bpe_model *m, size_t n_ids, size_t count);
 void bpe_free(bpe_model *m);
-/* -1 when id already holds a string or the string already has an id (*dup_id set to that id). */
+/* -1 when id already holds a string or the string already has an id (*dup_id set to that id), -2 when out of
+ * memory. */
 int bpe_add_token(bpe_model *m, const char *s, size_t len, int32_t id, int32_t *dup_id);
 int32_t bpe_lookup(const bpe_model *m, const char *s, size_t len);
 /* Adds merge (a, b) with the given rank: 1 when a, b or a+b (minus the prefix of b) is not in the vocabulary,
  * -1 when out of memory, 0 otherwise. *missing points at the missing string. */
 int bpe_add_merge(bpe_model *m, const char *a, size_t alen, const char *b, size_t blen, uint32_t rank,
                   const char **missing, size_t *missing_len);
-/* Fills byte_ids and cp_ids once the vocabulary and options are set. */
-int bpe_finish(bpe_model *m);
+/* Fills byte_ids, cp_ids and unk_id once the vocabulary and options are set. */
+void bpe_finish(bpe_model *m);
 
 /* Appends the ids of one pre-token (valid UTF-8, n > 0). -1 with a message only when the unk token is named
  * but missing from the vocabulary (as tokenizers fails) or out of memory. */

@@ -244,15 +244,9 @@ int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len)
     char path[4096];
     json_t *root = load_json(dir, "config.json", true, path, sizeof path, err, err_len);
     if (!root) return -1;
-    int rc = read_config(root, c, "config.json", err, err_len);
+    int rc = read_config(root, c, path, err, err_len);
     json_decref(root);
-    if (rc) {
-        /* Messages name the file as the user knows it: prefix the folder. */
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", err);
-        snprintf(err, err_len, "%s/%s", dir, msg);
-        return -1;
-    }
+    if (rc) return -1;
 
     /* generation_config.json, when present, decides the ids generation stops at, as transformers' generate does. */
     err[0] = '\0';

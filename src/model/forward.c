@@ -97,8 +97,11 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
         }
         s->host_positions[i] = pos + i;
     }
-    dev->upload(s->tokens, tokens, (size_t)n * sizeof(int32_t));
-    dev->upload(s->positions, s->host_positions, (size_t)n * sizeof(int32_t));
+    if (dev->upload(s->tokens, tokens, (size_t)n * sizeof(int32_t)) != 0 ||
+        dev->upload(s->positions, s->host_positions, (size_t)n * sizeof(int32_t)) != 0) {
+        if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot upload the step's tokens", dev->name);
+        return -1;
+    }
 
     int dim = c->hidden_size, heads = c->num_attention_heads, kv_heads = c->num_key_value_heads, hd = c->head_dim;
     size_t kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
@@ -160,7 +163,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     size_t logit_bytes = (size_t)n_out * c->vocab_size * sizeof(float);
     if (dev->download(s->host_logits, s->logits, logit_bytes) != 0 || dev->sync() != 0 ||
         dev->status(err, err_len) != 0) {
-        if (!err[0]) snprintf(err, err_len, "%s: forward pass failed", dev->name);
+        if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot download the logits", dev->name);
         return -1;
     }
     *logits = s->host_logits;

@@ -9,8 +9,7 @@
 
 #include "../devices/registry.h"
 
-/* The folder that holds config.json: the path itself, or the folder of a weights file. */
-static void model_dir_of(const char *path, char *dir, size_t len)
+void llm_model_dir(const char *path, char *dir, size_t len)
 {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
@@ -22,14 +21,6 @@ static void model_dir_of(const char *path, char *dir, size_t len)
         snprintf(dir, len, ".");
     else
         snprintf(dir, len, "%.*s", (int)(slash - path) > 0 ? (int)(slash - path) : 1, path);
-}
-
-static void format_shape(const llm_st_tensor *t, char *buf, size_t len)
-{
-    int w = snprintf(buf, len, "[");
-    for (int i = 0; i < t->ndim && w > 0 && (size_t)w < len; i++)
-        w += snprintf(buf + w, len - (size_t)w, "%s%zu", i ? ", " : "", t->shape[i]);
-    if (w > 0 && (size_t)w < len) snprintf(buf + w, len - (size_t)w, "]");
 }
 
 /* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device. */
@@ -50,8 +41,8 @@ static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t row
     bool ok = vector ? t->ndim == 1 && t->shape[0] == cols
                      : t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
     if (!ok) {
-        char shape[96];
-        format_shape(t, shape, sizeof shape);
+        char shape[192];
+        llm_st_shape_str(t, shape, sizeof shape);
         if (vector)
             snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu] (%s)", t->file, name, shape,
                      cols, why);
@@ -85,6 +76,16 @@ device_error:;
     return -1;
 }
 
+void llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
+{
+    llm_weight *all[LLM_LAYER_WEIGHTS] = {
+        &L->input_layernorm, &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj, &L->q_bias, &L->k_bias, &L->v_bias,
+        &L->o_bias, &L->post_attention_layernorm, &L->gate_proj, &L->up_proj, &L->down_proj,
+    };
+    memcpy(out, all, sizeof all);
+}
+
+/* Weights that point into the mapped checkpoint (host-memory devices without weight_load) own nothing. */
 static void free_weight(const llm_model *m, llm_weight *w)
 {
     if (!w->data || (w == &m->lm_head && m->config.tie_word_embeddings)) return;
@@ -135,7 +136,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         snprintf(err, err_len, "%s: no such file or folder", path);
         return -1;
     }
-    model_dir_of(path, m->dir, sizeof m->dir);
+    llm_model_dir(path, m->dir, sizeof m->dir);
     llm_config *c = &m->config;
     if (llm_config_load(c, m->dir, err, err_len)) return -1;
     if (llm_st_open(&m->st, path, err, err_len)) return -1;
@@ -210,13 +211,9 @@ void llm_model_free(llm_model *m)
         const llm_device *dev = m->rt.dev;
         if (m->layers)
             for (int l = 0; l < m->config.num_hidden_layers; l++) {
-                llm_weight *ws[] = {
-                    &m->layers[l].input_layernorm, &m->layers[l].q_proj, &m->layers[l].k_proj, &m->layers[l].v_proj,
-                    &m->layers[l].o_proj, &m->layers[l].q_bias, &m->layers[l].k_bias, &m->layers[l].v_bias,
-                    &m->layers[l].o_bias, &m->layers[l].post_attention_layernorm, &m->layers[l].gate_proj,
-                    &m->layers[l].up_proj, &m->layers[l].down_proj,
-                };
-                for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) free_weight(m, ws[i]);
+                llm_weight *ws[LLM_LAYER_WEIGHTS];
+                llm_layer_weights(&m->layers[l], ws);
+                for (int i = 0; i < LLM_LAYER_WEIGHTS; i++) free_weight(m, ws[i]);
             }
         free_weight(m, &m->lm_head);
         free_weight(m, &m->embed_tokens);

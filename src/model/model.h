@@ -23,6 +23,11 @@ typedef struct {
     llm_weight down_proj;                /* (hidden, intermediate) */
 } llm_layer;
 
+/* Every weight of a layer in declaration order, absent biases included (data NULL): for code that visits them
+ * all (freeing, counting bytes by dtype). */
+#define LLM_LAYER_WEIGHTS 13
+void llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS]);
+
 /* Called after each traced step of the forward pass with a device buffer of `count` floats (llm-run compare). */
 typedef void (*llm_trace_fn)(void *user, const char *what, int layer, const float *buf, size_t count);
 
@@ -50,6 +55,9 @@ typedef struct {
     FILE *log;               /* device choice and fallbacks are printed here; NULL = quiet */
     const llm_device *device_override; /* when not NULL, this device instead of `device` (tests, llm-run compare) */
 } llm_load_options;
+
+/* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */
+void llm_model_dir(const char *path, char *dir, size_t len);
 
 /* path: a .safetensors(.zst) file with config.json beside it, or a model folder. 0 on success, else err. */
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len);

@@ -114,8 +114,7 @@ static bool st_ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* "[2, 3]"; n fits 8 dimensions of 20 digits. */
-static void st_shape_str(const llm_st_tensor *t, char *buf, size_t n)
+void llm_st_shape_str(const llm_st_tensor *t, char *buf, size_t n)
 {
     size_t used = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < t->ndim && used < n; i++)
@@ -164,7 +163,7 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
     if (e->end > data_len)
         BAD("data_offsets [%zu, %zu] outside the data section (%zu bytes)", e->begin, e->end, data_len);
     char shape[256];
-    st_shape_str(t, shape, sizeof shape);
+    llm_st_shape_str(t, shape, sizeof shape);
     if (t->numel > SIZE_MAX / bits) BAD("shape %s of %s overflows the byte count", shape, t->dtype_name);
     if (t->numel * bits % 8) BAD("shape %s of %s is not a whole number of bytes", shape, t->dtype_name);
     t->nbytes = t->numel * bits / 8;

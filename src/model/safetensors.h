@@ -42,5 +42,7 @@ const llm_st_tensor *llm_st_at(const llm_st *st, size_t i);            /* sorted
 /* Bytes of tensor data held: the data sections mapped or decompressed, plus copies made for alignment. */
 size_t llm_st_mapped_bytes(const llm_st *st);
 void llm_st_close(llm_st *st); /* accepts NULL */
+/* The shape as "[2, 3]" (also valid JSON); 192 bytes hold any 8 dimensions. */
+void llm_st_shape_str(const llm_st_tensor *t, char *buf, size_t n);
 
 #endif

@@ -55,4 +55,8 @@ int32_t llm_tokenizer_bos_id(const llm_tokenizer *t);
 bool llm_tokenizer_is_eos(const llm_tokenizer *t, int32_t id);
 const char *llm_tokenizer_chat_template(const llm_tokenizer *t);
 
+/* Offset of the first byte that is not well-formed UTF-8 (overlongs, surrogates and values past U+10FFFF
+ * included), or len when the text is valid. Hugging Face tokenizers take text, not bytes: callers check first. */
+size_t llm_utf8_invalid_at(const char *text, size_t len);
+
 #endif

@@ -17,20 +17,6 @@ typedef struct {
     size_t n, cap;
 } toklist;
 
-static int tl_push(toklist *l, const char *s, size_t n) {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 32;
-        tok_t *v = realloc(l->v, cap * sizeof *v);
-        if (!v) return -1;
-        l->v = v;
-        l->cap = cap;
-    }
-    size_t off = l->buf.len;
-    if (tk_buf_append(&l->buf, s, n) != 0) return -1;
-    l->v[l->n++] = (tok_t){off, n};
-    return 0;
-}
-
 /* Starts a new token at the end of the buffer; the caller appends its bytes, then tl_close. */
 static int tl_open(toklist *l) {
     if (l->n == l->cap) {
@@ -47,6 +33,12 @@ static int tl_open(toklist *l) {
 static void tl_close(toklist *l) {
     l->v[l->n].len = l->buf.len - l->v[l->n].off;
     l->n++;
+}
+
+static int tl_push(toklist *l, const char *s, size_t n) {
+    if (tl_open(l) != 0 || tk_buf_append(&l->buf, s, n) != 0) return -1;
+    tl_close(l);
+    return 0;
 }
 
 static void tl_reset(toklist *l) {
@@ -145,37 +137,23 @@ static int flush_bytes(toklist *out, const unsigned char *b, size_t n) {
 }
 
 static int dec_bytefallback(const toklist *in, toklist *out, bool *unstable) {
-    unsigned char run[256];
-    unsigned char *big = NULL;
-    size_t nrun = 0, cap = sizeof run;
-    unsigned char *r = run;
+    tk_buf run = {0};
     int rc = 0;
-    bool open = false;
     for (size_t i = 0; i < in->n && rc == 0; i++) {
         const char *s = in->buf.data + in->v[i].off;
         int b = byte_token(s, in->v[i].len);
         if (b >= 0) {
-            if (nrun == cap) {
-                size_t ncap = cap * 2;
-                unsigned char *nb = malloc(ncap);
-                if (!nb) { rc = -1; break; }
-                memcpy(nb, r, nrun);
-                free(big);
-                big = r = nb;
-                cap = ncap;
-            }
-            r[nrun++] = (unsigned char)b;
-            open = true;
+            unsigned char c = (unsigned char)b;
+            rc = tk_buf_append(&run, &c, 1);
             continue;
         }
-        rc = flush_bytes(out, r, nrun);
-        nrun = 0;
-        open = false;
+        rc = flush_bytes(out, (const unsigned char *)run.data, run.len);
+        run.len = 0;
         if (rc == 0) rc = tl_push(out, s, in->v[i].len);
     }
-    if (rc == 0) rc = flush_bytes(out, r, nrun);
-    if (open && unstable) *unstable = true;
-    free(big);
+    if (run.len > 0 && unstable) *unstable = true; /* a run still open at the end */
+    if (rc == 0) rc = flush_bytes(out, (const unsigned char *)run.data, run.len);
+    tk_buf_free(&run);
     return rc;
 }
 

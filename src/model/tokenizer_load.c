@@ -111,20 +111,30 @@ static void *grow(void *v, size_t n, size_t size) {
     return realloc(v, (n + 1) * size);
 }
 
+/* What every component shares: absent or null is none, and a Sequence runs fn on each entry of its list (flattened
+ * into one list of components). Returns 1 when o is done (none, or a Sequence), 0 when the caller parses *type,
+ * -1 on error. */
+typedef int (*parse_fn)(loader *L, llm_tokenizer *t, const json_t *o, int depth);
+static int parse_head(loader *L, llm_tokenizer *t, const json_t *o, int depth, const char *what,
+                      const char *list_key, parse_fn fn, const char **type) {
+    if (json_is_null(o) || !o) return 1;
+    *type = type_of(o);
+    if (!json_is_object(o) || !*type) return fail(L, "%s should be an object with a \"type\"", what);
+    if (depth > 16) return fail(L, "%s Sequence nested too deep", what);
+    if (strcmp(*type, "Sequence") != 0) return 0;
+    const json_t *list = json_object_get(o, list_key);
+    if (!json_is_array(list)) return fail(L, "%s Sequence has no \"%s\" array", what, list_key);
+    for (size_t i = 0; i < json_array_size(list); i++)
+        if (fn(L, t, json_array_get(list, i), depth + 1) != 0) return -1;
+    return 1;
+}
+
 /* ---- normalizer ---- */
 
 static int parse_normalizer(loader *L, llm_tokenizer *t, const json_t *o, int depth) {
-    if (json_is_null(o) || !o) return 0;
-    const char *type = type_of(o);
-    if (!json_is_object(o) || !type) return fail(L, "normalizer should be an object with a \"type\"");
-    if (depth > 16) return fail(L, "normalizer Sequence nested too deep");
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "normalizers");
-        if (!json_is_array(list)) return fail(L, "normalizer Sequence has no \"normalizers\" array");
-        for (size_t i = 0; i < json_array_size(list); i++)
-            if (parse_normalizer(L, t, json_array_get(list, i), depth + 1) != 0) return -1;
-        return 0;
-    }
+    const char *type = NULL;
+    int head = parse_head(L, t, o, depth, "normalizer", "normalizers", parse_normalizer, &type);
+    if (head != 0) return head < 0 ? -1 : 0;
     tk_norm nm = {0};
     if (!strcmp(type, "NFC")) nm.kind = TK_NORM_NFC;
     else if (!strcmp(type, "NFD")) nm.kind = TK_NORM_NFD;
@@ -185,17 +195,9 @@ static int parse_behavior(loader *L, const json_t *o, tk_behavior *b) {
 }
 
 static int parse_pre_tokenizer(loader *L, llm_tokenizer *t, const json_t *o, int depth) {
-    if (json_is_null(o) || !o) return 0;
-    const char *type = type_of(o);
-    if (!json_is_object(o) || !type) return fail(L, "pre_tokenizer should be an object with a \"type\"");
-    if (depth > 16) return fail(L, "pre_tokenizer Sequence nested too deep");
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "pretokenizers");
-        if (!json_is_array(list)) return fail(L, "pre_tokenizer Sequence has no \"pretokenizers\" array");
-        for (size_t i = 0; i < json_array_size(list); i++)
-            if (parse_pre_tokenizer(L, t, json_array_get(list, i), depth + 1) != 0) return -1;
-        return 0;
-    }
+    const char *type = NULL;
+    int head = parse_head(L, t, o, depth, "pre_tokenizer", "pretokenizers", parse_pre_tokenizer, &type);
+    if (head != 0) return head < 0 ? -1 : 0;
     tk_pre pr = {0};
     if (!strcmp(type, "Split")) {
         pr.kind = TK_PRE_SPLIT;
@@ -234,18 +236,10 @@ static int parse_pre_tokenizer(loader *L, llm_tokenizer *t, const json_t *o, int
 /* ---- decoder ---- */
 
 static int parse_decoder(loader *L, llm_tokenizer *t, const json_t *o, int depth) {
-    if (json_is_null(o) || !o) return 0;
-    const char *type = type_of(o);
-    if (!json_is_object(o) || !type) return fail(L, "decoder should be an object with a \"type\"");
-    if (depth > 16) return fail(L, "decoder Sequence nested too deep");
-    t->has_decoder = true;
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "decoders");
-        if (!json_is_array(list)) return fail(L, "decoder Sequence has no \"decoders\" array");
-        for (size_t i = 0; i < json_array_size(list); i++)
-            if (parse_decoder(L, t, json_array_get(list, i), depth + 1) != 0) return -1;
-        return 0;
-    }
+    if (o && !json_is_null(o)) t->has_decoder = true; /* an empty Sequence too: tokens are then joined as is */
+    const char *type = NULL;
+    int head = parse_head(L, t, o, depth, "decoder", "decoders", parse_decoder, &type);
+    if (head != 0) return head < 0 ? -1 : 0;
     tk_dec d = {0};
     if (!strcmp(type, "ByteLevel")) d.kind = TK_DEC_BYTELEVEL;
     else if (!strcmp(type, "ByteFallback")) d.kind = TK_DEC_BYTEFALLBACK;
@@ -363,17 +357,9 @@ static int parse_pair_token(loader *L, const json_t *o, const char *key, const c
 }
 
 static int parse_post_processor(loader *L, llm_tokenizer *t, const json_t *o, int depth) {
-    if (json_is_null(o) || !o) return 0;
-    const char *type = type_of(o);
-    if (!json_is_object(o) || !type) return fail(L, "post_processor should be an object with a \"type\"");
-    if (depth > 16) return fail(L, "post_processor Sequence nested too deep");
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "processors");
-        if (!json_is_array(list)) return fail(L, "post_processor Sequence has no \"processors\" array");
-        for (size_t i = 0; i < json_array_size(list); i++)
-            if (parse_post_processor(L, t, json_array_get(list, i), depth + 1) != 0) return -1;
-        return 0;
-    }
+    const char *type = NULL;
+    int head = parse_head(L, t, o, depth, "post_processor", "processors", parse_post_processor, &type);
+    if (head != 0) return head < 0 ? -1 : 0;
     if (!strcmp(type, "ByteLevel")) return 0; /* trims offsets only: no ids */
     if (!strcmp(type, "TemplateProcessing")) return parse_template(L, t, o);
     if (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing")) {
@@ -491,7 +477,7 @@ static int parse_model(loader *L, llm_tokenizer *t, const json_t *model, size_t 
                         show(a, alen, sa), show(b, blen, sbb));
         }
     }
-    if (bpe_finish(m) != 0) return fail(L, "out of memory");
+    bpe_finish(m);
     *n_ids_out = n_ids;
     return 0;
 }

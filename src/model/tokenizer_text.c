@@ -129,6 +129,13 @@ size_t tk_utf8_valid_len(const unsigned char *s, size_t n) {
     return (w > 0 && k == (size_t)w) ? k : 0;
 }
 
+size_t llm_utf8_invalid_at(const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t i = 0, k;
+    while (i < len && (k = s[i] < 0x80 ? 1 : tk_utf8_valid_len(s + i, len - i)) != 0) i += k;
+    return i;
+}
+
 int tk_utf8_lossy(tk_buf *out, const unsigned char *s, size_t n) {
     static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
     size_t i = 0, run = 0; /* run: start of the current stretch of valid bytes */

@@ -165,8 +165,10 @@ int llm_op_pin_parse(const char *text, llm_op_pin *pin, char *err, size_t err_le
     memcpy(name, text, len);
     name[len] = '\0';
     if (llm_op_from_name(name, &pin->op) != 0) {
-        snprintf(err, err_len, "--op-device '%s': unknown op '%s' (ops: embed, rmsnorm, matmul, rope, attention, "
-                 "swiglu, add, logits)", text, name);
+        int w = snprintf(err, err_len, "--op-device '%s': unknown op '%s' (ops:", text, name);
+        for (int op = 0; op < LLM_OP_COUNT && w > 0 && (size_t)w < err_len; op++)
+            w += snprintf(err + w, err_len - (size_t)w, "%s %s", op ? "," : "", llm_op_name((llm_op)op));
+        if (w > 0 && (size_t)w < err_len) snprintf(err + w, err_len - (size_t)w, ")");
         return -1;
     }
     pin->device = eq + 1;

@@ -34,12 +34,6 @@ typedef struct {
 #define DEC_MAX_HEADS 8
 #define DEC_MAX_SPLITS 8 /* a portable cluster */
 
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* DPL consecutive floats of a row at d0 (zero at and past hd). */
 template <int DPL>
 __device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int d0, int hd)

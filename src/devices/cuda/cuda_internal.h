@@ -72,34 +72,20 @@ __device__ __forceinline__ float llm_cuda_load(const void *p, int t, size_t i)
  * count and the same reduction below, so a fused step produces bit-identical normalised values. */
 #define LLM_CUDA_NORM_THREADS 256
 
-/* sum(x[c]^2) over one row, by a block of LLM_CUDA_NORM_THREADS threads; red is 32 floats of shared memory.
- * Every thread returns the same total, summed in the same order. Loads are issued four at a time: a loop that
- * waits for each load before the next would pay a memory latency per element. */
-__device__ __forceinline__ float llm_cuda_block_sumsq(const float *x, int dim, float *red)
+/* The sum of v over the 32 lanes of a warp, in every lane. */
+__device__ __forceinline__ float llm_cuda_warp_sum(float v)
 {
-    float ss = 0.0f;
-    for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
-        float v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * LLM_CUDA_NORM_THREADS;
-            v[u] = c < dim ? x[c] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) ss += v[u] * v[u];
-    }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < LLM_CUDA_NORM_THREADS / 32; w++) total += red[w];
-    __syncthreads();
-    return total;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
-/* llm_cuda_block_sumsq that also copies x to xs (shared memory): the same loads, sums in the same order, so a
- * prologue can normalise from xs in place without reading x from global memory a second time. */
-__device__ __forceinline__ float llm_cuda_block_sumsq_stage(float *xs, const float *x, int dim, float *red)
+/* sum(x[c]^2) over one row, by a block of LLM_CUDA_NORM_THREADS threads; red is 32 floats of shared memory.
+ * Every thread returns the same total, summed in the same order. Loads are issued four at a time: a loop that
+ * waits for each load before the next would pay a memory latency per element. STAGE: x is also copied to xs
+ * (shared memory), so a prologue can normalise from xs in place without reading x from global memory a second
+ * time; the sums are the same either way. */
+template <bool STAGE>
+__device__ __forceinline__ float llm_cuda_block_sumsq(float *xs, const float *x, int dim, float *red)
 {
     float ss = 0.0f;
     for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
@@ -112,11 +98,11 @@ __device__ __forceinline__ float llm_cuda_block_sumsq_stage(float *xs, const flo
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int c = c0 + u * LLM_CUDA_NORM_THREADS;
-            if (c < dim) xs[c] = v[u];
+            if (STAGE && c < dim) xs[c] = v[u];
             ss += v[u] * v[u];
         }
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    ss = llm_cuda_warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
     __syncthreads();
     float total = 0.0f;

@@ -61,7 +61,6 @@ typedef struct {
 
 static struct {
     bool initialized;
-    int index;
     cudaDeviceProp prop;
     cublasHandle_t blas;
     void *workspace;
@@ -73,7 +72,7 @@ static struct {
     /* settings (environment, read at init) */
     bool use_graphs, fuse, sync_each, gemm_accurate;
     /* accounting */
-    size_t allocated, weight_bytes;
+    size_t allocated;
     struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];
     /* graphs */
     graph_slot graphs[GRAPH_SLOTS];
@@ -155,20 +154,27 @@ static void after_op(const char *name)
 
 static void flush_pending(void);
 
+/* Stop capturing: the captured ops as an executable graph (they have not run yet), NULL after recording an error. */
+static cudaGraphExec_t end_capture(void)
+{
+    g.capturing = false;
+    cudaGraph_t graph = NULL;
+    if (!LLM_CUDA_CHECK("graph capture", cudaStreamEndCapture(llm_cuda.stream, &graph))) return NULL;
+    cudaGraphExec_t exec = NULL;
+    bool ok = LLM_CUDA_CHECK("graph capture", cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    return ok ? exec : NULL;
+}
+
 /* A transfer, sync or timer mark arrived inside a step being captured: finish the capture, run what was captured,
  * and stop using graphs (the caller mixes host work into steps, as the profiler and host fallbacks do). */
 static void abandon_capture(void)
 {
     if (!g.capturing) return;
     flush_pending();
-    g.capturing = false;
     g.use_graphs = false;
-    cudaGraph_t graph = NULL;
-    if (!LLM_CUDA_CHECK("graph capture", cudaStreamEndCapture(llm_cuda.stream, &graph))) return;
-    cudaGraphExec_t exec = NULL;
-    bool ok = LLM_CUDA_CHECK("graph capture", cudaGraphInstantiate(&exec, graph, 0));
-    cudaGraphDestroy(graph);
-    if (!ok) return;
+    cudaGraphExec_t exec = end_capture();
+    if (!exec) return;
     LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(exec, llm_cuda.stream));
     cudaGraphExecDestroy(exec); /* freed once it has run */
 }
@@ -226,14 +232,8 @@ static void cuda_step_end(void)
     }
     flush_pending();
     if (!g.capturing) return;
-    g.capturing = false;
-    cudaGraph_t graph = NULL;
-    /* The captured ops have not run: failing here fails the step. */
-    if (!LLM_CUDA_CHECK("graph capture", cudaStreamEndCapture(llm_cuda.stream, &graph))) return;
-    cudaGraphExec_t exec = NULL;
-    bool ok = LLM_CUDA_CHECK("graph capture", cudaGraphInstantiate(&exec, graph, 0));
-    cudaGraphDestroy(graph);
-    if (!ok) return;
+    cudaGraphExec_t exec = end_capture(); /* failing here fails the step: its ops have not run */
+    if (!exec) return;
     g.graphs[g.slot].exec = exec;
     snprintf(g.last_op, sizeof g.last_op, "first replay of a %d-token step", g.graphs[g.slot].n);
     g.ops_since_sync++;
@@ -341,7 +341,6 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.failed = false;
     g.error[0] = g.last_op[0] = '\0';
     g.ops_since_sync = 0;
-    g.index = index;
     const char *step = "cudaSetDevice";
     if ((e = cudaSetDevice(index)) != cudaSuccess) goto cuda_fail;
     step = "cudaGetDeviceProperties";
@@ -587,14 +586,12 @@ static int cuda_weight_load(llm_weight *w, const void *host, llm_dtype dtype, si
         return -1;
     }
     w->data = p, w->dtype = dtype, w->rows = rows, w->cols = cols;
-    g.weight_bytes += bytes;
     return 0;
 }
 
 static void cuda_weight_free(llm_weight *w)
 {
     if (!w->data) return;
-    g.weight_bytes -= w->rows * w->cols * llm_dtype_size(w->dtype);
     cuda_free(w->data);
     w->data = NULL;
 }
@@ -776,6 +773,24 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
     after_op("rmsnorm");
 }
 
+/* Make the pending work a GEMV over x (cols) with no matrices yet and no epilogue; the prologue is the caller's. */
+static void pend_gemv(const float *x, int cols, llm_dtype dtype)
+{
+    pending_t *P = &g.pend;
+    P->kind = PEND_GEMV;
+    P->n_mats = 0, P->x = x, P->cols = cols, P->dtype = dtype, P->epi = LLM_CUDA_EPI_NONE;
+    P->k_cache = P->v_cache = NULL, P->resid = NULL;
+}
+
+static void pend_add_mat(float *out, const llm_weight *w, const llm_weight *bias, bool logits)
+{
+    pending_t *P = &g.pend;
+    pend_mat *M = &P->mats[P->n_mats++];
+    M->w = *w, M->out = out, M->has_bias = bias != NULL;
+    if (bias) M->bias = *bias;
+    P->logits = logits;
+}
+
 /* Add a one-token product to the pending GEMV when it reads the same input; false when it cannot join. */
 static bool pend_append(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
 {
@@ -785,9 +800,7 @@ static bool pend_append(float *out, const float *x, const llm_weight *w, const l
         if (x != P->norm_out || w->cols != (size_t)P->dim) return false;
         if (overlaps(out, out_bytes, P->norm_src, in_bytes) || overlaps(out, out_bytes, P->norm_out, in_bytes))
             return false;
-        P->kind = PEND_GEMV;
-        P->n_mats = 0, P->x = P->norm_out, P->cols = P->dim, P->dtype = w->dtype, P->epi = LLM_CUDA_EPI_NONE;
-        P->logits = false, P->k_cache = P->v_cache = NULL, P->resid = NULL;
+        pend_gemv(P->norm_out, P->dim, w->dtype);
     } else if (P->kind == PEND_GEMV) {
         if (P->epi != LLM_CUDA_EPI_NONE || P->n_mats == LLM_CUDA_GEMV_MATS || x != P->x ||
             w->cols != (size_t)P->cols || w->dtype != P->dtype || P->logits != logits)
@@ -800,10 +813,7 @@ static bool pend_append(float *out, const float *x, const llm_weight *w, const l
     } else {
         return false;
     }
-    pend_mat *M = &P->mats[P->n_mats++];
-    M->w = *w, M->out = out, M->has_bias = bias != NULL;
-    if (bias) M->bias = *bias;
-    P->logits = logits;
+    pend_add_mat(out, w, bias, logits);
     return true;
 }
 
@@ -811,40 +821,32 @@ static void one_token_product(float *out, const float *x, const llm_weight *w, c
 {
     if (g.fuse && pend_append(out, x, w, bias, logits)) return;
     flush_pending();
-    pending_t *P = &g.pend;
-    P->kind = PEND_GEMV;
-    P->norm = false, P->logits = logits;
-    P->n_mats = 0, P->x = x, P->cols = (int)w->cols, P->dtype = w->dtype, P->epi = LLM_CUDA_EPI_NONE;
-    P->k_cache = P->v_cache = NULL, P->resid = NULL;
-    pend_mat *M = &P->mats[P->n_mats++];
-    M->w = *w, M->out = out, M->has_bias = bias != NULL;
-    if (bias) M->bias = *bias;
+    g.pend.norm = false;
+    pend_gemv(x, (int)w->cols, w->dtype);
+    pend_add_mat(out, w, bias, logits);
     if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) flush_pending();
+}
+
+/* matmul and logits: one token through the (fusable) GEMV, a batch through cuBLAS. */
+static void product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool logits)
+{
+    if (!op_usable()) return;
+    if (n == 1 && llm_cuda_gemv_fits(w->cols)) {
+        one_token_product(out, x, w, bias, logits);
+        return;
+    }
+    const char *op = logits ? "logits" : "matmul";
+    flush_pending();
+    gemm(out, x, w, bias, n, op);
+    after_op(op);
 }
 
 static void op_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
-    if (!op_usable()) return;
-    if (n == 1 && llm_cuda_gemv_fits(w->cols)) {
-        one_token_product(out, x, w, bias, false);
-        return;
-    }
-    flush_pending();
-    gemm(out, x, w, bias, n, "matmul");
-    after_op("matmul");
+    product(out, x, w, bias, n, false);
 }
 
-static void op_logits(float *out, const float *x, const llm_weight *w, int n)
-{
-    if (!op_usable()) return;
-    if (n == 1 && llm_cuda_gemv_fits(w->cols)) {
-        one_token_product(out, x, w, NULL, true);
-        return;
-    }
-    flush_pending();
-    gemm(out, x, w, NULL, n, "logits");
-    after_op("logits");
-}
+static void op_logits(float *out, const float *x, const llm_weight *w, int n) { product(out, x, w, NULL, n, true); }
 
 static void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
                     int n_kv_heads, int head_dim)

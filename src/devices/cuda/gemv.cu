@@ -46,12 +46,6 @@ __device__ __forceinline__ float dot_chunk(uint4 w, const float *x, const float 
            __uint_as_float(w.w) * x0.w;
 }
 
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 __device__ __forceinline__ const llm_cuda_gemv_mat &mat_at(const llm_cuda_gemv &job, int m)
 {
     return m == 0 ? job.mats[0] : m == 1 ? job.mats[1] : job.mats[2];
@@ -157,7 +151,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
             rot[2 * jj + 1] = sinf(angle);
         }
     if (job.norm_src) { /* x read from global memory once: staged while summing, then normalised in place */
-        float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq_stage(xs, job.norm_src, cols, red), cols, job.eps);
+        float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
         llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs, job.norm_w, job.norm_dtype, cols,
                                  scale);
     } else {
@@ -196,7 +190,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
         if (!done) continue;
 
 #pragma unroll
-        for (int r = 0; r < P; r++) acc[r] = warp_sum(acc[r]);
+        for (int r = 0; r < P; r++) acc[r] = llm_cuda_warp_sum(acc[r]);
         if (lane == 0)
 #pragma unroll
             for (int r = 0; r < P; r++) part[buf][warp][r] = acc[r];

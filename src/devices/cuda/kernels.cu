@@ -45,7 +45,7 @@ rmsnorm_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, 
     __shared__ float red[32];
     const float *xi = x + (size_t)blockIdx.x * dim;
     float *oi = out + (size_t)blockIdx.x * dim;
-    float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq(xi, dim, red), dim, eps);
+    float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, xi, dim, red), dim, eps);
     llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale);
 }
 
