@@ -1,6 +1,7 @@
 /* Measurements for scripts/gpu-bench.sh, linked with llm-run's objects (all but main.o):
  *   gpu-bench-tool peak                     copy bandwidth (the device's measure_bandwidth) and cuBLAS BF16 GEMM rate
  *   gpu-bench-tool gemv                     one-token products alone, GB/s per shape
+ *   gpu-bench-tool gemm                     the split-f32 batch product's variants at 512 tokens, per weight shape
  *   gpu-bench-tool bench MODEL [--profile]  pp512 and tg128 after a 512-token prompt, against the bandwidth limit
  *   gpu-bench-tool compare MODEL REF        top-1 agreement over 512 positions with a reference (gpu-bench-ref.py)
  * Device: $LLM_BENCH_DEVICE or cuda. Not a test: it asserts nothing about speed. */
@@ -101,6 +102,70 @@ static int cmd_peak(void)
     cublasDestroy(blas);
     cudaFree(a), cudaFree(b), cudaFree(c);
     dev->release();
+    return 0;
+}
+
+/* ---- gemm: the split-f32 batch product's variants at one token batch, per weight shape ---- */
+
+/* ms of one call of `variant` (median of 20): 0 = hi then lo into the same f32 output (beta 1, what gemm() does),
+ * 1 = hi and lo as one product of twice the tokens (two outputs, summed elsewhere), 2 = hi alone (LLM_CUDA_GEMM=fast) */
+static double time_gemm_variant(cublasHandle_t blas, int variant, int rows, int cols, int n, void *w, void *x, float *c)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    double t[20];
+    for (int r = -3; r < 20; r++) {
+        cudaEventRecord(e0, 0);
+        cublasStatus_t st;
+        if (variant == 1) {
+            st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, 2 * n, cols, &one, w, CUDA_R_16BF, cols, x,
+                              CUDA_R_16BF, cols, &zero, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        } else {
+            st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols, x,
+                              CUDA_R_16BF, cols, &zero, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (variant == 0 && st == CUBLAS_STATUS_SUCCESS)
+                st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols,
+                                  (char *)x + (size_t)n * cols * 2, CUDA_R_16BF, cols, &one, c, CUDA_R_32F, rows,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        }
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "gemm: %s\n", cublasGetStatusString(st));
+            return 0;
+        }
+        if (r >= 0) t[r] = ms;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return median(t, 20);
+}
+
+static int cmd_gemm(void)
+{
+    const int shapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {2048, 2048}, {5632, 2048}, {2048, 5632}};
+    const int n = 512;
+    size_t max_w = (size_t)11008 * 4096, max_x = (size_t)2 * n * 11008, max_c = (size_t)2 * n * 11008;
+    void *w = NULL, *x = NULL;
+    float *c = NULL;
+    if (cudaMalloc(&w, max_w * 2) || cudaMalloc(&x, max_x * 2) || cudaMalloc((void **)&c, max_c * 4))
+        return die("cudaMalloc");
+    cudaMemset(w, 0x3c, max_w * 2), cudaMemset(x, 0x3c, max_x * 2);
+    cublasHandle_t blas;
+    cublasCreate(&blas);
+    printf("bf16 batch products, %d tokens, ms (median of 20): two calls (hi, lo) | one call of 2n | hi alone\n", n);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int rows = shapes[i][0], cols = shapes[i][1];
+        double v[3];
+        for (int k = 0; k < 3; k++) v[k] = time_gemm_variant(blas, k, rows, cols, n, w, x, c);
+        double fl = 2.0 * rows * cols * n;
+        printf("GEMM %5d x %5d: %.4f (%3.0f TF/s) | %.4f (%3.0f) | %.4f (%3.0f)\n", rows, cols, v[0],
+               2 * fl / v[0] / 1e9, v[1], 2 * fl / v[1] / 1e9, v[2], fl / v[2] / 1e9);
+    }
+    cublasDestroy(blas);
+    cudaFree(w), cudaFree(x), cudaFree(c);
     return 0;
 }
 
@@ -395,6 +460,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && strcmp(argv[1], "peak") == 0) return cmd_peak();
     if (argc >= 2 && strcmp(argv[1], "gemv") == 0) return cmd_gemv();
+    if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return cmd_gemm();
     if (argc >= 3 && strcmp(argv[1], "bench") == 0)
         return cmd_bench(argv[2], argc >= 4 && strcmp(argv[3], "--profile") == 0);
     if (argc >= 4 && strcmp(argv[1], "compare") == 0) return cmd_compare(argv[2], argv[3]);

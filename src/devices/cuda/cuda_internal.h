@@ -161,11 +161,19 @@ __device__ __forceinline__ float llm_cuda_rms_scale(float sumsq, int dim, float 
 }
 
 /* ---- kernels.cu ---- */
+/* Where an op that feeds batched products also writes its output as 16-bit hi + lo halves (llm_cuda_split's), so
+ * the products need no split pass of their own; hi NULL: not wanted. */
+typedef struct {
+    void *hi, *lo; /* lo may be NULL (LLM_CUDA_GEMM=fast) */
+    int dtype;     /* LLM_DTYPE_BF16 or LLM_DTYPE_F16 */
+} llm_cuda_halves;
+
 void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n);
-void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps);
+void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps,
+                      const llm_cuda_halves *halves);
 void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
                    int n_kv_heads, int head_dim);
-void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count);
+void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves);
 void llm_cuda_add(float *x, const float *y, size_t count);
 /* x (count) f32 -> hi = round(x), lo = round(x - hi) in dtype (F16 or BF16); lo may be NULL. */
 void llm_cuda_split(void *hi, void *lo, const float *x, size_t count, llm_dtype dtype, const char *op);

@@ -80,7 +80,42 @@ static struct {
     bool capturing, replaying;
     int slot;
     pending_t pend;
+    /* the last split of a batch (see gemm): of x (count values), into these halves */
+    struct { const float *x; size_t count; llm_cuda_halves halves; } split;
+    llm_dtype batch_dtype; /* of the last batched product's weights */
+    bool last_batched;     /* the last product was of a batch (cuBLAS), not one token (GEMV) */
 } g;
+
+/* Anything that may write device memory other than a batched product's output makes the last split stale. */
+static void forget_split(void) { g.split.x = NULL; }
+
+/* The buffers for count values of a batch as 16-bit halves of dtype (hi + lo, or hi alone with LLM_CUDA_GEMM=fast).
+ * One scratch slot: a new split overwrites the last. */
+static bool split_buffers(size_t count, llm_dtype dtype, llm_cuda_halves *h, const char *op)
+{
+    char *hi = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_SPLIT, count * 2 * (g.gemm_accurate ? 2 : 1), op);
+    h->hi = hi, h->lo = hi && g.gemm_accurate ? hi + count * 2 : NULL, h->dtype = dtype;
+    return hi != NULL;
+}
+
+static bool split_ready(const float *x, size_t count, const llm_cuda_halves *h)
+{
+    return g.split.x == x && g.split.count == count && g.split.halves.hi == h->hi && g.split.halves.lo == h->lo &&
+           g.split.halves.dtype == h->dtype;
+}
+
+static void remember_split(const float *x, size_t count, const llm_cuda_halves *h)
+{
+    g.split.x = x, g.split.count = count, g.split.halves = *h;
+}
+
+/* Halves for an op's output that batched products will read next (a norm's, swiglu's), written by the op on the
+ * way, or NULL: fusion off, a single token (the GEMV reads f32), or weights not 16-bit. */
+static const llm_cuda_halves *halves_for(size_t count, llm_dtype dtype, int n, llm_cuda_halves *h, const char *op)
+{
+    if (!g.fuse || n < 2 || (dtype != LLM_DTYPE_BF16 && dtype != LLM_DTYPE_F16)) return NULL;
+    return split_buffers(count, dtype, h, op) ? h : NULL;
+}
 
 static cudaEvent_t timer_events[LLM_TIMER_SLOTS];
 
@@ -191,6 +226,7 @@ static void invalidate_graphs(void)
 
 static int cuda_step_begin(int n_tokens)
 {
+    forget_split(); /* a captured step must not lean on a split made before it */
     if (!g.initialized || g.failed || !g.use_graphs || g.capturing) return 0;
     flush_pending();
     int slot = -1;
@@ -223,6 +259,7 @@ static int cuda_step_begin(int n_tokens)
 
 static void cuda_step_end(void)
 {
+    forget_split();
     if (g.replaying) {
         g.replaying = false;
         snprintf(g.last_op, sizeof g.last_op, "graph replay of a %d-token step", g.graphs[g.slot].n);
@@ -375,6 +412,8 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
         g.gemm_accurate = !(mode && strcmp(mode, "fast") == 0);
     }
     g.pend.kind = PEND_NONE;
+    forget_split();
+    g.last_batched = false;
     g.initialized = true;
     return 0;
 
@@ -481,6 +520,7 @@ static int cuda_upload(void *dst, const void *src, size_t bytes)
     if (!bytes) return 0;
     flush_pending();
     abandon_capture();
+    forget_split();
     if (!LLM_CUDA_CHECK("upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llm_cuda.stream)))
         return -1;
     /* From pageable memory the copy returns once src has been staged; from pinned memory it may still be reading
@@ -663,6 +703,12 @@ done:
 
 /* ---------- batched products through cuBLAS ---------- */
 
+static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
 /* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
  * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in the f32 output,
  * which keeps f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast
@@ -678,28 +724,26 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
     } else {
         cudaDataType t = w->dtype == LLM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         size_t count = (size_t)n * cols;
-        bool two = g.gemm_accurate;
-        char *hi = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_SPLIT, count * 2 * (two ? 2 : 1), op);
-        if (!hi) return;
-        char *lo = two ? hi + count * 2 : NULL;
-        llm_cuda_split(hi, lo, x, count, w->dtype, op);
-        if (!blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, hi, t, cols,
-                                  &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op))
+        llm_cuda_halves h;
+        if (!split_buffers(count, w->dtype, &h, op)) return;
+        g.batch_dtype = w->dtype;
+        /* q, k and v (gate and up) multiply the same x, split once; a norm or swiglu before may have split it. */
+        if (!split_ready(x, count, &h)) {
+            llm_cuda_split(h.hi, h.lo, x, count, w->dtype, op);
+            remember_split(x, count, &h);
+        }
+        if (!blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, h.hi, t,
+                                  cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op))
             return;
-        if (two)
-            blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, lo, t, cols,
-                                 &one, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op);
+        if (h.lo)
+            blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, h.lo, t,
+                                 cols, &one, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op);
     }
     if (bias) llm_cuda_add_bias(out, bias, n, (size_t)rows, op);
+    if (overlaps(out, (size_t)n * rows * sizeof(float), x, (size_t)n * cols * sizeof(float))) forget_split();
 }
 
 /* ---------- the op table ---------- */
-
-static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + b_bytes && y < x + a_bytes;
-}
 
 static bool op_usable(void) { return g.initialized && !g.failed; }
 
@@ -709,8 +753,9 @@ static void flush_pending(void)
     if (P->kind == PEND_NONE) return;
     int kind = P->kind;
     P->kind = PEND_NONE;
+    forget_split();
     if (kind == PEND_NORM) {
-        llm_cuda_rmsnorm(P->norm_out, P->norm_src, &P->norm_w, 1, P->dim, P->eps);
+        llm_cuda_rmsnorm(P->norm_out, P->norm_src, &P->norm_w, 1, P->dim, P->eps, NULL);
         after_op("rmsnorm");
         return;
     }
@@ -751,6 +796,7 @@ static void flush_pending(void)
 static void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
 {
     if (!op_usable()) return;
+    forget_split();
     flush_pending();
     llm_cuda_embed(out, table, tokens, n);
     after_op("embed");
@@ -759,6 +805,7 @@ static void op_embed(float *out, const llm_weight *table, const int32_t *tokens,
 static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
 {
     if (!op_usable()) return;
+    forget_split();
     flush_pending();
     size_t bytes = (size_t)dim * sizeof(float);
     /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
@@ -769,7 +816,10 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
         P->norm_out = out, P->norm_src = x, P->norm_w = *weight, P->dim = dim, P->eps = eps;
         return;
     }
-    llm_cuda_rmsnorm(out, x, weight, n, dim, eps);
+    llm_cuda_halves h;
+    const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n, &h, "rmsnorm");
+    llm_cuda_rmsnorm(out, x, weight, n, dim, eps, halves);
+    if (halves) remember_split(out, (size_t)n * dim, halves);
     after_op("rmsnorm");
 }
 
@@ -831,7 +881,8 @@ static void one_token_product(float *out, const float *x, const llm_weight *w, c
 static void product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool logits)
 {
     if (!op_usable()) return;
-    if (n == 1 && llm_cuda_gemv_fits(w->cols)) {
+    g.last_batched = !(n == 1 && llm_cuda_gemv_fits(w->cols));
+    if (!g.last_batched) {
         one_token_product(out, x, w, bias, logits);
         return;
     }
@@ -852,6 +903,7 @@ static void op_rope(float *q, float *k, const int32_t *positions, const float *i
                     int n_kv_heads, int head_dim)
 {
     if (!op_usable()) return;
+    forget_split();
     pending_t *P = &g.pend;
     if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats >= 2 &&
         P->mats[0].out == q && P->mats[1].out == k && P->mats[0].w.rows == (size_t)n_heads * head_dim &&
@@ -869,6 +921,7 @@ static void op_attention(float *out, const float *q, const float *k, const float
                          const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx)
 {
     if (!op_usable()) return;
+    forget_split();
     pending_t *P = &g.pend;
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
@@ -887,6 +940,7 @@ static void op_attention(float *out, const float *q, const float *k, const float
 static void op_swiglu(float *out, const float *gate, const float *up, size_t count)
 {
     if (!op_usable()) return;
+    forget_split();
     pending_t *P = &g.pend;
     if (g.fuse && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats == 2 &&
         P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
@@ -896,13 +950,18 @@ static void op_swiglu(float *out, const float *gate, const float *up, size_t cou
         return;
     }
     flush_pending();
-    llm_cuda_swiglu(out, gate, up, count);
+    /* After batched gate/up products, the down product of the same dtype reads out next. */
+    llm_cuda_halves h;
+    const llm_cuda_halves *halves = halves_for(count, g.batch_dtype, g.last_batched ? 2 : 1, &h, "swiglu");
+    llm_cuda_swiglu(out, gate, up, count, halves);
+    if (halves) remember_split(out, count, halves);
     after_op("swiglu");
 }
 
 static void op_add(float *x, const float *y, size_t count)
 {
     if (!op_usable()) return;
+    forget_split();
     pending_t *P = &g.pend;
     size_t bytes = count * sizeof(float);
     /* resid must not be read by the GEMV itself (its input, or the prologue's source). */

@@ -38,20 +38,40 @@ void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, 
     LLM_CUDA_LAUNCHED("embed");
 }
 
+/* v = hi + lo in 16-bit halves (the batched products' split, see split_kernel), element i; lo may be NULL. */
+__device__ __forceinline__ void store_halves(const llm_cuda_halves &h, size_t i, float v)
+{
+    if (h.dtype == LLM_DTYPE_F16) {
+        __half a = __float2half_rn(v);
+        ((__half *)h.hi)[i] = a;
+        if (h.lo) ((__half *)h.lo)[i] = __float2half_rn(v - __half2float(a));
+    } else {
+        __nv_bfloat16 a = __float2bfloat16_rn(v);
+        ((__nv_bfloat16 *)h.hi)[i] = a;
+        if (h.lo) ((__nv_bfloat16 *)h.lo)[i] = __float2bfloat16_rn(v - __bfloat162float(a));
+    }
+}
+
 /* One block per row. Same reduction as the GEMV prologue (cuda_internal.h). */
 __global__ void __launch_bounds__(LLM_CUDA_NORM_THREADS)
-rmsnorm_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps)
+rmsnorm_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps, llm_cuda_halves halves)
 {
     __shared__ float red[32];
     const float *xi = x + (size_t)blockIdx.x * dim;
     float *oi = out + (size_t)blockIdx.x * dim;
     float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, xi, dim, red), dim, eps);
     llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale);
+    if (halves.hi) /* each thread reads back only the elements it wrote */
+        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS)
+            store_halves(halves, (size_t)blockIdx.x * dim + c, oi[c]);
 }
 
-void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps)
+void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps,
+                      const llm_cuda_halves *halves)
 {
-    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps);
+    llm_cuda_halves none = {};
+    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps,
+                                                                     halves ? *halves : none);
     LLM_CUDA_LAUNCHED("rmsnorm");
 }
 
@@ -84,17 +104,20 @@ void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *in
     LLM_CUDA_LAUNCHED("rope");
 }
 
-__global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t count)
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t count, llm_cuda_halves halves)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        float v = g / (1.0f + expf(-g)) * up[i];
+        out[i] = v;
+        if (halves.hi) store_halves(halves, i, v);
     }
 }
 
-void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count)
+void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves)
 {
-    swiglu_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count);
+    llm_cuda_halves none = {};
+    swiglu_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count, halves ? *halves : none);
     LLM_CUDA_LAUNCHED("swiglu");
 }
 
