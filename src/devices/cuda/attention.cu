@@ -369,7 +369,9 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_c
  * layout: rows g, g+8, columns 2t, 2t+1 of each 8-key slice, g = lane / 4, t = lane % 4) and an online softmax over
  * the quad that shares a row. For O += P V the keys of each 8-key slice are taken in the order 0, 2, 4, 6, 1, 3,
  * 5, 7: then the accumulator of S is already P's A fragment (no shuffle, no shared memory), and V's rows are read
- * in that order. K/V tiles of 64 rows come in by cp.async. */
+ * in that order. Q, and each K/V tile of 64 rows, are split into {hi, lo} pairs once per block as they come into
+ * shared memory, so the 4 warps that read an element do not each split it again (the splits were most of the
+ * kernel's instructions). */
 #define TC_BQ 64
 #define TC_BK 32     /* keys per warp and step */
 #define TC_GROUPS 2  /* warp groups splitting the keys */
@@ -377,9 +379,15 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_c
 #define TC_THREADS (TC_WARPS * 32)
 #define TC_ROWS (TC_GROUPS * TC_BK) /* K/V rows per step */
 
+/* Row strides, in {hi, lo} pairs: HD + 4 makes the A/B fragment reads of Q and K (rows g, columns t) and HD + 2
+ * the slice-order reads of V (rows 2t and 2t + 1, columns g) fall in distinct banks. */
+template <int HD> struct tc_ld {
+    static constexpr int QK = HD + 4, V = HD + 2;
+};
+
 template <int HD> static size_t prefill_tc_smem()
 {
-    return ((size_t)TC_BQ + 2 * (size_t)TC_ROWS) * (HD + 4) * sizeof(float);
+    return ((size_t)(TC_BQ + TC_ROWS) * tc_ld<HD>::QK + (size_t)TC_ROWS * tc_ld<HD>::V) * sizeof(uint2);
 }
 
 __device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo)
@@ -396,61 +404,72 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* d += a . b in 3xTF32; a given as hi/lo fragments, b as two f32 values split here. */
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], float b0,
-                                           float b1)
+/* d += a . b in 3xTF32: a as hi/lo fragments, b as its two {hi, lo} pairs. */
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint2 b0,
+                                           uint2 b1)
 {
-    uint32_t bh0, bl0, bh1, bl1;
-    tf32_split(b0, bh0, bl0);
-    tf32_split(b1, bh1, bl1);
-    mma_tf32(d, al, bh0, bh1);
-    mma_tf32(d, ah, bl0, bl1);
-    mma_tf32(d, ah, bh0, bh1);
+    mma_tf32(d, al, b0.x, b1.x);
+    mma_tf32(d, ah, b0.y, b1.y);
+    mma_tf32(d, ah, b0.x, b1.x);
 }
 
-/* A fragment (16 x 8, row-major in shared memory with stride ld) at column k0, split into hi/lo. */
-__device__ __forceinline__ void load_a_split(uint32_t (&ah)[4], uint32_t (&al)[4], const float *base, int ld, int k0,
+/* A fragment (16 x 8 of {hi, lo} pairs, row-major with stride ld) at column k0. */
+__device__ __forceinline__ void load_a_pairs(uint32_t (&ah)[4], uint32_t (&al)[4], const uint2 *base, int ld, int k0,
                                              int g, int t)
 {
-    tf32_split(base[g * ld + k0 + t], ah[0], al[0]);
-    tf32_split(base[(g + 8) * ld + k0 + t], ah[1], al[1]);
-    tf32_split(base[g * ld + k0 + t + 4], ah[2], al[2]);
-    tf32_split(base[(g + 8) * ld + k0 + t + 4], ah[3], al[3]);
+    uint2 p0 = base[g * ld + k0 + t], p1 = base[(g + 8) * ld + k0 + t];
+    uint2 p2 = base[g * ld + k0 + t + 4], p3 = base[(g + 8) * ld + k0 + t + 4];
+    ah[0] = p0.x, ah[1] = p1.x, ah[2] = p2.x, ah[3] = p3.x;
+    al[0] = p0.y, al[1] = p1.y, al[2] = p2.y, al[3] = p3.y;
 }
 
-/* 16 bytes global -> shared without registers; zeros when !valid (nothing is read then). */
-__device__ __forceinline__ void cp_async16(float *dst, const float *src, bool valid)
+/* Four f32 values as {hi, lo} pairs at dst (16-byte aligned). */
+__device__ __forceinline__ void store_pairs4(uint2 *dst, float4 v)
 {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    uint4 a, b;
+    tf32_split(v.x, a.x, a.y);
+    tf32_split(v.y, a.z, a.w);
+    tf32_split(v.z, b.x, b.y);
+    tf32_split(v.w, b.z, b.w);
+    *(uint4 *)dst = a;
+    *(uint4 *)(dst + 2) = b;
 }
 
-/* The K and V rows t0 .. t0 + TC_ROWS - 1 of head kv_off; rows past t_last are zeros. */
+/* The K and V rows t0 .. t0 + TC_ROWS - 1 of head kv_off as {hi, lo} pairs; rows past t_last are zeros. All loads
+ * of a thread are issued before its first split, so their latencies overlap. */
 template <int HD>
-__device__ __forceinline__ void load_kv_tile(float *Ks, float *Vs, const attn_args &a, size_t kv_off, int t0,
-                                             int t_last)
+__device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_args &a, size_t kv_off, int t0,
+                                              int t_last)
 {
+    constexpr int C4 = HD / 4, PER = TC_ROWS * C4 / TC_THREADS; /* float4s of K (and of V) per thread */
+    static_assert(TC_ROWS * C4 % TC_THREADS == 0, "whole float4s per thread");
+    float4 k[PER], v[PER];
 #pragma unroll
-    for (int idx = threadIdx.x; idx < TC_ROWS * (HD / 4); idx += TC_THREADS) {
-        int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4, key = t0 + r;
-        bool ok = key <= t_last;
-        size_t off = ok ? (size_t)key * a.kv_dim + kv_off + c : 0;
-        cp_async16(Ks + r * (HD + 4) + c, a.k_cache + off, ok);
-        cp_async16(Vs + r * (HD + 4) + c, a.v_cache + off, ok);
+    for (int u = 0; u < PER; u++) {
+        int idx = threadIdx.x + u * TC_THREADS, r = idx / C4, c = (idx - r * C4) * 4, key = t0 + r;
+        k[u] = v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (key <= t_last) {
+            size_t off = (size_t)key * a.kv_dim + kv_off + c;
+            k[u] = *(const float4 *)(a.k_cache + off);
+            v[u] = *(const float4 *)(a.v_cache + off);
+        }
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        int idx = threadIdx.x + u * TC_THREADS, r = idx / C4, c = (idx - r * C4) * 4;
+        store_pairs4(Kp + r * tc_ld<HD>::QK + c, k[u]);
+        store_pairs4(Vp + r * tc_ld<HD>::V + c, v[u]);
+    }
 }
 
 template <int HD>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __grid_constant__ attn_args a)
 {
-    /* one row stride for Q, K and V: A and B fragment reads (rows g, columns t) and V's reads in the slice order
-     * (rows 2t and 2t + 1, columns g) all fall in 32 distinct banks with HD + 4 */
-    constexpr int LD = HD + 4, NT = TC_BK / 8, OT = HD / 8;
+    constexpr int LD = tc_ld<HD>::QK, LDV = tc_ld<HD>::V, NT = TC_BK / 8, OT = HD / 8;
     extern __shared__ float4 smem4[];
-    float *Qs = (float *)smem4;        /* (TC_BQ, LD) */
-    float *Kb = Qs + TC_BQ * LD;       /* (TC_ROWS, LD) */
-    float *Vb = Kb + TC_ROWS * LD;     /* (TC_ROWS, LD) */
+    uint2 *Qp = (uint2 *)smem4;        /* (TC_BQ, LD) */
+    uint2 *Kp = Qp + TC_BQ * LD;       /* (TC_ROWS, LD) */
+    uint2 *Vp = Kp + TC_ROWS * LD;     /* (TC_ROWS, LDV) */
     __shared__ int tile_max_pos;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -459,21 +478,20 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     const int n_tiles = (a.n + TC_BQ - 1) / TC_BQ;
     const int tile = n_tiles - 1 - (int)blockIdx.x / a.n_heads, h = (int)blockIdx.x % a.n_heads, i0 = tile * TC_BQ;
     const size_t q_stride = (size_t)a.n_heads * HD, kv_off = (size_t)(h / a.group) * HD;
-    const float *Qw = Qs + wrow * LD;
-    const float *Ks = Kb + grp * TC_BK * LD, *Vs = Vb + grp * TC_BK * LD;
+    const uint2 *Qw = Qp + wrow * LD;
+    const uint2 *Ks = Kp + grp * TC_BK * LD, *Vs = Vp + grp * TC_BK * LDV;
 
     if (tid == 0) tile_max_pos = -1;
     __syncthreads();
     if (tid < TC_BQ && i0 + tid < a.n) atomicMax(&tile_max_pos, a.positions[i0 + tid]);
     __syncthreads();
     const int t_last = tile_max_pos;
-    load_kv_tile<HD>(Kb, Vb, a, kv_off, 0, t_last); /* in flight while Q is staged */
 #pragma unroll
     for (int idx = tid; idx < TC_BQ * (HD / 4); idx += TC_THREADS) {
         int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i0 + r < a.n) v = *(const float4 *)(a.q + (size_t)(i0 + r) * q_stride + (size_t)h * HD + c);
-        *(float4 *)(Qs + r * LD + c) = v;
+        store_pairs4(Qp + r * LD + c, v);
     }
     const int ra = i0 + wrow + g, rb = ra + 8;
     const int pos_a = ra < a.n ? a.positions[ra] : -1, pos_b = rb < a.n ? a.positions[rb] : -1;
@@ -486,8 +504,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
     for (int tt = 0; tt <= t_last; tt += TC_ROWS) {
-        if (tt > 0) load_kv_tile<HD>(Kb, Vb, a, kv_off, tt, t_last);
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        load_kv_pairs<HD>(Kp, Vp, a, kv_off, tt, t_last);
         __syncthreads();
         const int t0 = tt + grp * TC_BK; /* this group's keys */
 
@@ -498,7 +515,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
 #pragma unroll 4
             for (int k0 = 0; k0 < HD; k0 += 8) {
                 uint32_t ah[4], al[4];
-                load_a_split(ah, al, Qw, LD, k0, g, t);
+                load_a_pairs(ah, al, Qw, LD, k0, g, t);
 #pragma unroll
                 for (int j = 0; j < NT; j++)
                     mma_3xtf32(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
@@ -548,22 +565,21 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int kc = 0; kc < NT; kc++)
-                    mma_3xtf32(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LD + j * 8 + g],
-                               Vs[(kc * 8 + 2 * t + 1) * LD + j * 8 + g]);
+                    mma_3xtf32(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LDV + j * 8 + g],
+                               Vs[(kc * 8 + 2 * t + 1) * LDV + j * 8 + g]);
                 o_acc[j][0] = o_acc[j][0] * al_a + d[0], o_acc[j][1] = o_acc[j][1] * al_a + d[1];
                 o_acc[j][2] = o_acc[j][2] * al_b + d[2], o_acc[j][3] = o_acc[j][3] * al_b + d[3];
             }
         }
         __syncthreads(); /* the tile is overwritten next step */
     }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
 
     for (int o = 1; o < 4; o <<= 1) {
         l_a += __shfl_xor_sync(0xffffffffu, l_a, o);
         l_b += __shfl_xor_sync(0xffffffffu, l_b, o);
     }
     /* group 1 hands its state to group 0 through the (now free) K/V tile: o as (64, LD), m and l per row */
-    float *Os = Kb, *Ms = Vb, *Ls = Vb + TC_BQ;
+    float *Os = (float *)Kp, *Ms = (float *)Vp, *Ls = Ms + TC_BQ; /* Os: (TC_BQ, LD) floats */
     const int la = wrow + g, lb = la + 8; /* rows in the tile */
     if (grp == 1) {
 #pragma unroll
