@@ -171,6 +171,9 @@ typedef struct {
 void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n);
 void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps,
                       const llm_cuda_halves *halves);
+/* x += y (n rows of dim), then out = rmsnorm(x): the add op followed by the rmsnorm op, in one pass. */
+void llm_cuda_add_rmsnorm(float *out, float *x, const float *y, const llm_weight *w, int n, int dim, float eps,
+                          const llm_cuda_halves *halves);
 void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
                    int n_kv_heads, int head_dim);
 void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves);

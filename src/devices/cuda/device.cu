@@ -28,9 +28,10 @@ typedef struct {
 /* Fusion. With LLM_CUDA_FUSE on, an op that can merge with the ones after it is not launched at once but kept
  * here: rmsnorm waits for a one-token matmul reading its output (normalising in the GEMV's prologue); up to three
  * one-token matmuls on the same input share one GEMV launch; rope (q, k), the KV store of attention, a residual add
- * or swiglu after them become the GEMV's epilogue. Anything else (another op, a transfer, sync, a timer mark, the
+ * or swiglu after them become the GEMV's epilogue. A residual add waits for the rmsnorm of its sum (batches: one pass
+ * over the rows). Anything else (another op, a transfer, sync, a timer mark, the
  * end of a step) launches what is pending first, so every op still computes what ops.h says, in order. */
-enum { PEND_NONE, PEND_NORM, PEND_GEMV };
+enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD };
 
 typedef struct {
     int kind;
@@ -51,7 +52,8 @@ typedef struct {
     int head_dim;
     float *k_cache, *v_cache;
     int kv_dim;
-    float *resid;
+    float *resid;       /* EPI_ADD's, and PEND_ADD's x (x += y with y in .x, count values) */
+    size_t count;
 } pending_t;
 
 typedef struct {
@@ -754,6 +756,11 @@ static void flush_pending(void)
     int kind = P->kind;
     P->kind = PEND_NONE;
     forget_split();
+    if (kind == PEND_ADD) {
+        llm_cuda_add(P->resid, P->x, P->count);
+        after_op("add");
+        return;
+    }
     if (kind == PEND_NORM) {
         llm_cuda_rmsnorm(P->norm_out, P->norm_src, &P->norm_w, 1, P->dim, P->eps, NULL);
         after_op("rmsnorm");
@@ -806,6 +813,18 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
 {
     if (!op_usable()) return;
     forget_split();
+    pending_t *P = &g.pend;
+    size_t all = (size_t)n * dim * sizeof(float);
+    if (P->kind == PEND_ADD && n > 1 && x == P->resid && P->count == (size_t)n * dim && !overlaps(out, all, x, all) &&
+        !overlaps(out, all, P->x, all)) {
+        P->kind = PEND_NONE;
+        llm_cuda_halves h;
+        const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n, &h, "add+rmsnorm");
+        llm_cuda_add_rmsnorm(out, P->resid, P->x, weight, n, dim, eps, halves);
+        if (halves) remember_split(out, (size_t)n * dim, halves);
+        after_op("add+rmsnorm");
+        return;
+    }
     flush_pending();
     size_t bytes = (size_t)dim * sizeof(float);
     /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
@@ -975,6 +994,11 @@ static void op_add(float *x, const float *y, size_t count)
         return;
     }
     flush_pending();
+    if (g.fuse) {
+        P->kind = PEND_ADD;
+        P->resid = x, P->x = y, P->count = count;
+        return;
+    }
     llm_cuda_add(x, y, count);
     after_op("add");
 }

@@ -52,84 +52,157 @@ __device__ __forceinline__ void store_halves(const llm_cuda_halves &h, size_t i,
     }
 }
 
-/* One block per row. Same reduction as the GEMV prologue (cuda_internal.h). */
+/* Four values at i (a multiple of 4) as halves, with one 8-byte store per half (the buffers are 8-byte aligned). */
+__device__ __forceinline__ void store_halves4(const llm_cuda_halves &h, size_t i, float4 v)
+{
+    const float f[4] = {v.x, v.y, v.z, v.w};
+    uint2 hi, lo;
+    uint16_t *hs = (uint16_t *)&hi, *ls = (uint16_t *)&lo;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (h.dtype == LLM_DTYPE_F16) {
+            __half a = __float2half_rn(f[e]);
+            hs[e] = __half_as_ushort(a), ls[e] = __half_as_ushort(__float2half_rn(f[e] - __half2float(a)));
+        } else {
+            __nv_bfloat16 a = __float2bfloat16_rn(f[e]);
+            hs[e] = __bfloat16_as_ushort(a), ls[e] = __bfloat16_as_ushort(__float2bfloat16_rn(f[e] - __bfloat162float(a)));
+        }
+    }
+    ((uint2 *)h.hi)[i / 4] = hi;
+    if (h.lo) ((uint2 *)h.lo)[i / 4] = lo;
+}
+
+/* One block per row. Same reduction as the GEMV prologue (cuda_internal.h). With y, the residual add before the
+ * norm comes first: sum = x + y is written and normalised. Every step touches element c in thread c % threads
+ * only (the helpers' order), so each thread reads back its own writes and needs no barrier between them. */
 __global__ void __launch_bounds__(LLM_CUDA_NORM_THREADS)
-rmsnorm_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps, llm_cuda_halves halves)
+rmsnorm_kernel(float *out, const float *x, const float *y, float *sum, const void *w, int w_dtype, int dim, float eps,
+               llm_cuda_halves halves)
 {
     __shared__ float red[32];
-    const float *xi = x + (size_t)blockIdx.x * dim;
-    float *oi = out + (size_t)blockIdx.x * dim;
+    const size_t row = (size_t)blockIdx.x * dim;
+    const float *xi = x + row;
+    if (y) {
+        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS) sum[row + c] = xi[c] + y[row + c];
+        xi = sum + row;
+    }
+    float *oi = out + row;
     float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, xi, dim, red), dim, eps);
     llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale);
-    if (halves.hi) /* each thread reads back only the elements it wrote */
-        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS)
-            store_halves(halves, (size_t)blockIdx.x * dim + c, oi[c]);
+    if (halves.hi)
+        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS) store_halves(halves, row + c, oi[c]);
 }
 
 void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps,
                       const llm_cuda_halves *halves)
 {
     llm_cuda_halves none = {};
-    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps,
+    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, NULL, NULL, w->data, w->dtype, dim, eps,
                                                                      halves ? *halves : none);
     LLM_CUDA_LAUNCHED("rmsnorm");
 }
 
-/* One thread per rotated pair, over q's heads then k's. */
+void llm_cuda_add_rmsnorm(float *out, float *x, const float *y, const llm_weight *w, int n, int dim, float eps,
+                          const llm_cuda_halves *halves)
+{
+    llm_cuda_halves none = {};
+    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, y, x, w->data, w->dtype, dim, eps,
+                                                                     halves ? *halves : none);
+    LLM_CUDA_LAUNCHED("add+rmsnorm");
+}
+
+#define ROPE_HEADS 8 /* heads per thread: the rotation is computed once for them */
+
+/* One thread per (token, run of ROPE_HEADS heads, pair index j), over q's heads then k's. */
 __global__ void rope_kernel(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
                             int n_kv_heads, int head_dim)
 {
-    int half = head_dim / 2, heads = n_heads + n_kv_heads;
-    size_t total = (size_t)n * heads * half;
+    int half = head_dim / 2, heads = n_heads + n_kv_heads, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    size_t total = (size_t)n * runs * half;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         int j = (int)(idx % half);
-        size_t th = idx / half;
-        int h = (int)(th % heads), i = (int)(th / heads);
-        float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
-                               : k + ((size_t)i * n_kv_heads + (h - n_heads)) * head_dim;
+        size_t tr = idx / half;
+        int run = (int)(tr % runs), i = (int)(tr / runs);
         float angle = (float)positions[i] * inv_freq[j];
         float c = cosf(angle), s = sinf(angle);
-        float a = v[j], b = v[j + half];
-        v[j] = a * c - b * s;
-        v[j + half] = b * c + a * s;
+        int h_end = min(heads, (run + 1) * ROPE_HEADS);
+        for (int h = run * ROPE_HEADS; h < h_end; h++) {
+            float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
+                                   : k + ((size_t)i * n_kv_heads + (h - n_heads)) * head_dim;
+            float a = v[j], b = v[j + half];
+            v[j] = a * c - b * s;
+            v[j + half] = b * c + a * s;
+        }
     }
 }
 
 void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
                    int n_kv_heads, int head_dim)
 {
-    size_t total = (size_t)n * (n_heads + n_kv_heads) * (head_dim / 2);
+    int runs = (n_heads + n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    size_t total = (size_t)n * runs * (head_dim / 2);
     rope_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(q, k, positions, inv_freq, n, n_heads, n_kv_heads,
                                                                    head_dim);
     LLM_CUDA_LAUNCHED("rope");
 }
 
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+/* VEC: four elements per step with 16-byte loads (count % 4 == 0, the buffers 16-byte aligned). */
+template <bool VEC>
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t count, llm_cuda_halves halves)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        float v = g / (1.0f + expf(-g)) * up[i];
-        out[i] = v;
-        if (halves.hi) store_halves(halves, i, v);
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if constexpr (VEC) {
+        for (size_t i4 = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i4 < count / 4; i4 += step) {
+            float4 g = ((const float4 *)gate)[i4], u = ((const float4 *)up)[i4];
+            float4 v = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z), silu_mul(g.w, u.w));
+            ((float4 *)out)[i4] = v;
+            if (halves.hi) store_halves4(halves, 4 * i4, v);
+        }
+    } else {
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step) {
+            float v = silu_mul(gate[i], up[i]);
+            out[i] = v;
+            if (halves.hi) store_halves(halves, i, v);
+        }
     }
 }
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
 void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves)
 {
     llm_cuda_halves none = {};
-    swiglu_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count, halves ? *halves : none);
+    if (count % 4 == 0 && aligned16(out) && aligned16(gate) && aligned16(up))
+        swiglu_kernel<true><<<grid_for(count / 4, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count,
+                                                                                  halves ? *halves : none);
+    else
+        swiglu_kernel<false><<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count,
+                                                                               halves ? *halves : none);
     LLM_CUDA_LAUNCHED("swiglu");
 }
 
-__global__ void add_kernel(float *x, const float *y, size_t count)
+/* VEC: as swiglu_kernel's. */
+template <bool VEC> __global__ void add_kernel(float *x, const float *y, size_t count)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
-        x[i] += y[i];
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if constexpr (VEC) {
+        for (size_t i4 = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i4 < count / 4; i4 += step) {
+            float4 a = ((float4 *)x)[i4], b = ((const float4 *)y)[i4];
+            ((float4 *)x)[i4] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+    } else {
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step) x[i] += y[i];
+    }
 }
 
 void llm_cuda_add(float *x, const float *y, size_t count)
 {
-    add_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(x, y, count);
+    if (count % 4 == 0 && aligned16(x) && aligned16(y))
+        add_kernel<true><<<grid_for(count / 4, 256), 256, 0, llm_cuda.stream>>>(x, y, count);
+    else
+        add_kernel<false><<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(x, y, count);
     LLM_CUDA_LAUNCHED("add");
 }
 
