@@ -30,7 +30,7 @@ typedef struct {
     int pdl_early;
 } attn_args;
 
-#define DEC_MAX_WARPS 16 /* warps per block: 8, or 16 with LLM_CUDA_DEC_WARPS=16 (measured: no gain) */
+#define DEC_MAX_WARPS 16 /* warps per block: 8 or 16 (launch_decode_w) */
 #define DEC_MAX_HEADS 8
 #define DEC_MAX_SPLITS 8 /* a portable cluster */
 
@@ -113,8 +113,9 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
         const float *base = (part & 1 ? a.v_cache : a.k_cache) + (size_t)(t_begin + r) * a.kv_dim + kv_off;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (part >> 1) * 32));
     }
+    if (a.pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
-    llm_cuda_allow_next(a.pdl_early);
+    llm_cuda_allow_next(a.pdl_early == 1);
     const float *k_i = a.k + (size_t)i * a.kv_dim + kv_off, *v_i = a.v + (size_t)i * a.kv_dim + kv_off;
     if (a.store_row && split == 0 && hb == 0)
         for (int d = tid; d < hd; d += DEC_THREADS) {
@@ -660,13 +661,15 @@ template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
 
 template <int DPL> static void launch_decode_w(attn_args *a, int ctx)
 {
-    /* Warps per block, each streaming every W-th row of its split. 16 halves the serial rows per warp, but
-     * measured no faster for TinyLlama (+0.5 %) and 2.5 % slower for Llama-2-7B: 8 unless LLM_CUDA_DEC_WARPS=16. */
-    static int warps = 0;
-    if (!warps) {
+    /* Warps per block, each streaming every W-th row of its split. With several heads per block (GQA) a row costs
+     * more work, and 16 warps (half the serial rows each) measured faster: TinyLlama +3 %; with one head per block
+     * 8 (Llama-2-7B: 16 was 2 % slower). LLM_CUDA_DEC_WARPS=8 or 16 forces one. */
+    static int forced = -1;
+    if (forced < 0) {
         const char *e = getenv("LLM_CUDA_DEC_WARPS");
-        warps = e && atoi(e) == 16 ? DEC_MAX_WARPS : 8;
+        forced = e && (atoi(e) == 8 || atoi(e) == 16) ? atoi(e) : 0;
     }
+    int warps = forced ? forced : a->heads_per_block >= 4 ? 16 : 8;
     if (warps == 8)
         launch_decode<DPL, 8>(a, ctx);
     else

@@ -19,7 +19,8 @@ struct llm_cuda_ctx {
     int sm_count;
     size_t smem_optin;   /* the most dynamic shared memory one block may ask for */
     bool pdl;            /* launch the decode kernels with programmatic dependent launch */
-    bool pdl_early;      /* ... and let the next kernel launch from the start of this one (else at its exit) */
+    int pdl_early;       /* ... and let the next kernel launch: 2 when this one starts, 1 once it has waited for
+                            the one before, 0 at its exit */
 };
 extern llm_cuda_ctx llm_cuda;
 
@@ -39,9 +40,10 @@ void *llm_cuda_scratch(int slot, size_t bytes, const char *op);
 /* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
 bool llm_cuda_allow_smem(const void *kernel, const char *op);
 
-/* Programmatic dependent launch (Hopper): a kernel launched with llm_cuda_launch_attr() may be scheduled while
- * the kernel before it drains. Before llm_cuda_wait_prior() it may only read what no kernel writes (weights);
- * after it, everything earlier in the stream is complete and visible. Both are no-ops without the attribute. */
+/* Programmatic dependent launch (Hopper): a kernel launched with llm_cuda_launch_config() may be scheduled while
+ * the kernel before it drains (from when that one calls llm_cuda_allow_next). Before llm_cuda_wait_prior() it may
+ * only read what no kernel writes (weights, positions uploaded before the step, earlier cache rows); after it,
+ * everything earlier in the stream is complete and visible. Both are no-ops without the attribute. */
 __device__ __forceinline__ void llm_cuda_wait_prior() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void llm_cuda_allow_next(int early)
 {

@@ -4,7 +4,8 @@
  * attention.cu. Environment (docs/cuda-notes.md has the measurements behind each default): LLM_CUDA_GRAPHS=0 (no
  * graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op so an error names
  * its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the two that keep f32 accuracy),
- * LLM_CUDA_PDL=0 (no programmatic dependent launch); attention.cu reads LLM_CUDA_ATTN=simt and LLM_CUDA_DEC_WARPS.
+ * LLM_CUDA_PDL=0 (no programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch);
+ * attention.cu reads LLM_CUDA_ATTN=simt and LLM_CUDA_DEC_WARPS, gemv.cu LLM_CUDA_GEMV_CPL.
  * Not here: what the ops compute (src/ops/ops.h). */
 #include <cublas_v2.h>
 #include <stdarg.h>
@@ -406,8 +407,14 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.fuse = env_flag("LLM_CUDA_FUSE", true);
     g.sync_each = env_flag("LLM_CUDA_SYNC", false);
     llm_cuda.pdl = env_flag("LLM_CUDA_PDL", true);
-    /* Measured: letting the next kernel launch from the start of this one (early trigger) made decode slower. */
-    llm_cuda.pdl_early = env_flag("LLM_CUDA_PDL_EARLY", false);
+    /* The next kernel may launch as soon as this one starts (early trigger): its blocks take SMs as ours leave
+     * and start their weight loads during our tail. Measured on an H100, decode over triggering at exit:
+     * TinyLlama +19 %, Llama-2-7B +7 % (docs/cuda-notes.md, version 23). LLM_CUDA_PDL_EARLY=0: at exit; 1: after
+     * this kernel's own wait. */
+    {
+        const char *e = getenv("LLM_CUDA_PDL_EARLY");
+        llm_cuda.pdl_early = e && *e ? atoi(e) : 2;
+    }
     if (g.sync_each) g.use_graphs = false;
     {
         const char *mode = getenv("LLM_CUDA_GEMM");

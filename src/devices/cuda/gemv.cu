@@ -138,8 +138,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
             asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w +
                                                             (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
     }
+    if (job.pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
-    llm_cuda_allow_next(job.pdl_early);
+    llm_cuda_allow_next(job.pdl_early == 1);
 
     /* The rotation of each pair index at this position, computed once per block rather than in the serial
      * epilogue: (cos, sin) of positions[0] * inv_freq[j]. */
