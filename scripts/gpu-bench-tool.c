@@ -290,7 +290,7 @@ static int cmd_bench(const char *path, bool profile)
     bool quick = getenv("LLM_BENCH_QUICK") != NULL; /* for ncu: few steps */
     double ttimes[7];
     int reps = quick ? 1 : 7;
-    for (int r = quick ? -1 : -2; r < reps; r++) {
+    for (int r = quick ? -1 : -3; r < reps; r++) { /* three warm-ups, as llm-run bench (src/cmd_bench.c) */
         double a = now_s();
         if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
         if (r >= 0) ttimes[r] = now_s() - a;
