@@ -29,9 +29,10 @@ typedef struct {
 /* Fusion. With LLM_CUDA_FUSE on, an op that can merge with the ones after it is not launched at once but kept
  * here: rmsnorm waits for a one-token matmul reading its output (normalising in the GEMV's prologue); up to three
  * one-token matmuls on the same input share one GEMV launch; rope (q, k), the KV store of attention, a residual add
- * or swiglu after them become the GEMV's epilogue. A residual add waits for the rmsnorm of its sum (batches: one pass
- * over the rows). Anything else (another op, a transfer, sync, a timer mark, the
- * end of a step) launches what is pending first, so every op still computes what ops.h says, in order. */
+ * or swiglu after them become the GEMV's epilogue. A residual add waits for the rmsnorm of its sum (batches: one
+ * pass over the rows). Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
+ * pending first, so every op still computes what ops.h says, in order. Batch products also skip work: see gemm's
+ * split of x, which a norm or swiglu before them may have written on the way. */
 enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD };
 
 typedef struct {

@@ -62,10 +62,12 @@ __device__ __forceinline__ void store_halves4(const llm_cuda_halves &h, size_t i
     for (int e = 0; e < 4; e++) {
         if (h.dtype == LLM_DTYPE_F16) {
             __half a = __float2half_rn(f[e]);
-            hs[e] = __half_as_ushort(a), ls[e] = __half_as_ushort(__float2half_rn(f[e] - __half2float(a)));
+            hs[e] = __half_as_ushort(a);
+            ls[e] = __half_as_ushort(__float2half_rn(f[e] - __half2float(a)));
         } else {
             __nv_bfloat16 a = __float2bfloat16_rn(f[e]);
-            hs[e] = __bfloat16_as_ushort(a), ls[e] = __bfloat16_as_ushort(__float2bfloat16_rn(f[e] - __bfloat162float(a)));
+            hs[e] = __bfloat16_as_ushort(a);
+            ls[e] = __bfloat16_as_ushort(__float2bfloat16_rn(f[e] - __bfloat162float(a)));
         }
     }
     ((uint2 *)h.hi)[i / 4] = hi;
