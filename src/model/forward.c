@@ -53,7 +53,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         s->device_bytes += bufs[i].bytes;
     }
     s->kv_bytes = 2 * cache * sizeof(float);
-    s->host_logits = malloc(n_logits * vocab * sizeof(float));
+    size_t logit_bytes = n_logits * vocab * sizeof(float);
+    s->host_logits = dev->host_alloc ? dev->host_alloc(logit_bytes) : NULL; /* downloaded into every step */
+    s->logits_pinned = s->host_logits != NULL;
+    if (!s->host_logits) s->host_logits = malloc(logit_bytes);
     s->host_positions = malloc(B * sizeof(int32_t));
     if (!s->host_logits || !s->host_positions) {
         snprintf(err, err_len, "out of memory for the logits (%zu x %zu)", n_logits, vocab);
@@ -70,7 +73,10 @@ void llm_state_free(llm_state *s, const llm_model *m)
                     s->tokens, s->positions};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) m->rt.dev->free(bufs[i]);
-    free(s->host_logits);
+    if (s->logits_pinned)
+        m->rt.dev->host_free(s->host_logits);
+    else
+        free(s->host_logits);
     free(s->host_positions);
     memset(s, 0, sizeof *s);
 }

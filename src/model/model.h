@@ -79,7 +79,8 @@ typedef struct {
     int32_t *tokens;         /* (max_batch) */
     int32_t *positions;      /* (max_batch) */
     /* host */
-    float *host_logits;      /* (max_batch or 1, vocab) */
+    float *host_logits;      /* (max_batch or 1, vocab); from the device's host_alloc when logits_pinned */
+    bool logits_pinned;
     int32_t *host_positions; /* (max_batch) */
     size_t device_bytes;     /* what the buffers above take on the device */
     size_t kv_bytes;

@@ -71,6 +71,10 @@ typedef struct llm_device {
      * Returns 0 when the caller must issue the ops (the device may record them). */
     int (*step_begin)(int n_tokens);
     void (*step_end)(void);
+    /* Optional: host memory the device transfers to fastest (page-locked), for what every step downloads into
+     * (the logits). NULL, or host_alloc returning NULL: plain malloc serves. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 } llm_device;
 
 #endif

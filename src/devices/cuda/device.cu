@@ -554,6 +554,23 @@ static int cuda_download(void *dst, const void *src, size_t bytes)
     return sync_stream("download") ? 0 : -1;
 }
 
+/* Page-locked host memory: a step's logits come back by one DMA instead of through the driver's staging buffer
+ * (which costs ~10 µs for 128 KB, ~40 µs for Llama 3's 128K vocabulary). NULL: none to be had. */
+static void *cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (!g.initialized || cudaMallocHost(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *p)
+{
+    if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+}
+
 static int cuda_sync(void)
 {
     if (!g.initialized) return -1;
@@ -1046,4 +1063,6 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_measure_bandwidth,
     cuda_step_begin,
     cuda_step_end,
+    cuda_host_alloc,
+    cuda_host_free,
 };
