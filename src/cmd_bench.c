@@ -315,27 +315,18 @@ int llm_cmd_bench(int argc, char **argv)
     bench_row *rows = NULL;
     char *devices = NULL;
 
-    if (arg_nullcheck(table) != 0) {
-        fprintf(stderr, "llm-run: out of memory\n");
-        goto done;
-    }
-    int n_errors = arg_parse(argc, argv, table);
-    if (help->count) {
-        printf("usage: llm-run bench MODEL [options]\n\n"
-               "Times prompt processing (ppN: an N-token prompt from an empty cache, in batches of -b) and\n"
-               "generation (tgN: N single-token steps; from an empty cache, or after a D-token prompt with\n"
-               "--tg-after D, shown as tgN@dD) with synthetic token ids. Each test warms up (pp: three runs), then -r\n"
-               "times; tokens/s are given as mean ± sample standard deviation and median. For tg, GB/s is the\n"
-               "weights and KV cache one step reads times tokens/s, and %% peak BW compares it with the device's\n"
-               "measured copy bandwidth.\n\n");
-        arg_print_glossary(stdout, table, "  %-26s %s\n");
-        rc = 0;
-        goto done;
-    }
-    if (n_errors) {
-        arg_print_errors(stderr, end, "llm-run bench");
-        fprintf(stderr, "llm-run: see llm-run bench --help\n");
-        goto done;
+    static const char usage[] =
+        "usage: llm-run bench MODEL [options]\n\n"
+        "Times prompt processing (ppN: an N-token prompt from an empty cache, in batches of -b) and\n"
+        "generation (tgN: N single-token steps; from an empty cache, or after a D-token prompt with\n"
+        "--tg-after D, shown as tgN@dD) with synthetic token ids. Each test warms up (pp: three runs), then -r\n"
+        "times; tokens/s are given as mean ± sample standard deviation and median. For tg, GB/s is the\n"
+        "weights and KV cache one step reads times tokens/s, and % peak BW compares it with the device's\n"
+        "measured copy bandwidth.\n\n";
+    switch (llm_cli_args(argc, argv, table, help, end, "llm-run bench", usage, 26)) {
+    case LLM_CLI_HELP: rc = 0; goto done;
+    case LLM_CLI_ERROR: goto done;
+    case LLM_CLI_RUN: break;
     }
     const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
     if (!path) {

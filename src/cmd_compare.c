@@ -40,25 +40,16 @@ int llm_cmd_compare(int argc, char **argv)
     int32_t *ids = NULL;
     llm_op_pin pins[MAX_PINS];
 
-    if (arg_nullcheck(table) != 0) {
-        fprintf(stderr, "llm-run: out of memory\n");
-        goto done;
-    }
-    int n_errors = arg_parse(argc, argv, table);
-    if (help->count) {
-        printf("usage: llm-run compare MODEL --device DEV [--ref DEV] [options]\n\n"
-               "Runs the same tokens through MODEL on two devices, compares every traced buffer of the forward pass\n"
-               "(per op and per layer, and where the first divergence past --trace-tol appears), the logits at every\n"
-               "position (max relative error, top-1 agreement, KL divergence) and -n greedy tokens.\n"
-               "Exit status: 0 when the logits agree within --tol, 1 when they do not, 2 on error.\n\n");
-        arg_print_glossary(stdout, table, "  %-24s %s\n");
-        rc = 0;
-        goto done;
-    }
-    if (n_errors) {
-        arg_print_errors(stderr, end, "llm-run compare");
-        fprintf(stderr, "llm-run: see llm-run compare --help\n");
-        goto done;
+    static const char usage[] =
+        "usage: llm-run compare MODEL --device DEV [--ref DEV] [options]\n\n"
+        "Runs the same tokens through MODEL on two devices, compares every traced buffer of the forward pass\n"
+        "(per op and per layer, and where the first divergence past --trace-tol appears), the logits at every\n"
+        "position (max relative error, top-1 agreement, KL divergence) and -n greedy tokens.\n"
+        "Exit status: 0 when the logits agree within --tol, 1 when they do not, 2 on error.\n\n";
+    switch (llm_cli_args(argc, argv, table, help, end, "llm-run compare", usage, 24)) {
+    case LLM_CLI_HELP: rc = 0; goto done;
+    case LLM_CLI_ERROR: goto done;
+    case LLM_CLI_RUN: break;
     }
     const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
     if (!path) {

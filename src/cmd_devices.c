@@ -101,23 +101,14 @@ int llm_cmd_devices(int argc, char **argv)
     struct arg_end *end = arg_end(8);
     void *table[] = {help, measure, threads, end};
     int rc = 1;
-    if (arg_nullcheck(table) != 0) {
-        fprintf(stderr, "llm-run: out of memory\n");
-        goto done;
-    }
-    int n_errors = arg_parse(argc, argv, table);
-    if (help->count) {
-        printf("usage: llm-run devices [--measure] [-t N]\n\n"
-               "Lists every device llm-run knows: whether it is usable here (and why not), what it is, its memory,\n"
-               "and which ops it runs natively (the others come from the cpu reference).\n\n");
-        arg_print_glossary(stdout, table, "  %-26s %s\n");
-        rc = 0;
-        goto done;
-    }
-    if (n_errors) {
-        arg_print_errors(stderr, end, "llm-run devices");
-        fprintf(stderr, "llm-run: see llm-run devices --help\n");
-        goto done;
+    static const char usage[] =
+        "usage: llm-run devices [--measure] [-t N]\n\n"
+        "Lists every device llm-run knows: whether it is usable here (and why not), what it is, its memory,\n"
+        "and which ops it runs natively (the others come from the cpu reference).\n\n";
+    switch (llm_cli_args(argc, argv, table, help, end, "llm-run devices", usage, 26)) {
+    case LLM_CLI_HELP: rc = 0; goto done;
+    case LLM_CLI_ERROR: goto done;
+    case LLM_CLI_RUN: break;
     }
     if (threads->count && threads->ival[0] < 1) {
         fprintf(stderr, "llm-run: -t %d: expected a thread count >= 1\n", threads->ival[0]);

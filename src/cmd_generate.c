@@ -126,22 +126,13 @@ int llm_cmd_generate(int argc, char **argv)
     char *prompt_text = NULL;
     llm_op_pin pins[MAX_PINS];
 
-    if (arg_nullcheck(table) != 0) {
-        fprintf(stderr, "llm-run: out of memory\n");
-        goto done;
-    }
-    int n_errors = arg_parse(argc, argv, table);
-    if (help->count) {
-        printf("usage: llm-run [options] MODEL\n"
-               "       llm-run tokenize|devices|bench|compare ... (llm-run COMMAND --help)\n\n");
-        arg_print_glossary(stdout, table, "  %-28s %s\n");
-        rc = 0;
-        goto done;
-    }
-    if (n_errors) {
-        arg_print_errors(stderr, end, "llm-run");
-        fprintf(stderr, "llm-run: see llm-run --help\n");
-        goto done;
+    static const char usage[] =
+        "usage: llm-run [options] MODEL\n"
+        "       llm-run tokenize|devices|bench|compare ... (llm-run COMMAND --help)\n\n";
+    switch (llm_cli_args(argc, argv, table, help, end, "llm-run", usage, 28)) {
+    case LLM_CLI_HELP: rc = 0; goto done;
+    case LLM_CLI_ERROR: goto done;
+    case LLM_CLI_RUN: break;
     }
     if (list_devices->count) {
         rc = llm_cli_list_devices(stdout, false, threads->count ? threads->ival[0] : 0);
