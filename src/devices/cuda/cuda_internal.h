@@ -180,8 +180,8 @@ void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *in
                    int n_kv_heads, int head_dim);
 void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves);
 void llm_cuda_add(float *x, const float *y, size_t count);
-/* x (count) f32 -> hi = round(x), lo = round(x - hi) in dtype (F16 or BF16); lo may be NULL. */
-void llm_cuda_split(void *hi, void *lo, const float *x, size_t count, llm_dtype dtype, const char *op);
+/* x (count) f32 -> h: hi = round(x), lo = round(x - hi) in h's dtype (F16 or BF16); h->lo may be NULL. */
+void llm_cuda_split(const llm_cuda_halves *h, const float *x, size_t count, const char *op);
 /* out[i, r] += bias[r] for i < n, r < rows. */
 void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op);
 /* k_cache[positions[i], :] = k[i, :], the same for v.  (n, kv_dim). */

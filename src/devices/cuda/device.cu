@@ -114,10 +114,11 @@ static void remember_split(const float *x, size_t count, const llm_cuda_halves *
 }
 
 /* Halves for an op's output that batched products will read next (a norm's, swiglu's), written by the op on the
- * way, or NULL: fusion off, a single token (the GEMV reads f32), or weights not 16-bit. */
-static const llm_cuda_halves *halves_for(size_t count, llm_dtype dtype, int n, llm_cuda_halves *h, const char *op)
+ * way, or NULL: fusion off, not a batch (a single token's GEMV reads f32), or weights not 16-bit. */
+static const llm_cuda_halves *halves_for(size_t count, llm_dtype dtype, bool batch, llm_cuda_halves *h,
+                                         const char *op)
 {
-    if (!g.fuse || n < 2 || (dtype != LLM_DTYPE_BF16 && dtype != LLM_DTYPE_F16)) return NULL;
+    if (!g.fuse || !batch || (dtype != LLM_DTYPE_BF16 && dtype != LLM_DTYPE_F16)) return NULL;
     return split_buffers(count, dtype, h, op) ? h : NULL;
 }
 
@@ -756,7 +757,7 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
         g.batch_dtype = w->dtype;
         /* q, k and v (gate and up) multiply the same x, split once; a norm or swiglu before may have split it. */
         if (!split_ready(x, count, &h)) {
-            llm_cuda_split(h.hi, h.lo, x, count, w->dtype, op);
+            llm_cuda_split(&h, x, count, op);
             remember_split(x, count, &h);
         }
         if (!blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, h.hi, t,
@@ -844,7 +845,7 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
         !overlaps(out, all, P->x, all)) {
         P->kind = PEND_NONE;
         llm_cuda_halves h;
-        const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n, &h, "add+rmsnorm");
+        const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "add+rmsnorm");
         llm_cuda_add_rmsnorm(out, P->resid, P->x, weight, n, dim, eps, halves);
         if (halves) remember_split(out, (size_t)n * dim, halves);
         after_op("add+rmsnorm");
@@ -861,7 +862,7 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
         return;
     }
     llm_cuda_halves h;
-    const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n, &h, "rmsnorm");
+    const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "rmsnorm");
     llm_cuda_rmsnorm(out, x, weight, n, dim, eps, halves);
     if (halves) remember_split(out, (size_t)n * dim, halves);
     after_op("rmsnorm");
@@ -996,7 +997,7 @@ static void op_swiglu(float *out, const float *gate, const float *up, size_t cou
     flush_pending();
     /* After batched gate/up products, the down product of the same dtype reads out next. */
     llm_cuda_halves h;
-    const llm_cuda_halves *halves = halves_for(count, g.batch_dtype, g.last_batched ? 2 : 1, &h, "swiglu");
+    const llm_cuda_halves *halves = halves_for(count, g.batch_dtype, g.last_batched, &h, "swiglu");
     llm_cuda_swiglu(out, gate, up, count, halves);
     if (halves) remember_split(out, count, halves);
     after_op("swiglu");

@@ -20,23 +20,26 @@ bool llm_cuda_gemv_fits(size_t cols)
     return cols <= GEMV_MAX_COLS && cols * sizeof(float) + 4096 <= llm_cuda.smem_optin;
 }
 
-/* Dot of one 16-byte chunk of weights with the matching f32 values of x. */
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
+
+/* Dot of one 16-byte chunk of weights with the matching f32 values of x; 16-bit weights come as PAIRs. */
+template <typename PAIR> __device__ __forceinline__ float dot_chunk16(uint4 w, const float *x)
+{
+    const PAIR *h = (const PAIR *)&w;
+    float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
+    float2 a = to_float2(h[0]), b = to_float2(h[1]), c = to_float2(h[2]), d = to_float2(h[3]);
+    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+}
+
 __device__ __forceinline__ float dot_chunk(uint4 w, const float *x, const __nv_bfloat16 *)
 {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
-    float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
-    float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-    float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+    return dot_chunk16<__nv_bfloat162>(w, x);
 }
 
 __device__ __forceinline__ float dot_chunk(uint4 w, const float *x, const __half *)
 {
-    const __half2 *h = (const __half2 *)&w;
-    float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
-    float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
-    float2 c = __half22float2(h[2]), d = __half22float2(h[3]);
-    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+    return dot_chunk16<__half2>(w, x);
 }
 
 __device__ __forceinline__ float dot_chunk(uint4 w, const float *x, const float *)

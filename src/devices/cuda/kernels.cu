@@ -38,38 +38,37 @@ void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, 
     LLM_CUDA_LAUNCHED("embed");
 }
 
-/* v = hi + lo in 16-bit halves (the batched products' split, see split_kernel), element i; lo may be NULL. */
-__device__ __forceinline__ void store_halves(const llm_cuda_halves &h, size_t i, float v)
+/* v = hi + lo + (error of about 2^-16 |v| for bf16, 2^-22 |v| for f16), as the bits of two 16-bit values: two
+ * 16-bit products summed in f32 give nearly f32 accuracy from the 16-bit tensor cores (see device.cu, gemm). */
+__device__ __forceinline__ void halves_of(float v, int dtype, uint16_t &hi, uint16_t &lo)
 {
-    if (h.dtype == LLM_DTYPE_F16) {
+    if (dtype == LLM_DTYPE_F16) {
         __half a = __float2half_rn(v);
-        ((__half *)h.hi)[i] = a;
-        if (h.lo) ((__half *)h.lo)[i] = __float2half_rn(v - __half2float(a));
+        hi = __half_as_ushort(a), lo = __half_as_ushort(__float2half_rn(v - __half2float(a)));
     } else {
         __nv_bfloat16 a = __float2bfloat16_rn(v);
-        ((__nv_bfloat16 *)h.hi)[i] = a;
-        if (h.lo) ((__nv_bfloat16 *)h.lo)[i] = __float2bfloat16_rn(v - __bfloat162float(a));
+        hi = __bfloat16_as_ushort(a), lo = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(a)));
     }
 }
 
-/* Four values at i (a multiple of 4) as halves, with one 8-byte store per half (the buffers are 8-byte aligned). */
+/* Element i of h = v; lo may be NULL. */
+__device__ __forceinline__ void store_halves(const llm_cuda_halves &h, size_t i, float v)
+{
+    uint16_t hi, lo;
+    halves_of(v, h.dtype, hi, lo);
+    ((uint16_t *)h.hi)[i] = hi;
+    if (h.lo) ((uint16_t *)h.lo)[i] = lo;
+}
+
+/* Elements i .. i + 3 (i a multiple of 4), one 8-byte store per half (the buffers are 8-byte aligned). */
 __device__ __forceinline__ void store_halves4(const llm_cuda_halves &h, size_t i, float4 v)
 {
-    const float f[4] = {v.x, v.y, v.z, v.w};
     uint2 hi, lo;
     uint16_t *hs = (uint16_t *)&hi, *ls = (uint16_t *)&lo;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        if (h.dtype == LLM_DTYPE_F16) {
-            __half a = __float2half_rn(f[e]);
-            hs[e] = __half_as_ushort(a);
-            ls[e] = __half_as_ushort(__float2half_rn(f[e] - __half2float(a)));
-        } else {
-            __nv_bfloat16 a = __float2bfloat16_rn(f[e]);
-            hs[e] = __bfloat16_as_ushort(a);
-            ls[e] = __bfloat16_as_ushort(__float2bfloat16_rn(f[e] - __bfloat162float(a)));
-        }
-    }
+    halves_of(v.x, h.dtype, hs[0], ls[0]);
+    halves_of(v.y, h.dtype, hs[1], ls[1]);
+    halves_of(v.z, h.dtype, hs[2], ls[2]);
+    halves_of(v.w, h.dtype, hs[3], ls[3]);
     ((uint2 *)h.hi)[i / 4] = hi;
     if (h.lo) ((uint2 *)h.lo)[i / 4] = lo;
 }
@@ -208,30 +207,15 @@ void llm_cuda_add(float *x, const float *y, size_t count)
     LLM_CUDA_LAUNCHED("add");
 }
 
-/* x = hi + lo + (error of about 2^-16 |x| for bf16, 2^-22 |x| for f16): two 16-bit products summed in f32 give
- * nearly f32 accuracy from the 16-bit tensor cores (see device.cu, matmul). */
-__device__ __forceinline__ void store_16(__half *p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void store_16(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-
-template <typename T>
-__global__ void split_kernel(T *hi, T *lo, const float *x, size_t count)
+__global__ void split_kernel(llm_cuda_halves h, const float *x, size_t count)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        T h;
-        store_16(&h, v);
-        hi[i] = h;
-        if (lo) store_16(lo + i, v - to_f32(h));
-    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        store_halves(h, i, x[i]);
 }
 
-void llm_cuda_split(void *hi, void *lo, const float *x, size_t count, llm_dtype dtype, const char *op)
+void llm_cuda_split(const llm_cuda_halves *h, const float *x, size_t count, const char *op)
 {
-    unsigned g = grid_for(count, 256);
-    if (dtype == LLM_DTYPE_F16)
-        split_kernel<<<g, 256, 0, llm_cuda.stream>>>((__half *)hi, (__half *)lo, x, count);
-    else
-        split_kernel<<<g, 256, 0, llm_cuda.stream>>>((__nv_bfloat16 *)hi, (__nv_bfloat16 *)lo, x, count);
+    split_kernel<<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(*h, x, count);
     LLM_CUDA_LAUNCHED(op);
 }
 
