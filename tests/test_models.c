@@ -49,16 +49,21 @@ static int load_or_skip(llm_model *m, const char *path, const char *device)
     return 0;
 }
 
+/* The case's HF record and its model on its device; 1 (nothing held) when the device is not usable here. */
+static int open_case(const case_t *c, fixture_expected *ex, llm_model *m)
+{
+    fixture_load_expected(ex, c->fixture);
+    if (load_or_skip(m, ex->dir, c->device) == 0) return 0;
+    fixture_free_expected(ex);
+    return 1;
+}
+
 static void test_logits(void **state)
 {
     const case_t *c = *state;
     fixture_expected ex;
-    fixture_load_expected(&ex, c->fixture);
     llm_model m;
-    if (load_or_skip(&m, ex.dir, c->device)) {
-        fixture_free_expected(&ex);
-        skip();
-    }
+    if (open_case(c, &ex, &m)) skip();
     llm_state s;
     char err[1024] = "";
     assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
@@ -76,12 +81,8 @@ static void test_greedy(void **state)
 {
     const case_t *c = *state;
     fixture_expected ex;
-    fixture_load_expected(&ex, c->fixture);
     llm_model m;
-    if (load_or_skip(&m, ex.dir, c->device)) {
-        fixture_free_expected(&ex);
-        skip();
-    }
+    if (open_case(c, &ex, &m)) skip();
     llm_state s;
     char err[1024] = "";
     /* A batch of 7 splits the 24-token prompt into uneven chunks, as a long prompt would be. */
