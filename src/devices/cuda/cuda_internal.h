@@ -225,8 +225,6 @@ typedef struct {
     int kv_dim;
     float *resid;       /* EPI_ADD: resid += out */
     int pdl_early;      /* set by the launcher */
-    int ring;           /* bulk kernel: shared-memory stages (set by the launcher) */
-    int bulk_cpt, bulk_per_sm, bulk_spin, bulk_ef, bulk_async;
 } llm_cuda_gemv;
 
 /* Can a one-token product with w run as a GEMV (x staged in shared memory)? */
