@@ -37,25 +37,14 @@ enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD };
 
 typedef struct {
     int kind;
-    bool norm, logits;
-    float *norm_out;
-    const float *norm_src;
+    bool logits;
+    /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
+     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid, x). */
+    llm_cuda_gemv job;
     llm_weight norm_w;
     int dim;
-    float eps;
-    pend_mat mats[LLM_CUDA_GEMV_MATS];
-    int n_mats;
-    const float *x;
-    int cols;
-    llm_dtype dtype;
-    int epi;
-    const int32_t *positions;
-    const float *inv_freq;
-    int head_dim;
-    float *k_cache, *v_cache;
-    int kv_dim;
-    float *resid;       /* EPI_ADD's, and PEND_ADD's x (x += y with y in .x, count values) */
-    size_t count;
+    pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
+    size_t count;       /* PEND_ADD's value count */
 } pending_t;
 
 typedef struct {
@@ -783,45 +772,35 @@ static void flush_pending(void)
     P->kind = PEND_NONE;
     forget_split();
     if (kind == PEND_ADD) {
-        llm_cuda_add(P->resid, P->x, P->count);
+        llm_cuda_add(P->job.resid, P->job.x, P->count);
         after_op("add");
         return;
     }
     if (kind == PEND_NORM) {
-        llm_cuda_rmsnorm(P->norm_out, P->norm_src, &P->norm_w, 1, P->dim, P->eps, NULL);
+        llm_cuda_rmsnorm(P->job.norm_out, P->job.norm_src, &P->norm_w, 1, P->dim, P->job.eps, NULL);
         after_op("rmsnorm");
         return;
     }
-    llm_cuda_gemv job;
-    memset(&job, 0, sizeof job);
-    for (int m = 0; m < P->n_mats; m++) {
-        job.mats[m].w = P->mats[m].w.data;
-        job.mats[m].rows = (int)P->mats[m].w.rows;
-        job.mats[m].out = P->mats[m].out;
-        job.mats[m].bias = P->mats[m].has_bias ? P->mats[m].bias.data : NULL;
-        job.mats[m].bias_dtype = P->mats[m].bias.dtype;
-        job.mats[m].rope = P->epi == LLM_CUDA_EPI_ROPE && m < 2;
+    llm_cuda_gemv job = P->job;
+    for (int m = 0; m < job.n_mats; m++) {
+        const pend_mat *M = &P->mats[m];
+        job.mats[m].w = M->w.data;
+        job.mats[m].rows = (int)M->w.rows;
+        job.mats[m].out = M->out;
+        job.mats[m].bias = M->has_bias ? M->bias.data : NULL;
+        job.mats[m].bias_dtype = M->bias.dtype;
+        job.mats[m].rope = job.epi == LLM_CUDA_EPI_ROPE && m < 2;
     }
-    job.n_mats = P->n_mats;
-    job.cols = P->cols;
-    job.dtype = P->dtype;
-    job.x = P->x;
-    if (P->norm) {
-        job.norm_src = P->norm_src, job.norm_w = P->norm_w.data, job.norm_dtype = P->norm_w.dtype;
-        job.eps = P->eps, job.norm_out = P->norm_out;
-    }
-    job.epi = P->epi;
-    if (P->epi == LLM_CUDA_EPI_ROPE) job.positions = P->positions, job.inv_freq = P->inv_freq, job.head_dim = P->head_dim;
-    job.k_cache = P->k_cache, job.v_cache = P->v_cache, job.kv_dim = P->kv_dim;
-    job.resid = P->resid;
+    if (job.norm_src) job.norm_w = P->norm_w.data, job.norm_dtype = P->norm_w.dtype;
     char name[48];
     const char *what = P->logits ? "logits" : "matmul";
-    const char *epi = P->epi == LLM_CUDA_EPI_ROPE ? (P->k_cache ? "+rope+kv" : "+rope")
-                      : P->epi == LLM_CUDA_EPI_ADD ? "+add" : P->epi == LLM_CUDA_EPI_SWIGLU ? "+swiglu" : "";
-    if (P->n_mats > 1)
-        snprintf(name, sizeof name, "%s%s x%d%s", P->norm ? "rmsnorm+" : "", what, P->n_mats, epi);
+    const char *epi = job.epi == LLM_CUDA_EPI_ROPE ? (job.k_cache ? "+rope+kv" : "+rope")
+                      : job.epi == LLM_CUDA_EPI_ADD ? "+add" : job.epi == LLM_CUDA_EPI_SWIGLU ? "+swiglu" : "";
+    const char *norm = job.norm_src ? "rmsnorm+" : "";
+    if (job.n_mats > 1)
+        snprintf(name, sizeof name, "%s%s x%d%s", norm, what, job.n_mats, epi);
     else
-        snprintf(name, sizeof name, "%s%s%s", P->norm ? "rmsnorm+" : "", what, epi);
+        snprintf(name, sizeof name, "%s%s%s", norm, what, epi);
     llm_cuda_gemv_launch(&job, name);
     after_op(name);
 }
@@ -841,12 +820,12 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
     forget_split();
     pending_t *P = &g.pend;
     size_t all = (size_t)n * dim * sizeof(float);
-    if (P->kind == PEND_ADD && n > 1 && x == P->resid && P->count == (size_t)n * dim && !overlaps(out, all, x, all) &&
-        !overlaps(out, all, P->x, all)) {
+    if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
+        !overlaps(out, all, x, all) && !overlaps(out, all, P->job.x, all)) {
         P->kind = PEND_NONE;
         llm_cuda_halves h;
         const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "add+rmsnorm");
-        llm_cuda_add_rmsnorm(out, P->resid, P->x, weight, n, dim, eps, halves);
+        llm_cuda_add_rmsnorm(out, P->job.resid, P->job.x, weight, n, dim, eps, halves);
         if (halves) remember_split(out, (size_t)n * dim, halves);
         after_op("add+rmsnorm");
         return;
@@ -857,8 +836,7 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
     if (g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim) && !overlaps(out, bytes, x, bytes)) {
         pending_t *P = &g.pend;
         P->kind = PEND_NORM;
-        P->norm = true;
-        P->norm_out = out, P->norm_src = x, P->norm_w = *weight, P->dim = dim, P->eps = eps;
+        P->job.norm_out = out, P->job.norm_src = x, P->norm_w = *weight, P->dim = dim, P->job.eps = eps;
         return;
     }
     llm_cuda_halves h;
@@ -868,19 +846,22 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
     after_op("rmsnorm");
 }
 
-/* Make the pending work a GEMV over x (cols) with no matrices yet and no epilogue; the prologue is the caller's. */
+/* Make the pending work a GEMV over x (cols) with no matrices yet and no epilogue; the prologue (job.norm_src and
+ * what goes with it) is the caller's. */
 static void pend_gemv(const float *x, int cols, llm_dtype dtype)
 {
     pending_t *P = &g.pend;
+    llm_cuda_gemv job = {};
+    job.norm_src = P->job.norm_src, job.norm_out = P->job.norm_out, job.eps = P->job.eps;
+    job.x = x, job.cols = cols, job.dtype = dtype, job.epi = LLM_CUDA_EPI_NONE;
+    P->job = job;
     P->kind = PEND_GEMV;
-    P->n_mats = 0, P->x = x, P->cols = cols, P->dtype = dtype, P->epi = LLM_CUDA_EPI_NONE;
-    P->k_cache = P->v_cache = NULL, P->resid = NULL;
 }
 
 static void pend_add_mat(float *out, const llm_weight *w, const llm_weight *bias, bool logits)
 {
     pending_t *P = &g.pend;
-    pend_mat *M = &P->mats[P->n_mats++];
+    pend_mat *M = &P->mats[P->job.n_mats++];
     M->w = *w, M->out = out, M->has_bias = bias != NULL;
     if (bias) M->bias = *bias;
     P->logits = logits;
@@ -892,18 +873,18 @@ static bool pend_append(float *out, const float *x, const llm_weight *w, const l
     pending_t *P = &g.pend;
     size_t out_bytes = w->rows * sizeof(float), in_bytes = w->cols * sizeof(float);
     if (P->kind == PEND_NORM) {
-        if (x != P->norm_out || w->cols != (size_t)P->dim) return false;
-        if (overlaps(out, out_bytes, P->norm_src, in_bytes) || overlaps(out, out_bytes, P->norm_out, in_bytes))
+        if (x != P->job.norm_out || w->cols != (size_t)P->dim) return false;
+        if (overlaps(out, out_bytes, P->job.norm_src, in_bytes) || overlaps(out, out_bytes, P->job.norm_out, in_bytes))
             return false;
-        pend_gemv(P->norm_out, P->dim, w->dtype);
+        pend_gemv(P->job.norm_out, P->dim, w->dtype);
     } else if (P->kind == PEND_GEMV) {
-        if (P->epi != LLM_CUDA_EPI_NONE || P->n_mats == LLM_CUDA_GEMV_MATS || x != P->x ||
-            w->cols != (size_t)P->cols || w->dtype != P->dtype || P->logits != logits)
+        if (P->job.epi != LLM_CUDA_EPI_NONE || P->job.n_mats == LLM_CUDA_GEMV_MATS || x != P->job.x ||
+            w->cols != (size_t)P->job.cols || w->dtype != P->job.dtype || P->logits != logits)
             return false;
-        if (overlaps(out, out_bytes, P->x, in_bytes) ||
-            (P->norm && overlaps(out, out_bytes, P->norm_src, in_bytes)))
+        if (overlaps(out, out_bytes, P->job.x, in_bytes) ||
+            (P->job.norm_src && overlaps(out, out_bytes, P->job.norm_src, in_bytes)))
             return false;
-        for (int m = 0; m < P->n_mats; m++)
+        for (int m = 0; m < P->job.n_mats; m++)
             if (overlaps(out, out_bytes, P->mats[m].out, P->mats[m].w.rows * sizeof(float))) return false;
     } else {
         return false;
@@ -916,7 +897,7 @@ static void one_token_product(float *out, const float *x, const llm_weight *w, c
 {
     if (g.fuse && pend_append(out, x, w, bias, logits)) return;
     flush_pending();
-    g.pend.norm = false;
+    g.pend.job.norm_src = NULL; /* no prologue */
     pend_gemv(x, (int)w->cols, w->dtype);
     pend_add_mat(out, w, bias, logits);
     if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) flush_pending();
@@ -950,11 +931,11 @@ static void op_rope(float *q, float *k, const int32_t *positions, const float *i
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
-    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats >= 2 &&
-        P->mats[0].out == q && P->mats[1].out == k && P->mats[0].w.rows == (size_t)n_heads * head_dim &&
+    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
+        P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k && P->mats[0].w.rows == (size_t)n_heads * head_dim &&
         P->mats[1].w.rows == (size_t)n_kv_heads * head_dim && head_dim % 2 == 0) {
-        P->epi = LLM_CUDA_EPI_ROPE;
-        P->positions = positions, P->inv_freq = inv_freq, P->head_dim = head_dim;
+        P->job.epi = LLM_CUDA_EPI_ROPE;
+        P->job.positions = positions, P->job.inv_freq = inv_freq, P->job.head_dim = head_dim;
         return;
     }
     flush_pending();
@@ -971,10 +952,10 @@ static void op_attention(float *out, const float *q, const float *k, const float
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
     /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first. */
-    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_ROPE && P->n_mats == 3 &&
-        P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->positions == positions &&
+    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
+        P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->job.positions == positions &&
         P->mats[1].w.rows == kv_dim) {
-        P->k_cache = k_cache, P->v_cache = v_cache, P->kv_dim = (int)kv_dim;
+        P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
         stored = true;
     }
     flush_pending();
@@ -987,10 +968,10 @@ static void op_swiglu(float *out, const float *gate, const float *up, size_t cou
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
-    if (g.fuse && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats == 2 &&
+    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
         P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
         count == P->mats[0].w.rows) {
-        P->epi = LLM_CUDA_EPI_SWIGLU;
+        P->job.epi = LLM_CUDA_EPI_SWIGLU;
         flush_pending();
         return;
     }
@@ -1010,19 +991,19 @@ static void op_add(float *x, const float *y, size_t count)
     pending_t *P = &g.pend;
     size_t bytes = count * sizeof(float);
     /* resid must not be read by the GEMV itself (its input, or the prologue's source). */
-    if (g.fuse && P->kind == PEND_GEMV && P->epi == LLM_CUDA_EPI_NONE && !P->logits && P->n_mats == 1 &&
+    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 1 &&
         P->mats[0].out == y && count == P->mats[0].w.rows && !overlaps(x, bytes, y, bytes) &&
-        !overlaps(x, bytes, P->x, (size_t)P->cols * sizeof(float)) &&
-        !(P->norm && overlaps(x, bytes, P->norm_src, (size_t)P->cols * sizeof(float)))) {
-        P->epi = LLM_CUDA_EPI_ADD;
-        P->resid = x;
+        !overlaps(x, bytes, P->job.x, (size_t)P->job.cols * sizeof(float)) &&
+        !(P->job.norm_src && overlaps(x, bytes, P->job.norm_src, (size_t)P->job.cols * sizeof(float)))) {
+        P->job.epi = LLM_CUDA_EPI_ADD;
+        P->job.resid = x;
         flush_pending();
         return;
     }
     flush_pending();
     if (g.fuse) {
         P->kind = PEND_ADD;
-        P->resid = x, P->x = y, P->count = count;
+        P->job.resid = x, P->job.x = y, P->count = count;
         return;
     }
     llm_cuda_add(x, y, count);
