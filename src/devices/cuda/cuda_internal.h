@@ -34,7 +34,8 @@ bool llm_cuda_ok(cudaError_t e, const char *op);
 
 /* A scratch buffer owned by the device, grown on demand (never inside a captured step: see device.cu).
  * Zeroed when (re)allocated. NULL after recording an error. */
-enum { LLM_CUDA_SCRATCH_SPLIT, LLM_CUDA_SCRATCH_N };
+#define LLM_CUDA_OWED_MAX 8 /* batched products whose hi + lo sum may be owed at once (device.cu) */
+enum { LLM_CUDA_SCRATCH_SPLIT, LLM_CUDA_SCRATCH_OWED, LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX };
 void *llm_cuda_scratch(int slot, size_t bytes, const char *op);
 
 /* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
@@ -170,22 +171,37 @@ typedef struct {
     int dtype;     /* LLM_DTYPE_BF16 or LLM_DTYPE_F16 */
 } llm_cuda_halves;
 
+/* An f32 input that may still be the two halves of a batched product (device.cu, gemm): its value is hi[i] + lo[i],
+ * or hi[i] alone when lo is NULL. */
+typedef struct {
+    const float *hi, *lo;
+} llm_cuda_src;
+
+static inline llm_cuda_src llm_cuda_plain(const float *p) { return llm_cuda_src{p, NULL}; }
+
+__device__ __forceinline__ float llm_cuda_src_at(const llm_cuda_src &s, size_t i)
+{
+    return s.lo ? s.hi[i] + s.lo[i] : s.hi[i];
+}
+
 void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n);
 void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps,
                       const llm_cuda_halves *halves);
 /* x += y (n rows of dim), then out = rmsnorm(x): the add op followed by the rmsnorm op, in one pass. */
-void llm_cuda_add_rmsnorm(float *out, float *x, const float *y, const llm_weight *w, int n, int dim, float eps,
+void llm_cuda_add_rmsnorm(float *out, float *x, llm_cuda_src y, const llm_weight *w, int n, int dim, float eps,
                           const llm_cuda_halves *halves);
-void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                   int n_kv_heads, int head_dim);
-void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves);
-void llm_cuda_add(float *x, const float *y, size_t count);
+/* q and k rotated in place, reading them from q_src and k_src. */
+void llm_cuda_rope(float *q, float *k, llm_cuda_src q_src, llm_cuda_src k_src, const int32_t *positions,
+                   const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim);
+void llm_cuda_swiglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, const llm_cuda_halves *halves);
+/* out = a + b (count values); out may be a. */
+void llm_cuda_add(float *out, const float *a, llm_cuda_src b, size_t count, const char *op);
 /* x (count) f32 -> h: hi = round(x), lo = round(x - hi) in h's dtype (F16 or BF16); h->lo may be NULL. */
 void llm_cuda_split(const llm_cuda_halves *h, const float *x, size_t count, const char *op);
 /* out[i, r] += bias[r] for i < n, r < rows. */
 void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op);
 /* k_cache[positions[i], :] = k[i, :], the same for v.  (n, kv_dim). */
-void llm_cuda_kv_store(const float *k, const float *v, float *k_cache, float *v_cache, const int32_t *positions, int n,
+void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
                        int kv_dim);
 
 /* ---- gemv.cu: one-token matrix-vector products, several matrices and a fused prologue/epilogue per launch ---- */
@@ -232,7 +248,8 @@ bool llm_cuda_gemv_fits(size_t cols);
 void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 
 /* ---- attention.cu ---- */
-/* The attention op; kv_stored: row positions[0] of the caches already holds k, v (n == 1, fused into the GEMV). */
+/* The attention op; kv_stored: the caches already hold the rows of k, v at the positions (stored by the caller, or
+ * with n == 1 by the GEMV's epilogue). */
 void llm_cuda_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                         bool kv_stored);

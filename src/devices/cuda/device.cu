@@ -45,12 +45,23 @@ typedef struct {
     int dim;
     pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
     size_t count;       /* PEND_ADD's value count */
+    llm_cuda_src add_y; /* PEND_ADD's y: job.x, or the halves of a sum owed to it */
 } pending_t;
 
 typedef struct {
     int n, seen;
     cudaGraphExec_t exec;
 } graph_slot;
+
+/* A batched product's output whose sum is owed (see gemm): dst (count values) is hi[i] + hi[count + i], in scratch
+ * slot LLM_CUDA_SCRATCH_OWED + its index. A slot stays keyed to its dst while not live, so a step's products land
+ * in the same slots each time it runs (no scratch growth while a step is captured). */
+typedef struct {
+    float *dst;
+    size_t count;
+    float *hi;
+    bool live;
+} owed_t;
 
 static struct {
     bool initialized;
@@ -63,7 +74,7 @@ static struct {
     char last_op[48];
     int ops_since_sync;
     /* settings (environment, read at init) */
-    bool use_graphs, fuse, sync_each, gemm_accurate;
+    bool use_graphs, fuse, sync_each, gemm_accurate, owe;
     /* accounting */
     size_t allocated;
     struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];
@@ -76,6 +87,8 @@ static struct {
     /* the last split of a batch (see gemm): of x (count values), into these halves */
     struct { const float *x; size_t count; llm_cuda_halves halves; } split;
     llm_dtype batch_dtype; /* of the last batched product's weights */
+    owed_t owed[LLM_CUDA_OWED_MAX];
+    int owed_evict;        /* the slot to take next when all are keyed */
     bool last_batched;     /* the last product was of a batch (cuBLAS), not one token (GEMV) */
 } g;
 
@@ -109,6 +122,122 @@ static const llm_cuda_halves *halves_for(size_t count, llm_dtype dtype, bool bat
 {
     if (!g.fuse || !batch || (dtype != LLM_DTYPE_BF16 && dtype != LLM_DTYPE_F16)) return NULL;
     return split_buffers(count, dtype, h, op) ? h : NULL;
+}
+
+static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
+/* ---------- owed sums ----------
+ * In the accurate mode a batched product runs as one cuBLAS product of 2n tokens (x's hi and lo halves side by
+ * side), 9-30 % faster than two of n (gpu-bench-tool gemm), and leaves its two f32 halves in scratch: the sum
+ * out = hi + lo is owed. The ops that read such outputs in a Llama layer (rope, the KV store, swiglu, the residual
+ * add) take the halves directly; any other reader, a download or a partial overwrite settles the sum into out
+ * first, a whole overwrite cancels it, and a step ends with nothing owed (a replayed step skips the ops, so it must
+ * leave what they would). */
+
+static void flush_pending(void);
+
+static bool owed_overlaps(const owed_t *o, const void *p, size_t bytes)
+{
+    return o->live && overlaps(o->dst, o->count * sizeof(float), p, bytes);
+}
+
+static void settle_one(owed_t *o)
+{
+    flush_pending(); /* ops issued before this read stay before it */
+    forget_split();
+    o->live = false;
+    llm_cuda_add(o->dst, o->hi, llm_cuda_plain(o->hi + o->count), o->count, "settle owed sum");
+}
+
+/* Before a read of [p, p + bytes) by anything that takes plain f32: the owed sums there, written out. */
+static void settle(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (owed_overlaps(&g.owed[i], p, bytes)) settle_one(&g.owed[i]);
+}
+
+static void settle_all(void)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (g.owed[i].live) settle_one(&g.owed[i]);
+}
+
+static bool covers(const void *p, size_t bytes, const owed_t *o)
+{
+    return (uintptr_t)p <= (uintptr_t)o->dst &&
+           (uintptr_t)(o->dst + o->count) <= (uintptr_t)p + bytes;
+}
+
+/* Before a write of [p, p + bytes): sums it replaces whole are not owed any more; ones it writes in part are settled
+ * first, so the rest of them stays right. */
+static void written(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++) {
+        owed_t *o = &g.owed[i];
+        if (!owed_overlaps(o, p, bytes)) continue;
+        if (covers(p, bytes, o))
+            o->live = false;
+        else
+            settle_one(o);
+    }
+}
+
+/* Would written(p, bytes) or settle(p, bytes) launch anything? (Fusions that hold an op back must not.) */
+static bool owed_partly(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (owed_overlaps(&g.owed[i], p, bytes) && !covers(p, bytes, &g.owed[i])) return true;
+    return false;
+}
+
+static bool owed_any(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (owed_overlaps(&g.owed[i], p, bytes)) return true;
+    return false;
+}
+
+/* An input of count values at p for an op that can add the halves itself: those of the sum owed to exactly p, or
+ * p alone (anything else owed there settled first). */
+static llm_cuda_src src_of(const float *p, size_t count)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++) {
+        const owed_t *o = &g.owed[i];
+        if (o->live && o->dst == p && o->count == count) return llm_cuda_src{o->hi, o->hi + count};
+    }
+    settle(p, count * sizeof(float));
+    return llm_cuda_plain(p);
+}
+
+static bool src_overlaps(llm_cuda_src s, size_t count, const void *p, size_t bytes)
+{
+    size_t b = count * sizeof(float);
+    return overlaps(s.hi, b, p, bytes) || (s.lo && overlaps(s.lo, b, p, bytes));
+}
+
+/* The slot for a sum owed to out (count values), its buffer sized; NULL after recording an error. out's own record
+ * is not live (the caller has called written() on it). */
+static owed_t *owe_slot(float *out, size_t count, const char *op)
+{
+    int pick = -1;
+    for (int i = 0; i < LLM_CUDA_OWED_MAX && pick < 0; i++)
+        if (g.owed[i].dst == out) pick = i;
+    for (int i = 0; i < LLM_CUDA_OWED_MAX && pick < 0; i++)
+        if (!g.owed[i].dst) pick = i;
+    if (pick < 0) {
+        pick = g.owed_evict;
+        g.owed_evict = (g.owed_evict + 1) % LLM_CUDA_OWED_MAX;
+        if (g.owed[pick].live) settle_one(&g.owed[pick]);
+    }
+    float *buf = (float *)llm_cuda_scratch(LLM_CUDA_SCRATCH_OWED + pick, count * 2 * sizeof(float), op);
+    if (!buf) return NULL;
+    owed_t *o = &g.owed[pick];
+    o->dst = out, o->count = count, o->hi = buf, o->live = false;
+    return o;
 }
 
 static cudaEvent_t timer_events[LLM_TIMER_SLOTS];
@@ -223,6 +352,7 @@ static int cuda_step_begin(int n_tokens)
     forget_split(); /* a captured step must not lean on a split made before it */
     if (!g.initialized || g.failed || !g.use_graphs || g.capturing) return 0;
     flush_pending();
+    settle_all();
     int slot = -1;
     for (int i = 0; i < GRAPH_SLOTS && slot < 0; i++)
         if (g.graphs[i].seen && g.graphs[i].n == n_tokens) slot = i;
@@ -262,6 +392,7 @@ static void cuda_step_end(void)
         return;
     }
     flush_pending();
+    settle_all();
     if (!g.capturing) return;
     cudaGraphExec_t exec = end_capture(); /* failing here fails the step: its ops have not run */
     if (!exec) return;
@@ -411,8 +542,11 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
         const char *mode = getenv("LLM_CUDA_GEMM");
         g.gemm_accurate = !(mode && strcmp(mode, "fast") == 0);
     }
+    g.owe = g.fuse && env_flag("LLM_CUDA_OWE", true);
     g.pend.kind = PEND_NONE;
     forget_split();
+    memset(g.owed, 0, sizeof g.owed);
+    g.owed_evict = 0;
     g.last_batched = false;
     g.initialized = true;
     return 0;
@@ -438,6 +572,7 @@ static void cuda_release(void)
         if (g.scratch[i].p) cudaFree(g.scratch[i].p);
         g.scratch[i].p = NULL, g.scratch[i].bytes = 0;
     }
+    memset(g.owed, 0, sizeof g.owed);
     if (g.blas) cublasDestroy(g.blas);
     if (g.workspace) cudaFree(g.workspace);
     if (llm_cuda.stream) cudaStreamDestroy(llm_cuda.stream);
@@ -509,7 +644,10 @@ static void cuda_free(void *p)
         flush_pending();
         invalidate_graphs();
     }
-    g.allocated -= table_take(p);
+    size_t bytes = table_take(p);
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++) /* nothing is owed to freed memory */
+        if (owed_overlaps(&g.owed[i], p, bytes)) g.owed[i].live = false;
+    g.allocated -= bytes;
     cudaFree(p);
     cudaGetLastError();
 }
@@ -521,6 +659,7 @@ static int cuda_upload(void *dst, const void *src, size_t bytes)
     flush_pending();
     abandon_capture();
     forget_split();
+    written(dst, bytes);
     if (!LLM_CUDA_CHECK("upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llm_cuda.stream)))
         return -1;
     /* From pageable memory the copy returns once src has been staged; from pinned memory it may still be reading
@@ -539,6 +678,7 @@ static int cuda_download(void *dst, const void *src, size_t bytes)
     if (!bytes) return 0;
     flush_pending();
     abandon_capture();
+    settle(src, bytes);
     if (!LLM_CUDA_CHECK("download", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llm_cuda.stream)))
         return -1;
     return sync_stream("download") ? 0 : -1;
@@ -720,17 +860,12 @@ done:
 
 /* ---------- batched products through cuBLAS ---------- */
 
-static bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
-{
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x < y + b_bytes && y < x + a_bytes;
-}
-
 /* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
- * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in the f32 output,
- * which keeps f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast
- * uses hi alone (about 2^-9). */
-static void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, const char *op)
+ * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
+ * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast uses hi alone
+ * (about 2^-9). may_owe: the two products may run as one over 2n tokens, their sum owed to out (see "owed sums"). */
+static void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
+                 const char *op)
 {
     int rows = (int)w->rows, cols = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
@@ -748,6 +883,18 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
         if (!split_ready(x, count, &h)) {
             llm_cuda_split(&h, x, count, op);
             remember_split(x, count, &h);
+        }
+        /* The halves lie side by side (split_buffers): X's columns 0..n-1 are hi, n..2n-1 lo. */
+        if (h.lo && may_owe && g.owe && (char *)h.lo == (char *)h.hi + count * 2) {
+            size_t out_count = (size_t)n * rows;
+            owed_t *o = owe_slot(out, out_count, op);
+            if (!o || !blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, 2 * n, cols, &one, w->data, t,
+                                            cols, h.hi, t, cols, &zero, o->hi, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT), op))
+                return;
+            if (bias) llm_cuda_add_bias(o->hi, bias, n, (size_t)rows, op);
+            o->live = true;
+            return;
         }
         if (!blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, h.hi, t,
                                   cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op))
@@ -772,7 +919,7 @@ static void flush_pending(void)
     P->kind = PEND_NONE;
     forget_split();
     if (kind == PEND_ADD) {
-        llm_cuda_add(P->job.resid, P->job.x, P->count);
+        llm_cuda_add(P->job.resid, P->job.resid, P->add_y, P->count, "add");
         after_op("add");
         return;
     }
@@ -810,6 +957,7 @@ static void op_embed(float *out, const llm_weight *table, const int32_t *tokens,
     if (!op_usable()) return;
     forget_split();
     flush_pending();
+    written(out, (size_t)n * table->cols * sizeof(float));
     llm_cuda_embed(out, table, tokens, n);
     after_op("embed");
 }
@@ -821,16 +969,20 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
     pending_t *P = &g.pend;
     size_t all = (size_t)n * dim * sizeof(float);
     if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
-        !overlaps(out, all, x, all) && !overlaps(out, all, P->job.x, all)) {
+        !overlaps(out, all, x, all) && !src_overlaps(P->add_y, P->count, out, all) && !owed_any(x, all) &&
+        !owed_partly(out, all)) {
         P->kind = PEND_NONE;
+        written(out, all);
         llm_cuda_halves h;
         const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "add+rmsnorm");
-        llm_cuda_add_rmsnorm(out, P->job.resid, P->job.x, weight, n, dim, eps, halves);
+        llm_cuda_add_rmsnorm(out, P->job.resid, P->add_y, weight, n, dim, eps, halves);
         if (halves) remember_split(out, (size_t)n * dim, halves);
         after_op("add+rmsnorm");
         return;
     }
     flush_pending();
+    settle(x, all);
+    written(out, all);
     size_t bytes = (size_t)dim * sizeof(float);
     /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
     if (g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim) && !overlaps(out, bytes, x, bytes)) {
@@ -907,6 +1059,8 @@ static void one_token_product(float *out, const float *x, const llm_weight *w, c
 static void product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool logits)
 {
     if (!op_usable()) return;
+    settle(x, (size_t)n * w->cols * sizeof(float));
+    written(out, (size_t)n * w->rows * sizeof(float));
     g.last_batched = !(n == 1 && llm_cuda_gemv_fits(w->cols));
     if (!g.last_batched) {
         one_token_product(out, x, w, bias, logits);
@@ -914,7 +1068,7 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
     }
     const char *op = logits ? "logits" : "matmul";
     flush_pending();
-    gemm(out, x, w, bias, n, op);
+    gemm(out, x, w, bias, n, !logits, op);
     after_op(op);
 }
 
@@ -939,7 +1093,11 @@ static void op_rope(float *q, float *k, const int32_t *positions, const float *i
         return;
     }
     flush_pending();
-    llm_cuda_rope(q, k, positions, inv_freq, n, n_heads, n_kv_heads, head_dim);
+    size_t q_count = (size_t)n * n_heads * head_dim, k_count = (size_t)n * n_kv_heads * head_dim;
+    llm_cuda_src q_src = src_of(q, q_count), k_src = src_of(k, k_count);
+    written(q, q_count * sizeof(float));
+    written(k, k_count * sizeof(float));
+    llm_cuda_rope(q, k, q_src, k_src, positions, inv_freq, n, n_heads, n_kv_heads, head_dim);
     after_op("rope");
 }
 
@@ -959,6 +1117,17 @@ static void op_attention(float *out, const float *q, const float *k, const float
         stored = true;
     }
     flush_pending();
+    size_t kv_count = (size_t)n * kv_dim;
+    if (n > 1 && !stored) { /* a batch's new rows go to the caches first, the owed halves of k and v summed there */
+        llm_cuda_src k_src = src_of(k, kv_count), v_src = src_of(v, kv_count);
+        llm_cuda_kv_store(k_src, v_src, k_cache, v_cache, positions, n, (int)kv_dim);
+        stored = true;
+    } else {
+        settle(k, kv_count * sizeof(float));
+        settle(v, kv_count * sizeof(float));
+    }
+    settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
+    written(out, (size_t)n * n_heads * head_dim * sizeof(float));
     llm_cuda_attention(out, q, k, v, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, stored);
     after_op("attention");
 }
@@ -976,10 +1145,12 @@ static void op_swiglu(float *out, const float *gate, const float *up, size_t cou
         return;
     }
     flush_pending();
+    llm_cuda_src gate_src = src_of(gate, count), up_src = src_of(up, count);
+    written(out, count * sizeof(float));
     /* After batched gate/up products, the down product of the same dtype reads out next. */
     llm_cuda_halves h;
     const llm_cuda_halves *halves = halves_for(count, g.batch_dtype, g.last_batched, &h, "swiglu");
-    llm_cuda_swiglu(out, gate, up, count, halves);
+    llm_cuda_swiglu(out, gate_src, up_src, count, halves);
     if (halves) remember_split(out, count, halves);
     after_op("swiglu");
 }
@@ -994,19 +1165,22 @@ static void op_add(float *x, const float *y, size_t count)
     if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 1 &&
         P->mats[0].out == y && count == P->mats[0].w.rows && !overlaps(x, bytes, y, bytes) &&
         !overlaps(x, bytes, P->job.x, (size_t)P->job.cols * sizeof(float)) &&
-        !(P->job.norm_src && overlaps(x, bytes, P->job.norm_src, (size_t)P->job.cols * sizeof(float)))) {
+        !(P->job.norm_src && overlaps(x, bytes, P->job.norm_src, (size_t)P->job.cols * sizeof(float))) &&
+        !owed_any(x, bytes)) {
         P->job.epi = LLM_CUDA_EPI_ADD;
         P->job.resid = x;
         flush_pending();
         return;
     }
     flush_pending();
+    llm_cuda_src y_src = src_of(y, count);
+    settle(x, bytes); /* x is read and written whole */
     if (g.fuse) {
         P->kind = PEND_ADD;
-        P->job.resid = x, P->job.x = y, P->count = count;
+        P->job.resid = x, P->job.x = y, P->count = count, P->add_y = y_src;
         return;
     }
-    llm_cuda_add(x, y, count);
+    llm_cuda_add(x, x, y_src, count, "add");
     after_op("add");
 }
 

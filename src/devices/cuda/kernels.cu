@@ -77,14 +77,15 @@ __device__ __forceinline__ void store_halves4(const llm_cuda_halves &h, size_t i
  * norm comes first: sum = x + y is written and normalised. Every step touches element c in thread c % threads
  * only (the helpers' order), so each thread reads back its own writes and needs no barrier between them. */
 __global__ void __launch_bounds__(LLM_CUDA_NORM_THREADS)
-rmsnorm_kernel(float *out, const float *x, const float *y, float *sum, const void *w, int w_dtype, int dim, float eps,
+rmsnorm_kernel(float *out, const float *x, llm_cuda_src y, float *sum, const void *w, int w_dtype, int dim, float eps,
                llm_cuda_halves halves)
 {
     __shared__ float red[32];
     const size_t row = (size_t)blockIdx.x * dim;
     const float *xi = x + row;
-    if (y) {
-        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS) sum[row + c] = xi[c] + y[row + c];
+    if (y.hi) {
+        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS)
+            sum[row + c] = xi[c] + llm_cuda_src_at(y, row + c);
         xi = sum + row;
     }
     float *oi = out + row;
@@ -98,12 +99,12 @@ void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, in
                       const llm_cuda_halves *halves)
 {
     llm_cuda_halves none = {};
-    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, NULL, NULL, w->data, w->dtype, dim, eps,
-                                                                     halves ? *halves : none);
+    rmsnorm_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, llm_cuda_plain(NULL), NULL, w->data,
+                                                                     w->dtype, dim, eps, halves ? *halves : none);
     LLM_CUDA_LAUNCHED("rmsnorm");
 }
 
-void llm_cuda_add_rmsnorm(float *out, float *x, const float *y, const llm_weight *w, int n, int dim, float eps,
+void llm_cuda_add_rmsnorm(float *out, float *x, llm_cuda_src y, const llm_weight *w, int n, int dim, float eps,
                           const llm_cuda_halves *halves)
 {
     llm_cuda_halves none = {};
@@ -115,8 +116,8 @@ void llm_cuda_add_rmsnorm(float *out, float *x, const float *y, const llm_weight
 #define ROPE_HEADS 8 /* heads per thread: the rotation is computed once for them */
 
 /* One thread per (token, run of ROPE_HEADS heads, pair index j), over q's heads then k's. */
-__global__ void rope_kernel(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                            int n_kv_heads, int head_dim)
+__global__ void rope_kernel(float *q, float *k, llm_cuda_src q_src, llm_cuda_src k_src, const int32_t *positions,
+                            const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim)
 {
     int half = head_dim / 2, heads = n_heads + n_kv_heads, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     size_t total = (size_t)n * runs * half;
@@ -128,54 +129,66 @@ __global__ void rope_kernel(float *q, float *k, const int32_t *positions, const 
         float c = cosf(angle), s = sinf(angle);
         int h_end = min(heads, (run + 1) * ROPE_HEADS);
         for (int h = run * ROPE_HEADS; h < h_end; h++) {
-            float *v = h < n_heads ? q + ((size_t)i * n_heads + h) * head_dim
-                                   : k + ((size_t)i * n_kv_heads + (h - n_heads)) * head_dim;
-            float a = v[j], b = v[j + half];
+            bool is_q = h < n_heads;
+            size_t off = is_q ? ((size_t)i * n_heads + h) * head_dim : ((size_t)i * n_kv_heads + (h - n_heads)) * head_dim;
+            float *v = (is_q ? q : k) + off;
+            const llm_cuda_src &src = is_q ? q_src : k_src;
+            float a = llm_cuda_src_at(src, off + j), b = llm_cuda_src_at(src, off + j + half);
             v[j] = a * c - b * s;
             v[j + half] = b * c + a * s;
         }
     }
 }
 
-void llm_cuda_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                   int n_kv_heads, int head_dim)
+void llm_cuda_rope(float *q, float *k, llm_cuda_src q_src, llm_cuda_src k_src, const int32_t *positions,
+                   const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim)
 {
     int runs = (n_heads + n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS;
     size_t total = (size_t)n * runs * (head_dim / 2);
-    rope_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(q, k, positions, inv_freq, n, n_heads, n_kv_heads,
-                                                                   head_dim);
+    rope_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(q, k, q_src, k_src, positions, inv_freq, n, n_heads,
+                                                                   n_kv_heads, head_dim);
     LLM_CUDA_LAUNCHED("rope");
 }
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+/* Four values of s at i (a multiple of 4): 16-byte loads. */
+__device__ __forceinline__ float4 src_at4(const llm_cuda_src &s, size_t i)
+{
+    float4 a = ((const float4 *)s.hi)[i / 4];
+    if (!s.lo) return a;
+    float4 b = ((const float4 *)s.lo)[i / 4];
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+static bool src_aligned16(llm_cuda_src s) { return aligned16(s.hi) && aligned16(s.lo); }
+
 /* VEC: four elements per step with 16-byte loads (count % 4 == 0, the buffers 16-byte aligned). */
 template <bool VEC>
-__global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t count, llm_cuda_halves halves)
+__global__ void swiglu_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, llm_cuda_halves halves)
 {
     const size_t step = (size_t)gridDim.x * blockDim.x;
     if constexpr (VEC) {
         for (size_t i4 = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i4 < count / 4; i4 += step) {
-            float4 g = ((const float4 *)gate)[i4], u = ((const float4 *)up)[i4];
+            float4 g = src_at4(gate, 4 * i4), u = src_at4(up, 4 * i4);
             float4 v = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z), silu_mul(g.w, u.w));
             ((float4 *)out)[i4] = v;
             if (halves.hi) store_halves4(halves, 4 * i4, v);
         }
     } else {
         for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step) {
-            float v = silu_mul(gate[i], up[i]);
+            float v = silu_mul(llm_cuda_src_at(gate, i), llm_cuda_src_at(up, i));
             out[i] = v;
             if (halves.hi) store_halves(halves, i, v);
         }
     }
 }
 
-static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
-
-void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t count, const llm_cuda_halves *halves)
+void llm_cuda_swiglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, const llm_cuda_halves *halves)
 {
     llm_cuda_halves none = {};
-    if (count % 4 == 0 && aligned16(out) && aligned16(gate) && aligned16(up))
+    if (count % 4 == 0 && aligned16(out) && src_aligned16(gate) && src_aligned16(up))
         swiglu_kernel<true><<<grid_for(count / 4, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count,
                                                                                   halves ? *halves : none);
     else
@@ -185,26 +198,27 @@ void llm_cuda_swiglu(float *out, const float *gate, const float *up, size_t coun
 }
 
 /* VEC: as swiglu_kernel's. */
-template <bool VEC> __global__ void add_kernel(float *x, const float *y, size_t count)
+template <bool VEC> __global__ void add_kernel(float *out, const float *a, llm_cuda_src b, size_t count)
 {
     const size_t step = (size_t)gridDim.x * blockDim.x;
     if constexpr (VEC) {
         for (size_t i4 = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i4 < count / 4; i4 += step) {
-            float4 a = ((float4 *)x)[i4], b = ((const float4 *)y)[i4];
-            ((float4 *)x)[i4] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            float4 x = ((const float4 *)a)[i4], y = src_at4(b, 4 * i4);
+            ((float4 *)out)[i4] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
         }
     } else {
-        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step) x[i] += y[i];
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += step)
+            out[i] = a[i] + llm_cuda_src_at(b, i);
     }
 }
 
-void llm_cuda_add(float *x, const float *y, size_t count)
+void llm_cuda_add(float *out, const float *a, llm_cuda_src b, size_t count, const char *op)
 {
-    if (count % 4 == 0 && aligned16(x) && aligned16(y))
-        add_kernel<true><<<grid_for(count / 4, 256), 256, 0, llm_cuda.stream>>>(x, y, count);
+    if (count % 4 == 0 && aligned16(out) && aligned16(a) && src_aligned16(b))
+        add_kernel<true><<<grid_for(count / 4, 256), 256, 0, llm_cuda.stream>>>(out, a, b, count);
     else
-        add_kernel<false><<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(x, y, count);
-    LLM_CUDA_LAUNCHED("add");
+        add_kernel<false><<<grid_for(count, 256), 256, 0, llm_cuda.stream>>>(out, a, b, count);
+    LLM_CUDA_LAUNCHED(op);
 }
 
 __global__ void split_kernel(llm_cuda_halves h, const float *x, size_t count)
@@ -232,19 +246,19 @@ void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, c
     LLM_CUDA_LAUNCHED(op);
 }
 
-__global__ void kv_store_kernel(const float *k, const float *v, float *k_cache, float *v_cache,
+__global__ void kv_store_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                                 const int32_t *positions, int n, int kv_dim)
 {
     size_t total = (size_t)n * kv_dim;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         size_t i = idx / kv_dim, c = idx % kv_dim;
         size_t dst = (size_t)positions[i] * kv_dim + c;
-        k_cache[dst] = k[idx];
-        v_cache[dst] = v[idx];
+        k_cache[dst] = llm_cuda_src_at(k, idx);
+        v_cache[dst] = llm_cuda_src_at(v, idx);
     }
 }
 
-void llm_cuda_kv_store(const float *k, const float *v, float *k_cache, float *v_cache, const int32_t *positions, int n,
+void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
                        int kv_dim)
 {
     size_t total = (size_t)n * kv_dim;
