@@ -65,6 +65,16 @@ static size_t decode_smem(int warps, int heads, int hd, int window)
             2 * DEC_MAX_HEADS + (size_t)window * 2 * hd) * sizeof(float);
 }
 
+/* Every block of the cluster arrives before any goes on. publish: this block's shared-memory writes become visible
+ * to the others first (a fence and a relaxed arrive); without, only the execution order (split 0's remote reads
+ * are consumed before it arrives). cg's cluster.sync() fences both times: TinyLlama decode +1 %, Llama-2-7B +0.3 %. */
+__device__ __forceinline__ void cluster_barrier(bool publish)
+{
+    if (publish) asm volatile("fence.acq_rel.cluster;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 /* One cache row into the running softmax of the lane's head (its lpg lanes hold the same m and l). */
 template <int DPL>
 __device__ __forceinline__ void decode_row(const float (&q)[DPL], const float (&k)[DPL], const float (&v)[DPL],
@@ -208,7 +218,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
     /* the splits, merged by split 0 through distributed shared memory */
     float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
     cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
+    cluster_barrier(true);
     if (split == 0) {
         __shared__ float w_split[DEC_MAX_HEADS][DEC_MAX_SPLITS], l_split[DEC_MAX_HEADS][DEC_MAX_SPLITS];
         __shared__ float den[DEC_MAX_HEADS];
@@ -239,7 +249,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
             out_i[idx] = num / den[h];
         }
     }
-    cluster.sync(); /* the other splits' shared memory must outlive split 0's reads */
+    cluster_barrier(false); /* the other splits' shared memory must outlive split 0's reads */
 }
 
 #define PF_BQ 64
