@@ -1,11 +1,12 @@
 /* The cuda device: the whole forward pass on one NVIDIA GPU. This file holds the device struct, buffers and their
  * accounting, the sticky error, timers, CUDA-graph record/replay of a step, the cuBLAS path for token batches, and
- * the op table with its fusion of neighbouring ops (see "Fusion" below). Kernels live in kernels.cu, gemv.cu and
- * attention.cu. Environment (docs/cuda-notes.md has the measurements behind each default): LLM_CUDA_GRAPHS=0 (no
- * graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op so an error names
- * its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the two that keep f32 accuracy),
- * LLM_CUDA_PDL=0 (no programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch);
- * attention.cu reads LLM_CUDA_ATTN=simt and LLM_CUDA_DEC_WARPS, gemv.cu LLM_CUDA_GEMV_CPL.
+ * the op table with its fusion of neighbouring ops (see "Fusion" and "owed sums" below). Kernels live in kernels.cu,
+ * gemv.cu and attention.cu. Environment (docs/cuda-notes.md has the measurements behind each default):
+ * LLM_CUDA_GRAPHS=0 (no graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op
+ * so an error names its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the split that keeps f32
+ * accuracy), LLM_CUDA_OWE=0 (the split's two products summed in place, no owed sums), LLM_CUDA_PDL=0 (no
+ * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); attention.cu reads
+ * LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_WARPS and LLM_CUDA_ATTN_WINDOW_KB, gemv.cu LLM_CUDA_GEMV_CPL.
  * Not here: what the ops compute (src/ops/ops.h). */
 #include <cublas_v2.h>
 #include <stdarg.h>
