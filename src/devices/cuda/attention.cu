@@ -734,7 +734,7 @@ template <int DPL> static void launch_decode_w(attn_args *a, int ctx)
         launch_decode<DPL, DEC_MAX_WARPS>(a, ctx);
 }
 
-void llm_cuda_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                         bool kv_stored)
 {
@@ -744,7 +744,7 @@ void llm_cuda_attention(float *out, const float *q, const float *k, const float 
         return;
     }
     attn_args a = {};
-    a.out = out, a.q = q, a.k = k, a.v = v, a.k_cache = k_cache, a.v_cache = v_cache, a.positions = positions;
+    a.out = out, a.q = q, a.k = k.hi, a.v = v.hi, a.k_cache = k_cache, a.v_cache = v_cache, a.positions = positions;
     a.n = n, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
     a.kv_dim = n_kv_heads * head_dim, a.group = n_heads / n_kv_heads;
     a.scale = 1.0f / sqrtf((float)head_dim);
@@ -752,8 +752,7 @@ void llm_cuda_attention(float *out, const float *q, const float *k, const float 
 
     /* Batches: store the new rows first (one token: inside the decode kernel, or already by the GEMV), then the
      * tiled kernel where head_dim has an instance. */
-    if (n > 1 && !kv_stored)
-        llm_cuda_kv_store(llm_cuda_plain(k), llm_cuda_plain(v), k_cache, v_cache, positions, n, a.kv_dim);
+    if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim);
     /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
     static int simt = -1;
     if (simt < 0) {

@@ -248,9 +248,9 @@ bool llm_cuda_gemv_fits(size_t cols);
 void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 
 /* ---- attention.cu ---- */
-/* The attention op; kv_stored: the caches already hold the rows of k, v at the positions (stored by the caller, or
- * with n == 1 by the GEMV's epilogue). */
-void llm_cuda_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+/* The attention op. A batch's k and v may be owed halves (the KV store adds them); one token's are plain (k.lo and
+ * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. */
+void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                         bool kv_stored);
 

@@ -40,13 +40,13 @@ typedef struct {
     int kind;
     bool logits;
     /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
-     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid, x). */
+     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid, add_y). */
     llm_cuda_gemv job;
     llm_weight norm_w;
     int dim;
     pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
     size_t count;       /* PEND_ADD's value count */
-    llm_cuda_src add_y; /* PEND_ADD's y: job.x, or the halves of a sum owed to it */
+    llm_cuda_src add_y; /* PEND_ADD's y, or the halves of a sum owed to it */
 } pending_t;
 
 typedef struct {
@@ -202,6 +202,13 @@ static bool owed_any(const void *p, size_t bytes)
     return false;
 }
 
+/* An input of count values at p for an op that reads plain f32: what is owed there settled first. */
+static llm_cuda_src settled(const float *p, size_t count)
+{
+    settle(p, count * sizeof(float));
+    return llm_cuda_plain(p);
+}
+
 /* An input of count values at p for an op that can add the halves itself: those of the sum owed to exactly p, or
  * p alone (anything else owed there settled first). */
 static llm_cuda_src src_of(const float *p, size_t count)
@@ -210,8 +217,7 @@ static llm_cuda_src src_of(const float *p, size_t count)
         const owed_t *o = &g.owed[i];
         if (o->live && o->dst == p && o->count == count) return llm_cuda_src{o->hi, o->hi + count};
     }
-    settle(p, count * sizeof(float));
-    return llm_cuda_plain(p);
+    return settled(p, count);
 }
 
 static bool src_overlaps(llm_cuda_src s, size_t count, const void *p, size_t bytes)
@@ -865,6 +871,17 @@ done:
  * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
  * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast uses hi alone
  * (about 2^-9). may_owe: the two products may run as one over 2n tokens, their sum owed to out (see "owed sums"). */
+/* c (rows x tokens) = W^T . x_half (cols x tokens, 16-bit in w's dtype) + beta * c, accumulated in f32. */
+static bool half_product(const llm_weight *w, int tokens, const void *x_half, float beta, float *c, const char *op)
+{
+    cudaDataType t = w->dtype == LLM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const float one = 1.0f;
+    int rows = (int)w->rows, cols = (int)w->cols;
+    return blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w->data, t, cols, x_half, t,
+                                cols, &beta, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   op);
+}
+
 static void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
                  const char *op)
 {
@@ -875,7 +892,6 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
                              CUDA_R_32F, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F_PEDANTIC,
                              CUBLAS_GEMM_DEFAULT), op);
     } else {
-        cudaDataType t = w->dtype == LLM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
         size_t count = (size_t)n * cols;
         llm_cuda_halves h;
         if (!split_buffers(count, w->dtype, &h, op)) return;
@@ -889,20 +905,13 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
         if (h.lo && may_owe && g.owe && (char *)h.lo == (char *)h.hi + count * 2) {
             size_t out_count = (size_t)n * rows;
             owed_t *o = owe_slot(out, out_count, op);
-            if (!o || !blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, 2 * n, cols, &one, w->data, t,
-                                            cols, h.hi, t, cols, &zero, o->hi, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT), op))
-                return;
+            if (!o || !half_product(w, 2 * n, h.hi, 0.0f, o->hi, op)) return;
             if (bias) llm_cuda_add_bias(o->hi, bias, n, (size_t)rows, op);
             o->live = true;
             return;
         }
-        if (!blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, h.hi, t,
-                                  cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op))
-            return;
-        if (h.lo)
-            blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, t, cols, h.lo, t,
-                                 cols, &one, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), op);
+        if (!half_product(w, n, h.hi, 0.0f, out, op)) return;
+        if (h.lo) half_product(w, n, h.lo, 1.0f, out, op);
     }
     if (bias) llm_cuda_add_bias(out, bias, n, (size_t)rows, op);
     if (overlaps(out, (size_t)n * rows * sizeof(float), x, (size_t)n * cols * sizeof(float))) forget_split();
@@ -1118,18 +1127,14 @@ static void op_attention(float *out, const float *q, const float *k, const float
         stored = true;
     }
     flush_pending();
+    /* A batch's k and v only go through the KV store, which adds owed halves; one token's are read as f32. */
     size_t kv_count = (size_t)n * kv_dim;
-    if (n > 1 && !stored) { /* a batch's new rows go to the caches first, the owed halves of k and v summed there */
-        llm_cuda_src k_src = src_of(k, kv_count), v_src = src_of(v, kv_count);
-        llm_cuda_kv_store(k_src, v_src, k_cache, v_cache, positions, n, (int)kv_dim);
-        stored = true;
-    } else {
-        settle(k, kv_count * sizeof(float));
-        settle(v, kv_count * sizeof(float));
-    }
+    llm_cuda_src k_src = n > 1 ? src_of(k, kv_count) : settled(k, kv_count);
+    llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
     settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
     written(out, (size_t)n * n_heads * head_dim * sizeof(float));
-    llm_cuda_attention(out, q, k, v, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, stored);
+    llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
+                       stored);
     after_op("attention");
 }
 
@@ -1178,7 +1183,7 @@ static void op_add(float *x, const float *y, size_t count)
     settle(x, bytes); /* x is read and written whole */
     if (g.fuse) {
         P->kind = PEND_ADD;
-        P->job.resid = x, P->job.x = y, P->count = count, P->add_y = y_src;
+        P->job.resid = x, P->count = count, P->add_y = y_src;
         return;
     }
     llm_cuda_add(x, x, y_src, count, "add");
