@@ -29,6 +29,7 @@ typedef struct {
     int window;     /* n == 1: rows of a split (before p) staged in shared memory before the wait */
     int store_row;  /* n == 1 and the KV row is not stored yet: split 0 of each kv head stores it */
     int pdl_early;
+    llm_cuda_tl *tl; /* LLM_CUDA_TIMELINE's record, or NULL */
 } attn_args;
 
 #define DEC_MAX_WARPS 16 /* warps per block: 8 or 16 (launch_decode_w) */
@@ -66,7 +67,7 @@ static size_t decode_smem(int warps, int heads, int hd, int window)
 }
 
 /* Every block of the cluster arrives before any goes on. publish: this block's shared-memory writes become visible
- * to the others first (a fence and a relaxed arrive); without, only the execution order (split 0's remote reads
+ * to the others first (a fence and a relaxed arrive); without, only the execution order (each split's remote reads
  * are consumed before it arrives). cg's cluster.sync() fences both times: TinyLlama decode +1 %, Llama-2-7B +0.3 %. */
 __device__ __forceinline__ void cluster_barrier(bool publish)
 {
@@ -98,7 +99,7 @@ __device__ __forceinline__ void decode_row(const float (&q)[DPL], const float (&
  * heads_per_block, lane j of a group holding dimensions j*DPL .. j*DPL + DPL - 1 of its head's q and output, so every
  * head of the group advances its online softmax at once (no barrier in the loop). The W warps then merge in shared
  * memory, and
- * split 0 merges the cluster through distributed shared memory. */
+ * the splits merge through distributed shared memory, each writing a slice of the output. */
 template <int DPL, int W>
 __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_constant__ attn_args a)
 {
@@ -118,6 +119,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
      * previous kernel (which writes q, k, v and row p) drains. The first rows of the split are copied into shared
      * memory now, so the loop after the wait finds them there instead of waiting on memory row after row; the
      * rest are prefetched into L2. */
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     const int p = a.positions[i], len = p + 1;
     const int chunk = (len + a.n_splits - 1) / a.n_splits;
     const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
@@ -152,6 +154,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
     }
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early == 1);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
     const float *k_i = a.k + (size_t)i * a.kv_dim + kv_off, *v_i = a.v + (size_t)i * a.kv_dim + kv_off;
     if (a.store_row && split == 0 && hb == 0)
         for (int d = tid; d < hd; d += DEC_THREADS) {
@@ -215,13 +218,15 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
         if (idx - h * hd == 0) bm[h] = M, bl[h] = den;
     }
 
-    /* the splits, merged by split 0 through distributed shared memory */
+    /* the splits, merged through distributed shared memory: every split weighs all of them and writes its own
+     * slice of the heads' outputs (one split doing all of it left the others idle at the last barrier) */
     float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
     cg::cluster_group cluster = cg::this_cluster();
     cluster_barrier(true);
-    if (split == 0) {
+    {
         __shared__ float w_split[DEC_MAX_HEADS][DEC_MAX_SPLITS], l_split[DEC_MAX_HEADS][DEC_MAX_SPLITS];
         __shared__ float den[DEC_MAX_HEADS];
+        const int per = (G * hd + a.n_splits - 1) / a.n_splits, begin = split * per, end = min(G * hd, begin + per);
         if (tid < G * a.n_splits) {
             int h = tid / a.n_splits, sp = tid - h * a.n_splits;
             w_split[h][sp] = cluster.map_shared_rank(bm, sp)[h];
@@ -240,7 +245,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
             den[tid] = sum;
         }
         __syncthreads();
-        for (int idx = tid; idx < G * hd; idx += DEC_THREADS) {
+        for (int idx = begin + tid; idx < end; idx += DEC_THREADS) {
             int h = idx / hd;
             float num = 0.0f;
 #pragma unroll
@@ -249,7 +254,8 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
             out_i[idx] = num / den[h];
         }
     }
-    cluster_barrier(false); /* the other splits' shared memory must outlive split 0's reads */
+    cluster_barrier(false); /* every split's shared memory must outlive the others' reads */
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }
 
 #define PF_BQ 64
@@ -704,6 +710,7 @@ template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
     int window = (int)((size_t)window_kb * 1024 / (2 * sizeof(float) * a->head_dim));
     if (window > (ctx + splits - 1) / splits) window = (ctx + splits - 1) / splits;
     a->window = a->n == 1 && a->heads_per_block >= 4 ? window : 0;
+    a->tl = llm_cuda_tl_record("attention", ctx);
     dim3 grid(a->n_kv_heads * a->head_blocks, splits, a->n);
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(
@@ -779,10 +786,17 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
         }
     }
 
-    /* Heads per block: a power of two up to 8 and the group size whose dimensions split evenly over the 32 lanes,
-     * at most 16 floats of q per lane; other head_dims take one head per block, lanes past it idle. */
+    /* Heads per block: a power of two up to 4 and the group size whose dimensions split evenly over the 32 lanes,
+     * at most 16 floats of q per lane; other head_dims take one head per block, lanes past it idle. Every head of
+     * a block reads each K and V row from shared memory, so 8 heads per block (TinyLlama's group) were bound by
+     * its bandwidth: 4 per block, twice the blocks, TinyLlama decode +4 %. LLM_CUDA_DEC_HEADS=1..8 sets the most. */
+    static int max_hpb = -1;
+    if (max_hpb < 0) {
+        const char *e = getenv("LLM_CUDA_DEC_HEADS");
+        max_hpb = e && atoi(e) >= 1 ? (atoi(e) < DEC_MAX_HEADS ? atoi(e) : DEC_MAX_HEADS) : 4;
+    }
     int hpb = 1;
-    while (hpb * 2 <= a.group && hpb * 2 <= DEC_MAX_HEADS && head_dim * hpb * 2 % 32 == 0 &&
+    while (hpb * 2 <= a.group && hpb * 2 <= max_hpb && head_dim * hpb * 2 % 32 == 0 &&
            head_dim * hpb * 2 / 32 <= 16)
         hpb *= 2;
     int dpl = head_dim * hpb % 32 == 0 ? head_dim * hpb / 32 : 0;

@@ -61,6 +61,23 @@ static inline cudaLaunchConfig_t llm_cuda_launch_config(dim3 grid, dim3 block, s
     return cfg;
 }
 
+/* Timeline of a step (LLM_CUDA_TIMELINE=FILE, measurements only): each decode GEMV and attention launch gets a record
+ * of six stamps of the global timer (ns), all kept with atomicMax so one memset zeroes them: the first and last block
+ * start, the first and last return from the wait on the kernel before, the first and last block end (a first is
+ * stored as ~t). NULL when off. device.cu hands out the records and writes them out when the device closes. */
+typedef unsigned long long llm_cuda_tl;
+enum { LLM_CUDA_TL_START, LLM_CUDA_TL_WAITED, LLM_CUDA_TL_END, LLM_CUDA_TL_FIELDS = 6 };
+llm_cuda_tl *llm_cuda_tl_record(const char *what, int cols);
+
+__device__ __forceinline__ void llm_cuda_tl_mark(llm_cuda_tl *rec, int field)
+{
+    if (!rec || threadIdx.x) return;
+    llm_cuda_tl t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    atomicMax(rec + field, ~t);
+    atomicMax(rec + 3 + field, t);
+}
+
 /* ---- device helpers shared by kernels.cu and gemv.cu ---- */
 
 /* Element i of a weight vector of dtype t as f32 (norm weights, biases). */
@@ -241,6 +258,7 @@ typedef struct {
     int kv_dim;
     float *resid;       /* EPI_ADD: resid += out */
     int pdl_early;      /* set by the launcher */
+    llm_cuda_tl *tl;    /* set by the launcher */
 } llm_cuda_gemv;
 
 /* Can a one-token product with w run as a GEMV (x staged in shared memory)? */

@@ -6,7 +6,9 @@
  * so an error names its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the split that keeps f32
  * accuracy), LLM_CUDA_OWE=0 (the split's two products summed in place, no owed sums), LLM_CUDA_PDL=0 (no
  * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); attention.cu reads
- * LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_WARPS and LLM_CUDA_ATTN_WINDOW_KB, gemv.cu LLM_CUDA_GEMV_CPL.
+ * LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_HEADS, LLM_CUDA_DEC_WARPS and LLM_CUDA_ATTN_WINDOW_KB, gemv.cu LLM_CUDA_GEMV_CPL.
+ * LLM_CUDA_TIMELINE=FILE writes when each decode kernel's blocks started, waited and ended in the last step
+ * (scripts/cuda-timeline.py reads it).
  * Not here: what the ops compute (src/ops/ops.h). */
 #include <cublas_v2.h>
 #include <stdarg.h>
@@ -315,6 +317,61 @@ static void after_op(const char *name)
     if (g.sync_each && !g.capturing) sync_stream(name);
 }
 
+/* ---------- timeline of a step (LLM_CUDA_TIMELINE=FILE: measurements only) ---------- */
+
+#define TL_MAX 512
+
+static struct {
+    char path[256];
+    llm_cuda_tl *recs; /* TL_MAX records of LLM_CUDA_TL_FIELDS stamps, zeroed as each step starts */
+    int next;
+    char what[TL_MAX][16];
+    int cols[TL_MAX];
+} tl;
+
+llm_cuda_tl *llm_cuda_tl_record(const char *what, int cols)
+{
+    if (!tl.recs || tl.next >= TL_MAX) return NULL;
+    int i = tl.next++;
+    snprintf(tl.what[i], sizeof tl.what[i], "%s", what);
+    tl.cols[i] = cols;
+    return tl.recs + (size_t)i * LLM_CUDA_TL_FIELDS;
+}
+
+static void tl_clear(void)
+{
+    if (tl.recs) LLM_CUDA_CHECK("timeline", cudaMemsetAsync(tl.recs, 0, sizeof(llm_cuda_tl) * TL_MAX *
+                                                                             LLM_CUDA_TL_FIELDS, llm_cuda.stream));
+}
+
+/* The last step's records, in microseconds from its first block start: what, cols, then the first and last block
+ * start, return from the wait, and block end. */
+static void tl_write(void)
+{
+    static llm_cuda_tl host[TL_MAX * LLM_CUDA_TL_FIELDS];
+    FILE *f = NULL;
+    if (tl.recs && tl.next && cudaMemcpy(host, tl.recs, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        (f = fopen(tl.path, "w"))) {
+        llm_cuda_tl t0 = ~0ull;
+        for (int i = 0; i < tl.next; i++)
+            if (host[i * LLM_CUDA_TL_FIELDS + 3 + LLM_CUDA_TL_START] && ~host[i * LLM_CUDA_TL_FIELDS] < t0)
+                t0 = ~host[i * LLM_CUDA_TL_FIELDS];
+        fprintf(f, "i what cols start_first start_last waited_first waited_last end_first end_last\n");
+        for (int i = 0; i < tl.next; i++) {
+            const llm_cuda_tl *r = host + i * LLM_CUDA_TL_FIELDS;
+            fprintf(f, "%d %s %d", i, tl.what[i], tl.cols[i]);
+            for (int k = 0; k < 3; k++)
+                fprintf(f, " %.3f %.3f", r[3 + k] ? (double)(~r[k] - t0) / 1e3 : -1.0,
+                        r[3 + k] ? (double)(r[3 + k] - t0) / 1e3 : -1.0);
+            fprintf(f, "\n");
+        }
+        fclose(f);
+    }
+    cudaGetLastError();
+    if (tl.recs) cudaFree(tl.recs);
+    tl.recs = NULL;
+}
+
 /* ---------- graphs ---------- */
 
 static void flush_pending(void);
@@ -379,12 +436,17 @@ static int cuda_step_begin(int n_tokens)
         g.slot = slot;
         return 1;
     }
+    tl.next = 0;
     /* The first step of a shape runs as issued (scratch buffers grow to their size); the second is captured. */
-    if (s->seen++ == 0) return 0;
+    if (s->seen++ == 0) {
+        tl_clear();
+        return 0;
+    }
     if (!LLM_CUDA_CHECK("graph capture", cudaStreamBeginCapture(llm_cuda.stream, cudaStreamCaptureModeRelaxed)))
         return 0;
     g.capturing = true;
     g.slot = slot;
+    tl_clear();
     return 0;
 }
 
@@ -395,6 +457,7 @@ static void cuda_step_end(void)
         g.replaying = false;
         snprintf(g.last_op, sizeof g.last_op, "graph replay of a %d-token step", g.graphs[g.slot].n);
         g.ops_since_sync++;
+        tl_clear();
         LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(g.graphs[g.slot].exec, llm_cuda.stream));
         return;
     }
@@ -550,6 +613,13 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
         g.gemm_accurate = !(mode && strcmp(mode, "fast") == 0);
     }
     g.owe = g.fuse && env_flag("LLM_CUDA_OWE", true);
+    {
+        const char *path = getenv("LLM_CUDA_TIMELINE");
+        tl.next = 0;
+        if (path && *path && snprintf(tl.path, sizeof tl.path, "%s", path) < (int)sizeof tl.path &&
+            !LLM_CUDA_CHECK("timeline", cudaMalloc(&tl.recs, sizeof(llm_cuda_tl) * TL_MAX * LLM_CUDA_TL_FIELDS)))
+            tl.recs = NULL;
+    }
     g.pend.kind = PEND_NONE;
     forget_split();
     memset(g.owed, 0, sizeof g.owed);
@@ -572,6 +642,7 @@ static void cuda_release(void)
     flush_pending();
     abandon_capture();
     if (llm_cuda.stream) cudaStreamSynchronize(llm_cuda.stream);
+    tl_write();
     invalidate_graphs();
     for (int i = 0; i < LLM_TIMER_SLOTS; i++)
         if (timer_events[i]) cudaEventDestroy(timer_events[i]), timer_events[i] = NULL;

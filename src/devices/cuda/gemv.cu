@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
     const int n_chunks = cols / EPC, per_step = GEMV_THREADS * CPL;
     const int ksteps = VEC ? (n_chunks + per_step - 1) / per_step : 1;
 
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_START);
     int g = blockIdx.x, ks = 0;
     const WT *rowp[P];
     uint4 w[P][CPL];
@@ -144,6 +145,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
     if (job.pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(job.pdl_early == 1);
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_WAITED);
 
     /* The rotation of each pair index at this position, computed once per block rather than in the serial
      * epilogue: (cos, sin) of positions[0] * inv_freq[j]. */
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
             if (has_b) A.out[rb] = yb;
         }
     }
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
 }
 
 /* Resident blocks per SM for a kernel at a shared-memory size, remembered (the occupancy query is not free). */
@@ -285,6 +288,11 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     if (!llm_cuda_allow_smem(kernel, op)) return;
     size_t smem = ((size_t)(job->cols + 3) / 4 * 4 + (size_t)job->head_dim) * sizeof(float);
     job->pdl_early = llm_cuda.pdl_early;
+    job->tl = llm_cuda_tl_record(job->epi == LLM_CUDA_EPI_ROPE     ? "qkv"
+                                 : job->epi == LLM_CUDA_EPI_SWIGLU ? "gate_up"
+                                 : job->epi == LLM_CUDA_EPI_ADD    ? "add_product"
+                                                                   : "product",
+                                 job->cols);
     int per_sm = blocks_per_sm(kernel, smem);
     int want = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
     int grid = per_sm * llm_cuda.sm_count;
