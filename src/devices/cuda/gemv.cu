@@ -143,12 +143,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
                                                             (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
     }
     if (job.pdl_early == 2) llm_cuda_allow_next(1);
-    llm_cuda_wait_prior();
-    llm_cuda_allow_next(job.pdl_early == 1);
-    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_WAITED);
-
     /* The rotation of each pair index at this position, computed once per block rather than in the serial
-     * epilogue: (cos, sin) of positions[0] * inv_freq[j]. */
+     * epilogue, and before the wait (positions were uploaded before the step): (cos, sin) of positions[0] *
+     * inv_freq[j]. */
     float *rot = xs + ((cols + 3) & ~3);
     if (job.epi == LLM_CUDA_EPI_ROPE)
         for (int jj = tid; jj < job.head_dim / 2; jj += GEMV_THREADS) {
@@ -156,6 +153,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
             rot[2 * jj] = cosf(angle);
             rot[2 * jj + 1] = sinf(angle);
         }
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(job.pdl_early == 1);
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_WAITED);
+
     if (job.norm_src) { /* x read from global memory once: staged while summing, then normalised in place */
         float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
         llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs, job.norm_w, job.norm_dtype, cols,
