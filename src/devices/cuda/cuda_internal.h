@@ -100,23 +100,26 @@ __device__ __forceinline__ float llm_cuda_warp_sum(float v)
 }
 
 /* sum(x[c]^2) over one row, by a block of LLM_CUDA_NORM_THREADS threads; red is 32 floats of shared memory.
- * Every thread returns the same total, summed in the same order. Loads are issued four at a time: a loop that
- * waits for each load before the next would pay a memory latency per element. STAGE: x is also copied to xs
- * (shared memory), so a prologue can normalise from xs in place without reading x from global memory a second
- * time; the sums are the same either way. */
+ * Every thread returns the same total, summed in the same order. Loads are issued LLM_CUDA_LOAD_BATCH at a time: a
+ * loop that waits for each load before the next would pay a memory latency per element, and after a GEMV's wait
+ * every round trip is on the critical path (2048 values: one round of eight, not two of four). STAGE: x is also
+ * copied to xs (shared memory), so a prologue can normalise from xs in place without reading x from global memory a
+ * second time; the sums are the same either way. */
+#define LLM_CUDA_LOAD_BATCH 8
+
 template <bool STAGE>
 __device__ __forceinline__ float llm_cuda_block_sumsq(float *xs, const float *x, int dim, float *red)
 {
     float ss = 0.0f;
-    for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
-        float v[4];
+    for (int c0 = threadIdx.x; c0 < dim; c0 += LLM_CUDA_LOAD_BATCH * LLM_CUDA_NORM_THREADS) {
+        float v[LLM_CUDA_LOAD_BATCH];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * LLM_CUDA_NORM_THREADS;
             v[u] = c < dim ? x[c] : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * LLM_CUDA_NORM_THREADS;
             if (STAGE && c < dim) xs[c] = v[u];
             ss += v[u] * v[u];
@@ -131,21 +134,21 @@ __device__ __forceinline__ float llm_cuda_block_sumsq(float *xs, const float *x,
     return total;
 }
 
-/* out[c] = w[c] * (x[c] * scale) for c < dim by a block of LLM_CUDA_NORM_THREADS threads, loads four at a time;
- * also to out2 when not NULL. out may be x (each thread reads and writes only its own elements). */
+/* out[c] = w[c] * (x[c] * scale) for c < dim by a block of LLM_CUDA_NORM_THREADS threads, LLM_CUDA_LOAD_BATCH loads
+ * at a time; also to out2 when not NULL. out may be x (each thread reads and writes only its own elements). */
 __device__ __forceinline__ void llm_cuda_block_normalize(float *out, float *out2, const float *x, const void *w,
                                                          int w_dtype, int dim, float scale)
 {
-    for (int c0 = threadIdx.x; c0 < dim; c0 += 4 * LLM_CUDA_NORM_THREADS) {
-        float v[4], g[4];
+    for (int c0 = threadIdx.x; c0 < dim; c0 += LLM_CUDA_LOAD_BATCH * LLM_CUDA_NORM_THREADS) {
+        float v[LLM_CUDA_LOAD_BATCH], g[LLM_CUDA_LOAD_BATCH];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * LLM_CUDA_NORM_THREADS;
             v[u] = c < dim ? x[c] : 0.0f;
             g[u] = c < dim ? llm_cuda_load(w, w_dtype, (size_t)c) : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * LLM_CUDA_NORM_THREADS;
             if (c < dim) {
                 float r = g[u] * (v[u] * scale);
@@ -156,18 +159,19 @@ __device__ __forceinline__ void llm_cuda_block_normalize(float *out, float *out2
     }
 }
 
-/* dst[c] = src[c] for c < n by a block of `threads` threads, loads four at a time. */
-__device__ __forceinline__ void llm_cuda_block_copy(float *dst, const float *src, int n, int threads)
+/* dst[c] = element c of src (dtype t) as f32 for c < n by a block of `threads` threads, LLM_CUDA_LOAD_BATCH loads at
+ * a time. */
+__device__ __forceinline__ void llm_cuda_block_copy(float *dst, const void *src, int t, int n, int threads)
 {
-    for (int c0 = threadIdx.x; c0 < n; c0 += 4 * threads) {
-        float v[4];
+    for (int c0 = threadIdx.x; c0 < n; c0 += LLM_CUDA_LOAD_BATCH * threads) {
+        float v[LLM_CUDA_LOAD_BATCH];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * threads;
-            v[u] = c < n ? src[c] : 0.0f;
+            v[u] = c < n ? llm_cuda_load(src, t, (size_t)c) : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * threads;
             if (c < n) dst[c] = v[u];
         }
@@ -248,6 +252,7 @@ typedef struct {
     int norm_dtype;
     float eps;
     float *norm_out;
+    int norm_staged;    /* set by the launcher: norm_w is copied to shared memory before the wait */
     int epi;
     /* EPI_ROPE: mats with .rope are rotated at positions[0]; k (mat 1) and v (mat 2) also go to the caches when
      * k_cache is set (row positions[0] of (ctx, kv_dim)) */

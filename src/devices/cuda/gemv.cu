@@ -112,10 +112,13 @@ __device__ __forceinline__ void load_step(uint4 (&w)[GEMV_ROWS][CPL], const WT *
  * 16-byte loads in flight per lane (CPL: 16-byte chunks per row and lane). The loads of the next step (or group)
  * are issued as soon as the current ones are consumed, before the current group's reduction and epilogue, and the
  * very first ones before waiting on the previous kernel. Partial sums meet in shared memory; one thread per unit
- * adds them in a fixed order and runs the epilogue. VEC: rows are whole 16-byte chunks (cols * sizeof(WT) % 16 == 0, 16-byte aligned); else one
- * element at a time, without the pipelining. */
+ * adds them in a fixed order and runs the epilogue. VEC: rows are whole 16-byte chunks (cols * sizeof(WT) % 16 == 0,
+ * 16-byte aligned); else one element at a time, without the pipelining. Blocks per SM: 3 with one chunk per lane, 2
+ * with two (80 and up to 128 registers), the optimum measured (docs/cuda-notes.md, version 29); the bound keeps a
+ * change elsewhere in the kernel from costing a block. */
 template <typename WT, bool VEC, int CPL>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constant__ llm_cuda_gemv job)
+__global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
+    gemv_kernel(const __grid_constant__ llm_cuda_gemv job)
 {
     constexpr int P = GEMV_ROWS, EPC = 16 / sizeof(WT);
     extern __shared__ float4 smem4[];
@@ -135,18 +138,21 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
         group_rows(job, g, rowp);
         load_step(w, rowp, 0, n_chunks, tid);
     }
-    /* ... and bring the norm weights into L2, so the prologue after the wait reads them from there */
-    if (job.norm_src) {
+    if (job.pdl_early == 2) llm_cuda_allow_next(1);
+    /* ... and the norm weights into shared memory (as f32, each thread the elements it normalises), so that the
+     * prologue after the wait has one round trip to memory, for x (else they come through L2) */
+    float *rot = xs + ((cols + 3) & ~3), *norm_smem = rot + ((job.head_dim + 3) & ~3);
+    if (job.norm_src && job.norm_staged)
+        llm_cuda_block_copy(norm_smem, job.norm_w, job.norm_dtype, cols, GEMV_THREADS);
+    else if (job.norm_src) {
         const int line_elems = 128 / (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2);
         for (int c = tid * line_elems; c < cols; c += GEMV_THREADS * line_elems)
             asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w +
                                                             (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
     }
-    if (job.pdl_early == 2) llm_cuda_allow_next(1);
     /* The rotation of each pair index at this position, computed once per block rather than in the serial
      * epilogue, and before the wait (positions were uploaded before the step): (cos, sin) of positions[0] *
      * inv_freq[j]. */
-    float *rot = xs + ((cols + 3) & ~3);
     if (job.epi == LLM_CUDA_EPI_ROPE)
         for (int jj = tid; jj < job.head_dim / 2; jj += GEMV_THREADS) {
             float angle = (float)job.positions[0] * job.inv_freq[jj];
@@ -159,10 +165,13 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const __grid_constan
 
     if (job.norm_src) { /* x read from global memory once: staged while summing, then normalised in place */
         float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
-        llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs, job.norm_w, job.norm_dtype, cols,
-                                 scale);
+        float *out2 = blockIdx.x == 0 ? job.norm_out : NULL;
+        if (job.norm_staged)
+            llm_cuda_block_normalize(xs, out2, xs, norm_smem, LLM_DTYPE_F32, cols, scale);
+        else
+            llm_cuda_block_normalize(xs, out2, xs, job.norm_w, job.norm_dtype, cols, scale);
     } else {
-        llm_cuda_block_copy(xs, job.x, cols, GEMV_THREADS);
+        llm_cuda_block_copy(xs, job.x, LLM_DTYPE_F32, cols, GEMV_THREADS);
     }
     __syncthreads();
 
@@ -287,7 +296,10 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     const void *kernel = !vec ? (const void *)gemv_kernel<WT, false, 1>
                          : cpl == 1 ? (const void *)gemv_kernel<WT, true, 1> : (const void *)gemv_kernel<WT, true, 2>;
     if (!llm_cuda_allow_smem(kernel, op)) return;
-    size_t smem = ((size_t)(job->cols + 3) / 4 * 4 + (size_t)job->head_dim) * sizeof(float);
+    size_t smem = ((size_t)(job->cols + 3) / 4 * 4 + (size_t)(job->head_dim + 3) / 4 * 4) * sizeof(float);
+    size_t staged = smem + (size_t)job->cols * sizeof(float);
+    job->norm_staged = job->norm_src && staged <= llm_cuda.smem_optin;
+    if (job->norm_staged) smem = staged;
     job->pdl_early = llm_cuda.pdl_early;
     job->tl = llm_cuda_tl_record(job->epi == LLM_CUDA_EPI_ROPE     ? "qkv"
                                  : job->epi == LLM_CUDA_EPI_SWIGLU ? "gate_up"
