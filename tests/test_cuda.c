@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -464,6 +465,53 @@ static void test_graph_replay(void **state)
     }
 }
 
+/* LLM_CUDA_TIMELINE: the last step's kernels in launch order, each stamped start <= wait <= end, and the logits the
+ * same bits as without it. */
+static void test_timeline(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    dev->release();
+    char path[] = "/tmp/llm-run-timeline-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    int vocab = 0;
+    float *plain = decode_run("llama-gqa-tied-bf16", "cuda", "1", "1", &vocab);
+    setenv("LLM_CUDA_TIMELINE", path, 1);
+    float *timed = decode_run("llama-gqa-tied-bf16", "cuda", "1", "1", &vocab);
+    unsetenv("LLM_CUDA_TIMELINE");
+    assert_memory_equal(timed, plain, (size_t)(1 + DECODE_STEPS) * vocab * sizeof *plain);
+    free(plain), free(timed);
+
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[256];
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_int_equal(strncmp(line, "i what cols", 11), 0);
+    int records = 0, attention = 0, qkv = 0;
+    double last_start = -1;
+    while (fgets(line, sizeof line, f)) {
+        int i, cols;
+        char what[32];
+        double s0, s1, w0, w1, e0, e1;
+        assert_int_equal(sscanf(line, "%d %31s %d %lf %lf %lf %lf %lf %lf", &i, what, &cols, &s0, &s1, &w0, &w1,
+                                &e0, &e1), 9);
+        assert_int_equal(i, records);
+        assert_true(s0 >= 0 && s0 <= s1 && s0 <= w0 && w0 <= w1 && w0 <= e0 && e0 <= e1);
+        assert_true(s0 >= last_start); /* a kernel's blocks start once the one before has started them all */
+        last_start = s0;
+        attention += strcmp(what, "attention") == 0;
+        qkv += strcmp(what, "qkv") == 0;
+        records++;
+    }
+    fclose(f);
+    unlink(path);
+    print_message("timeline: %d kernels, %d attention, %d q/k/v\n", records, attention, qkv);
+    assert_true(attention > 0 && attention == qkv); /* one of each per layer */
+    assert_true(records >= 5 * attention);
+}
+
 /* ---- errors ---- */
 
 static void test_out_of_memory_message(void **state)
@@ -541,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),
     };

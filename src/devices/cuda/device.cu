@@ -344,14 +344,16 @@ static void tl_clear(void)
                                                                              LLM_CUDA_TL_FIELDS, llm_cuda.stream));
 }
 
-/* The last step's records, in microseconds from its first block start: what, cols, then the first and last block
- * start, return from the wait, and block end. */
+/* The last step's records, in microseconds from its first block start: what, cols (a product's columns, attention's
+ * context), then the first and last block start, return from the wait, and block end (-1: no block ran). */
 static void tl_write(void)
 {
     static llm_cuda_tl host[TL_MAX * LLM_CUDA_TL_FIELDS];
     FILE *f = NULL;
     if (tl.recs && tl.next && cudaMemcpy(host, tl.recs, sizeof host, cudaMemcpyDeviceToHost) == cudaSuccess &&
-        (f = fopen(tl.path, "w"))) {
+        !(f = fopen(tl.path, "w")))
+        fprintf(stderr, "llm-run: cuda: cannot write the timeline to %s\n", tl.path);
+    if (f) {
         llm_cuda_tl t0 = ~0ull;
         for (int i = 0; i < tl.next; i++)
             if (host[i * LLM_CUDA_TL_FIELDS + 3 + LLM_CUDA_TL_START] && ~host[i * LLM_CUDA_TL_FIELDS] < t0)
@@ -615,10 +617,13 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.owe = g.fuse && env_flag("LLM_CUDA_OWE", true);
     {
         const char *path = getenv("LLM_CUDA_TIMELINE");
-        tl.next = 0;
+        tl.next = 0, tl.recs = NULL;
         if (path && *path && snprintf(tl.path, sizeof tl.path, "%s", path) < (int)sizeof tl.path &&
-            !LLM_CUDA_CHECK("timeline", cudaMalloc(&tl.recs, sizeof(llm_cuda_tl) * TL_MAX * LLM_CUDA_TL_FIELDS)))
+            cudaMalloc(&tl.recs, sizeof(llm_cuda_tl) * TL_MAX * LLM_CUDA_TL_FIELDS) != cudaSuccess) {
+            cudaGetLastError(); /* a measurement aid: without it the device runs on, untimed */
+            fprintf(stderr, "llm-run: cuda: no device memory for LLM_CUDA_TIMELINE; not recording\n");
             tl.recs = NULL;
+        }
     }
     g.pend.kind = PEND_NONE;
     forget_split();
