@@ -2,8 +2,8 @@
 # The cuda device on this machine's GPU, end to end: build, the GPU tests, random-weight checkpoints in three model
 # shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (device-to-device copy
 # bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face and with the blas device (llm-run compare) on
-# Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit. A summary
-# table goes to stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute
+# Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit, with per-op
+# profiles and the timeline of a replayed decode step. A summary table goes to stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute
 # capability 9.0 or later:
 #   scripts/gpu-bench.sh                      everything
 #   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests ckpt peak compare bench
@@ -121,6 +121,12 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
             [ -d "$MODELS/$s" ] && build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "$MODELS/$s" 2>&1 |
                 grep -E '^\|' | tee -a "$OUT/bench.log"
         done
+        # where a replayed decode step's time goes, kernel by kernel (docs/cuda-notes.md)
+        for s in $SHAPES; do
+            [ -d "$MODELS/$s" ] || continue
+            LLM_CUDA_TIMELINE="$OUT/timeline-$s.txt" build/llm-run bench --device cuda -p 0 -n 16 --tg-after 512 -r 1 \
+                "$MODELS/$s" >/dev/null 2>&1 && python3 scripts/cuda-timeline.py "$OUT/timeline-$s.txt" >>"$OUT/bench.log"
+        done
     fi
     {
         echo
@@ -129,6 +135,7 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
         printf '%s\n' "${rows[@]}"
         echo
         echo "copy bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
-        echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles in $OUT/bench.log"
+        echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles and the decode step's timeline"
+        echo "(scripts/cuda-timeline.py) in $OUT/bench.log"
     } | tee -a "$summary"
 fi
