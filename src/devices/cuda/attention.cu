@@ -62,7 +62,7 @@ __device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int
 
 static size_t decode_smem(int warps, int heads, int hd, int window)
 {
-    return ((size_t)2 * warps * DEC_MAX_HEADS + (size_t)warps * heads * hd + (size_t)heads * hd +
+    return ((size_t)3 * warps * DEC_MAX_HEADS + (size_t)warps * heads * hd + (size_t)heads * hd +
             2 * DEC_MAX_HEADS + (size_t)window * 2 * hd) * sizeof(float);
 }
 
@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
     const int i = blockIdx.z, split = blockIdx.y;
     float *wm = (float *)smem4, *wl = wm + DEC_WARPS * DEC_MAX_HEADS, *wacc = wl + DEC_WARPS * DEC_MAX_HEADS;
     float *bo = wacc + DEC_WARPS * HPB * hd, *bm = bo + HPB * hd, *bl = bm + DEC_MAX_HEADS;
-    float *kv_s = bl + DEC_MAX_HEADS; /* staged row r: k at kv_s + 2 * hd * r, v after it */
+    float *wsc = bl + DEC_MAX_HEADS;            /* each warp's weight in a head's merge */
+    float *kv_s = wsc + DEC_WARPS * DEC_MAX_HEADS; /* staged row r: k at kv_s + 2 * hd * r, v after it */
 
     /* Positions were uploaded before the step and rows before p written by earlier steps: safe to read while the
      * previous kernel (which writes q, k, v and row p) drains. The first rows of the split are copied into shared
@@ -200,22 +201,28 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
             if (d0 + e < hd) wacc[(warp * HPB + hl) * hd + d0 + e] = acc[e];
     }
     __syncthreads();
-
-    for (int idx = tid; idx < G * hd; idx += DEC_THREADS) {
-        int h = idx / hd;
+    /* a warp's weight in its head's merge, once per (warp, head) rather than once per output value */
+    if (tid < DEC_WARPS * G) {
+        int w = tid / G, h = tid - w * G;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w * DEC_MAX_HEADS + h]);
+        for (int w2 = 0; w2 < DEC_WARPS; w2++) M = fmaxf(M, wm[w2 * DEC_MAX_HEADS + h]);
+        float mw = wm[w * DEC_MAX_HEADS + h];
+        wsc[w * DEC_MAX_HEADS + h] = mw == -INFINITY ? 0.0f : expf(mw - M); /* a warp with no rows weighs nothing */
+        if (w == 0) bm[h] = M;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * hd; idx += DEC_THREADS) {
+        int h = idx / hd;
         float num = 0.0f, den = 0.0f;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++) {
-            float mw = wm[w * DEC_MAX_HEADS + h];
-            float sc = mw == -INFINITY ? 0.0f : expf(mw - M); /* a warp with no rows weighs nothing */
+            float sc = wsc[w * DEC_MAX_HEADS + h];
             num += sc * wacc[(w * HPB + h) * hd + idx - h * hd];
             den += sc * wl[w * DEC_MAX_HEADS + h];
         }
         bo[idx] = num;
-        if (idx - h * hd == 0) bm[h] = M, bl[h] = den;
+        if (idx - h * hd == 0) bl[h] = den;
     }
 
     /* the splits, merged through distributed shared memory: every split weighs all of them and writes its own
