@@ -76,21 +76,42 @@ __device__ __forceinline__ void cluster_barrier(bool publish)
     asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
 
-/* One cache row into the running softmax of the lane's head (its lpg lanes hold the same m and l). */
-template <int DPL>
-__device__ __forceinline__ void decode_row(const float (&q)[DPL], const float (&k)[DPL], const float (&v)[DPL],
-                                           float &m, float &l, float (&acc)[DPL], int lpg, float scale)
+/* The first `valid` (>= 1) of NR cache rows into the running softmax of the lane's head (its lpg lanes hold the same
+ * m and l) at once: their scores reduced side by side, one new maximum, one rescale of the running sums. Taking the
+ * rows one by one chained NR maxima and rescales: Llama-2-7B decode +0.5 % (docs/cuda-notes.md, version 42). */
+template <int DPL, int NR>
+__device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (&k)[NR][DPL],
+                                            const float (&v)[NR][DPL], int valid, float &m, float &l,
+                                            float (&acc)[DPL], int lpg, float scale)
 {
-    float d = 0.0f;
+    float s[NR];
 #pragma unroll
-    for (int e = 0; e < DPL; e++) d += q[e] * k[e];
-    for (int o = lpg >> 1; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    float s = d * scale;
-    float mn = fmaxf(m, s);
-    float alpha = expf(m - mn), p = expf(s - mn); /* exp(-inf) = 0 on the first row */
-    l = l * alpha + p;
+    for (int r = 0; r < NR; r++) {
+        s[r] = 0.0f;
 #pragma unroll
-    for (int e = 0; e < DPL; e++) acc[e] = acc[e] * alpha + p * v[e];
+        for (int e = 0; e < DPL; e++) s[r] += q[e] * k[r][e];
+    }
+    for (int o = lpg >> 1; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < NR; r++) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+    float mn = m;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        s[r] = r < valid ? s[r] * scale : -INFINITY;
+        mn = fmaxf(mn, s[r]);
+    }
+    float alpha = expf(m - mn); /* exp(-inf) = 0 on the first rows */
+    l *= alpha;
+#pragma unroll
+    for (int e = 0; e < DPL; e++) acc[e] *= alpha;
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r < valid) {
+            float p = expf(s[r] - mn);
+            l += p;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[e] += p * v[r][e];
+        }
     m = mn;
 }
 
@@ -188,9 +209,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
                 lane_load(kk[r], kr, d0, hd);
                 lane_load(vv[r], vr, d0, hd);
             }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (t + r * DEC_WARPS < t_end) decode_row<DPL>(q, kk[r], vv[r], m, l, acc, lpg, a.scale);
+        decode_rows<DPL, NR>(q, kk, vv, min(NR, (t_end - t + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale);
     }
 
     /* the warps' states, merged per (head, dim) */
