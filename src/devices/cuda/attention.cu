@@ -119,8 +119,7 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
  * rows t_begin + warp, + W, ... of its split (W warps); its lanes are heads_per_block groups of lpg = 32 /
  * heads_per_block, lane j of a group holding dimensions j*DPL .. j*DPL + DPL - 1 of its head's q and output, so every
  * head of the group advances its online softmax at once (no barrier in the loop). The W warps then merge in shared
- * memory, and
- * the splits merge through distributed shared memory, each writing a slice of the output. */
+ * memory, and the splits through distributed shared memory, each writing a slice of the output. */
 template <int DPL, int W>
 __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_constant__ attn_args a)
 {
@@ -134,8 +133,8 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
     const int i = blockIdx.z, split = blockIdx.y;
     float *wm = (float *)smem4, *wl = wm + DEC_WARPS * DEC_MAX_HEADS, *wacc = wl + DEC_WARPS * DEC_MAX_HEADS;
     float *bo = wacc + DEC_WARPS * HPB * hd, *bm = bo + HPB * hd, *bl = bm + DEC_MAX_HEADS;
-    float *wsc = bl + DEC_MAX_HEADS;            /* each warp's weight in a head's merge */
-    float *kv_s = wsc + DEC_WARPS * DEC_MAX_HEADS; /* staged row r: k at kv_s + 2 * hd * r, v after it */
+    float *wsc = bl + DEC_MAX_HEADS;                /* each warp's weight in its head's merge */
+    float *kv_s = wsc + DEC_WARPS * DEC_MAX_HEADS;  /* staged row r: k at kv_s + 2 * hd * r, v after it */
 
     /* Positions were uploaded before the step and rows before p written by earlier steps: safe to read while the
      * previous kernel (which writes q, k, v and row p) drains. The first rows of the split are copied into shared
