@@ -11,18 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "devices/host.h"
 #include "devices/registry.h"
 #include "model/model.h"
 #include "model/sampler.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -107,28 +100,27 @@ static int cmd_peak(void)
 
 /* ---- gemm: the split-f32 batch product's variants at one token batch, per weight shape ---- */
 
+/* c (rows x tokens) = W^T . x + beta * c, bf16 inputs, f32 accumulation: the product device.cu's gemm() runs. */
+static cublasStatus_t bf16_product(cublasHandle_t blas, int rows, int tokens, int cols, const void *w, const void *x,
+                                   float beta, float *c)
+{
+    const float one = 1.0f;
+    return cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w, CUDA_R_16BF, cols, x, CUDA_R_16BF,
+                        cols, &beta, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 /* ms of one call of `variant` (median of 20): 0 = hi then lo into the same f32 output (beta 1, what gemm() does),
  * 1 = hi and lo as one product of twice the tokens (two outputs, summed elsewhere), 2 = hi alone (LLM_CUDA_GEMM=fast) */
 static double time_gemm_variant(cublasHandle_t blas, int variant, int rows, int cols, int n, void *w, void *x, float *c)
 {
-    const float one = 1.0f, zero = 0.0f;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     double t[20];
     for (int r = -3; r < 20; r++) {
         cudaEventRecord(e0, 0);
-        cublasStatus_t st;
-        if (variant == 1) {
-            st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, 2 * n, cols, &one, w, CUDA_R_16BF, cols, x,
-                              CUDA_R_16BF, cols, &zero, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        } else {
-            st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols, x,
-                              CUDA_R_16BF, cols, &zero, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-            if (variant == 0 && st == CUBLAS_STATUS_SUCCESS)
-                st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w, CUDA_R_16BF, cols,
-                                  (char *)x + (size_t)n * cols * 2, CUDA_R_16BF, cols, &one, c, CUDA_R_32F, rows,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        }
+        cublasStatus_t st = bf16_product(blas, rows, variant == 1 ? 2 * n : n, cols, w, x, 0.0f, c);
+        if (variant == 0 && st == CUBLAS_STATUS_SUCCESS)
+            st = bf16_product(blas, rows, n, cols, w, (char *)x + (size_t)n * cols * 2, 1.0f, c);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         float ms = 0;
@@ -276,9 +268,9 @@ static int load(llm_model *m, const char *path)
 static int cmd_bench(const char *path, bool profile)
 {
     llm_model m;
-    double t0 = now_s();
+    double t0 = llm_host_now_s();
     if (load(&m, path)) return 1;
-    double t_load = now_s() - t0;
+    double t_load = llm_host_now_s() - t0;
     const llm_config *c = &m.config;
     char err[1024] = "";
     int pp = 512, tg = 128;
@@ -291,9 +283,9 @@ static int cmd_bench(const char *path, bool profile)
     double ttimes[7];
     int reps = quick ? 1 : 7;
     for (int r = quick ? -1 : -3; r < reps; r++) { /* three warm-ups, as llm-run bench (src/cmd_bench.c) */
-        double a = now_s();
+        double a = llm_host_now_s();
         if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
-        if (r >= 0) ttimes[r] = now_s() - a;
+        if (r >= 0) ttimes[r] = llm_host_now_s() - a;
     }
     double pp_s = median(ttimes, reps);
     if (quick) tg = 8;
@@ -303,12 +295,12 @@ static int cmd_bench(const char *path, bool profile)
     int32_t tok = 1;
     const char *want_tg = getenv("LLM_BENCH_TG");
     for (int r = want_tg && strcmp(want_tg, "0") == 0 ? 5 : quick ? 3 : -1; r < 5; r++) {
-        double a = now_s();
+        double a = llm_host_now_s();
         for (int i = 0; i < tg; i++) {
             if (llm_forward(&m, &s, &tok, 1, pp + i, &logits, err, sizeof err)) return die(err);
             tok = (int32_t)((tok * 31 + i) % c->vocab_size);
         }
-        if (r >= 0) runs[r] = now_s() - a;
+        if (r >= 0) runs[r] = llm_host_now_s() - a;
     }
     double tg_s = quick ? runs[4] : median(runs, 5);
 
@@ -337,15 +329,15 @@ static int cmd_bench(const char *path, bool profile)
     if (profile) {
         /* one decode step and one prefill, op by op */
         profile_start(&m);
-        double a = now_s();
+        double a = llm_host_now_s();
         if (llm_forward(&m, &s, &tok, 1, pp, &logits, err, sizeof err)) return die(err);
-        double step = now_s() - a;
+        double step = llm_host_now_s() - a;
         profile_print("one decode step at position 512", step * 1e3);
         profile_stop(&m);
         profile_start(&m);
-        a = now_s();
+        a = llm_host_now_s();
         if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
-        step = now_s() - a;
+        step = llm_host_now_s() - a;
         profile_print("prefill of 512 tokens", step * 1e3);
         profile_stop(&m);
     }
@@ -387,12 +379,12 @@ static int cmd_gemv(void)
         int launches = copies * 4;
         double t[6];
         for (int r = 0; r < 6; r++) {
-            double a = now_s();
+            double a = llm_host_now_s();
             if (!dev->step_begin(10000 + (int)s))
                 for (int k = 0; k < launches; k++) dev->ops->matmul(out, x[k & 1], &w[k % copies], NULL, 1);
             dev->step_end();
             if (dev->sync()) return die("sync");
-            t[r] = now_s() - a;
+            t[r] = llm_host_now_s() - a;
         }
         double per = median(t + 2, 4) / launches;
         printf("  %6zu x %-6zu %7.1f MB  %7.2f us/launch  %6.0f GB/s\n", rows, cols, bytes / 1e6, per * 1e6,

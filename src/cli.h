@@ -18,17 +18,17 @@ int llm_cmd_devices(int argc, char **argv);
  * devices' default. Returns the exit code. */
 int llm_cli_list_devices(FILE *out, bool measure, int threads);
 
-/* The argtable handling each subcommand shares: argv parsed into table (whose --help flag is help and whose
- * error collector is end); on --help, usage and then the options' glossary (names in a column glossary_width wide)
- * on stdout; on bad arguments argtable's errors and "llm-run: see CMD --help" on stderr, cmd being how the user
- * called it ("llm-run bench"). The caller returns 0 after LLM_CLI_HELP, its error code after LLM_CLI_ERROR. */
+/* The argtable handling each subcommand shares (cli.c, like everything below): argv parsed into table (whose --help
+ * flag is help and whose error collector is end). true: run the command. false: stop, with *rc the exit code --
+ * 0 after --help (usage, then the options' glossary with names in a column glossary_width wide, on stdout), left as
+ * the caller's error code after bad arguments (argtable's errors and "llm-run: see CMD --help" on stderr, cmd being
+ * how the user called it, "llm-run bench"). */
 struct arg_lit;
 struct arg_end;
-typedef enum { LLM_CLI_RUN, LLM_CLI_HELP, LLM_CLI_ERROR } llm_cli_parsed;
-llm_cli_parsed llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, struct arg_end *end,
-                            const char *cmd, const char *usage, int glossary_width);
+bool llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, struct arg_end *end, const char *cmd,
+                  const char *usage, int glossary_width, int *rc);
 
-/* "1,2 3" -> malloc'd token ids (cmd_generate.c). Returns the count, or -1 with err set. */
+/* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
 /* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
 char *llm_cli_read_file(const char *path, size_t *len);

@@ -323,11 +323,7 @@ int llm_cmd_bench(int argc, char **argv)
         "times; tokens/s are given as mean ± sample standard deviation and median. For tg, GB/s is the\n"
         "weights and KV cache one step reads times tokens/s, and % peak BW compares it with the device's\n"
         "measured copy bandwidth.\n\n";
-    switch (llm_cli_args(argc, argv, table, help, end, "llm-run bench", usage, 26)) {
-    case LLM_CLI_HELP: rc = 0; goto done;
-    case LLM_CLI_ERROR: goto done;
-    case LLM_CLI_RUN: break;
-    }
+    if (!llm_cli_args(argc, argv, table, help, end, "llm-run bench", usage, 26, &rc)) goto done;
     const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
     if (!path) {
         snprintf(err, sizeof err, "bench: no model given (llm-run bench MODEL; see --help)");

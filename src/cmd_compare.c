@@ -46,11 +46,7 @@ int llm_cmd_compare(int argc, char **argv)
         "(per op and per layer, and where the first divergence past --trace-tol appears), the logits at every\n"
         "position (max relative error, top-1 agreement, KL divergence) and -n greedy tokens.\n"
         "Exit status: 0 when the logits agree within --tol, 1 when they do not, 2 on error.\n\n";
-    switch (llm_cli_args(argc, argv, table, help, end, "llm-run compare", usage, 24)) {
-    case LLM_CLI_HELP: rc = 0; goto done;
-    case LLM_CLI_ERROR: goto done;
-    case LLM_CLI_RUN: break;
-    }
+    if (!llm_cli_args(argc, argv, table, help, end, "llm-run compare", usage, 24, &rc)) goto done;
     const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
     if (!path) {
         snprintf(err, sizeof err, "compare: no model given (llm-run compare MODEL --device DEV; see --help)");

@@ -105,11 +105,7 @@ int llm_cmd_devices(int argc, char **argv)
         "usage: llm-run devices [--measure] [-t N]\n\n"
         "Lists every device llm-run knows: whether it is usable here (and why not), what it is, its memory,\n"
         "and which ops it runs natively (the others come from the cpu reference).\n\n";
-    switch (llm_cli_args(argc, argv, table, help, end, "llm-run devices", usage, 26)) {
-    case LLM_CLI_HELP: rc = 0; goto done;
-    case LLM_CLI_ERROR: goto done;
-    case LLM_CLI_RUN: break;
-    }
+    if (!llm_cli_args(argc, argv, table, help, end, "llm-run devices", usage, 26, &rc)) goto done;
     if (threads->count && threads->ival[0] < 1) {
         fprintf(stderr, "llm-run: -t %d: expected a thread count >= 1\n", threads->ival[0]);
         goto done;

@@ -18,69 +18,6 @@
 
 #define MAX_PINS 16
 
-/* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
-char *llm_cli_read_file(const char *path, size_t *len)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    int failed = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || failed) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
-int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
-{
-    size_t cap = 16, n = 0;
-    int32_t *out = malloc(cap * sizeof *out);
-    const char *p = text;
-    while (out) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-        if (!*p) break;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > INT32_MAX) {
-            snprintf(err, err_len, "--tokens: '%.20s' is not a token id", p);
-            free(out);
-            return -1;
-        }
-        if (n == cap) {
-            int32_t *bigger = realloc(out, 2 * cap * sizeof *out);
-            if (!bigger) break;
-            out = bigger;
-            cap *= 2;
-        }
-        out[n++] = (int32_t)v;
-        p = end;
-    }
-    if (!out || (n == cap && *p)) {
-        free(out);
-        snprintf(err, err_len, "out of memory reading --tokens");
-        return -1;
-    }
-    *ids = out;
-    return (int)n;
-}
-
 int llm_cmd_generate(int argc, char **argv)
 {
     struct arg_lit *help = arg_lit0("h", "help", "print this help and exit");
@@ -129,11 +66,7 @@ int llm_cmd_generate(int argc, char **argv)
     static const char usage[] =
         "usage: llm-run [options] MODEL\n"
         "       llm-run tokenize|devices|bench|compare ... (llm-run COMMAND --help)\n\n";
-    switch (llm_cli_args(argc, argv, table, help, end, "llm-run", usage, 28)) {
-    case LLM_CLI_HELP: rc = 0; goto done;
-    case LLM_CLI_ERROR: goto done;
-    case LLM_CLI_RUN: break;
-    }
+    if (!llm_cli_args(argc, argv, table, help, end, "llm-run", usage, 28, &rc)) goto done;
     if (list_devices->count) {
         rc = llm_cli_list_devices(stdout, false, threads->count ? threads->ival[0] : 0);
         goto done;

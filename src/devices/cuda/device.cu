@@ -977,8 +977,8 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
             llm_cuda_split(&h, x, count, op);
             remember_split(x, count, &h);
         }
-        /* The halves lie side by side (split_buffers): X's columns 0..n-1 are hi, n..2n-1 lo. */
-        if (h.lo && may_owe && g.owe && (char *)h.lo == (char *)h.hi + count * 2) {
+        /* The halves lie side by side (split_buffers makes every split): X's columns 0..n-1 are hi, n..2n-1 lo. */
+        if (h.lo && may_owe && g.owe) {
             size_t out_count = (size_t)n * rows;
             owed_t *o = owe_slot(out, out_count, op);
             if (!o || !half_product(w, 2 * n, h.hi, 0.0f, o->hi, op)) return;
