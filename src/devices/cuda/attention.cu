@@ -66,14 +66,20 @@ static size_t decode_smem(int warps, int heads, int hd, int window)
             2 * DEC_MAX_HEADS + (size_t)window * 2 * hd) * sizeof(float);
 }
 
-/* Every block of the cluster arrives before any goes on. publish: this block's shared-memory writes become visible
- * to the others first (a fence and a relaxed arrive); without, only the execution order (each split's remote reads
- * are consumed before it arrives). cg's cluster.sync() fences both times: TinyLlama decode +1 %, Llama-2-7B +0.3 %. */
-__device__ __forceinline__ void cluster_barrier(bool publish)
+/* The cluster barrier in two halves. Every block arrives as it starts and waits before its first remote store:
+ * distributed shared memory may only be written once every block of the cluster runs, which by then the wait
+ * costs nothing to confirm. */
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+/* Every block of the cluster arrives before any goes on, its earlier shared-memory writes (remote ones included)
+ * visible to the others after it: a fence and a relaxed arrive. cg's cluster.sync() fences twice: TinyLlama decode
+ * +1 %, Llama-2-7B +0.3 % (version 26). */
+__device__ __forceinline__ void cluster_publish()
 {
-    if (publish) asm volatile("fence.acq_rel.cluster;" ::: "memory");
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+    asm volatile("fence.acq_rel.cluster;" ::: "memory");
+    cluster_arrive();
+    cluster_wait();
 }
 
 /* The first `valid` (>= 1) of NR cache rows into the running softmax of the lane's head (its lpg lanes hold the same
@@ -141,6 +147,7 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
      * memory now, so the loop after the wait finds them there instead of waiting on memory row after row; the
      * rest are prefetched into L2. */
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
+    cluster_arrive(); /* waited on before the first remote store */
     const int p = a.positions[i], len = p + 1;
     const int chunk = (len + a.n_splits - 1) / a.n_splits;
     const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
@@ -243,43 +250,53 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
         if (idx - h * hd == 0) bl[h] = den;
     }
 
-    /* the splits, merged through distributed shared memory: every split weighs all of them and writes its own
-     * slice of the heads' outputs (one split doing all of it left the others idle at the last barrier) */
-    float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
+    /* The splits: each pushes every split's share of its output, maximum and total into that split's inbox
+     * (remote stores, no round trip), one barrier publishes them, and each merges its own slice of the heads'
+     * outputs from its own shared memory. Reading the others' states remotely took two round trips and a second
+     * barrier (so that no split exits while read): with the weights below, TinyLlama decode +1.9 %, Llama-3.2-1B
+     * +1.0 % (docs/cuda-notes.md, version 45). */
+    __shared__ float in_m[DEC_MAX_SPLITS][DEC_MAX_HEADS], in_l[DEC_MAX_SPLITS][DEC_MAX_HEADS];
+    __shared__ float in_acc[DEC_MAX_HEADS * 64 + DEC_MAX_SPLITS]; /* G * hd <= 32 lanes * 16 floats */
+    __shared__ float w_split[DEC_MAX_HEADS][DEC_MAX_SPLITS], den[DEC_MAX_HEADS];
     cg::cluster_group cluster = cg::this_cluster();
-    cluster_barrier(true);
-    {
-        __shared__ float w_split[DEC_MAX_HEADS][DEC_MAX_SPLITS], l_split[DEC_MAX_HEADS][DEC_MAX_SPLITS];
-        __shared__ float den[DEC_MAX_HEADS];
-        const int per = (G * hd + a.n_splits - 1) / a.n_splits, begin = split * per, end = min(G * hd, begin + per);
-        if (tid < G * a.n_splits) {
-            int h = tid / a.n_splits, sp = tid - h * a.n_splits;
-            w_split[h][sp] = cluster.map_shared_rank(bm, sp)[h];
-            l_split[h][sp] = cluster.map_shared_rank(bl, sp)[h];
-        }
-        __syncthreads();
-        if (tid < G) {
-            float M = -INFINITY, sum = 0.0f;
-            for (int sp = 0; sp < a.n_splits; sp++) M = fmaxf(M, w_split[tid][sp]);
-            for (int sp = 0; sp < a.n_splits; sp++) {
-                float ms = w_split[tid][sp];
-                float w = ms == -INFINITY ? 0.0f : expf(ms - M); /* an empty split weighs nothing */
-                w_split[tid][sp] = w;
-                sum += w * l_split[tid][sp];
-            }
-            den[tid] = sum;
-        }
-        __syncthreads();
-        for (int idx = begin + tid; idx < end; idx += DEC_THREADS) {
-            int h = idx / hd;
-            float num = 0.0f;
-#pragma unroll
-            for (int sp = 0; sp < DEC_MAX_SPLITS; sp++)
-                if (sp < a.n_splits) num += w_split[h][sp] * cluster.map_shared_rank(bo, sp)[idx];
-            out_i[idx] = num / den[h];
-        }
+    const int per = (G * hd + a.n_splits - 1) / a.n_splits, begin = split * per, end = min(G * hd, begin + per);
+    cluster_wait();
+    __syncthreads(); /* bo, bm, bl */
+    for (int idx = tid; idx < G * hd; idx += DEC_THREADS) {
+        int owner = idx / per;
+        cluster.map_shared_rank(in_acc, owner)[split * per + idx - owner * per] = bo[idx];
     }
-    cluster_barrier(false); /* every split's shared memory must outlive the others' reads */
+    if (tid < G * a.n_splits) {
+        int h = tid / a.n_splits, owner = tid - h * a.n_splits;
+        cluster.map_shared_rank(&in_m[0][0], owner)[split * DEC_MAX_HEADS + h] = bm[h];
+        cluster.map_shared_rank(&in_l[0][0], owner)[split * DEC_MAX_HEADS + h] = bl[h];
+    }
+    cluster_publish();
+    if (tid < (G * DEC_MAX_SPLITS + 31) / 32 * 32) {
+        /* thread (head, split): a head's splits in 8 neighbouring lanes meet by shuffles (one thread per head
+         * looping over them: TinyLlama decode -1 %); whole warps take part, lanes past the heads computing what
+         * they drop */
+        int h = tid / DEC_MAX_SPLITS, sp = tid % DEC_MAX_SPLITS;
+        bool real = h < G && sp < a.n_splits;
+        float ms = real ? in_m[sp][h] : -INFINITY, M = ms;
+        for (int o = DEC_MAX_SPLITS / 2; o > 0; o >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o, DEC_MAX_SPLITS));
+        float w = ms == -INFINITY ? 0.0f : expf(ms - M); /* an empty split weighs nothing */
+        float sum = real ? w * in_l[sp][h] : 0.0f;
+        for (int o = DEC_MAX_SPLITS / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o, DEC_MAX_SPLITS);
+        if (h < G) w_split[h][sp] = w;
+        if (h < G && sp == 0) den[h] = sum;
+    }
+    __syncthreads();
+    float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
+    for (int idx = begin + tid; idx < end; idx += DEC_THREADS) {
+        int h = idx / hd;
+        float num = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++)
+            if (sp < a.n_splits) num += w_split[h][sp] * in_acc[sp * per + idx - begin];
+        out_i[idx] = num / den[h];
+    }
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }
 
