@@ -3,8 +3,8 @@
 # shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (device-to-device copy
 # bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face and with the blas device (llm-run compare) on
 # Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit, with per-op
-# profiles and the timeline of a replayed decode step. A summary table goes to stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute
-# capability 9.0 or later:
+# profiles and the timeline of a replayed decode step. A summary table goes to stdout; logs to $OUT (default
+# gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 9.0 or later:
 #   scripts/gpu-bench.sh                      everything
 #   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests ckpt peak compare bench
 # Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above), HF_REF=0

@@ -8,8 +8,6 @@
  *    accuracy) for head_dim 16..128; the f32 SIMT kernel for other head_dims or with LLM_CUDA_ATTN=simt.
  * Positions are read from device memory in both. Not here: rope (fused into the q/k/v GEMV, or kernels.cu). */
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <cooperative_groups.h>
 
@@ -747,12 +745,7 @@ template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
     /* Shared memory for the first rows of a split (k and v in f32), LLM_CUDA_ATTN_WINDOW_KB per block (default 32),
      * when a block serves 4+ heads (GQA), whose lanes all read each row: TinyLlama +0.9 %. With one head per block
      * (Llama-2-7B) it cost 1.4 % at 32 KB and 4.4 % at 64 KB, so none there. */
-    static int window_kb = -1;
-    if (window_kb < 0) {
-        const char *e = getenv("LLM_CUDA_ATTN_WINDOW_KB");
-        window_kb = e && *e ? atoi(e) : 32;
-    }
-    int window = (int)((size_t)window_kb * 1024 / (2 * sizeof(float) * a->head_dim));
+    int window = (int)((size_t)llm_cuda.attn_window_kb * 1024 / (2 * sizeof(float) * a->head_dim));
     if (window > (ctx + splits - 1) / splits) window = (ctx + splits - 1) / splits;
     a->window = a->n == 1 && a->heads_per_block >= 4 ? window : 0;
     a->tl = llm_cuda_tl_record("attention", ctx);
@@ -774,12 +767,7 @@ template <int DPL> static void launch_decode_w(attn_args *a, int ctx)
     /* Warps per block, each streaming every W-th row of its split. With several heads per block (GQA) a row costs
      * more work, and 16 warps (half the serial rows each) measured faster: TinyLlama +3 %; with one head per block
      * 8 (Llama-2-7B: 16 was 2 % slower). LLM_CUDA_DEC_WARPS=8 or 16 forces one. */
-    static int forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("LLM_CUDA_DEC_WARPS");
-        forced = e && (atoi(e) == 8 || atoi(e) == 16) ? atoi(e) : 0;
-    }
-    int warps = forced ? forced : a->heads_per_block >= 4 ? 16 : 8;
+    int warps = llm_cuda.dec_warps ? llm_cuda.dec_warps : a->heads_per_block >= 4 ? 16 : 8;
     if (warps == 8)
         launch_decode<DPL, 8>(a, ctx);
     else
@@ -806,12 +794,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
      * tiled kernel where head_dim has an instance. */
     if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim);
     /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
-    static int simt = -1;
-    if (simt < 0) {
-        const char *e = getenv("LLM_CUDA_ATTN");
-        simt = e && strcmp(e, "simt") == 0;
-    }
-    if (n > 4 && !simt) {
+    if (n > 4 && !llm_cuda.attn_simt) {
         switch (head_dim) {
         case 16: launch_prefill_tc<16>(&a); return;
         case 32: launch_prefill_tc<32>(&a); return;
@@ -835,11 +818,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
      * at most 16 floats of q per lane; other head_dims take one head per block, lanes past it idle. Every head of
      * a block reads each K and V row from shared memory, so 8 heads per block (TinyLlama's group) were bound by
      * its bandwidth: 4 per block, twice the blocks, TinyLlama decode +4 %. LLM_CUDA_DEC_HEADS=1..8 sets the most. */
-    static int max_hpb = -1;
-    if (max_hpb < 0) {
-        const char *e = getenv("LLM_CUDA_DEC_HEADS");
-        max_hpb = e && atoi(e) >= 1 ? (atoi(e) < DEC_MAX_HEADS ? atoi(e) : DEC_MAX_HEADS) : 4;
-    }
+    const int max_hpb = min(llm_cuda.dec_heads, DEC_MAX_HEADS);
     int hpb = 1;
     while (hpb * 2 <= a.group && hpb * 2 <= max_hpb && head_dim * hpb * 2 % 32 == 0 &&
            head_dim * hpb * 2 / 32 <= 16)

@@ -5,8 +5,9 @@
  * LLM_CUDA_GRAPHS=0 (no graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op
  * so an error names its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the split that keeps f32
  * accuracy), LLM_CUDA_OWE=0 (the split's two products summed in place, no owed sums), LLM_CUDA_PDL=0 (no
- * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); attention.cu reads
- * LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_HEADS, LLM_CUDA_DEC_WARPS and LLM_CUDA_ATTN_WINDOW_KB, gemv.cu LLM_CUDA_GEMV_CPL.
+ * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); for the kernels'
+ * launchers (llm_cuda): LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_HEADS, LLM_CUDA_DEC_WARPS, LLM_CUDA_ATTN_WINDOW_KB and
+ * LLM_CUDA_GEMV_CPL. All are read when the device opens.
  * LLM_CUDA_TIMELINE=FILE writes when each decode kernel's blocks started, waited and ended in the last step
  * (scripts/cuda-timeline.py reads it).
  * Not here: what the ops compute (src/ops/ops.h). */
@@ -42,7 +43,8 @@ typedef struct {
     int kind;
     bool logits;
     /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
-     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid, add_y). */
+     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid,
+     * add_y). */
     llm_cuda_gemv job;
     llm_weight norm_w;
     int dim;
@@ -559,6 +561,12 @@ static bool env_flag(const char *name, bool fallback)
     return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "no") == 0 || strcmp(v, "false") == 0);
 }
 
+static int env_int(const char *name, int fallback)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
 static void cuda_release(void);
 
 static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
@@ -605,10 +613,18 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
      * and start their weight loads during our tail. Measured on an H100, decode over triggering at exit:
      * TinyLlama +19 %, Llama-2-7B +7 % (docs/cuda-notes.md, version 23). LLM_CUDA_PDL_EARLY=0: at exit; 1: after
      * this kernel's own wait. */
+    llm_cuda.pdl_early = env_int("LLM_CUDA_PDL_EARLY", 2);
     {
-        const char *e = getenv("LLM_CUDA_PDL_EARLY");
-        llm_cuda.pdl_early = e && *e ? atoi(e) : 2;
+        const char *attn = getenv("LLM_CUDA_ATTN");
+        llm_cuda.attn_simt = attn && strcmp(attn, "simt") == 0;
     }
+    llm_cuda.dec_heads = env_int("LLM_CUDA_DEC_HEADS", 4);
+    if (llm_cuda.dec_heads < 1) llm_cuda.dec_heads = 4;
+    llm_cuda.dec_warps = env_int("LLM_CUDA_DEC_WARPS", 0);
+    if (llm_cuda.dec_warps != 8 && llm_cuda.dec_warps != 16) llm_cuda.dec_warps = 0;
+    llm_cuda.attn_window_kb = env_int("LLM_CUDA_ATTN_WINDOW_KB", 32);
+    llm_cuda.gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
+    if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;
     if (g.sync_each) g.use_graphs = false;
     {
         const char *mode = getenv("LLM_CUDA_GEMM");
@@ -943,10 +959,6 @@ done:
 
 /* ---------- batched products through cuBLAS ---------- */
 
-/* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
- * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
- * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast uses hi alone
- * (about 2^-9). may_owe: the two products may run as one over 2n tokens, their sum owed to out (see "owed sums"). */
 /* c (rows x tokens) = W^T . x_half (cols x tokens, 16-bit in w's dtype) + beta * c, accumulated in f32. */
 static bool half_product(const llm_weight *w, int tokens, const void *x_half, float beta, float *c, const char *op)
 {
@@ -958,6 +970,10 @@ static bool half_product(const llm_weight *w, int tokens, const void *x_half, fl
                    op);
 }
 
+/* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
+ * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
+ * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast uses hi alone
+ * (about 2^-9). may_owe: the two products may run as one over 2n tokens, their sum owed to out (see "owed sums"). */
 static void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
                  const char *op)
 {
@@ -1172,8 +1188,9 @@ static void op_rope(float *q, float *k, const int32_t *positions, const float *i
     forget_split();
     pending_t *P = &g.pend;
     if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
-        P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k && P->mats[0].w.rows == (size_t)n_heads * head_dim &&
-        P->mats[1].w.rows == (size_t)n_kv_heads * head_dim && head_dim % 2 == 0) {
+        P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
+        P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
+        head_dim % 2 == 0) {
         P->job.epi = LLM_CUDA_EPI_ROPE;
         P->job.positions = positions, P->job.inv_freq = inv_freq, P->job.head_dim = head_dim;
         return;

@@ -4,7 +4,6 @@
  * grid sized to the device. One launch may cover up to three matrices
  * that share x (q/k/v, gate/up) and fuse the neighbouring ops device.cu hands it: an rmsnorm prologue and a rope
  * (+ KV store), residual-add or swiglu epilogue. Not here: batches of tokens (cuBLAS, device.cu). */
-#include <stdlib.h>
 
 #include "cuda_internal.h"
 
@@ -165,11 +164,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
 
     if (job.norm_src) { /* x read from global memory once: staged while summing, then normalised in place */
         float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
-        float *out2 = blockIdx.x == 0 ? job.norm_out : NULL;
-        if (job.norm_staged)
-            llm_cuda_block_normalize(xs, out2, xs, norm_smem, LLM_DTYPE_F32, cols, scale);
-        else
-            llm_cuda_block_normalize(xs, out2, xs, job.norm_w, job.norm_dtype, cols, scale);
+        llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs,
+                                 job.norm_staged ? (const void *)norm_smem : job.norm_w,
+                                 job.norm_staged ? LLM_DTYPE_F32 : job.norm_dtype, cols, scale);
     } else {
         llm_cuda_block_copy(xs, job.x, LLM_DTYPE_F32, cols, GEMV_THREADS);
     }
@@ -287,12 +284,7 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     for (int m = 0; m < job->n_mats; m++) vec = vec && ((uintptr_t)job->mats[m].w % 16 == 0);
     /* Two chunks per row and lane when a row has more than one step's worth of them (4096 bf16 columns and up);
      * shorter rows would leave the second slot idle and the registers it costs would lower occupancy. */
-    static int forced = -1; /* LLM_CUDA_GEMV_CPL=1 or 2 overrides, for measurements */
-    if (forced < 0) {
-        const char *e = getenv("LLM_CUDA_GEMV_CPL");
-        forced = e && *e ? (atoi(e) == 1 ? 1 : 2) : 0;
-    }
-    int cpl = forced ? forced : job->cols * sizeof(WT) / 16 > GEMV_THREADS ? 2 : 1;
+    int cpl = llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : job->cols * sizeof(WT) / 16 > GEMV_THREADS ? 2 : 1;
     const void *kernel = !vec ? (const void *)gemv_kernel<WT, false, 1>
                          : cpl == 1 ? (const void *)gemv_kernel<WT, true, 1> : (const void *)gemv_kernel<WT, true, 2>;
     if (!llm_cuda_allow_smem(kernel, op)) return;
