@@ -34,28 +34,37 @@ typedef struct {
 #define DEC_MAX_HEADS 8
 #define DEC_MAX_SPLITS 8 /* a portable cluster */
 
-/* DPL consecutive floats of a row at d0 (zero at and past hd). */
+/* A lane's DPL floats of a row: with DPL a multiple of 4, float4 chunk c at dimension (c * lpg + j) * 4 for lane j
+ * of its group of lpg (so the lanes of a group read neighbouring 16-byte pieces: no shared-memory bank conflicts);
+ * else DPL consecutive floats at j * DPL. Zero at and past hd. */
 template <int DPL>
-__device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int d0, int hd)
+__device__ __forceinline__ int lane_dim(int e, int j, int lpg)
+{
+    if constexpr (DPL % 4 == 0) return ((e >> 2) * lpg + j) * 4 + (e & 3);
+    return j * DPL + e;
+}
+
+template <int DPL>
+__device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int j, int lpg, int hd)
 {
     if constexpr (DPL % 4 == 0) {
-        if (d0 + DPL <= hd) {
 #pragma unroll
-            for (int e = 0; e < DPL; e += 4) {
-                float4 v = *(const float4 *)(row + d0 + e);
-                r[e] = v.x, r[e + 1] = v.y, r[e + 2] = v.z, r[e + 3] = v.w;
+        for (int e = 0; e < DPL; e += 4) {
+            int d = lane_dim<DPL>(e, j, lpg);
+            float4 v = d + 4 <= hd ? *(const float4 *)(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            r[e] = v.x, r[e + 1] = v.y, r[e + 2] = v.z, r[e + 3] = v.w;
+        }
+    } else {
+        if constexpr (DPL == 2) {
+            if (j * 2 + 2 <= hd) {
+                float2 v = *(const float2 *)(row + j * 2);
+                r[0] = v.x, r[1] = v.y;
+                return;
             }
-            return;
         }
-    } else if constexpr (DPL == 2) {
-        if (d0 + 2 <= hd) {
-            float2 v = *(const float2 *)(row + d0);
-            r[0] = v.x, r[1] = v.y;
-            return;
-        }
-    }
 #pragma unroll
-    for (int e = 0; e < DPL; e++) r[e] = d0 + e < hd ? row[d0 + e] : 0.0f;
+        for (int e = 0; e < DPL; e++) r[e] = j * DPL + e < hd ? row[j * DPL + e] : 0.0f;
+    }
 }
 
 static size_t decode_smem(int warps, int heads, int hd, int window)
@@ -98,9 +107,15 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
 #pragma unroll
         for (int e = 0; e < DPL; e++) s[r] += q[e] * k[r][e];
     }
-    for (int o = lpg >> 1; o > 0; o >>= 1)
+    /* over the lpg >= 4 lanes of the head (DEC_MAX_HEADS = 8), unrolled: a run-time loop of shuffles costs a
+     * divergence check and a branch per level */
 #pragma unroll
-        for (int r = 0; r < NR; r++) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            float other = __shfl_xor_sync(0xffffffffu, s[r], o);
+            s[r] += o < lpg ? other : 0.0f;
+        }
     float mn = m;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -127,13 +142,16 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
  * heads_per_block, lane j of a group holding dimensions j*DPL .. j*DPL + DPL - 1 of its head's q and output, so every
  * head of the group advances its online softmax at once (no barrier in the loop). The W warps then merge in shared
  * memory, and the splits through distributed shared memory, each writing a slice of the output. */
+/* At most 80 registers a thread up to 8 floats a lane: a 512-thread block then leaves room for one 80-register GEMV
+ * block of the o product beside it, which loads its weights during attention. At 96 (a measuring build) it did
+ * not fit, and TinyLlama decode lost 1.3 %, Llama-3.2-1B 3 % (docs/cuda-notes.md, version 49). */
 template <int DPL, int W>
-__global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_constant__ attn_args a)
+__global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid_constant__ attn_args a)
 {
     constexpr int DEC_WARPS = W, DEC_THREADS = W * 32;
     extern __shared__ float4 smem4[];
     const int hd = a.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, HPB = a.heads_per_block;
-    const int lpg = 32 / HPB, hl = lane / lpg, d0 = (lane - hl * lpg) * DPL;
+    const int lpg = 32 / HPB, hl = lane / lpg, jl = lane - hl * lpg;
     const int kvh = blockIdx.x / a.head_blocks, hb = blockIdx.x % a.head_blocks;
     const int h0 = kvh * a.group + hb * HPB;
     const int G = min(HPB, a.group - hb * HPB);
@@ -195,36 +213,43 @@ __global__ void __launch_bounds__(W * 32) attn_decode_kernel(const __grid_consta
     float q[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int e = 0; e < DPL; e++) q[e] = acc[e] = 0.0f;
-    if (active) lane_load(q, a.q + ((size_t)i * a.n_heads + h0 + hl) * hd, d0, hd);
+    if (active) lane_load(q, a.q + ((size_t)i * a.n_heads + h0 + hl) * hd, jl, lpg, hd);
     __syncthreads(); /* the staged rows */
-    /* Row t's k (its v is hd further on): staged, or with one token row p from the inputs (the block that stores
-     * it may not have run yet), else the cache. */
-    auto k_row = [&](int t, const float *&v_row) -> const float * {
-        if (t - t_begin < staged) return v_row = kv_s + 2 * hd * (t - t_begin) + hd, v_row - hd;
-        if (a.n == 1 && t == p) return v_row = v_i, k_i;
-        v_row = a.v_cache + (size_t)t * a.kv_dim + kv_off;
-        return a.k_cache + (size_t)t * a.kv_dim + kv_off;
-    };
-    /* NR rows per warp and round, their loads issued together: more of them when a lane holds few floats. */
+    /* NR rows per warp and round, their loads issued together: more of them when a lane holds few floats. The
+     * staged rows first, indexed from the shared array itself so that they compile to shared-memory loads (a pointer
+     * that may point to either space makes generic loads and a long address computation per row), then the rest:
+     * the cache, and with one token row p from the inputs (the block that stores it may not have run yet). */
     constexpr int NR = DPL <= 4 ? 4 : 2;
-    for (int t = t_begin + warp; t < t_end; t += NR * DEC_WARPS) {
+    for (int r0 = warp; r0 < staged; r0 += NR * DEC_WARPS) {
         float kk[NR][DPL], vv[NR][DPL];
 #pragma unroll
         for (int r = 0; r < NR; r++)
-            if (t + r * DEC_WARPS < t_end) {
-                const float *vr, *kr = k_row(t + r * DEC_WARPS, vr);
-                lane_load(kk[r], kr, d0, hd);
-                lane_load(vv[r], vr, d0, hd);
+            if (r0 + r * DEC_WARPS < staged) {
+                lane_load(kk[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS), jl, lpg, hd);
+                lane_load(vv[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS) + hd, jl, lpg, hd);
             }
+        decode_rows<DPL, NR>(q, kk, vv, min(NR, (staged - r0 + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale);
+    }
+    for (int t = t_begin + staged + warp; t < t_end; t += NR * DEC_WARPS) {
+        float kk[NR][DPL], vv[NR][DPL];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            int row = t + r * DEC_WARPS;
+            if (row < t_end) {
+                bool fresh = a.n == 1 && row == p;
+                lane_load(kk[r], fresh ? k_i : a.k_cache + (size_t)row * a.kv_dim + kv_off, jl, lpg, hd);
+                lane_load(vv[r], fresh ? v_i : a.v_cache + (size_t)row * a.kv_dim + kv_off, jl, lpg, hd);
+            }
+        }
         decode_rows<DPL, NR>(q, kk, vv, min(NR, (t_end - t + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale);
     }
 
     /* the warps' states, merged per (head, dim) */
     if (active) {
-        if (d0 == 0) wm[warp * DEC_MAX_HEADS + hl] = m, wl[warp * DEC_MAX_HEADS + hl] = l;
+        if (jl == 0) wm[warp * DEC_MAX_HEADS + hl] = m, wl[warp * DEC_MAX_HEADS + hl] = l;
 #pragma unroll
         for (int e = 0; e < DPL; e++)
-            if (d0 + e < hd) wacc[(warp * HPB + hl) * hd + d0 + e] = acc[e];
+            if (lane_dim<DPL>(e, jl, lpg) < hd) wacc[(warp * HPB + hl) * hd + lane_dim<DPL>(e, jl, lpg)] = acc[e];
     }
     __syncthreads();
     /* a warp's weight in its head's merge, once per (warp, head) rather than once per output value */
