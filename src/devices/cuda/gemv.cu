@@ -107,6 +107,89 @@ __device__ __forceinline__ void load_step(uint4 (&w)[GEMV_ROWS][CPL], const WT *
     }
 }
 
+/* Before the wait: the norm weights into shared memory (as f32, each thread the elements it normalises), so that
+ * the prologue after the wait has one round trip to memory, for x (else they come through L2); and the rotation of
+ * each pair index at this position, computed once per block rather than in the serial epilogue (positions were
+ * uploaded before the step): (cos, sin) of positions[0] * inv_freq[j]. */
+__device__ __forceinline__ void prologue_before_wait(const llm_cuda_gemv &job, float *rot, float *norm_smem)
+{
+    const int cols = job.cols, tid = threadIdx.x;
+    if (job.norm_src && job.norm_staged)
+        llm_cuda_block_copy(norm_smem, job.norm_w, job.norm_dtype, cols, GEMV_THREADS);
+    else if (job.norm_src) {
+        const int line_elems = 128 / (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2);
+        for (int c = tid * line_elems; c < cols; c += GEMV_THREADS * line_elems)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w +
+                                                            (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
+    }
+    if (job.epi == LLM_CUDA_EPI_ROPE)
+        for (int jj = tid; jj < job.head_dim / 2; jj += GEMV_THREADS) {
+            float angle = (float)job.positions[0] * job.inv_freq[jj];
+            rot[2 * jj] = cosf(angle);
+            rot[2 * jj + 1] = sinf(angle);
+        }
+}
+
+/* After the wait: x into shared memory, normalised there with a norm prologue (x read from global memory once:
+ * staged while summing, then normalised in place; block 0 also writes the rmsnorm's output). */
+__device__ __forceinline__ void stage_x(const llm_cuda_gemv &job, float *xs, const float *norm_smem, float *red)
+{
+    const int cols = job.cols;
+    if (job.norm_src) {
+        float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
+        llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs,
+                                 job.norm_staged ? (const void *)norm_smem : job.norm_w,
+                                 job.norm_staged ? LLM_DTYPE_F32 : job.norm_dtype, cols, scale);
+    } else {
+        llm_cuda_block_copy(xs, job.x, LLM_DTYPE_F32, cols, GEMV_THREADS);
+    }
+}
+
+/* The epilogue of one unit: its two rows' sums (sa, sb) plus bias, then what job.epi adds, written out. */
+__device__ __forceinline__ void finish_unit(const llm_cuda_gemv &job, int unit, float sa, float sb, const float *rot)
+{
+    int ma, mb, ra, rb, j;
+    unit_rows(job, unit, ma, mb, ra, rb, j);
+    const llm_cuda_gemv_mat &A = mat_at(job, ma), &B = mat_at(job, mb);
+    const bool has_b = rb >= 0;
+    float ya = sa + (A.bias ? llm_cuda_load(A.bias, A.bias_dtype, ra) : 0.0f);
+    float yb = has_b ? sb + (B.bias ? llm_cuda_load(B.bias, B.bias_dtype, rb) : 0.0f) : 0.0f;
+    switch (job.epi) {
+    case LLM_CUDA_EPI_SWIGLU:
+        A.out[ra] = ya / (1.0f + expf(-ya)) * yb;
+        B.out[rb] = yb;
+        break;
+    case LLM_CUDA_EPI_ADD:
+        A.out[ra] = ya;
+        job.resid[ra] += ya;
+        if (has_b) {
+            A.out[rb] = yb;
+            job.resid[rb] += yb;
+        }
+        break;
+    case LLM_CUDA_EPI_ROPE: {
+        int p = job.positions[0];
+        if (A.rope) {
+            float c = rot[2 * j], s = rot[2 * j + 1];
+            float a = ya, b = yb;
+            ya = a * c - b * s;
+            yb = b * c + a * s;
+        }
+        A.out[ra] = ya;
+        if (has_b) A.out[rb] = yb;
+        float *cache = job.k_cache && ma == 1 ? job.k_cache : job.k_cache && ma == 2 ? job.v_cache : nullptr;
+        if (cache) {
+            cache[(size_t)p * job.kv_dim + ra] = ya;
+            if (has_b) cache[(size_t)p * job.kv_dim + rb] = yb;
+        }
+        break;
+    }
+    default:
+        A.out[ra] = ya;
+        if (has_b) A.out[rb] = yb;
+    }
+}
+
 /* A block takes GEMV_ROWS rows at a time (GEMV_ROWS / 2 units) and all 8 warps split their columns, GEMV_ROWS * CPL
  * 16-byte loads in flight per lane (CPL: 16-byte chunks per row and lane). The loads of the next step (or group)
  * are issued as soon as the current ones are consumed, before the current group's reduction and epilogue, and the
@@ -138,38 +221,14 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
         load_step(w, rowp, 0, n_chunks, tid);
     }
     if (job.pdl_early == 2) llm_cuda_allow_next(1);
-    /* ... and the norm weights into shared memory (as f32, each thread the elements it normalises), so that the
-     * prologue after the wait has one round trip to memory, for x (else they come through L2) */
+    /* ... and what the prologue needs that no kernel writes */
     float *rot = xs + ((cols + 3) & ~3), *norm_smem = rot + ((job.head_dim + 3) & ~3);
-    if (job.norm_src && job.norm_staged)
-        llm_cuda_block_copy(norm_smem, job.norm_w, job.norm_dtype, cols, GEMV_THREADS);
-    else if (job.norm_src) {
-        const int line_elems = 128 / (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2);
-        for (int c = tid * line_elems; c < cols; c += GEMV_THREADS * line_elems)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w +
-                                                            (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
-    }
-    /* The rotation of each pair index at this position, computed once per block rather than in the serial
-     * epilogue, and before the wait (positions were uploaded before the step): (cos, sin) of positions[0] *
-     * inv_freq[j]. */
-    if (job.epi == LLM_CUDA_EPI_ROPE)
-        for (int jj = tid; jj < job.head_dim / 2; jj += GEMV_THREADS) {
-            float angle = (float)job.positions[0] * job.inv_freq[jj];
-            rot[2 * jj] = cosf(angle);
-            rot[2 * jj + 1] = sinf(angle);
-        }
+    prologue_before_wait(job, rot, norm_smem);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(job.pdl_early == 1);
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_WAITED);
 
-    if (job.norm_src) { /* x read from global memory once: staged while summing, then normalised in place */
-        float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
-        llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs,
-                                 job.norm_staged ? (const void *)norm_smem : job.norm_w,
-                                 job.norm_staged ? LLM_DTYPE_F32 : job.norm_dtype, cols, scale);
-    } else {
-        llm_cuda_block_copy(xs, job.x, LLM_DTYPE_F32, cols, GEMV_THREADS);
-    }
+    stage_x(job, xs, norm_smem, red);
     __syncthreads();
 
     float acc[P];
@@ -215,49 +274,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
         if (tid >= P / 2) continue;
         int unit = g_now * (P / 2) + tid;
         if (unit >= job.units) continue;
-        int ma, mb, ra, rb, j;
-        unit_rows(job, unit, ma, mb, ra, rb, j);
-        const llm_cuda_gemv_mat &A = mat_at(job, ma), &B = mat_at(job, mb);
-        const bool has_b = rb >= 0;
         float sa = 0.0f, sb = 0.0f;
         for (int wi = 0; wi < GEMV_WARPS; wi++) sa += part[b][wi][2 * tid], sb += part[b][wi][2 * tid + 1];
-
-        float ya = sa + (A.bias ? llm_cuda_load(A.bias, A.bias_dtype, ra) : 0.0f);
-        float yb = has_b ? sb + (B.bias ? llm_cuda_load(B.bias, B.bias_dtype, rb) : 0.0f) : 0.0f;
-        switch (job.epi) {
-        case LLM_CUDA_EPI_SWIGLU:
-            A.out[ra] = ya / (1.0f + expf(-ya)) * yb;
-            B.out[rb] = yb;
-            break;
-        case LLM_CUDA_EPI_ADD:
-            A.out[ra] = ya;
-            job.resid[ra] += ya;
-            if (has_b) {
-                A.out[rb] = yb;
-                job.resid[rb] += yb;
-            }
-            break;
-        case LLM_CUDA_EPI_ROPE: {
-            int p = job.positions[0];
-            if (A.rope) {
-                float c = rot[2 * j], s = rot[2 * j + 1];
-                float a = ya, b = yb;
-                ya = a * c - b * s;
-                yb = b * c + a * s;
-            }
-            A.out[ra] = ya;
-            if (has_b) A.out[rb] = yb;
-            float *cache = job.k_cache && ma == 1 ? job.k_cache : job.k_cache && ma == 2 ? job.v_cache : nullptr;
-            if (cache) {
-                cache[(size_t)p * job.kv_dim + ra] = ya;
-                if (has_b) cache[(size_t)p * job.kv_dim + rb] = yb;
-            }
-            break;
-        }
-        default:
-            A.out[ra] = ya;
-            if (has_b) A.out[rb] = yb;
-        }
+        finish_unit(job, unit, sa, sb, rot);
     }
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
 }
