@@ -301,9 +301,13 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
 {
     bool vec = (size_t)job->cols * sizeof(WT) % 16 == 0;
     for (int m = 0; m < job->n_mats; m++) vec = vec && ((uintptr_t)job->mats[m].w % 16 == 0);
-    /* Two chunks per row and lane when a row has more than one step's worth of them (4096 bf16 columns and up);
-     * shorter rows would leave the second slot idle and the registers it costs would lower occupancy. */
-    int cpl = llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : job->cols * sizeof(WT) / 16 > GEMV_THREADS ? 2 : 1;
+    /* Two chunks per row and lane when a row has more than one step's worth of them (4096 bf16 columns and up) and
+     * its last step is as full with two as with one; shorter rows would leave the second slot idle, and the
+     * registers it costs lower occupancy. TinyLlama's down product (704 chunks a row: 3 steps of 256 use 92 % of the
+     * load slots, 2 of 512 use 69 %) decodes 1.1 % faster on one chunk (docs/cuda-notes.md, version 52). */
+    const int chunks = (int)(job->cols * sizeof(WT) / 16);
+    auto slots = [&](int c) { return (chunks + c * GEMV_THREADS - 1) / (c * GEMV_THREADS) * (c * GEMV_THREADS); };
+    int cpl = llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : chunks > GEMV_THREADS && slots(2) <= slots(1) ? 2 : 1;
     const void *kernel = !vec ? (const void *)gemv_kernel<WT, false, 1>
                          : cpl == 1 ? (const void *)gemv_kernel<WT, true, 1> : (const void *)gemv_kernel<WT, true, 2>;
     if (!llm_cuda_allow_smem(kernel, op)) return;
