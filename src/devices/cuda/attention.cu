@@ -107,8 +107,8 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
 #pragma unroll
         for (int e = 0; e < DPL; e++) s[r] += q[e] * k[r][e];
     }
-    /* over the lpg >= 4 lanes of the head (DEC_MAX_HEADS = 8), unrolled: a run-time loop of shuffles costs a
-     * divergence check and a branch per level */
+    /* over the head's lpg lanes, every level unrolled and those at or past lpg selected away: a run-time loop of
+     * shuffles costs a divergence check and a branch per level */
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
