@@ -1,0 +1,267 @@
+// Can one persistent kernel stream a decode step's weights at the memory bandwidth through its dependencies?
+// A measurement for the next step of docs/cuda-notes.md ("what would close it"), not part of llm-run.
+//
+// The chain of a TinyLlama-shaped layer's products, 22 layers, one launch: q/k/v (2560 x 2048), o (2048 x 2048),
+// gate/up (11264 x 2048), down (2048 x 5632), each reading the whole output of the one before (x 2048 -> 2560 ->
+// 2048 -> 11264 -> first 5632 as down's input -> 2048 -> the next layer). BF16 weights, f32 vectors. One block per SM
+// (a cooperative launch, so all are resident): warp 0 is the producer, copying every tile this block owns, in order,
+// through a ring of 32 KB shared-memory stages (cp.async.bulk, an mbarrier per stage full and one per stage
+// empty) without ever waiting on data; warps 1..8 consume: before a product's first tile they wait until every
+// tile of the product before has been counted in (a global counter per product and layer), stage its output as x,
+// then dot each tile's 8 rows with x and write them out, and count their tiles in. Rows are dealt to blocks in tiles
+// of 8 (tile t to block t % grid). The time per layer is compared with the bytes (88 MB a layer) at the measured
+// read bandwidth, with the same kernel told not to wait (the pure stream), and with consumers that only take the
+// stages in turn (the copy alone).
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
+//   /tmp/persistent-probe
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#define CHECK(call)                                                                                                \
+    do {                                                                                                           \
+        cudaError_t e_ = (call);                                                                                   \
+        if (e_ != cudaSuccess) {                                                                                   \
+            fprintf(stderr, "persistent-probe: %s: %s\n", #call, cudaGetErrorString(e_));                         \
+            exit(1);                                                                                               \
+        }                                                                                                          \
+    } while (0)
+
+#define LAYERS 22
+#define PRODUCTS 4
+#define ROWS 8                /* rows per tile */
+#define CHUNK_BYTES 4096      /* a row's bytes per stage: 256 consumer threads x 16 */
+#define STAGE_BYTES (ROWS * CHUNK_BYTES)
+#define MAX_STAGES 6
+#define CONSUMERS 256
+#define THREADS (32 + CONSUMERS)
+#define MAX_COLS 5632
+
+struct product {
+    const __nv_bfloat16 *w; /* (rows, cols) */
+    int rows, cols;
+    const float *x;         /* input (cols) */
+    float *y;               /* output (rows) */
+};
+
+struct chain {
+    product p[LAYERS][PRODUCTS];
+    unsigned *done;         /* tiles counted in, per (layer, product) */
+    int stages, wait;       /* ring depth; 0: do not wait on the product before (the pure stream) */
+    int compute;            /* 0: consumers only take the stages in turn (the copy alone) */
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+}
+
+__device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
+__device__ __forceinline__ int steps_of(const product &p) { return (p.cols * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES; }
+
+__global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant__ chain c)
+{
+    extern __shared__ __align__(128) char ring[];
+    __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
+    __shared__ float part[2][CONSUMERS / 32][ROWS];
+    float *xs = (float *)(ring + (size_t)c.stages * STAGE_BYTES);
+    const int tid = threadIdx.x, S = c.stages;
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(CONSUMERS / 32));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 32) { /* the producer: every stage of every tile this block owns, in order */
+        if (tid != 0) return;
+        int it = 0;
+        for (int l = 0; l < LAYERS; l++)
+            for (int k = 0; k < PRODUCTS; k++) {
+                const product &p = c.p[l][k];
+                const int steps = steps_of(p);
+                for (int t = blockIdx.x; t < tiles_of(p); t += gridDim.x)
+                    for (int s = 0; s < steps; s++, it++) {
+                        const int slot = it % S, use = it / S;
+                        if (use) mbar_wait(&empty[slot], (use - 1) & 1);
+                        const uint32_t bytes = min(CHUNK_BYTES, p.cols * 2 - s * CHUNK_BYTES);
+                        const int rows = min(ROWS, p.rows - t * ROWS);
+                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                                         smem_u32(&full[slot])),
+                                     "r"(bytes * rows)
+                                     : "memory");
+                        for (int r = 0; r < rows; r++)
+                            asm volatile(
+                                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                                    smem_u32(ring + (size_t)slot * STAGE_BYTES + r * CHUNK_BYTES)),
+                                "l"((const char *)(p.w + (size_t)(t * ROWS + r) * p.cols) + s * CHUNK_BYTES),
+                                "r"(bytes), "r"(smem_u32(&full[slot]))
+                                : "memory");
+                    }
+            }
+        return;
+    }
+
+    const int ct = tid - 32, warp = ct >> 5, lane = ct & 31;
+    int it = 0, buf = 0;
+    for (int l = 0; l < LAYERS; l++)
+        for (int k = 0; k < PRODUCTS; k++) {
+            const product &p = c.p[l][k];
+            const int steps = steps_of(p), tiles = tiles_of(p);
+            if ((int)blockIdx.x >= tiles) continue;
+            /* the product before: every one of its tiles counted in */
+            if (c.wait && (l || k)) {
+                const int pl = k ? l : l - 1, pk = k ? k - 1 : PRODUCTS - 1;
+                const unsigned need = (unsigned)((c.p[pl][pk].rows + ROWS - 1) / ROWS);
+                if (ct == 0) {
+                    while (*(volatile unsigned *)&c.done[pl * PRODUCTS + pk] < need) __nanosleep(32);
+                    __threadfence();
+                }
+            }
+            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+            for (int i = ct; i < p.cols; i += CONSUMERS) xs[i] = __ldcg(p.x + i);
+            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+            int mine = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x, mine++) {
+                float acc[ROWS] = {};
+                for (int s = 0; s < steps; s++, it++) {
+                    const int slot = it % S;
+                    mbar_wait(&full[slot], (it / S) & 1);
+                    const int col = s * (CHUNK_BYTES / 2) + ct * 8;
+                    if (c.compute && col < p.cols) {
+                        float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
+#pragma unroll
+                        for (int r = 0; r < ROWS; r++) {
+                            uint4 w = *(const uint4 *)(ring + (size_t)slot * STAGE_BYTES + r * CHUNK_BYTES + ct * 16);
+                            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
+                            float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+                            float2 cc = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+                            acc[r] += a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + cc.x * x1.x + cc.y * x1.y +
+                                      d.x * x1.z + d.y * x1.w;
+                        }
+                    }
+                    __syncwarp();
+                    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[slot])) : "memory");
+                }
+                if (!c.compute) continue;
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+                    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+                if (lane == 0)
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++) part[buf][warp][r] = acc[r];
+                asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                if (ct < ROWS && t * ROWS + ct < p.rows) {
+                    float sum = 0.0f;
+                    for (int w = 0; w < CONSUMERS / 32; w++) sum += part[buf][w][ct];
+                    p.y[t * ROWS + ct] = sum;
+                }
+                buf ^= 1;
+            }
+            /* count this block's tiles in once its rows are written (visible device-wide first) */
+            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+            if (ct == 0) {
+                __threadfence();
+                atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
+            }
+        }
+}
+
+__global__ void fill(__nv_bfloat16 *w, size_t n, float scale)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        w[i] = __float2bfloat16(scale * (float)((long long)((i * 2654435761u >> 8) % 2001) - 1000) / 1000.0f);
+}
+
+int main()
+{
+    int sms = 0, coop = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+    const int shape[PRODUCTS][2] = {{2560, 2048}, {2048, 2048}, {11264, 2048}, {2048, 5632}};
+    size_t per_layer = 0;
+    for (int k = 0; k < PRODUCTS; k++) per_layer += (size_t)shape[k][0] * shape[k][1];
+    __nv_bfloat16 *w = NULL;
+    float *vec = NULL;
+    unsigned *done = NULL;
+    CHECK(cudaMalloc(&w, per_layer * LAYERS * sizeof(__nv_bfloat16)));
+    CHECK(cudaMalloc(&vec, (size_t)(LAYERS * PRODUCTS + 1) * 11264 * sizeof(float)));
+    CHECK(cudaMalloc(&done, LAYERS * PRODUCTS * sizeof(unsigned)));
+    fill<<<1024, 256>>>(w, per_layer * LAYERS, 0.02f);
+    CHECK(cudaMemset(vec, 0, (size_t)(LAYERS * PRODUCTS + 1) * 11264 * sizeof(float)));
+    CHECK(cudaMemcpy(vec, std::vector<float>(2048, 1.0f).data(), 2048 * sizeof(float), cudaMemcpyHostToDevice));
+    chain c = {};
+    size_t off = 0;
+    for (int l = 0; l < LAYERS; l++)
+        for (int k = 0; k < PRODUCTS; k++) {
+            int i = l * PRODUCTS + k;
+            c.p[l][k] = {w + off, shape[k][0], shape[k][1], vec + (size_t)i * 11264, vec + (size_t)(i + 1) * 11264};
+            off += (size_t)shape[k][0] * shape[k][1];
+        }
+    c.done = done;
+    const double bytes = (double)per_layer * LAYERS * 2;
+
+    /* the read bandwidth a plain stream gets, for the ideal */
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    CHECK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
+    printf("%d SMs; %.0f MB of weights a layer, %d layers\n", sms, per_layer * 2 / 1e6, LAYERS);
+    for (int mode = 0; mode < 3; mode++)
+        for (int stages = 2; stages <= MAX_STAGES; stages += 2) {
+            const int wait = mode == 2;
+            c.stages = stages, c.wait = wait, c.compute = mode > 0;
+            size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
+            if (smem > 220 * 1024) continue;
+            std::vector<float> ms;
+            for (int r = 0; r < 6; r++) {
+                CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
+                void *args[] = {&c};
+                CHECK(cudaEventRecord(a));
+                if (coop)
+                    CHECK(cudaLaunchCooperativeKernel((void *)chain_kernel, sms, THREADS, args, smem, 0));
+                else
+                    chain_kernel<<<sms, THREADS, smem>>>(c);
+                CHECK(cudaGetLastError());
+                CHECK(cudaEventRecord(b));
+                CHECK(cudaEventSynchronize(b));
+                float t;
+                CHECK(cudaEventElapsedTime(&t, a, b));
+                if (r) ms.push_back(t);
+            }
+            std::sort(ms.begin(), ms.end());
+            float med = ms[ms.size() / 2];
+            const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
+            printf("%-24s %d x 32 KB stages: %.1f us a layer, %.0f GB/s\n", what[mode], stages, med * 1e3 / LAYERS,
+                   bytes / (med * 1e6));
+        }
+    /* a check that the waits order the data: layer 0's q/k/v output against the host */
+    std::vector<float> y(2560), x(2048, 1.0f);
+    std::vector<__nv_bfloat16> wq((size_t)2560 * 2048);
+    CHECK(cudaMemcpy(y.data(), c.p[0][0].y, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(wq.data(), c.p[0][0].w, wq.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int r = 0; r < 2560; r++) {
+        double s = 0;
+        for (int i = 0; i < 2048; i++) s += (double)__bfloat162float(wq[(size_t)r * 2048 + i]) * x[i];
+        double e = std::abs(s - y[r]) / (std::abs(s) + 1e-3);
+        worst = e == e && e < worst ? worst : e; /* a NaN counts as the worst */
+    }
+    printf("layer 0 q/k/v against the host: max rel error %.2e\n", worst);
+    return 0;
+}
