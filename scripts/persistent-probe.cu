@@ -55,22 +55,39 @@ struct chain {
     unsigned *done;         /* tiles counted in, per (layer, product) */
     int stages, wait;       /* ring depth; 0: do not wait on the product before (the pure stream) */
     int compute;            /* 0: consumers only take the stages in turn (the copy alone) */
+    int sleep_ns;           /* consumers sleep this long between polls of a stage not yet full */
+    int one_copy;           /* a tile of 4 KB rows in one copy, not one per row */
+    int runs;               /* tiles dealt to blocks in contiguous runs, not round robin */
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity, int sleep_ns)
 {
-    uint32_t done = 0;
-    while (!done)
+    for (;;) {
+        uint32_t done;
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done)
                      : "r"(smem_u32(bar)), "r"(parity)
                      : "memory");
+        if (done) return;
+        if (sleep_ns) __nanosleep(sleep_ns);
+    }
 }
 
 __device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
 __device__ __forceinline__ int steps_of(const product &p) { return (p.cols * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES; }
+
+/* This block's tiles of a product: t0, t0 + step, ... below t1. Dealt round robin (tile t to block t % grid) or in
+ * contiguous runs (block b the b-th run). */
+__device__ __forceinline__ void my_tiles(const chain &c, const product &p, int &t0, int &t1, int &step)
+{
+    const int tiles = tiles_of(p), b = blockIdx.x, g = gridDim.x;
+    if (c.runs)
+        t0 = (int)((long long)tiles * b / g), t1 = (int)((long long)tiles * (b + 1) / g), step = 1;
+    else
+        t0 = b, t1 = tiles, step = g;
+}
 
 __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant__ chain c)
 {
@@ -95,22 +112,27 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             for (int k = 0; k < PRODUCTS; k++) {
                 const product &p = c.p[l][k];
                 const int steps = steps_of(p);
-                for (int t = blockIdx.x; t < tiles_of(p); t += gridDim.x)
+                int t0, t1, step;
+                my_tiles(c, p, t0, t1, step);
+                for (int t = t0; t < t1; t += step)
                     for (int s = 0; s < steps; s++, it++) {
                         const int slot = it % S, use = it / S;
-                        if (use) mbar_wait(&empty[slot], (use - 1) & 1);
+                        if (use) mbar_wait(&empty[slot], (use - 1) & 1, 0);
                         const uint32_t bytes = min(CHUNK_BYTES, p.cols * 2 - s * CHUNK_BYTES);
                         const int rows = min(ROWS, p.rows - t * ROWS);
                         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
                                          smem_u32(&full[slot])),
                                      "r"(bytes * rows)
                                      : "memory");
-                        for (int r = 0; r < rows; r++)
+                        /* a tile whose rows are one stage wide is one contiguous piece: one copy */
+                        const int pieces = c.one_copy && p.cols * 2 == CHUNK_BYTES ? 1 : rows;
+                        const uint32_t piece_bytes = pieces == 1 ? bytes * rows : bytes;
+                        for (int r = 0; r < pieces; r++)
                             asm volatile(
                                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                                     smem_u32(ring + (size_t)slot * STAGE_BYTES + r * CHUNK_BYTES)),
                                 "l"((const char *)(p.w + (size_t)(t * ROWS + r) * p.cols) + s * CHUNK_BYTES),
-                                "r"(bytes), "r"(smem_u32(&full[slot]))
+                                "r"(piece_bytes), "r"(smem_u32(&full[slot]))
                                 : "memory");
                     }
             }
@@ -123,7 +145,9 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
         for (int k = 0; k < PRODUCTS; k++) {
             const product &p = c.p[l][k];
             const int steps = steps_of(p), tiles = tiles_of(p);
-            if ((int)blockIdx.x >= tiles) continue;
+            int t0, t1, step;
+            my_tiles(c, p, t0, t1, step);
+            if (t0 >= t1) continue;
             /* the product before: every one of its tiles counted in */
             if (c.wait && (l || k)) {
                 const int pl = k ? l : l - 1, pk = k ? k - 1 : PRODUCTS - 1;
@@ -137,11 +161,11 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             for (int i = ct; i < p.cols; i += CONSUMERS) xs[i] = __ldcg(p.x + i);
             asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
             int mine = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x, mine++) {
+            for (int t = t0; t < t1; t += step, mine++) {
                 float acc[ROWS] = {};
                 for (int s = 0; s < steps; s++, it++) {
                     const int slot = it % S;
-                    mbar_wait(&full[slot], (it / S) & 1);
+                    mbar_wait(&full[slot], (it / S) & 1, c.sleep_ns);
                     const int col = s * (CHUNK_BYTES / 2) + ct * 8;
                     if (c.compute && col < p.cols) {
                         float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
@@ -202,7 +226,10 @@ int main()
     CHECK(cudaMalloc(&w, per_layer * LAYERS * sizeof(__nv_bfloat16)));
     CHECK(cudaMalloc(&vec, (size_t)(LAYERS * PRODUCTS + 1) * 11264 * sizeof(float)));
     CHECK(cudaMalloc(&done, LAYERS * PRODUCTS * sizeof(unsigned)));
-    fill<<<1024, 256>>>(w, per_layer * LAYERS, 0.02f);
+    if (getenv("PROBE_ZERO_WEIGHTS"))
+        CHECK(cudaMemset(w, 0, per_layer * LAYERS * sizeof(__nv_bfloat16)));
+    else
+        fill<<<1024, 256>>>(w, per_layer * LAYERS, 0.02f);
     CHECK(cudaMemset(vec, 0, (size_t)(LAYERS * PRODUCTS + 1) * 11264 * sizeof(float)));
     CHECK(cudaMemcpy(vec, std::vector<float>(2048, 1.0f).data(), 2048 * sizeof(float), cudaMemcpyHostToDevice));
     chain c = {};
@@ -222,10 +249,12 @@ int main()
     CHECK(cudaEventCreate(&b));
     CHECK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     printf("%d SMs; %.0f MB of weights a layer, %d layers\n", sms, per_layer * 2 / 1e6, LAYERS);
+    for (int runs = 0; runs <= 1; runs++)
     for (int mode = 0; mode < 3; mode++)
-        for (int stages = 2; stages <= MAX_STAGES; stages += 2) {
-            const int wait = mode == 2;
-            c.stages = stages, c.wait = wait, c.compute = mode > 0;
+        for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
+            const int wait = mode == 2, sleep_ns = 0, one_copy = 0;
+            c.stages = stages, c.wait = wait, c.compute = mode > 0, c.sleep_ns = sleep_ns, c.one_copy = one_copy;
+            c.runs = runs;
             size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
             if (smem > 220 * 1024) continue;
             std::vector<float> ms;
@@ -247,8 +276,8 @@ int main()
             std::sort(ms.begin(), ms.end());
             float med = ms[ms.size() / 2];
             const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
-            printf("%-24s %d x 32 KB stages: %.1f us a layer, %.0f GB/s\n", what[mode], stages, med * 1e3 / LAYERS,
-                   bytes / (med * 1e6));
+            printf("%-24s %d x 32 KB stages, %s: %.1f us a layer, %.0f GB/s\n", what[mode], stages,
+                   runs ? "tiles in runs" : "tiles round robin", med * 1e3 / LAYERS, bytes / (med * 1e6));
         }
     /* a check that the waits order the data: layer 0's q/k/v output against the host */
     std::vector<float> y(2560), x(2048, 1.0f);

@@ -111,6 +111,12 @@ int main()
     char *buf = NULL;
     CHECK(cudaMalloc(&buf, total));
     CHECK(cudaMemset(buf, 0, total));
+    if (getenv("PROBE_RANDOM")) { /* bf16-like random bytes instead of zeros */
+        std::vector<uint32_t> h(total / 4);
+        uint32_t s = 12345;
+        for (auto &v : h) v = (s = s * 1664525u + 1013904223u) & 0x3f3f3f3fu;
+        CHECK(cudaMemcpy(buf, h.data(), total, cudaMemcpyHostToDevice));
+    }
     CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
     cudaEvent_t a, b;
     CHECK(cudaEventCreate(&a));
