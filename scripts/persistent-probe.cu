@@ -9,9 +9,10 @@
 // empty) without ever waiting on data; warps 1..8 consume: before a product's first tile they wait until every
 // tile of the product before has been counted in (a global counter per product and layer), stage its output as x,
 // then dot each tile's 8 rows with x and write them out, and count their tiles in. Rows are dealt to blocks in tiles
-// of 8 (tile t to block t % grid). The time per layer is compared with the bytes (88 MB a layer) at the measured
-// read bandwidth, with the same kernel told not to wait (the pure stream), and with consumers that only take the
-// stages in turn (the copy alone).
+// of 8, round robin or in contiguous runs. The time per layer is compared with the bytes (88 MB a layer) at the
+// measured read bandwidth, with the same kernel told not to wait (the pure stream), and with consumers that only
+// take the stages in turn (the copy alone). The fields sleep_ns and one_copy (set in main) and PROBE_ZERO_WEIGHTS=1
+// in the environment are what docs/cuda-notes.md, version 54, tried against the copy-alone rate.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
 //   /tmp/persistent-probe

@@ -8,7 +8,7 @@
 //   bulk   thread 0 issues cp.async.bulk copies of one stage (one copy of the whole stage, or one per 4 KB piece)
 //          into a ring of shared-memory stages completing on mbarriers, all threads sum each stage once it lands
 //          and thread 0 refills it after a block barrier; 1 or 2 blocks per SM.
-// Prints GB/s (bytes read / time, median of 5) per variant.
+// Prints GB/s (bytes read / time, median of 5) per variant. The buffer holds zeros; PROBE_RANDOM=1, random bytes.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/stream-probe scripts/stream-probe.cu
 //   /tmp/stream-probe
