@@ -11,8 +11,9 @@
 // then dot each tile's 8 rows with x and write them out, and count their tiles in. Rows are dealt to blocks in tiles
 // of 8, round robin or in contiguous runs. The time per layer is compared with the bytes (88 MB a layer) at the
 // measured read bandwidth, with the same kernel told not to wait (the pure stream), and with consumers that only
-// take the stages in turn (the copy alone). The fields sleep_ns and one_copy (set in main) and PROBE_ZERO_WEIGHTS=1
-// in the environment are what docs/cuda-notes.md, version 54, tried against the copy-alone rate.
+// take the stages in turn and stage no input (the copy alone), each with a copying warp and with consumer 0
+// refilling after a barrier. The fields sleep_ns, one_copy and runs (set in main) and PROBE_ZERO_WEIGHTS=1 and
+// PROBE_NO_COOP=1 in the environment are what docs/cuda-notes.md, version 54, tried against the copy's rate.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
 //   /tmp/persistent-probe
@@ -59,6 +60,7 @@ struct chain {
     int sleep_ns;           /* consumers sleep this long between polls of a stage not yet full */
     int one_copy;           /* a tile of 4 KB rows in one copy, not one per row */
     int runs;               /* tiles dealt to blocks in contiguous runs, not round robin */
+    int barrier_refill;     /* no copying warp: consumer 0 refills a stage after a barrier of all consumers */
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -90,6 +92,51 @@ __device__ __forceinline__ void my_tiles(const chain &c, const product &p, int &
         t0 = b, t1 = tiles, step = g;
 }
 
+/* The block's stages in order: layer l, product k, tile t (below t1, every step-th), column step s. */
+struct cursor {
+    int l, k, t, t1, step, s;
+};
+
+__device__ __forceinline__ void cursor_settle(const chain &c, cursor &u)
+{
+    while (u.l < LAYERS && u.t >= u.t1) {
+        if (++u.k == PRODUCTS) u.k = 0, u.l++;
+        if (u.l < LAYERS) my_tiles(c, c.p[u.l][u.k], u.t, u.t1, u.step), u.s = 0;
+    }
+}
+
+__device__ __forceinline__ cursor cursor_first(const chain &c)
+{
+    cursor u = {0, 0, 0, 0, 1, 0};
+    my_tiles(c, c.p[0][0], u.t, u.t1, u.step);
+    cursor_settle(c, u);
+    return u;
+}
+
+__device__ __forceinline__ void cursor_next(const chain &c, cursor &u)
+{
+    if (++u.s == steps_of(c.p[u.l][u.k])) u.s = 0, u.t += u.step, cursor_settle(c, u);
+}
+
+/* Stage u into slot, completing on bar. */
+__device__ __forceinline__ void issue_stage(const chain &c, const cursor &u, char *slot, uint64_t *bar)
+{
+    const product &p = c.p[u.l][u.k];
+    const uint32_t bytes = min(CHUNK_BYTES, p.cols * 2 - u.s * CHUNK_BYTES);
+    const int rows = min(ROWS, p.rows - u.t * ROWS);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes * rows)
+                 : "memory");
+    /* a tile whose rows are one stage wide is one contiguous piece: one copy */
+    const int pieces = c.one_copy && p.cols * 2 == CHUNK_BYTES ? 1 : rows;
+    const uint32_t piece_bytes = pieces == 1 ? bytes * rows : bytes;
+    for (int r = 0; r < pieces; r++)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         smem_u32(slot + r * CHUNK_BYTES)),
+                     "l"((const char *)(p.w + (size_t)(u.t * ROWS + r) * p.cols) + u.s * CHUNK_BYTES),
+                     "r"(piece_bytes), "r"(smem_u32(bar))
+                     : "memory");
+}
+
 __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant__ chain c)
 {
     extern __shared__ __align__(128) char ring[];
@@ -107,41 +154,24 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
     __syncthreads();
 
     if (tid < 32) { /* the producer: every stage of every tile this block owns, in order */
-        if (tid != 0) return;
+        if (tid != 0 || c.barrier_refill) return;
         int it = 0;
-        for (int l = 0; l < LAYERS; l++)
-            for (int k = 0; k < PRODUCTS; k++) {
-                const product &p = c.p[l][k];
-                const int steps = steps_of(p);
-                int t0, t1, step;
-                my_tiles(c, p, t0, t1, step);
-                for (int t = t0; t < t1; t += step)
-                    for (int s = 0; s < steps; s++, it++) {
-                        const int slot = it % S, use = it / S;
-                        if (use) mbar_wait(&empty[slot], (use - 1) & 1, 0);
-                        const uint32_t bytes = min(CHUNK_BYTES, p.cols * 2 - s * CHUNK_BYTES);
-                        const int rows = min(ROWS, p.rows - t * ROWS);
-                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                                         smem_u32(&full[slot])),
-                                     "r"(bytes * rows)
-                                     : "memory");
-                        /* a tile whose rows are one stage wide is one contiguous piece: one copy */
-                        const int pieces = c.one_copy && p.cols * 2 == CHUNK_BYTES ? 1 : rows;
-                        const uint32_t piece_bytes = pieces == 1 ? bytes * rows : bytes;
-                        for (int r = 0; r < pieces; r++)
-                            asm volatile(
-                                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                                    smem_u32(ring + (size_t)slot * STAGE_BYTES + r * CHUNK_BYTES)),
-                                "l"((const char *)(p.w + (size_t)(t * ROWS + r) * p.cols) + s * CHUNK_BYTES),
-                                "r"(piece_bytes), "r"(smem_u32(&full[slot]))
-                                : "memory");
-                    }
-            }
+        for (cursor u = cursor_first(c); u.l < LAYERS; cursor_next(c, u), it++) {
+            const int slot = it % S, use = it / S;
+            if (use) mbar_wait(&empty[slot], (use - 1) & 1, 0);
+            issue_stage(c, u, ring + (size_t)slot * STAGE_BYTES, &full[slot]);
+        }
         return;
     }
 
     const int ct = tid - 32, warp = ct >> 5, lane = ct & 31;
     int it = 0, buf = 0;
+    /* barrier_refill: consumer 0 copies, the first S stages now and each next one once all consumers are past a stage
+     * (the stream probe's way) */
+    cursor ahead = cursor_first(c);
+    if (c.barrier_refill && ct == 0)
+        for (int i = 0; i < S && ahead.l < LAYERS; i++, cursor_next(c, ahead))
+            issue_stage(c, ahead, ring + (size_t)i * STAGE_BYTES, &full[i]);
     for (int l = 0; l < LAYERS; l++)
         for (int k = 0; k < PRODUCTS; k++) {
             const product &p = c.p[l][k];
@@ -158,9 +188,11 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     __threadfence();
                 }
             }
-            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
-            for (int i = ct; i < p.cols; i += CONSUMERS) xs[i] = __ldcg(p.x + i);
-            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+            if (c.compute) { /* the copy alone needs no input */
+                asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                for (int i = ct; i < p.cols; i += CONSUMERS) xs[i] = __ldcg(p.x + i);
+                asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+            }
             int mine = 0;
             for (int t = t0; t < t1; t += step, mine++) {
                 float acc[ROWS] = {};
@@ -180,8 +212,17 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                                       d.x * x1.z + d.y * x1.w;
                         }
                     }
-                    __syncwarp();
-                    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[slot])) : "memory");
+                    if (c.barrier_refill) {
+                        asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                        if (ct == 0 && ahead.l < LAYERS) {
+                            issue_stage(c, ahead, ring + (size_t)slot * STAGE_BYTES, &full[slot]);
+                            cursor_next(c, ahead);
+                        }
+                    } else {
+                        __syncwarp();
+                        if (lane == 0)
+                            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[slot])) : "memory");
+                    }
                 }
                 if (!c.compute) continue;
 #pragma unroll
@@ -250,12 +291,12 @@ int main()
     CHECK(cudaEventCreate(&b));
     CHECK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     printf("%d SMs; %.0f MB of weights a layer, %d layers\n", sms, per_layer * 2 / 1e6, LAYERS);
-    for (int runs = 0; runs <= 1; runs++)
+    for (int refill = 0; refill <= 1; refill++)
     for (int mode = 0; mode < 3; mode++)
         for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
-            const int wait = mode == 2, sleep_ns = 0, one_copy = 0;
+            const int wait = mode == 2, sleep_ns = 0, one_copy = 0, runs = 0;
             c.stages = stages, c.wait = wait, c.compute = mode > 0, c.sleep_ns = sleep_ns, c.one_copy = one_copy;
-            c.runs = runs;
+            c.runs = runs, c.barrier_refill = refill;
             size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
             if (smem > 220 * 1024) continue;
             std::vector<float> ms;
@@ -263,7 +304,7 @@ int main()
                 CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
                 void *args[] = {&c};
                 CHECK(cudaEventRecord(a));
-                if (coop)
+                if (coop && !getenv("PROBE_NO_COOP"))
                     CHECK(cudaLaunchCooperativeKernel((void *)chain_kernel, sms, THREADS, args, smem, 0));
                 else
                     chain_kernel<<<sms, THREADS, smem>>>(c);
@@ -278,7 +319,7 @@ int main()
             float med = ms[ms.size() / 2];
             const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
             printf("%-24s %d x 32 KB stages, %s: %.1f us a layer, %.0f GB/s\n", what[mode], stages,
-                   runs ? "tiles in runs" : "tiles round robin", med * 1e3 / LAYERS, bytes / (med * 1e6));
+                   refill ? "refilled after a barrier" : "a copying warp", med * 1e3 / LAYERS, bytes / (med * 1e6));
         }
     /* a check that the waits order the data: layer 0's q/k/v output against the host */
     std::vector<float> y(2560), x(2048, 1.0f);
