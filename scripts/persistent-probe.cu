@@ -9,31 +9,19 @@
 // empty) without ever waiting on data; warps 1..8 consume: before a product's first tile they wait until every
 // tile of the product before has been counted in (a global counter per product and layer), stage its output as x,
 // then dot each tile's 8 rows with x and write them out, and count their tiles in. Rows are dealt to blocks in tiles
-// of 8, round robin or in contiguous runs. The time per layer is compared with the bytes (88 MB a layer) at the
-// measured read bandwidth, with the same kernel told not to wait (the pure stream), and with consumers that only
-// take the stages in turn and stage no input (the copy alone), each with a copying warp and with consumer 0
-// refilling after a barrier. The fields sleep_ns, one_copy and runs (set in main) and PROBE_ZERO_WEIGHTS=1 and
-// PROBE_NO_COOP=1 in the environment are what docs/cuda-notes.md, version 54, tried against the copy's rate.
+// of 8 (tile t to block t % grid). The time per layer is compared with the bytes (88 MB a layer) at 3 TB/s, with
+// the same kernel told not to wait (the pure stream), and with consumers that only take the stages in turn and
+// stage no input (the copy alone), each with a copying warp and with consumer 0 refilling after a barrier of the
+// consumers instead. PROBE_ZERO_WEIGHTS=1 (zeros instead of random weights) and PROBE_NO_COOP=1 (a plain launch) in
+// the environment are two of the variants docs/cuda-notes.md, version 54, tried against the copy's rate.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
 //   /tmp/persistent-probe
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
+#include <cmath>
 
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
-#define CHECK(call)                                                                                                \
-    do {                                                                                                           \
-        cudaError_t e_ = (call);                                                                                   \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "persistent-probe: %s: %s\n", #call, cudaGetErrorString(e_));                         \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#include "cuda-probe.cuh"
 
 #define LAYERS 22
 #define PRODUCTS 4
@@ -57,39 +45,16 @@ struct chain {
     unsigned *done;         /* tiles counted in, per (layer, product) */
     int stages, wait;       /* ring depth; 0: do not wait on the product before (the pure stream) */
     int compute;            /* 0: consumers only take the stages in turn (the copy alone) */
-    int sleep_ns;           /* consumers sleep this long between polls of a stage not yet full */
-    int one_copy;           /* a tile of 4 KB rows in one copy, not one per row */
-    int runs;               /* tiles dealt to blocks in contiguous runs, not round robin */
     int barrier_refill;     /* no copying warp: consumer 0 refills a stage after a barrier of all consumers */
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity, int sleep_ns)
-{
-    for (;;) {
-        uint32_t done;
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "r"(parity)
-                     : "memory");
-        if (done) return;
-        if (sleep_ns) __nanosleep(sleep_ns);
-    }
-}
 
 __device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
 __device__ __forceinline__ int steps_of(const product &p) { return (p.cols * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES; }
 
-/* This block's tiles of a product: t0, t0 + step, ... below t1. Dealt round robin (tile t to block t % grid) or in
- * contiguous runs (block b the b-th run). */
-__device__ __forceinline__ void my_tiles(const chain &c, const product &p, int &t0, int &t1, int &step)
+/* This block's tiles of a product: t0, t0 + step, ... below t1. */
+__device__ __forceinline__ void my_tiles(const product &p, int &t0, int &t1, int &step)
 {
-    const int tiles = tiles_of(p), b = blockIdx.x, g = gridDim.x;
-    if (c.runs)
-        t0 = (int)((long long)tiles * b / g), t1 = (int)((long long)tiles * (b + 1) / g), step = 1;
-    else
-        t0 = b, t1 = tiles, step = g;
+    t0 = blockIdx.x, t1 = tiles_of(p), step = gridDim.x;
 }
 
 /* The block's stages in order: layer l, product k, tile t (below t1, every step-th), column step s. */
@@ -101,14 +66,14 @@ __device__ __forceinline__ void cursor_settle(const chain &c, cursor &u)
 {
     while (u.l < LAYERS && u.t >= u.t1) {
         if (++u.k == PRODUCTS) u.k = 0, u.l++;
-        if (u.l < LAYERS) my_tiles(c, c.p[u.l][u.k], u.t, u.t1, u.step), u.s = 0;
+        if (u.l < LAYERS) my_tiles(c.p[u.l][u.k], u.t, u.t1, u.step), u.s = 0;
     }
 }
 
 __device__ __forceinline__ cursor cursor_first(const chain &c)
 {
     cursor u = {0, 0, 0, 0, 1, 0};
-    my_tiles(c, c.p[0][0], u.t, u.t1, u.step);
+    my_tiles(c.p[0][0], u.t, u.t1, u.step);
     cursor_settle(c, u);
     return u;
 }
@@ -118,23 +83,16 @@ __device__ __forceinline__ void cursor_next(const chain &c, cursor &u)
     if (++u.s == steps_of(c.p[u.l][u.k])) u.s = 0, u.t += u.step, cursor_settle(c, u);
 }
 
-/* Stage u into slot, completing on bar. */
+/* Stage u into slot, completing on bar: one copy per row of the tile. */
 __device__ __forceinline__ void issue_stage(const chain &c, const cursor &u, char *slot, uint64_t *bar)
 {
     const product &p = c.p[u.l][u.k];
     const uint32_t bytes = min(CHUNK_BYTES, p.cols * 2 - u.s * CHUNK_BYTES);
     const int rows = min(ROWS, p.rows - u.t * ROWS);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes * rows)
-                 : "memory");
-    /* a tile whose rows are one stage wide is one contiguous piece: one copy */
-    const int pieces = c.one_copy && p.cols * 2 == CHUNK_BYTES ? 1 : rows;
-    const uint32_t piece_bytes = pieces == 1 ? bytes * rows : bytes;
-    for (int r = 0; r < pieces; r++)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_u32(slot + r * CHUNK_BYTES)),
-                     "l"((const char *)(p.w + (size_t)(u.t * ROWS + r) * p.cols) + u.s * CHUNK_BYTES),
-                     "r"(piece_bytes), "r"(smem_u32(bar))
-                     : "memory");
+    mbar_expect_tx(bar, bytes * rows);
+    for (int r = 0; r < rows; r++)
+        bulk_copy(slot + r * CHUNK_BYTES, (const char *)(p.w + (size_t)(u.t * ROWS + r) * p.cols) + u.s * CHUNK_BYTES,
+                  bytes, bar);
 }
 
 __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant__ chain c)
@@ -145,11 +103,8 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
     float *xs = (float *)(ring + (size_t)c.stages * STAGE_BYTES);
     const int tid = threadIdx.x, S = c.stages;
     if (tid == 0) {
-        for (int s = 0; s < S; s++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(&empty[s])), "r"(CONSUMERS / 32));
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < S; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], CONSUMERS / 32);
+        mbar_fence_init();
     }
     __syncthreads();
 
@@ -158,7 +113,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
         int it = 0;
         for (cursor u = cursor_first(c); u.l < LAYERS; cursor_next(c, u), it++) {
             const int slot = it % S, use = it / S;
-            if (use) mbar_wait(&empty[slot], (use - 1) & 1, 0);
+            if (use) mbar_wait(&empty[slot], (use - 1) & 1);
             issue_stage(c, u, ring + (size_t)slot * STAGE_BYTES, &full[slot]);
         }
         return;
@@ -175,9 +130,9 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
     for (int l = 0; l < LAYERS; l++)
         for (int k = 0; k < PRODUCTS; k++) {
             const product &p = c.p[l][k];
-            const int steps = steps_of(p), tiles = tiles_of(p);
+            const int steps = steps_of(p);
             int t0, t1, step;
-            my_tiles(c, p, t0, t1, step);
+            my_tiles(p, t0, t1, step);
             if (t0 >= t1) continue;
             /* the product before: every one of its tiles counted in */
             if (c.wait && (l || k)) {
@@ -198,7 +153,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                 float acc[ROWS] = {};
                 for (int s = 0; s < steps; s++, it++) {
                     const int slot = it % S;
-                    mbar_wait(&full[slot], (it / S) & 1, c.sleep_ns);
+                    mbar_wait(&full[slot], (it / S) & 1);
                     const int col = s * (CHUNK_BYTES / 2) + ct * 8;
                     if (c.compute && col < p.cols) {
                         float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
@@ -220,8 +175,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                         }
                     } else {
                         __syncwarp();
-                        if (lane == 0)
-                            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(&empty[slot])) : "memory");
+                        if (lane == 0) mbar_arrive(&empty[slot]);
                     }
                 }
                 if (!c.compute) continue;
@@ -285,43 +239,27 @@ int main()
     c.done = done;
     const double bytes = (double)per_layer * LAYERS * 2;
 
-    /* the read bandwidth a plain stream gets, for the ideal */
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
     CHECK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     printf("%d SMs; %.0f MB of weights a layer, %d layers\n", sms, per_layer * 2 / 1e6, LAYERS);
     for (int refill = 0; refill <= 1; refill++)
-    for (int mode = 0; mode < 3; mode++)
-        for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
-            const int wait = mode == 2, sleep_ns = 0, one_copy = 0, runs = 0;
-            c.stages = stages, c.wait = wait, c.compute = mode > 0, c.sleep_ns = sleep_ns, c.one_copy = one_copy;
-            c.runs = runs, c.barrier_refill = refill;
-            size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
-            if (smem > 220 * 1024) continue;
-            std::vector<float> ms;
-            for (int r = 0; r < 6; r++) {
-                CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
-                void *args[] = {&c};
-                CHECK(cudaEventRecord(a));
-                if (coop && !getenv("PROBE_NO_COOP"))
-                    CHECK(cudaLaunchCooperativeKernel((void *)chain_kernel, sms, THREADS, args, smem, 0));
-                else
-                    chain_kernel<<<sms, THREADS, smem>>>(c);
-                CHECK(cudaGetLastError());
-                CHECK(cudaEventRecord(b));
-                CHECK(cudaEventSynchronize(b));
-                float t;
-                CHECK(cudaEventElapsedTime(&t, a, b));
-                if (r) ms.push_back(t);
+        for (int mode = 0; mode < 3; mode++)
+            for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
+                c.stages = stages, c.wait = mode == 2, c.compute = mode > 0, c.barrier_refill = refill;
+                size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
+                float ms = median_ms([&] { CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned))); },
+                                     [&] {
+                                         void *args[] = {&c};
+                                         if (coop && !getenv("PROBE_NO_COOP"))
+                                             CHECK(cudaLaunchCooperativeKernel((void *)chain_kernel, sms, THREADS,
+                                                                               args, smem, 0));
+                                         else
+                                             chain_kernel<<<sms, THREADS, smem>>>(c);
+                                     });
+                const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
+                printf("%-24s %d x 32 KB stages, %s: %.1f us a layer, %.0f GB/s\n", what[mode], stages,
+                       refill ? "refilled after a barrier" : "a copying warp", ms * 1e3 / LAYERS, bytes / (ms * 1e6));
             }
-            std::sort(ms.begin(), ms.end());
-            float med = ms[ms.size() / 2];
-            const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
-            printf("%-24s %d x 32 KB stages, %s: %.1f us a layer, %.0f GB/s\n", what[mode], stages,
-                   refill ? "refilled after a barrier" : "a copying warp", med * 1e3 / LAYERS, bytes / (med * 1e6));
-        }
-    /* a check that the waits order the data: layer 0's q/k/v output against the host */
+    /* a check of the copies and the arithmetic: layer 0's q/k/v output (its input is all ones) against the host */
     std::vector<float> y(2560), x(2048, 1.0f);
     std::vector<__nv_bfloat16> wq((size_t)2560 * 2048);
     CHECK(cudaMemcpy(y.data(), c.p[0][0].y, y.size() * sizeof(float), cudaMemcpyDeviceToHost));

@@ -12,22 +12,7 @@
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/stream-probe scripts/stream-probe.cu
 //   /tmp/stream-probe
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#include <cuda_runtime.h>
-
-#define CHECK(call)                                                                                                \
-    do {                                                                                                           \
-        cudaError_t e_ = (call);                                                                                   \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "stream-probe: %s: %s\n", #call, cudaGetErrorString(e_));                             \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#include "cuda-probe.cuh"
 
 #define THREADS 256
 
@@ -53,8 +38,6 @@ __global__ void __launch_bounds__(THREADS) regs_kernel(const uint4 *src, size_t 
     if (acc == 12345.0f) sink = acc;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 __global__ void __launch_bounds__(THREADS) bulk_kernel(const char *src, size_t per_block, int stages, int stage_bytes,
                                                        int piece_bytes)
 {
@@ -64,43 +47,27 @@ __global__ void __launch_bounds__(THREADS) bulk_kernel(const char *src, size_t p
     const int n_stages = (int)(per_block / stage_bytes);
     auto issue = [&](int s) {
         const int slot = s % stages;
-        const uint32_t bar = smem_u32(&full[slot]);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(stage_bytes) : "memory");
+        mbar_expect_tx(&full[slot], stage_bytes);
         for (int off = 0; off < stage_bytes; off += piece_bytes)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                             smem_u32(ring + (size_t)slot * stage_bytes + off)),
-                         "l"(p + (size_t)s * stage_bytes + off), "r"(piece_bytes), "r"(bar)
-                         : "memory");
+            bulk_copy(ring + (size_t)slot * stage_bytes + off, p + (size_t)s * stage_bytes + off, piece_bytes,
+                      &full[slot]);
     };
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
+        mbar_fence_init();
         for (int s = 0; s < stages && s < n_stages; s++) issue(s);
     }
     __syncthreads();
     float acc = 0.0f;
     for (int s = 0; s < n_stages; s++) {
         const int slot = s % stages;
-        const uint32_t bar = smem_u32(&full[slot]), parity = (uint32_t)(s / stages) & 1;
-        uint32_t done = 0;
-        while (!done)
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done)
-                         : "r"(bar), "r"(parity)
-                         : "memory");
+        mbar_wait(&full[slot], (uint32_t)(s / stages) & 1);
         const uint4 *st = (const uint4 *)(ring + (size_t)slot * stage_bytes);
         for (int i = threadIdx.x; i < stage_bytes / 16; i += THREADS) acc += sum16(st[i]);
         __syncthreads(); /* the slot is consumed */
         if (threadIdx.x == 0 && s + stages < n_stages) issue(s + stages);
     }
     if (acc == 12345.0f) sink = acc;
-}
-
-static float median(std::vector<float> v)
-{
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 int main()
@@ -118,27 +85,11 @@ int main()
         CHECK(cudaMemcpy(buf, h.data(), total, cudaMemcpyHostToDevice));
     }
     CHECK(cudaFuncSetAttribute(bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    auto time = [&](auto launch, size_t bytes) {
-        std::vector<float> ms;
-        for (int r = 0; r < 6; r++) {
-            CHECK(cudaEventRecord(a));
-            launch();
-            CHECK(cudaGetLastError());
-            CHECK(cudaEventRecord(b));
-            CHECK(cudaEventSynchronize(b));
-            float t;
-            CHECK(cudaEventElapsedTime(&t, a, b));
-            if (r) ms.push_back(t);
-        }
-        return bytes / (median(ms) * 1e6);
-    };
+    auto gbs_of = [&](auto launch, size_t bytes) { return bytes / (median_ms([] {}, launch) * 1e6); };
     for (int per_sm = 1; per_sm <= 4; per_sm++) {
         int blocks = sms * per_sm;
         size_t per_block = total / blocks / 65536 * 65536;
-        double gbs = time([&] { regs_kernel<<<blocks, THREADS>>>((const uint4 *)buf, per_block); },
+        double gbs = gbs_of([&] { regs_kernel<<<blocks, THREADS>>>((const uint4 *)buf, per_block); },
                           per_block * blocks);
         printf("regs  %d blocks/SM                              %7.0f GB/s  (%.1f GB/s per block)\n", per_sm, gbs,
                gbs / blocks);
@@ -153,7 +104,7 @@ int main()
                     if (smem * per_sm > 220 * 1024) continue;
                     int blocks = sms * per_sm;
                     size_t per_block = total / blocks / stage * stage;
-                    double gbs = time(
+                    double gbs = gbs_of(
                         [&] { bulk_kernel<<<blocks, THREADS, smem>>>(buf, per_block, d, stage, pb); },
                         per_block * blocks);
                     printf("bulk  %d blocks/SM, %d x %2d KB stages, %5d-byte copies %7.0f GB/s  (%.1f GB/s per block)\n",

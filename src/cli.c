@@ -92,4 +92,3 @@ int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len
     *ids = out;
     return (int)n;
 }
-

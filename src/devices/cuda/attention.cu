@@ -139,10 +139,10 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
 
 /* grid (n_kv_heads * head_blocks, n_splits, n), the splits of a (token, head group) one cluster. Each warp streams
  * rows t_begin + warp, + W, ... of its split (W warps); its lanes are heads_per_block groups of lpg = 32 /
- * heads_per_block, lane j of a group holding dimensions j*DPL .. j*DPL + DPL - 1 of its head's q and output, so every
+ * heads_per_block, lane j of a group holding the DPL dimensions lane_dim gives of its head's q and output, so every
  * head of the group advances its online softmax at once (no barrier in the loop). The W warps then merge in shared
- * memory, and the splits through distributed shared memory, each writing a slice of the output. */
-/* At most 80 registers a thread up to 8 floats a lane: a 512-thread block then leaves room for one 80-register GEMV
+ * memory, and the splits through distributed shared memory, each writing a slice of the output.
+ * At most 80 registers a thread up to 8 floats a lane: a 512-thread block then leaves room for one 80-register GEMV
  * block of the o product beside it, which loads its weights during attention. At 96 (a measuring build) it did
  * not fit, and TinyLlama decode lost 1.3 %, Llama-3.2-1B 3 % (docs/cuda-notes.md, version 49). */
 template <int DPL, int W>
@@ -248,8 +248,10 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     if (active) {
         if (jl == 0) wm[warp * DEC_MAX_HEADS + hl] = m, wl[warp * DEC_MAX_HEADS + hl] = l;
 #pragma unroll
-        for (int e = 0; e < DPL; e++)
-            if (lane_dim<DPL>(e, jl, lpg) < hd) wacc[(warp * HPB + hl) * hd + lane_dim<DPL>(e, jl, lpg)] = acc[e];
+        for (int e = 0; e < DPL; e++) {
+            const int d = lane_dim<DPL>(e, jl, lpg);
+            if (d < hd) wacc[(warp * HPB + hl) * hd + d] = acc[e];
+        }
     }
     __syncthreads();
     /* a warp's weight in its head's merge, once per (warp, head) rather than once per output value */
