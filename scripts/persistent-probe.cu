@@ -7,13 +7,17 @@
 // (a cooperative launch, so all are resident): warp 0 is the producer, copying every tile this block owns, in order,
 // through a ring of 32 KB shared-memory stages (cp.async.bulk, an mbarrier per stage full and one per stage
 // empty) without ever waiting on data; warps 1..8 consume: before a product's first tile they wait until every
-// tile of the product before has been counted in (a global counter per product and layer), stage its output as x,
-// then dot each tile's 8 rows with x and write them out, and count their tiles in. Rows are dealt to blocks in tiles
-// of 8 (tile t to block t % grid). The time per layer is compared with the bytes (88 MB a layer) at 3 TB/s, with
-// the same kernel told not to wait (the pure stream), and with consumers that only take the stages in turn and
-// stage no input (the copy alone), each with a copying warp and with consumer 0 refilling after a barrier of the
-// consumers instead. PROBE_ZERO_WEIGHTS=1 (zeros instead of random weights) and PROBE_NO_COOP=1 (a plain launch) in
-// the environment are two of the variants docs/cuda-notes.md, version 54, tried against the copy's rate.
+// tile of the product before has been counted in (a global counter per product and layer), stage its output as x
+// (all loads in flight at once), then dot each tile's 8 rows with x and write them out, and count their tiles in.
+// Rows are dealt to blocks in tiles of 8 (tile t to block t % grid). The time per layer is compared with the bytes
+// (88 MB a layer) at 3 TB/s, with the same kernel told not to wait (the pure stream), and with consumers that only
+// take the stages in turn and stage no input (the copy alone). Variants of who does what: a copying warp; consumer 0
+// refilling after a barrier of the consumers instead; each consumer warp dotting one whole row of a tile (no
+// barrier per tile); and a signaller warp (the last) that sums each tile's per-warp partials (handed over through
+// mbarriers), writes its rows and counts the block's tiles in with the fence and atomic, so that the consumers never
+// wait at a barrier or a fence between tiles. In the environment: PROBE_RELEASE=1 (count in with a release add and
+// poll with acquire loads instead of a fence, an atomic and volatile polls), PROBE_ZERO_WEIGHTS=1 (zeros instead of
+// random weights) and PROBE_NO_COOP=1 (a plain launch), variants docs/cuda-notes.md (versions 54 and 57) tried.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
 //   /tmp/persistent-probe
@@ -30,8 +34,10 @@
 #define STAGE_BYTES (ROWS * CHUNK_BYTES)
 #define MAX_STAGES 6
 #define CONSUMERS 256
-#define THREADS (32 + CONSUMERS)
+#define THREADS (32 + CONSUMERS + 32) /* the producer warp, the consumers, the signaller warp */
+#define PARTS 4 /* tiles' per-warp partial sums in flight to the signaller */
 #define MAX_COLS 5632
+static_assert(ROWS == CONSUMERS / 32, "a row a warp: one consumer warp per row of a tile");
 
 struct product {
     const __nv_bfloat16 *w; /* (rows, cols) */
@@ -46,6 +52,11 @@ struct chain {
     int stages, wait;       /* ring depth; 0: do not wait on the product before (the pure stream) */
     int compute;            /* 0: consumers only take the stages in turn (the copy alone) */
     int barrier_refill;     /* no copying warp: consumer 0 refills a stage after a barrier of all consumers */
+    int warp_rows;          /* each consumer warp dots one whole row of a tile (no barrier per tile) */
+    int release;            /* count tiles in with a release add instead of a fence and an atomic */
+    int signaller;          /* the signaller warp sums each tile's partials, writes its rows and counts the block's
+                               tiles in (fence and atomic) off the consumers' path; consumers never sync per tile */
+    unsigned long long *stats; /* or NULL: consumer 0's cycles summed over the blocks (see main) */
 };
 
 __device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
@@ -99,14 +110,46 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
 {
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
-    __shared__ float part[2][CONSUMERS / 32][ROWS];
+    __shared__ float part[PARTS][CONSUMERS / 32][ROWS];
+    __shared__ __align__(8) uint64_t pfull[PARTS], pempty[PARTS];
     float *xs = (float *)(ring + (size_t)c.stages * STAGE_BYTES);
     const int tid = threadIdx.x, S = c.stages;
     if (tid == 0) {
         for (int s = 0; s < S; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], CONSUMERS / 32);
+        for (int s = 0; s < PARTS; s++) mbar_init(&pfull[s], CONSUMERS / 32), mbar_init(&pempty[s], 1);
         mbar_fence_init();
     }
     __syncthreads();
+
+    if (tid >= 32 + CONSUMERS) { /* the signaller */
+        if (!c.signaller || !c.compute) return;
+        const int lane = tid & 31;
+        int tile_it = 0;
+        for (int l = 0; l < LAYERS; l++)
+            for (int k = 0; k < PRODUCTS; k++) {
+                const product &p = c.p[l][k];
+                int t0, t1, step, mine = 0;
+                my_tiles(p, t0, t1, step);
+                if (t0 >= t1) continue;
+                for (int t = t0; t < t1; t += step, mine++, tile_it++) {
+                    const int slot = tile_it % PARTS;
+                    mbar_wait(&pfull[slot], (tile_it / PARTS) & 1);
+                    if (lane < ROWS && t * ROWS + lane < p.rows) {
+                        float sum = 0.0f;
+                        for (int w = 0; w < CONSUMERS / 32; w++) sum += part[slot][w][lane];
+                        p.y[t * ROWS + lane] = sum;
+                    }
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&pempty[slot]);
+                }
+                __syncwarp();
+                if (lane == 0) {
+                    __threadfence();
+                    atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
+                }
+            }
+        return;
+    }
 
     if (tid < 32) { /* the producer: every stage of every tile this block owns, in order */
         if (tid != 0 || c.barrier_refill) return;
@@ -120,7 +163,8 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
     }
 
     const int ct = tid - 32, warp = ct >> 5, lane = ct & 31;
-    int it = 0, buf = 0;
+    int it = 0, buf = 0, tile_it = 0;
+    long long st_full = 0, st_count = 0, st_stage = 0, st_all = clock64(), st_dot = 0, st_red = 0, st_end = 0;
     /* barrier_refill: consumer 0 copies, the first S stages now and each next one once all consumers are past a stage
      * (the stream probe's way) */
     cursor ahead = cursor_first(c);
@@ -138,24 +182,68 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             if (c.wait && (l || k)) {
                 const int pl = k ? l : l - 1, pk = k ? k - 1 : PRODUCTS - 1;
                 const unsigned need = (unsigned)((c.p[pl][pk].rows + ROWS - 1) / ROWS);
+                long long t0c = clock64();
                 if (ct == 0) {
-                    while (*(volatile unsigned *)&c.done[pl * PRODUCTS + pk] < need) __nanosleep(32);
-                    __threadfence();
+                    if (c.release) {
+                        unsigned v;
+                        do {
+                            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&c.done[pl * PRODUCTS + pk]) : "memory");
+                        } while (v < need);
+                    } else {
+                        while (*(volatile unsigned *)&c.done[pl * PRODUCTS + pk] < need) __nanosleep(32);
+                        __threadfence();
+                    }
                 }
+                st_count += clock64() - t0c;
             }
+            long long t0s = clock64();
             if (c.compute) { /* the copy alone needs no input */
                 asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
-                for (int i = ct; i < p.cols; i += CONSUMERS) xs[i] = __ldcg(p.x + i);
+                /* every load in flight at once (a loop of one load at a time pays a round trip per element) */
+                constexpr int BATCH = 8;
+                for (int i0 = ct * 4; i0 < p.cols; i0 += CONSUMERS * 4 * BATCH) {
+                    float4 v[BATCH];
+#pragma unroll
+                    for (int u = 0; u < BATCH; u++) {
+                        int i = i0 + u * CONSUMERS * 4;
+                        v[u] = i < p.cols ? __ldcg((const float4 *)(p.x + i)) : make_float4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                    for (int u = 0; u < BATCH; u++) {
+                        int i = i0 + u * CONSUMERS * 4;
+                        if (i < p.cols) *(float4 *)(xs + i) = v[u];
+                    }
+                }
                 asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
             }
+            st_stage += clock64() - t0s;
             int mine = 0;
             for (int t = t0; t < t1; t += step, mine++) {
                 float acc[ROWS] = {};
                 for (int s = 0; s < steps; s++, it++) {
                     const int slot = it % S;
+                    long long t0f = clock64();
                     mbar_wait(&full[slot], (it / S) & 1);
+                    long long t0d = clock64();
+                    st_full += t0d - t0f;
+                    if (c.compute && c.warp_rows) { /* warp w: row w of the tile, lane j its chunks j, j + 32, ... */
+                        const char *row = ring + (size_t)slot * STAGE_BYTES + warp * CHUNK_BYTES;
+#pragma unroll
+                        for (int q = 0; q < CHUNK_BYTES / 16 / 32; q++) {
+                            const int chunk = q * 32 + lane, col = s * (CHUNK_BYTES / 2) + chunk * 8;
+                            if (col < p.cols) {
+                                float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
+                                uint4 w = *(const uint4 *)(row + chunk * 16);
+                                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
+                                float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+                                float2 cc = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+                                acc[0] += a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + cc.x * x1.x +
+                                          cc.y * x1.y + d.x * x1.z + d.y * x1.w;
+                            }
+                        }
+                    }
                     const int col = s * (CHUNK_BYTES / 2) + ct * 8;
-                    if (c.compute && col < p.cols) {
+                    if (c.compute && !c.warp_rows && col < p.cols) {
                         float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
 #pragma unroll
                         for (int r = 0; r < ROWS; r++) {
@@ -167,6 +255,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                                       d.x * x1.z + d.y * x1.w;
                         }
                     }
+                    st_dot += clock64() - t0d;
                     if (c.barrier_refill) {
                         asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
                         if (ct == 0 && ahead.l < LAYERS) {
@@ -179,6 +268,27 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     }
                 }
                 if (!c.compute) continue;
+                long long t0r = clock64();
+                if (c.signaller) { /* this warp's 8 row sums to the signaller, no barrier */
+#pragma unroll
+                    for (int r = 0; r < ROWS; r++)
+                        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+                    const int slot = tile_it % PARTS, use = tile_it / PARTS;
+                    if (use) mbar_wait(&pempty[slot], (use - 1) & 1);
+                    if (lane == 0)
+#pragma unroll
+                        for (int r = 0; r < ROWS; r++) part[slot][warp][r] = acc[r];
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(&pfull[slot]);
+                    tile_it++;
+                    st_red += clock64() - t0r;
+                    continue;
+                }
+                if (c.warp_rows) {
+                    for (int o = 16; o > 0; o >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+                    if (lane == 0 && t * ROWS + warp < p.rows) p.y[t * ROWS + warp] = acc[0];
+                    continue;
+                }
 #pragma unroll
                 for (int r = 0; r < ROWS; r++)
                     for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
@@ -191,15 +301,35 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     for (int w = 0; w < CONSUMERS / 32; w++) sum += part[buf][w][ct];
                     p.y[t * ROWS + ct] = sum;
                 }
+
                 buf ^= 1;
+                st_red += clock64() - t0r;
             }
             /* count this block's tiles in once its rows are written (visible device-wide first) */
+            long long t0e = clock64();
+            if (c.signaller && c.compute) continue; /* the signaller counts them */
             asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
             if (ct == 0) {
-                __threadfence();
-                atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
+                if (c.release) {
+                    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(&c.done[l * PRODUCTS + k]),
+                                 "r"((unsigned)mine)
+                                 : "memory");
+                } else {
+                    __threadfence();
+                    atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
+                }
             }
+            st_end += clock64() - t0e;
         }
+    if (ct == 0 && c.stats) {
+        atomicAdd(c.stats + 0, (unsigned long long)st_full);
+        atomicAdd(c.stats + 1, (unsigned long long)st_count);
+        atomicAdd(c.stats + 2, (unsigned long long)st_stage);
+        atomicAdd(c.stats + 3, (unsigned long long)(clock64() - st_all));
+        atomicAdd(c.stats + 4, (unsigned long long)st_dot);
+        atomicAdd(c.stats + 5, (unsigned long long)st_red);
+        atomicAdd(c.stats + 6, (unsigned long long)st_end);
+    }
 }
 
 __global__ void fill(__nv_bfloat16 *w, size_t n, float scale)
@@ -241,10 +371,28 @@ int main()
 
     CHECK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     printf("%d SMs; %.0f MB of weights a layer, %d layers\n", sms, per_layer * 2 / 1e6, LAYERS);
-    for (int refill = 0; refill <= 1; refill++)
-        for (int mode = 0; mode < 3; mode++)
+    /* a check of the copies and the arithmetic: layer 0's q/k/v output (its input is all ones) against the host */
+    auto check = [&] {
+        std::vector<float> y(2560), x(2048, 1.0f);
+        std::vector<__nv_bfloat16> wq((size_t)2560 * 2048);
+        CHECK(cudaMemcpy(y.data(), c.p[0][0].y, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(wq.data(), c.p[0][0].w, wq.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (int r = 0; r < 2560; r++) {
+            double s = 0;
+            for (int i = 0; i < 2048; i++) s += (double)__bfloat162float(wq[(size_t)r * 2048 + i]) * x[i];
+            double e = std::abs(s - y[r]) / (std::abs(s) + 1e-3);
+            worst = e == e && e < worst ? worst : e; /* a NaN counts as the worst */
+        }
+        printf("layer 0 q/k/v against the host: max rel error %.2e\n", worst);
+    };
+    c.release = getenv("PROBE_RELEASE") != NULL;
+    for (int variant = 0; variant < 4; variant++)
+        for (int mode = variant >= 2 ? 1 : 0; mode < 3; mode++)
             for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
-                c.stages = stages, c.wait = mode == 2, c.compute = mode > 0, c.barrier_refill = refill;
+                c.stages = stages, c.wait = mode == 2, c.compute = mode > 0, c.barrier_refill = variant == 1;
+                c.warp_rows = variant == 2, c.signaller = variant == 3;
+                CHECK(cudaMemset(c.p[0][0].y, 0xff, 2560 * sizeof(float))); /* NaN until this configuration writes it */
                 size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
                 float ms = median_ms([&] { CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned))); },
                                      [&] {
@@ -256,21 +404,30 @@ int main()
                                              chain_kernel<<<sms, THREADS, smem>>>(c);
                                      });
                 const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
-                printf("%-24s %d x 32 KB stages, %s: %.1f us a layer, %.0f GB/s\n", what[mode], stages,
-                       refill ? "refilled after a barrier" : "a copying warp", ms * 1e3 / LAYERS, bytes / (ms * 1e6));
+                const char *how[] = {"a copying warp", "refilled after a barrier", "a copying warp, a row a warp",
+                                     "a copying warp, a signaller warp"};
+                printf("%-24s %d x 32 KB stages, %s: %.1f us a layer, %.0f GB/s\n", what[mode], stages, how[variant],
+                       ms * 1e3 / LAYERS, bytes / (ms * 1e6));
+                if (mode == 2 && stages == 6) check();
+                /* where consumer 0's time goes, summed from clock64 in one more run: waiting for full stages, for
+                 * the product before, staging its output (and waiting at the barriers around it), the dot products,
+                 * the tile reductions, the product ends (barrier, fence, count) */
+                if (mode > 0 && stages == 6 && variant != 1) {
+                    unsigned long long *st = NULL, h[7];
+                    CHECK(cudaMalloc(&st, sizeof h));
+                    CHECK(cudaMemset(st, 0, sizeof h));
+                    CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
+                    c.stats = st;
+                    chain_kernel<<<sms, THREADS, smem>>>(c);
+                    CHECK(cudaDeviceSynchronize());
+                    CHECK(cudaMemcpy(h, st, sizeof h, cudaMemcpyDeviceToHost));
+                    c.stats = NULL;
+                    cudaFree(st);
+                    double per = (double)sms * LAYERS; /* cycles a block and layer */
+                    printf("    consumer 0, cycles a layer: full-stage waits %.0f, counter waits %.0f, staging %.0f, "
+                           "dot %.0f, reduce %.0f, product ends %.0f, all %.0f\n",
+                           h[0] / per, h[1] / per, h[2] / per, h[4] / per, h[5] / per, h[6] / per, h[3] / per);
+                }
             }
-    /* a check of the copies and the arithmetic: layer 0's q/k/v output (its input is all ones) against the host */
-    std::vector<float> y(2560), x(2048, 1.0f);
-    std::vector<__nv_bfloat16> wq((size_t)2560 * 2048);
-    CHECK(cudaMemcpy(y.data(), c.p[0][0].y, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(wq.data(), c.p[0][0].w, wq.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
-    double worst = 0;
-    for (int r = 0; r < 2560; r++) {
-        double s = 0;
-        for (int i = 0; i < 2048; i++) s += (double)__bfloat162float(wq[(size_t)r * 2048 + i]) * x[i];
-        double e = std::abs(s - y[r]) / (std::abs(s) + 1e-3);
-        worst = e == e && e < worst ? worst : e; /* a NaN counts as the worst */
-    }
-    printf("layer 0 q/k/v against the host: max rel error %.2e\n", worst);
     return 0;
 }
