@@ -15,9 +15,12 @@
 // refilling after a barrier of the consumers instead; each consumer warp dotting one whole row of a tile (no
 // barrier per tile); and a signaller warp (the last) that sums each tile's per-warp partials (handed over through
 // mbarriers), writes its rows and counts the block's tiles in with the fence and atomic, so that the consumers never
-// wait at a barrier or a fence between tiles. In the environment: PROBE_RELEASE=1 (count in with a release add and
-// poll with acquire loads instead of a fence, an atomic and volatile polls), PROBE_ZERO_WEIGHTS=1 (zeros instead of
-// random weights) and PROBE_NO_COOP=1 (a plain launch), variants docs/cuda-notes.md (versions 54 and 57) tried.
+// wait at a barrier or a fence between tiles. In the environment: PROBE_FLAGS=1 (the data is its own flag: every
+// output starts as a NaN pattern no arithmetic makes, and staging an input polls each value until it is written; no
+// counters, no fences), PROBE_RELEASE=1 (count in with a release add and poll with acquire loads instead of a fence,
+// an atomic and volatile polls), PROBE_ZERO_WEIGHTS=1 (zeros instead of random weights) and PROBE_NO_COOP=1 (a plain
+// launch), variants docs/cuda-notes.md (versions 54 and 57) measured. Each waiting configuration is checked: layer
+// 0's q/k/v and o against the host, and no NaN in any output (a value read before it was written shows as one).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
 //   /tmp/persistent-probe
@@ -35,6 +38,7 @@
 #define MAX_STAGES 6
 #define CONSUMERS 256
 #define THREADS (32 + CONSUMERS + 32) /* the producer warp, the consumers, the signaller warp */
+#define FLAG_EMPTY 0xffffffffu /* a NaN no arithmetic produces (the GPU's NaN is 0x7fffffff) */
 #define PARTS 4 /* tiles' per-warp partial sums in flight to the signaller */
 #define MAX_COLS 5632
 static_assert(ROWS == CONSUMERS / 32, "a row a warp: one consumer warp per row of a tile");
@@ -54,10 +58,24 @@ struct chain {
     int barrier_refill;     /* no copying warp: consumer 0 refills a stage after a barrier of all consumers */
     int warp_rows;          /* each consumer warp dots one whole row of a tile (no barrier per tile) */
     int release;            /* count tiles in with a release add instead of a fence and an atomic */
+    int flags;              /* the data is its own flag: outputs start as FLAG_EMPTY, and staging an input polls
+                               each value until it is written (no counter, no fence) */
     int signaller;          /* the signaller warp sums each tile's partials, writes its rows and counts the block's
                                tiles in (fence and atomic) off the consumers' path; consumers never sync per tile */
     unsigned long long *stats; /* or NULL: consumer 0's cycles summed over the blocks (see main) */
 };
+
+/* A load the compiler must issue every time (a poll): __ldcg in a loop may be hoisted, and a loop that could spin
+ * forever without a side effect may be dropped altogether. */
+__device__ __forceinline__ float4 load_relaxed4(const float *p)
+{
+    float4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
 
 __device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
 __device__ __forceinline__ int steps_of(const product &p) { return (p.cols * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES; }
@@ -143,7 +161,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     if (lane == 0) mbar_arrive(&pempty[slot]);
                 }
                 __syncwarp();
-                if (lane == 0) {
+                if (lane == 0 && !c.flags) {
                     __threadfence();
                     atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
                 }
@@ -179,7 +197,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             my_tiles(p, t0, t1, step);
             if (t0 >= t1) continue;
             /* the product before: every one of its tiles counted in */
-            if (c.wait && (l || k)) {
+            if (c.wait && (l || k) && !c.flags) {
                 const int pl = k ? l : l - 1, pk = k ? k - 1 : PRODUCTS - 1;
                 const unsigned need = (unsigned)((c.p[pl][pk].rows + ROWS - 1) / ROWS);
                 long long t0c = clock64();
@@ -211,7 +229,12 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
 #pragma unroll
                     for (int u = 0; u < BATCH; u++) {
                         int i = i0 + u * CONSUMERS * 4;
-                        if (i < p.cols) *(float4 *)(xs + i) = v[u];
+                        if (i >= p.cols) continue;
+                        if (c.flags && c.wait && (l || k))
+                            while (__float_as_uint(v[u].x) == FLAG_EMPTY || __float_as_uint(v[u].y) == FLAG_EMPTY ||
+                                   __float_as_uint(v[u].z) == FLAG_EMPTY || __float_as_uint(v[u].w) == FLAG_EMPTY)
+                                v[u] = load_relaxed4(p.x + i);
+                        *(float4 *)(xs + i) = v[u];
                     }
                 }
                 asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
@@ -308,6 +331,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             /* count this block's tiles in once its rows are written (visible device-wide first) */
             long long t0e = clock64();
             if (c.signaller && c.compute) continue; /* the signaller counts them */
+            if (c.flags && c.compute) continue;     /* the rows are their own flags: nothing to count */
             asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
             if (ct == 0) {
                 if (c.release) {
@@ -371,30 +395,53 @@ int main()
 
     CHECK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024));
     printf("%d SMs; %.0f MB of weights a layer, %d layers\n", sms, per_layer * 2 / 1e6, LAYERS);
-    /* a check of the copies and the arithmetic: layer 0's q/k/v output (its input is all ones) against the host */
-    auto check = [&] {
-        std::vector<float> y(2560), x(2048, 1.0f);
-        std::vector<__nv_bfloat16> wq((size_t)2560 * 2048);
-        CHECK(cudaMemcpy(y.data(), c.p[0][0].y, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
-        CHECK(cudaMemcpy(wq.data(), c.p[0][0].w, wq.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+    /* A check of the copies, the arithmetic and the waits: layer 0's q/k/v (its input is all ones) and o (its input
+     * q/k/v's first 2048 outputs as the device wrote them) against the host, and no NaN in any product's output (a
+     * value read before it was written would be a NaN: FLAG_EMPTY, or the check's own fill). */
+    auto product_error = [&](const product &p, const std::vector<float> &x) {
+        std::vector<float> y(p.rows);
+        std::vector<__nv_bfloat16> w((size_t)p.rows * p.cols);
+        CHECK(cudaMemcpy(y.data(), p.y, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(w.data(), p.w, w.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
         double worst = 0;
-        for (int r = 0; r < 2560; r++) {
+        for (int r = 0; r < p.rows; r++) {
             double s = 0;
-            for (int i = 0; i < 2048; i++) s += (double)__bfloat162float(wq[(size_t)r * 2048 + i]) * x[i];
+            for (int i = 0; i < p.cols; i++) s += (double)__bfloat162float(w[(size_t)r * p.cols + i]) * x[i];
             double e = std::abs(s - y[r]) / (std::abs(s) + 1e-3);
             worst = e == e && e < worst ? worst : e; /* a NaN counts as the worst */
         }
-        printf("layer 0 q/k/v against the host: max rel error %.2e\n", worst);
+        return std::make_pair(worst, y);
+    };
+    auto check = [&] {
+        auto qkv = product_error(c.p[0][0], std::vector<float>(2048, 1.0f));
+        auto o = product_error(c.p[0][1], std::vector<float>(qkv.second.begin(), qkv.second.begin() + 2048));
+        std::vector<float> all((size_t)LAYERS * PRODUCTS * 11264);
+        CHECK(cudaMemcpy(all.data(), vec + 11264, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t nans = 0;
+        for (int i = 0; i < LAYERS * PRODUCTS; i++)
+            for (int r = 0; r < c.p[i / PRODUCTS][i % PRODUCTS].rows; r++) {
+                float v = all[(size_t)i * 11264 + r];
+                nans += v != v;
+            }
+        printf("layer 0 against the host: q/k/v max rel error %.2e, o %.2e; NaNs in all outputs: %zu\n", qkv.first,
+               o.first, nans);
     };
     c.release = getenv("PROBE_RELEASE") != NULL;
+    c.flags = getenv("PROBE_FLAGS") != NULL;
     for (int variant = 0; variant < 4; variant++)
         for (int mode = variant >= 2 ? 1 : 0; mode < 3; mode++)
             for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
                 c.stages = stages, c.wait = mode == 2, c.compute = mode > 0, c.barrier_refill = variant == 1;
                 c.warp_rows = variant == 2, c.signaller = variant == 3;
-                CHECK(cudaMemset(c.p[0][0].y, 0xff, 2560 * sizeof(float))); /* NaN until this configuration writes it */
+                /* NaN until this configuration writes them */
+                CHECK(cudaMemset(vec + 11264, 0xff, (size_t)LAYERS * PRODUCTS * 11264 * sizeof(float)));
                 size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
-                float ms = median_ms([&] { CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned))); },
+                float ms = median_ms([&] {
+                                         CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
+                                         if (c.flags) /* every product's output */
+                                             CHECK(cudaMemset(vec + 11264, 0xff,
+                                                              (size_t)LAYERS * PRODUCTS * 11264 * sizeof(float)));
+                                     },
                                      [&] {
                                          void *args[] = {&c};
                                          if (coop && !getenv("PROBE_NO_COOP"))
@@ -417,6 +464,8 @@ int main()
                     CHECK(cudaMalloc(&st, sizeof h));
                     CHECK(cudaMemset(st, 0, sizeof h));
                     CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
+                    if (c.flags)
+                        CHECK(cudaMemset(vec + 11264, 0xff, (size_t)LAYERS * PRODUCTS * 11264 * sizeof(float)));
                     c.stats = st;
                     chain_kernel<<<sms, THREADS, smem>>>(c);
                     CHECK(cudaDeviceSynchronize());
