@@ -19,7 +19,8 @@
 // output starts as a NaN pattern no arithmetic makes, and staging an input polls each value until it is written; no
 // counters, no fences), PROBE_RELEASE=1 (count in with a release add and poll with acquire loads instead of a fence,
 // an atomic and volatile polls), PROBE_ZERO_WEIGHTS=1 (zeros instead of random weights) and PROBE_NO_COOP=1 (a plain
-// launch), variants docs/cuda-notes.md (versions 54 and 57) measured. Each waiting configuration is checked: layer
+// launch), PROBE_ROTATE=1 (each product's tiles dealt on from the block where the product before left off), variants
+// docs/cuda-notes.md (versions 54 and 57) measured. Each waiting configuration is checked: layer
 // 0's q/k/v and o against the host, and no NaN in any output (a value read before it was written shows as one).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
@@ -58,6 +59,7 @@ struct chain {
     int barrier_refill;     /* no copying warp: consumer 0 refills a stage after a barrier of all consumers */
     int warp_rows;          /* each consumer warp dots one whole row of a tile (no barrier per tile) */
     int release;            /* count tiles in with a release add instead of a fence and an atomic */
+    int rotate;             /* deal each product's tiles on from where the product before left off */
     int flags;              /* the data is its own flag: outputs start as FLAG_EMPTY, and staging an input polls
                                each value until it is written (no counter, no fence) */
     int signaller;          /* the signaller warp sums each tile's partials, writes its rows and counts the block's
@@ -80,10 +82,22 @@ __device__ __forceinline__ float4 load_relaxed4(const float *p)
 __device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
 __device__ __forceinline__ int steps_of(const product &p) { return (p.cols * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES; }
 
-/* This block's tiles of a product: t0, t0 + step, ... below t1. */
-__device__ __forceinline__ void my_tiles(const product &p, int &t0, int &t1, int &step)
+/* This block's tiles of product (l, k): t0, t0 + step, ... below t1. Tile t goes to block t % grid, or with rotate
+ * to block (t + the tiles of every product before) % grid, so that the blocks with one tile more differ from
+ * product to product instead of being blocks 0.. every time. */
+__device__ __forceinline__ void my_tiles(const chain &c, int l, int k, int &t0, int &t1, int &step)
 {
-    t0 = blockIdx.x, t1 = tiles_of(p), step = gridDim.x;
+    const int grid = gridDim.x;
+    int base = 0;
+    if (c.rotate) {
+        int per_layer = 0, before = 0;
+        for (int j = 0; j < PRODUCTS; j++) {
+            per_layer += tiles_of(c.p[0][j]);
+            if (j < k) before += tiles_of(c.p[0][j]);
+        }
+        base = (int)(((long long)l * per_layer + before) % grid);
+    }
+    t0 = ((int)blockIdx.x - base + grid) % grid, t1 = tiles_of(c.p[l][k]), step = grid;
 }
 
 /* The block's stages in order: layer l, product k, tile t (below t1, every step-th), column step s. */
@@ -95,14 +109,14 @@ __device__ __forceinline__ void cursor_settle(const chain &c, cursor &u)
 {
     while (u.l < LAYERS && u.t >= u.t1) {
         if (++u.k == PRODUCTS) u.k = 0, u.l++;
-        if (u.l < LAYERS) my_tiles(c.p[u.l][u.k], u.t, u.t1, u.step), u.s = 0;
+        if (u.l < LAYERS) my_tiles(c, u.l, u.k, u.t, u.t1, u.step), u.s = 0;
     }
 }
 
 __device__ __forceinline__ cursor cursor_first(const chain &c)
 {
     cursor u = {0, 0, 0, 0, 1, 0};
-    my_tiles(c.p[0][0], u.t, u.t1, u.step);
+    my_tiles(c, 0, 0, u.t, u.t1, u.step);
     cursor_settle(c, u);
     return u;
 }
@@ -147,7 +161,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             for (int k = 0; k < PRODUCTS; k++) {
                 const product &p = c.p[l][k];
                 int t0, t1, step, mine = 0;
-                my_tiles(p, t0, t1, step);
+                my_tiles(c, l, k, t0, t1, step);
                 if (t0 >= t1) continue;
                 for (int t = t0; t < t1; t += step, mine++, tile_it++) {
                     const int slot = tile_it % PARTS;
@@ -194,7 +208,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             const product &p = c.p[l][k];
             const int steps = steps_of(p);
             int t0, t1, step;
-            my_tiles(p, t0, t1, step);
+            my_tiles(c, l, k, t0, t1, step);
             if (t0 >= t1) continue;
             /* the product before: every one of its tiles counted in */
             if (c.wait && (l || k) && !c.flags) {
@@ -428,6 +442,7 @@ int main()
     };
     c.release = getenv("PROBE_RELEASE") != NULL;
     c.flags = getenv("PROBE_FLAGS") != NULL;
+    c.rotate = getenv("PROBE_ROTATE") != NULL;
     for (int variant = 0; variant < 4; variant++)
         for (int mode = variant >= 2 ? 1 : 0; mode < 3; mode++)
             for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
