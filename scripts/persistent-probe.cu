@@ -42,6 +42,7 @@
 #define FLAG_EMPTY 0xffffffffu /* a NaN no arithmetic produces (the GPU's NaN is 0x7fffffff) */
 #define PARTS 4 /* tiles' per-warp partial sums in flight to the signaller */
 #define MAX_COLS 5632
+#define VEC_STRIDE 11264 /* floats from one product's output to the next's: the longest output (gate/up) */
 static_assert(ROWS == CONSUMERS / 32, "a row a warp: one consumer warp per row of a tile");
 
 struct product {
@@ -77,6 +78,39 @@ __device__ __forceinline__ float4 load_relaxed4(const float *p)
                  : "l"(p)
                  : "memory");
     return v;
+}
+
+/* Dot of 8 bf16 weights (one 16-byte chunk) with x0, x1. */
+__device__ __forceinline__ float dot8(uint4 w, float4 x0, float4 x1)
+{
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
+    float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+    float2 c = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
+    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+}
+
+/* Count n tiles of product (layer, k) in, once this thread's writes (and those a barrier ordered before them) are
+ * visible device-wide; and wait until a product has `need` of them (the waiting thread then sees their rows). */
+__device__ __forceinline__ void count_in(const chain &c, int i, unsigned n)
+{
+    if (c.release) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(&c.done[i]), "r"(n) : "memory");
+    } else {
+        __threadfence();
+        atomicAdd(&c.done[i], n);
+    }
+}
+
+__device__ __forceinline__ void wait_counted(const chain &c, int i, unsigned need)
+{
+    if (c.release) {
+        unsigned v;
+        do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&c.done[i]) : "memory");
+        while (v < need);
+    } else {
+        while (*(volatile unsigned *)&c.done[i] < need) __nanosleep(32);
+        __threadfence();
+    }
 }
 
 __device__ __forceinline__ int tiles_of(const product &p) { return (p.rows + ROWS - 1) / ROWS; }
@@ -175,10 +209,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     if (lane == 0) mbar_arrive(&pempty[slot]);
                 }
                 __syncwarp();
-                if (lane == 0 && !c.flags) {
-                    __threadfence();
-                    atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
-                }
+                if (lane == 0 && !c.flags) count_in(c, l * PRODUCTS + k, (unsigned)mine);
             }
         return;
     }
@@ -215,17 +246,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                 const int pl = k ? l : l - 1, pk = k ? k - 1 : PRODUCTS - 1;
                 const unsigned need = (unsigned)((c.p[pl][pk].rows + ROWS - 1) / ROWS);
                 long long t0c = clock64();
-                if (ct == 0) {
-                    if (c.release) {
-                        unsigned v;
-                        do {
-                            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&c.done[pl * PRODUCTS + pk]) : "memory");
-                        } while (v < need);
-                    } else {
-                        while (*(volatile unsigned *)&c.done[pl * PRODUCTS + pk] < need) __nanosleep(32);
-                        __threadfence();
-                    }
-                }
+                if (ct == 0) wait_counted(c, pl * PRODUCTS + pk, need);
                 st_count += clock64() - t0c;
             }
             long long t0s = clock64();
@@ -269,13 +290,8 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                         for (int q = 0; q < CHUNK_BYTES / 16 / 32; q++) {
                             const int chunk = q * 32 + lane, col = s * (CHUNK_BYTES / 2) + chunk * 8;
                             if (col < p.cols) {
-                                float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
-                                uint4 w = *(const uint4 *)(row + chunk * 16);
-                                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
-                                float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-                                float2 cc = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-                                acc[0] += a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + cc.x * x1.x +
-                                          cc.y * x1.y + d.x * x1.z + d.y * x1.w;
+                                acc[0] += dot8(*(const uint4 *)(row + chunk * 16), *(const float4 *)(xs + col),
+                                               *(const float4 *)(xs + col + 4));
                             }
                         }
                     }
@@ -283,14 +299,10 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     if (c.compute && !c.warp_rows && col < p.cols) {
                         float4 x0 = *(const float4 *)(xs + col), x1 = *(const float4 *)(xs + col + 4);
 #pragma unroll
-                        for (int r = 0; r < ROWS; r++) {
-                            uint4 w = *(const uint4 *)(ring + (size_t)slot * STAGE_BYTES + r * CHUNK_BYTES + ct * 16);
-                            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&w;
-                            float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-                            float2 cc = __bfloat1622float2(h[2]), d = __bfloat1622float2(h[3]);
-                            acc[r] += a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + cc.x * x1.x + cc.y * x1.y +
-                                      d.x * x1.z + d.y * x1.w;
-                        }
+                        for (int r = 0; r < ROWS; r++)
+                            acc[r] += dot8(*(const uint4 *)(ring + (size_t)slot * STAGE_BYTES + r * CHUNK_BYTES +
+                                                            ct * 16),
+                                           x0, x1);
                     }
                     st_dot += clock64() - t0d;
                     if (c.barrier_refill) {
@@ -338,25 +350,14 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     for (int w = 0; w < CONSUMERS / 32; w++) sum += part[buf][w][ct];
                     p.y[t * ROWS + ct] = sum;
                 }
-
                 buf ^= 1;
                 st_red += clock64() - t0r;
             }
-            /* count this block's tiles in once its rows are written (visible device-wide first) */
+            /* count this block's tiles in once its rows are written */
+            if (c.compute && (c.signaller || c.flags)) continue; /* the signaller counts them; flags need no count */
             long long t0e = clock64();
-            if (c.signaller && c.compute) continue; /* the signaller counts them */
-            if (c.flags && c.compute) continue;     /* the rows are their own flags: nothing to count */
             asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
-            if (ct == 0) {
-                if (c.release) {
-                    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(&c.done[l * PRODUCTS + k]),
-                                 "r"((unsigned)mine)
-                                 : "memory");
-                } else {
-                    __threadfence();
-                    atomicAdd(&c.done[l * PRODUCTS + k], (unsigned)mine);
-                }
-            }
+            if (ct == 0) count_in(c, l * PRODUCTS + k, (unsigned)mine);
             st_end += clock64() - t0e;
         }
     if (ct == 0 && c.stats) {
@@ -388,20 +389,21 @@ int main()
     float *vec = NULL;
     unsigned *done = NULL;
     CHECK(cudaMalloc(&w, per_layer * LAYERS * sizeof(__nv_bfloat16)));
-    CHECK(cudaMalloc(&vec, (size_t)(LAYERS * PRODUCTS + 1) * 11264 * sizeof(float)));
+    CHECK(cudaMalloc(&vec, (size_t)(LAYERS * PRODUCTS + 1) * VEC_STRIDE * sizeof(float)));
     CHECK(cudaMalloc(&done, LAYERS * PRODUCTS * sizeof(unsigned)));
     if (getenv("PROBE_ZERO_WEIGHTS"))
         CHECK(cudaMemset(w, 0, per_layer * LAYERS * sizeof(__nv_bfloat16)));
     else
         fill<<<1024, 256>>>(w, per_layer * LAYERS, 0.02f);
-    CHECK(cudaMemset(vec, 0, (size_t)(LAYERS * PRODUCTS + 1) * 11264 * sizeof(float)));
+    CHECK(cudaMemset(vec, 0, (size_t)(LAYERS * PRODUCTS + 1) * VEC_STRIDE * sizeof(float)));
     CHECK(cudaMemcpy(vec, std::vector<float>(2048, 1.0f).data(), 2048 * sizeof(float), cudaMemcpyHostToDevice));
     chain c = {};
     size_t off = 0;
     for (int l = 0; l < LAYERS; l++)
         for (int k = 0; k < PRODUCTS; k++) {
             int i = l * PRODUCTS + k;
-            c.p[l][k] = {w + off, shape[k][0], shape[k][1], vec + (size_t)i * 11264, vec + (size_t)(i + 1) * 11264};
+            c.p[l][k] = {w + off, shape[k][0], shape[k][1], vec + (size_t)i * VEC_STRIDE,
+                         vec + (size_t)(i + 1) * VEC_STRIDE};
             off += (size_t)shape[k][0] * shape[k][1];
         }
     c.done = done;
@@ -429,16 +431,29 @@ int main()
     auto check = [&] {
         auto qkv = product_error(c.p[0][0], std::vector<float>(2048, 1.0f));
         auto o = product_error(c.p[0][1], std::vector<float>(qkv.second.begin(), qkv.second.begin() + 2048));
-        std::vector<float> all((size_t)LAYERS * PRODUCTS * 11264);
-        CHECK(cudaMemcpy(all.data(), vec + 11264, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        std::vector<float> all((size_t)LAYERS * PRODUCTS * VEC_STRIDE);
+        CHECK(cudaMemcpy(all.data(), vec + VEC_STRIDE, all.size() * sizeof(float), cudaMemcpyDeviceToHost));
         size_t nans = 0;
         for (int i = 0; i < LAYERS * PRODUCTS; i++)
             for (int r = 0; r < c.p[i / PRODUCTS][i % PRODUCTS].rows; r++) {
-                float v = all[(size_t)i * 11264 + r];
+                float v = all[(size_t)i * VEC_STRIDE + r];
                 nans += v != v;
             }
         printf("layer 0 against the host: q/k/v max rel error %.2e, o %.2e; NaNs in all outputs: %zu\n", qkv.first,
                o.first, nans);
+    };
+    /* Before every run: no tile counted in, and with the flags every output FLAG_EMPTY again. */
+    auto reset = [&](bool outputs) {
+        CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
+        if (outputs)
+            CHECK(cudaMemset(vec + VEC_STRIDE, 0xff, (size_t)LAYERS * PRODUCTS * VEC_STRIDE * sizeof(float)));
+    };
+    auto launch = [&](size_t smem) {
+        void *args[] = {&c};
+        if (coop && !getenv("PROBE_NO_COOP"))
+            CHECK(cudaLaunchCooperativeKernel((void *)chain_kernel, sms, THREADS, args, smem, 0));
+        else
+            chain_kernel<<<sms, THREADS, smem>>>(c);
     };
     c.release = getenv("PROBE_RELEASE") != NULL;
     c.flags = getenv("PROBE_FLAGS") != NULL;
@@ -448,23 +463,9 @@ int main()
             for (int stages = 4; stages <= MAX_STAGES; stages += 2) {
                 c.stages = stages, c.wait = mode == 2, c.compute = mode > 0, c.barrier_refill = variant == 1;
                 c.warp_rows = variant == 2, c.signaller = variant == 3;
-                /* NaN until this configuration writes them */
-                CHECK(cudaMemset(vec + 11264, 0xff, (size_t)LAYERS * PRODUCTS * 11264 * sizeof(float)));
+                reset(true); /* NaN until this configuration writes them */
                 size_t smem = (size_t)stages * STAGE_BYTES + MAX_COLS * sizeof(float);
-                float ms = median_ms([&] {
-                                         CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
-                                         if (c.flags) /* every product's output */
-                                             CHECK(cudaMemset(vec + 11264, 0xff,
-                                                              (size_t)LAYERS * PRODUCTS * 11264 * sizeof(float)));
-                                     },
-                                     [&] {
-                                         void *args[] = {&c};
-                                         if (coop && !getenv("PROBE_NO_COOP"))
-                                             CHECK(cudaLaunchCooperativeKernel((void *)chain_kernel, sms, THREADS,
-                                                                               args, smem, 0));
-                                         else
-                                             chain_kernel<<<sms, THREADS, smem>>>(c);
-                                     });
+                float ms = median_ms([&] { reset(c.flags); }, [&] { launch(smem); });
                 const char *what[] = {"the copy alone", "no waits (the stream)", "waiting on each product"};
                 const char *how[] = {"a copying warp", "refilled after a barrier", "a copying warp, a row a warp",
                                      "a copying warp, a signaller warp"};
@@ -478,11 +479,9 @@ int main()
                     unsigned long long *st = NULL, h[7];
                     CHECK(cudaMalloc(&st, sizeof h));
                     CHECK(cudaMemset(st, 0, sizeof h));
-                    CHECK(cudaMemset(done, 0, LAYERS * PRODUCTS * sizeof(unsigned)));
-                    if (c.flags)
-                        CHECK(cudaMemset(vec + 11264, 0xff, (size_t)LAYERS * PRODUCTS * 11264 * sizeof(float)));
+                    reset(c.flags);
                     c.stats = st;
-                    chain_kernel<<<sms, THREADS, smem>>>(c);
+                    launch(smem);
                     CHECK(cudaDeviceSynchronize());
                     CHECK(cudaMemcpy(h, st, sizeof h, cudaMemcpyDeviceToHost));
                     c.stats = NULL;

@@ -13,10 +13,12 @@
 
 /* Largest x we stage in shared memory (f32): 48K columns = 192 KiB, inside Hopper's 227 KiB per block. */
 #define GEMV_MAX_COLS (48 * 1024)
+/* What dynamic shared memory may not take of a block's opt-in: the kernel's own __shared__ arrays, with room. */
+#define GEMV_STATIC_SMEM 4096
 
 bool llm_cuda_gemv_fits(size_t cols)
 {
-    return cols <= GEMV_MAX_COLS && cols * sizeof(float) + 4096 <= llm_cuda.smem_optin;
+    return cols <= GEMV_MAX_COLS && cols * sizeof(float) + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
 }
 
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
@@ -313,7 +315,7 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     if (!llm_cuda_allow_smem(kernel, op)) return;
     size_t smem = ((size_t)(job->cols + 3) / 4 * 4 + (size_t)(job->head_dim + 3) / 4 * 4) * sizeof(float);
     size_t staged = smem + (size_t)job->cols * sizeof(float);
-    job->norm_staged = job->norm_src && staged <= llm_cuda.smem_optin;
+    job->norm_staged = job->norm_src && staged + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
     if (job->norm_staged) smem = staged;
     job->pdl_early = llm_cuda.pdl_early;
     job->tl = llm_cuda_tl_record(job->epi == LLM_CUDA_EPI_ROPE     ? "qkv"
