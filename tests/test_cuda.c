@@ -402,19 +402,23 @@ static void test_fused_layer(void **state)
 
 #define DECODE_STEPS 64
 
-/* Logits after the fixture's prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab). */
-static float *decode_run(const char *fixture, const char *device, const char *graphs, const char *fuse, int *vocab)
+/* Logits after the fixture's prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab); with
+ * persisted, also how many persistent steps the device launched (its description says). */
+static float *decode_run_with(const char *fixture, const char *device, const char *graphs, const char *fuse,
+                              const char *persist, int *vocab, size_t *persisted)
 {
     fixture_expected ex;
     fixture_load_expected(&ex, fixture);
     setenv("LLM_CUDA_GRAPHS", graphs, 1);
     setenv("LLM_CUDA_FUSE", fuse, 1);
+    setenv("LLM_CUDA_PERSIST", persist, 1);
     llm_model m;
     llm_load_options lo = {.device = device};
     char err[1024] = "";
     int rc = llm_model_load(&m, ex.dir, &lo, err, sizeof err);
     unsetenv("LLM_CUDA_GRAPHS");
     unsetenv("LLM_CUDA_FUSE");
+    unsetenv("LLM_CUDA_PERSIST");
     if (rc) print_error("%s\n", err);
     assert_int_equal(rc, 0);
     llm_state s;
@@ -432,10 +436,22 @@ static float *decode_run(const char *fixture, const char *device, const char *gr
         assert_int_equal(rc, 0);
         memcpy(all + (size_t)(1 + i) * *vocab, logits, (size_t)*vocab * sizeof *all);
     }
+    if (persisted) {
+        char desc[512] = "";
+        const char *key = "persistent decode step on, ";
+        m.rt.dev->describe(desc, sizeof desc);
+        const char *at = strstr(desc, key);
+        *persisted = at ? strtoul(at + strlen(key), NULL, 10) : 0;
+    }
     llm_state_free(&s, &m);
     llm_model_free(&m);
     fixture_free_expected(&ex);
     return all;
+}
+
+static float *decode_run(const char *fixture, const char *device, const char *graphs, const char *fuse, int *vocab)
+{
+    return decode_run_with(fixture, device, graphs, fuse, "0", vocab, NULL);
 }
 
 static void test_graph_replay(void **state)
@@ -462,6 +478,46 @@ static void test_graph_replay(void **state)
         /* As tests/test_models.c allows against Hugging Face. */
         assert_true(e_cpu < 1e-4);
         free(graphs), free(plain), free(unfused), free(cpu);
+    }
+}
+
+/* ---- the persistent decode step (step.cu) against the kernel-per-op step and the reference ---- */
+
+static void test_persistent_step(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    dev->release();
+    /* every architecture the fixtures have: f32, bf16 and f16 weights, biases, MQA, head_dim 32, linear rope */
+    const char *fixtures[] = {"llama-gqa-tied",   "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama-linear-rope",
+                              "llama3-mqa-untied", "mistral-headdim",     "qwen2-bias"};
+    /* the KV splits: one (an item's rows take two ring stages past position 64), two, the default and most */
+    const char *splits[] = {"1", "2", "4"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        int vocab = 0;
+        size_t n_graphs = 0, n_plain = 0;
+        float *kernels = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
+        float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
+        size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+        for (size_t k = 0; k < sizeof splits / sizeof *splits; k++) {
+            setenv("LLM_CUDA_PERSIST_SPLITS", splits[k], 1);
+            float *graphs = decode_run_with(fixtures[f], "cuda", "1", "1", "1", &vocab, &n_graphs);
+            float *plain = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
+            unsetenv("LLM_CUDA_PERSIST_SPLITS");
+            double e_kernels = rel_error(graphs, kernels, n), e_cpu = rel_error(graphs, cpu, n);
+            print_message("%s, %s splits: %zu persistent launches (graphs), %zu (plain); vs the kernel-per-op step "
+                          "%.2g, vs cpu %.2g\n", fixtures[f], splits[k], n_graphs, n_plain, e_kernels, e_cpu);
+            /* it ran: once per step without graphs (the prompt is a batch); with them, until the step is captured
+             * (the first upload of the program's table drops the graphs recorded so far: one more issued step) */
+            assert_int_equal(n_plain, DECODE_STEPS);
+            assert_true(n_graphs >= 1 && n_graphs <= 3);
+            assert_memory_equal(graphs, plain, n * sizeof *graphs);
+            /* the same ops with f32 sums in another order */
+            assert_true(e_kernels < 1e-5);
+            assert_true(e_cpu < 1e-4);
+            free(graphs), free(plain);
+        }
+        free(kernels), free(cpu);
     }
 }
 
@@ -589,7 +645,7 @@ int main(void)
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_timeline),
+        cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),
     };

@@ -27,6 +27,7 @@ struct llm_cuda_ctx {
     int dec_warps;       /* LLM_CUDA_DEC_WARPS: 8 or 16 warps per decode-attention block; 0: by heads per block */
     int attn_window_kb;  /* LLM_CUDA_ATTN_WINDOW_KB: decode attention's staging window per block */
     int gemv_cpl;        /* LLM_CUDA_GEMV_CPL: 1 or 2 chunks per lane in every GEMV; 0: by row length */
+    int persist_splits;  /* LLM_CUDA_PERSIST_SPLITS: KV splits per head of the persistent step's attention */
 };
 extern llm_cuda_ctx llm_cuda;
 
@@ -41,7 +42,12 @@ bool llm_cuda_ok(cudaError_t e, const char *op);
 /* A scratch buffer owned by the device, grown on demand (never inside a captured step: see device.cu).
  * Zeroed when (re)allocated. NULL after recording an error. */
 #define LLM_CUDA_OWED_MAX 8 /* batched products whose hi + lo sum may be owed at once (device.cu) */
-enum { LLM_CUDA_SCRATCH_SPLIT, LLM_CUDA_SCRATCH_OWED, LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX };
+enum {
+    LLM_CUDA_SCRATCH_SPLIT,
+    LLM_CUDA_SCRATCH_STEP, /* step.cu: the persistent step's table and arena */
+    LLM_CUDA_SCRATCH_OWED,
+    LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
+};
 void *llm_cuda_scratch(int slot, size_t bytes, const char *op);
 
 /* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
@@ -282,5 +288,30 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                         bool kv_stored);
+
+/* ---- step.cu: a one-token step's GEMVs and attentions as one persistent kernel ---- */
+enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION };
+
+/* What device.cu would have launched, in order: a GEMV job as for llm_cuda_gemv_launch (mats filled), or the
+ * attention op of one token (n = 1). */
+typedef struct {
+    int kind;
+    char name[48];        /* the op's name for errors and the profile */
+    llm_cuda_gemv gemv;
+    float *out;           /* LLM_CUDA_STEP_ATTENTION: llm_cuda_attention's arguments */
+    const float *q, *k, *v;
+    float *k_cache, *v_cache;
+    const int32_t *positions;
+    int heads, kv_heads, head_dim, ctx;
+    bool stored;
+} llm_cuda_step_op;
+
+enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_RAN, LLM_CUDA_STEP_RAN_NEW_TABLE };
+/* Run ops as one launch. REFUSED: nothing was launched (a shape or dtype the kernel does not take, or a table that
+ * would have to change while capturing), launch them one by one; RAN_NEW_TABLE: ran, from a table that replaced the
+ * one earlier captured steps read (they must be dropped). */
+int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing);
+/* Forget the uploaded table (its scratch buffer is gone). */
+void llm_cuda_step_forget(void);
 
 #endif

@@ -22,6 +22,7 @@
 llm_cuda_ctx llm_cuda;
 
 #define GRAPH_SLOTS 8
+#define PROG_MAX 1024 /* recorded ops of a persistent step (5 a layer and the head: 200 layers) */
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
 
 typedef struct {
@@ -89,6 +90,12 @@ static struct {
     bool capturing, replaying;
     int slot;
     pending_t pend;
+    /* the persistent step (step.cu): a one-token step's GEMVs and attentions, recorded instead of launched */
+    bool persist;
+    int step_tokens;          /* between step_begin and step_end: the step's tokens; else 0 */
+    llm_cuda_step_op *prog;   /* PROG_MAX of them */
+    int prog_n;
+    size_t persisted;         /* persistent launches issued (a replayed graph's are not counted) */
     /* the last split of a batch (see gemm): of x (count values), into these halves */
     struct { const float *x; size_t count; llm_cuda_halves halves; } split;
     llm_dtype batch_dtype; /* of the last batched product's weights */
@@ -418,8 +425,10 @@ static void invalidate_graphs(void)
 static int cuda_step_begin(int n_tokens)
 {
     forget_split(); /* a captured step must not lean on a split made before it */
-    if (!g.initialized || g.failed || !g.use_graphs || g.capturing) return 0;
+    if (!g.initialized || g.failed) return 0;
     flush_pending();
+    g.step_tokens = n_tokens;
+    if (!g.use_graphs || g.capturing) return 0;
     settle_all();
     int slot = -1;
     for (int i = 0; i < GRAPH_SLOTS && slot < 0; i++)
@@ -459,13 +468,15 @@ static void cuda_step_end(void)
     forget_split();
     if (g.replaying) {
         g.replaying = false;
+        g.step_tokens = 0;
         snprintf(g.last_op, sizeof g.last_op, "graph replay of a %d-token step", g.graphs[g.slot].n);
         g.ops_since_sync++;
         tl_clear();
         LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(g.graphs[g.slot].exec, llm_cuda.stream));
         return;
     }
-    flush_pending();
+    flush_pending(); /* the step's last op joins what was recorded, which runs now */
+    g.step_tokens = 0;
     settle_all();
     if (!g.capturing) return;
     cudaGraphExec_t exec = end_capture(); /* failing here fails the step: its ops have not run */
@@ -624,6 +635,10 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     if (llm_cuda.dec_warps != 8 && llm_cuda.dec_warps != 16) llm_cuda.dec_warps = 0;
     llm_cuda.attn_window_kb = env_int("LLM_CUDA_ATTN_WINDOW_KB", 32);
     llm_cuda.gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
+    g.persist = env_flag("LLM_CUDA_PERSIST", false);
+    llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
+    g.step_tokens = 0, g.prog_n = 0, g.persisted = 0;
+    if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;
     if (g.sync_each) g.use_graphs = false;
     {
@@ -672,6 +687,9 @@ static void cuda_release(void)
         g.scratch[i].p = NULL, g.scratch[i].bytes = 0;
     }
     memset(g.owed, 0, sizeof g.owed);
+    llm_cuda_step_forget();
+    free(g.prog);
+    g.prog = NULL, g.prog_n = 0;
     if (g.blas) cublasDestroy(g.blas);
     if (g.workspace) cudaFree(g.workspace);
     if (llm_cuda.stream) cudaStreamDestroy(llm_cuda.stream);
@@ -693,12 +711,14 @@ static void cuda_describe(char *buf, size_t len)
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
+    char persist[48] = "off";
+    if (g.initialized && g.persist) snprintf(persist, sizeof persist, "on, %zu run", g.persisted);
     snprintf(buf, len, "%s, %d SMs, cc %d.%d, %.1f GiB, driver %d.%d, runtime %d.%d; graphs %s, fusion %s, pdl %s, "
-             "batch matmul %s", p.name, p.multiProcessorCount, p.major, p.minor,
+             "batch matmul %s, persistent decode step %s", p.name, p.multiProcessorCount, p.major, p.minor,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), driver / 1000, driver % 1000 / 10,
              runtime / 1000, runtime % 1000 / 10, g.initialized && !g.use_graphs ? "off" : "on",
              g.initialized && !g.fuse ? "off" : "on", g.initialized && !llm_cuda.pdl ? "off" : "on",
-             g.initialized && !g.gemm_accurate ? "bf16/f16 (fast)" : "split f32 (accurate)");
+             g.initialized && !g.gemm_accurate ? "bf16/f16 (fast)" : "split f32 (accurate)", persist);
 }
 
 /* ---------- buffers ---------- */
@@ -833,6 +853,7 @@ void *llm_cuda_scratch(int slot, size_t bytes, const char *op)
     invalidate_graphs();
     if (g.scratch[slot].p) cudaFree(g.scratch[slot].p);
     g.scratch[slot].p = NULL, g.scratch[slot].bytes = 0;
+    if (slot == LLM_CUDA_SCRATCH_STEP) llm_cuda_step_forget();
     size_t want = bytes + bytes / 4;
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
@@ -1013,13 +1034,57 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
 
 static bool op_usable(void) { return g.initialized && !g.failed; }
 
-static void flush_pending(void)
+/* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
+ * measures the kernel-per-op step). */
+static bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs && g.prog; }
+
+/* Launch what is recorded: as one persistent kernel when step.cu takes it (two ops or more: one alone runs as
+ * fast on its own kernel, and the profiler times ops one by one), else each op as it would have launched. */
+static void issue_program(void)
+{
+    int n = g.prog_n;
+    if (n == 0) return;
+    g.prog_n = 0; /* taken: anything the launch below flushes finds nothing recorded */
+    if (n >= 2) {
+        int ran = llm_cuda_step_launch(g.prog, n, g.capturing);
+        if (ran != LLM_CUDA_STEP_REFUSED) {
+            if (ran == LLM_CUDA_STEP_RAN_NEW_TABLE) invalidate_graphs();
+            g.persisted++;
+            after_op("decode step");
+            return;
+        }
+        if (g.failed) return;
+    }
+    for (int i = 0; i < n; i++) {
+        llm_cuda_step_op *o = &g.prog[i];
+        if (o->kind == LLM_CUDA_STEP_GEMV)
+            llm_cuda_gemv_launch(&o->gemv, o->name);
+        else
+            llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
+                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, o->stored);
+        after_op(o->name);
+    }
+}
+
+static llm_cuda_step_op *record_op(int kind, const char *name)
+{
+    if (g.prog_n == PROG_MAX) issue_program();
+    llm_cuda_step_op *o = &g.prog[g.prog_n++];
+    memset(o, 0, sizeof *o);
+    o->kind = kind;
+    snprintf(o->name, sizeof o->name, "%s", name);
+    return o;
+}
+
+/* The pending op, launched (or recorded into a persistent step: then it is not issued yet; flush_pending issues). */
+static void retire_pending(void)
 {
     pending_t *P = &g.pend;
     if (P->kind == PEND_NONE) return;
     int kind = P->kind;
     P->kind = PEND_NONE;
     forget_split();
+    if (kind != PEND_GEMV || !recording()) issue_program(); /* what was recorded runs before this */
     if (kind == PEND_ADD) {
         llm_cuda_add(P->job.resid, P->job.resid, P->add_y, P->count, "add");
         after_op("add");
@@ -1050,8 +1115,19 @@ static void flush_pending(void)
         snprintf(name, sizeof name, "%s%s x%d%s", norm, what, job.n_mats, epi);
     else
         snprintf(name, sizeof name, "%s%s%s", norm, what, epi);
+    if (recording()) {
+        record_op(LLM_CUDA_STEP_GEMV, name)->gemv = job;
+        return;
+    }
     llm_cuda_gemv_launch(&job, name);
     after_op(name);
+}
+
+/* Everything pending or recorded, launched in order. */
+static void flush_pending(void)
+{
+    retire_pending();
+    issue_program();
 }
 
 static void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
@@ -1082,7 +1158,7 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
         after_op("add+rmsnorm");
         return;
     }
-    flush_pending();
+    retire_pending();
     settle(x, all);
     written(out, all);
     size_t bytes = (size_t)dim * sizeof(float);
@@ -1093,6 +1169,7 @@ static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int
         P->job.norm_out = out, P->job.norm_src = x, P->norm_w = *weight, P->dim = dim, P->job.eps = eps;
         return;
     }
+    issue_program();
     llm_cuda_halves h;
     const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "rmsnorm");
     llm_cuda_rmsnorm(out, x, weight, n, dim, eps, halves);
@@ -1150,11 +1227,11 @@ static bool pend_append(float *out, const float *x, const llm_weight *w, const l
 static void one_token_product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
 {
     if (g.fuse && pend_append(out, x, w, bias, logits)) return;
-    flush_pending();
+    retire_pending();
     g.pend.job.norm_src = NULL; /* no prologue */
     pend_gemv(x, (int)w->cols, w->dtype);
     pend_add_mat(out, w, bias, logits);
-    if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) flush_pending();
+    if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) retire_pending();
 }
 
 /* matmul and logits: one token through the (fusable) GEMV, a batch through cuBLAS. */
@@ -1219,6 +1296,16 @@ static void op_attention(float *out, const float *q, const float *k, const float
         P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
         stored = true;
     }
+    if (n == 1 && recording()) {
+        retire_pending();
+        if (recording()) { /* still: the GEMV before was recorded, not launched */
+            llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
+            o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
+            o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
+            o->ctx = ctx, o->stored = stored;
+            return;
+        }
+    }
     flush_pending();
     /* A batch's k and v only go through the KV store, which adds owed halves; one token's are read as f32. */
     size_t kv_count = (size_t)n * kv_dim;
@@ -1240,7 +1327,7 @@ static void op_swiglu(float *out, const float *gate, const float *up, size_t cou
         P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
         count == P->mats[0].w.rows) {
         P->job.epi = LLM_CUDA_EPI_SWIGLU;
-        flush_pending();
+        retire_pending();
         return;
     }
     flush_pending();
@@ -1268,7 +1355,7 @@ static void op_add(float *x, const float *y, size_t count)
         !owed_any(x, bytes)) {
         P->job.epi = LLM_CUDA_EPI_ADD;
         P->job.resid = x;
-        flush_pending();
+        retire_pending();
         return;
     }
     flush_pending();

@@ -1,0 +1,1124 @@
+/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, version 58).
+ *
+ * Why: batch-1 decode streams every weight once per token, and with one kernel per fused op (five a layer) each
+ * kernel's first blocks wait for the last blocks of the one before, so the memory idles at every edge
+ * (docs/cuda-notes.md: TinyLlama's layer takes 47 us for 30 us of bytes). Here device.cu records what it would have
+ * launched for a one-token step (its fused GEMVs and attentions, llm_cuda_step_op) and this file runs the record
+ * as one launch, one block per SM, in which the weights never stop streaming:
+ *
+ *  - a producer warp copies every weight tile this block owns, phase after phase, into a ring of 32 KB shared-memory
+ *    stages (cp.async.bulk, an mbarrier per stage full and one per stage empty), and for attention the KV-cache rows
+ *    of its items; it never waits on data, only for a free stage;
+ *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
+ *    of every row) and hand the warps' partial sums on;
+ *  - a signaller warp sums them, adds the epilogue (bias, rope and the KV store, swiglu, the residual add) and
+ *    writes the rows out.
+ *
+ * Dependencies are the data itself: every value a phase writes for a later one goes to an arena set to 0xffffffff
+ * (a NaN no arithmetic or conversion produces: the GPU's own NaN is 0x7fffffff) before the launch, and staging an
+ * input polls each value until it is no longer that pattern. No counters and no fences: a value is ready when it is
+ * there. Because a buffer the model reuses (q, xb, the residual x) would already hold an old value, each write of
+ * the step gets its own arena copy (a "version"); the model's buffer receives a version only when it is the step's
+ * last write to it, directly or (when an earlier phase read the buffer as it was before the step) copied out by the
+ * last block to finish. Attention writes partial results per split (running max, sum, unnormalised output) and the
+ * product after it combines them while staging its input, so no block ever waits for another to merge.
+ *
+ * Every op still computes what src/ops/ops.h says; the order of f32 sums differs from the GEMV and attention kernels
+ * (tests/test_cuda.c checks both against the reference). Anything the kernel cannot take (a shape it
+ * does not tile, a read of part of a buffer) makes llm_cuda_step_launch refuse, and device.cu launches the ops one by
+ * one as before. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+namespace {
+
+constexpr int ROWS = 8;                 /* rows per weight tile */
+constexpr int CHUNK = 4096;             /* bytes of one row per stage: 256 consumer threads x 16 */
+constexpr int STAGE = ROWS * CHUNK;
+constexpr int MAX_STAGES = 6, MIN_STAGES = 3;
+constexpr int CONSUMERS = 256;
+constexpr int THREADS = 32 + CONSUMERS + 32; /* producer warp, consumer warps, signaller warp */
+constexpr int WARPS = CONSUMERS / 32;
+constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
+constexpr unsigned EMPTY = 0xffffffffu;
+constexpr int MAX_GROUP = 8;            /* query heads per KV head */
+constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
+constexpr int MAX_POS = 64;             /* KV positions per attention stage */
+constexpr int MAX_SPLITS = 4; /* the combine holds every split of a column in registers */
+constexpr int MAX_NORM_GROUPS = 8;      /* norm prologues up to 8 x 1024 columns (each thread's weights in registers) */
+constexpr long long SPIN_LIMIT = 4000000000ll; /* cycles (about 2 s): a wait this long is a bug; trap, never hang */
+static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
+
+enum { PHASE_GEMV, PHASE_ATTENTION };
+enum { TILE_PLAIN, TILE_ROPE, TILE_PAIRED };
+
+/* Where one written vector goes: its arena copy (read by later phases) and/or the model's buffer; NULL: not there. */
+struct step_vec {
+    float *arena, *real;
+};
+
+/* What a phase reads: an arena copy (flagged: poll until written) or a buffer complete before the launch; with
+ * splits > 0, attention's partials (splits, heads, head_dim + 4) to combine. */
+struct step_src {
+    const float *p;
+    int flagged, splits, head_dim;
+};
+
+struct step_mat {
+    const void *w;      /* (rows, cols) */
+    const void *bias;   /* (rows) or NULL */
+    int bias_dtype;
+    int rows, kind, tiles, tile_begin;
+    step_vec out;
+    float *cache;       /* the KV store: row `rows` wide at the step's position (k or v), or NULL */
+};
+
+struct step_phase {
+    int kind, units, base; /* unit u runs on block (u + base) % grid */
+    /* PHASE_GEMV */
+    int cols, dtype, n_mats, epi;
+    step_src x;           /* the input; with a norm prologue, the rmsnorm's source */
+    const void *norm_w;   /* rmsnorm prologue, or NULL */
+    int norm_dtype;
+    float eps;
+    step_vec staged;      /* the input as the product sees it (normalised, or attention combined), by block 0 */
+    step_mat mats[LLM_CUDA_GEMV_MATS];
+    step_src resid;       /* EPI_ADD: out = resid + product */
+    step_vec resid_out;
+    const float *inv_freq; /* EPI_ROPE */
+    int head_dim;
+    /* PHASE_ATTENTION (head_dim above) */
+    step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
+    const float *k_cache, *v_cache; /* rows below the position, written by earlier steps */
+    int heads, kv_heads, splits;
+    float *partials;      /* (splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
+};
+
+struct step_copy {
+    const float *from;
+    float *to;
+    int count;
+};
+
+struct step_program {
+    const step_phase *phases;
+    const step_copy *copies;
+    int n_phases, n_copies;
+    const int32_t *positions; /* [0]: the step's position */
+    unsigned *done;           /* blocks finished, counted up from EMPTY (the arena's fill) */
+    int stages, xs_floats;
+    unsigned long long *trace; /* TEMPORARY measurement (STEP_TRACE): per phase and block, when the consumers had
+                                  their input, when they were done, when the signaller had written the last row */
+};
+
+/* ---- shared-memory barriers and bulk copies (Hopper) ---- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void spin_check(long long &t0)
+{
+    if (!t0)
+        t0 = clock64();
+    else if (clock64() - t0 > SPIN_LIMIT)
+        __trap();
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    uint32_t done = 0;
+    long long t0 = 0;
+    for (;;) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+        if (done) return;
+        spin_check(t0);
+    }
+}
+
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void trace_mark(const step_program &prog, int phase, int field)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    prog.trace[((size_t)phase * gridDim.x + blockIdx.x) * 3 + field] = t;
+}
+
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
+
+/* ---- polls: a load the compiler must issue each time (a plain load in a loop may be hoisted, and a loop that
+ * could spin forever without a side effect may be dropped) ---- */
+
+__device__ __forceinline__ float4 ld4(const float *p)
+{
+    float4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float ld1(const float *p)
+{
+    float v;
+    asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float2 ld2(const float *p)
+{
+    float2 v;
+    asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ bool is_empty(float v) { return __float_as_uint(v) == EMPTY; }
+__device__ __forceinline__ bool any_empty(float4 v)
+{
+    return is_empty(v.x) || is_empty(v.y) || is_empty(v.z) || is_empty(v.w);
+}
+
+/* v, loaded from p, once every part of it has been written (only flagged sources need waiting for). */
+__device__ __forceinline__ float2 ready2(const float *p, float2 v, int flagged)
+{
+    long long t0 = 0;
+    while (flagged && (is_empty(v.x) || is_empty(v.y))) spin_check(t0), v = ld2(p);
+    return v;
+}
+
+__device__ __forceinline__ float4 ready4(const float *p, float4 v, int flagged)
+{
+    long long t0 = 0;
+    while (flagged && any_empty(v)) spin_check(t0), v = ld4(p);
+    return v;
+}
+
+__device__ __forceinline__ void put(const step_vec &o, size_t i, float v)
+{
+    if (o.arena) o.arena[i] = v;
+    if (o.real) o.real[i] = v;
+}
+
+template <typename WT> __device__ __forceinline__ float2 pair_at(const WT *h);
+template <> __device__ __forceinline__ float2 pair_at(const __nv_bfloat16 *h)
+{
+    return __bfloat1622float2(*(const __nv_bfloat162 *)h);
+}
+template <> __device__ __forceinline__ float2 pair_at(const __half *h) { return __half22float2(*(const __half2 *)h); }
+
+/* The dot of one 16-byte chunk of weights (8 bf16 or f16, or 4 f32) with the x values at xs. */
+template <typename WT> __device__ __forceinline__ float dot_chunk(uint4 w, const float *xs)
+{
+    const float4 x0 = *(const float4 *)xs;
+    if constexpr (sizeof(WT) == 4) {
+        const float4 f = *(const float4 *)&w;
+        return f.x * x0.x + f.y * x0.y + f.z * x0.z + f.w * x0.w;
+    } else {
+        const float4 x1 = *(const float4 *)(xs + 4);
+        const WT *h = (const WT *)&w;
+        float2 a = pair_at(h), b = pair_at(h + 2), c = pair_at(h + 4), d = pair_at(h + 6);
+        return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+    }
+}
+
+/* ---- work: which units a block owns, and what a GEMV tile holds ---- */
+
+__device__ __forceinline__ int first_unit(const step_phase &P) { return ((int)blockIdx.x - P.base % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x; }
+
+__device__ __forceinline__ void unit_tile(const step_phase &P, int u, int &m, int &t)
+{
+    m = 0;
+    while (m + 1 < P.n_mats && u >= P.mats[m].tile_begin + P.mats[m].tiles) m++;
+    t = u - P.mats[m].tile_begin;
+}
+
+/* Row of slot i (0..7) of tile t of mat m, or -1; mm: the mat it belongs to (a swiglu tile holds 4 rows of gate and
+ * the same 4 of up; a rope tile the pairs (j, j + head_dim/2) of 4 pair indices of one head). */
+__device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i, int &mm)
+{
+    const step_mat &M = P.mats[m];
+    mm = m;
+    if (i >= ROWS) return -1;
+    if (M.kind == TILE_PAIRED) {
+        mm = m + (i >= 4);
+        return t * 4 + (i & 3);
+    }
+    if (M.kind == TILE_ROPE) {
+        const int half = P.head_dim / 2, per_head = half / 4;
+        return t / per_head * P.head_dim + (i >= 4) * half + t % per_head * 4 + (i & 3);
+    }
+    const int r = t * ROWS + i;
+    return r < M.rows ? r : -1;
+}
+
+__device__ __forceinline__ int kv_per_stage(int head_dim) { return min(MAX_POS, STAGE / (8 * head_dim)); }
+
+/* Attention item u: query head h (of KV head g), split s over the cache rows [t0, t1) below the position. One item
+ * per query head rather than per KV head: a group's heads read the same rows (from L2 after the first), but 8x the
+ * items spread the arithmetic over 8x the SMs, which is what bounds attention in this kernel. */
+__device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, int &h, int &g, int &s, int &t0,
+                                           int &t1)
+{
+    h = u % P.heads, g = h / (P.heads / P.kv_heads), s = u / P.heads;
+    const int len = (pos + P.splits - 1) / P.splits;
+    t0 = min(pos, s * len), t1 = min(pos, t0 + len);
+}
+
+/* ---- the producer: every stage this block will consume, in order ---- */
+
+__device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
+{
+    int it = 0;
+    auto next_slot = [&](uint64_t *&bar) {
+        const int slot = it % prog.stages, use = it / prog.stages;
+        if (use) mbar_wait(&empty[slot], (use - 1) & 1);
+        bar = &full[slot];
+        it++;
+        return ring + (size_t)slot * STAGE;
+    };
+    for (int ph = 0; ph < prog.n_phases; ph++) {
+        const step_phase &P = prog.phases[ph];
+        for (int u = first_unit(P); u < P.units; u += gridDim.x) {
+            if (P.kind == PHASE_ATTENTION) {
+                int h, g, s, t0, t1;
+                item_range(P, u, pos, h, g, s, t0, t1);
+                const int per = kv_per_stage(P.head_dim), kv_dim = P.kv_heads * P.head_dim;
+                const uint32_t row_bytes = (uint32_t)P.head_dim * 4;
+                for (int c0 = t0; c0 < t1; c0 += per) {
+                    const int n = min(per, t1 - c0);
+                    uint64_t *bar;
+                    char *slot = next_slot(bar);
+                    mbar_expect_tx(bar, 2 * n * row_bytes);
+                    for (int p = 0; p < n; p++) {
+                        const size_t at = (size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim;
+                        bulk_copy(slot + p * row_bytes, P.k_cache + at, row_bytes, bar);
+                        bulk_copy(slot + (per + p) * row_bytes, P.v_cache + at, row_bytes, bar);
+                    }
+                }
+                continue;
+            }
+            int m, t;
+            unit_tile(P, u, m, t);
+            const int row_bytes = P.cols * (P.dtype == LLM_DTYPE_F32 ? 4 : 2);
+            for (int off = 0; off < row_bytes; off += CHUNK) {
+                const uint32_t bytes = (uint32_t)min(CHUNK, row_bytes - off);
+                int rows[ROWS], mats[ROWS], n = 0;
+                for (int i = 0; i < ROWS; i++) {
+                    rows[i] = tile_row(P, m, t, i, mats[i]);
+                    n += rows[i] >= 0;
+                }
+                uint64_t *bar;
+                char *slot = next_slot(bar);
+                mbar_expect_tx(bar, bytes * n);
+                for (int i = 0; i < ROWS; i++)
+                    if (rows[i] >= 0)
+                        bulk_copy(slot + i * CHUNK, (const char *)P.mats[mats[i]].w + (size_t)rows[i] * row_bytes + off,
+                                  bytes, bar);
+            }
+        }
+    }
+}
+
+/* ---- the consumers ---- */
+
+/* cols values of x into xs, every load of a thread in flight at once (a load at a time pays a round trip each). */
+__device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
+{
+    constexpr int BATCH = 8; /* up to 8192 columns in one round trip */
+    for (int i0 = ct * 4; i0 < cols; i0 += CONSUMERS * 4 * BATCH) {
+        float4 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int i = i0 + b * CONSUMERS * 4;
+            if (i < cols) v[b] = ld4(x.p + i);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int i = i0 + b * CONSUMERS * 4;
+            if (i < cols) *(float4 *)(xs + i) = ready4(x.p + i, v[b], x.flagged);
+        }
+    }
+}
+
+/* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
+ * Each thread loads every split's (m, l) and output values for its column group at once. */
+__device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
+{
+    constexpr int GROUPS = 1; /* 2 would save a round trip at 2048 columns, but spills registers */
+    const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
+    auto record = [&](int s, int c) { return x.p + ((size_t)s * H + c / hd) * stride; };
+    for (int c0 = ct * 4; c0 < cols; c0 += CONSUMERS * 4 * GROUPS) {
+        float2 ml[GROUPS][MAX_SPLITS];
+        float4 o[GROUPS][MAX_SPLITS];
+#pragma unroll
+        for (int gi = 0; gi < GROUPS; gi++) {
+            const int c = c0 + gi * CONSUMERS * 4;
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
+                if (s < S && c < cols) ml[gi][s] = ld2(record(s, c)), o[gi][s] = ld4(record(s, c) + 4 + c % hd);
+        }
+#pragma unroll
+        for (int gi = 0; gi < GROUPS; gi++) {
+            const int c = c0 + gi * CONSUMERS * 4;
+            if (c >= cols) break;
+            float M = -INFINITY;
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
+                if (s < S) {
+                    ml[gi][s] = ready2(record(s, c), ml[gi][s], x.flagged);
+                    o[gi][s] = ready4(record(s, c) + 4 + c % hd, o[gi][s], x.flagged);
+                    M = fmaxf(M, ml[gi][s].x);
+                }
+            float L = 0.0f;
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
+                if (s < S) {
+                    const float w = expf(ml[gi][s].x - M); /* 0 for an empty split (m = -inf) */
+                    L += w * ml[gi][s].y;
+                    acc.x += w * o[gi][s].x, acc.y += w * o[gi][s].y, acc.z += w * o[gi][s].z, acc.w += w * o[gi][s].w;
+                }
+            *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
+        }
+    }
+}
+
+/* The phase's input in xs as the product sees it: staged, combined or normalised (rmsnorm: w * (x * scale), the
+ * scale from every value's square, summed by each block in the same order). Block 0 also writes it out. */
+__device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
+{
+    /* this thread's norm weights (the values it will normalise), loaded before the input is polled for */
+    uint4 nw[MAX_NORM_GROUPS];
+    const int wsize = P.norm_dtype == LLM_DTYPE_F32 ? 4 : 2;
+    if (P.norm_w)
+#pragma unroll
+        for (int k = 0; k < MAX_NORM_GROUPS; k++) {
+            const int c = ct * 4 + k * CONSUMERS * 4;
+            if (c >= P.cols) break;
+            const char *w = (const char *)P.norm_w + (size_t)c * wsize;
+            if (wsize == 4)
+                nw[k] = __ldg((const uint4 *)w);
+            else {
+                const uint2 h = __ldg((const uint2 *)w);
+                nw[k] = make_uint4(h.x, h.y, 0, 0);
+            }
+        }
+    consumers_sync(); /* everyone is done with the phase before's xs */
+    if (P.x.splits)
+        stage_partials(xs, P.x, P.cols, ct);
+    else
+        stage_plain(xs, P.x, P.cols, ct);
+    if (P.norm_w) {
+        float ss = 0.0f;
+        for (int c = ct * 4; c < P.cols; c += CONSUMERS * 4) {
+            const float4 v = *(const float4 *)(xs + c);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = llm_cuda_warp_sum(ss);
+        if ((ct & 31) == 0) red[ct >> 5] = ss;
+        consumers_sync();
+        float total = 0.0f;
+        for (int w = 0; w < WARPS; w++) total += red[w];
+        const float scale = llm_cuda_rms_scale(total, P.cols, P.eps);
+#pragma unroll
+        for (int k = 0; k < MAX_NORM_GROUPS; k++) { /* the values this thread staged */
+            const int c = ct * 4 + k * CONSUMERS * 4;
+            if (c >= P.cols) break;
+            float g[4];
+            if (wsize == 4)
+                memcpy(g, &nw[k], 16);
+            else
+                for (int j = 0; j < 4; j++)
+                    g[j] = llm_cuda_load(&nw[k], P.norm_dtype, (size_t)j);
+            for (int j = 0; j < 4; j++) xs[c + j] = g[j] * (xs[c + j] * scale);
+        }
+    }
+    if (blockIdx.x == 0 && (P.staged.arena || P.staged.real))
+        for (int c = ct * 4; c < P.cols; c += CONSUMERS * 4)
+            for (int j = 0; j < 4; j++) put(P.staged, (size_t)c + j, xs[c + j]);
+    consumers_sync();
+}
+
+/* The block's tiles of a GEMV phase: each stage's 8 row chunks dotted with x, the warps' sums to the signaller. */
+template <typename WT>
+__device__ void consume_tiles(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
+                              uint64_t *empty, const float *xs, float (*part)[WARPS][ROWS], uint64_t *pfull,
+                              uint64_t *pempty, int &it, int &tile_it, int ct)
+{
+    const int warp = ct >> 5, lane = ct & 31, row_bytes = P.cols * (int)sizeof(WT);
+    for (int u = first_unit(P); u < P.units; u += gridDim.x) {
+        float acc[ROWS] = {};
+        for (int off = 0; off < row_bytes; off += CHUNK, it++) {
+            const int slot = it % prog.stages;
+            mbar_wait(&full[slot], (it / prog.stages) & 1);
+            const int col = (off + ct * 16) / (int)sizeof(WT);
+            if (col < P.cols) {
+                const char *stage = ring + (size_t)slot * STAGE + ct * 16;
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(*(const uint4 *)(stage + r * CHUNK), xs + col);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[slot]);
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) acc[r] = llm_cuda_warp_sum(acc[r]);
+        const int slot = tile_it % PARTS, use = tile_it / PARTS;
+        if (use) mbar_wait(&pempty[slot], (use - 1) & 1);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) part[slot][warp][r] = acc[r];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&pfull[slot]);
+        tile_it++;
+    }
+}
+
+/* Up to 32 positions (K and V rows of hd in shared memory) for one head, lane i the position i: scores q . k *
+ * scale, folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j, j + 32, ...): the
+ * online softmax, the same function as the reference's max-then-exp over all positions at once. */
+__device__ __forceinline__ void warp_positions(const float *q, const float *K, const float *V, int n, int hd,
+                                               float &m, float &l, float *acc, int lane)
+{
+    const int q4 = hd / 4;
+    float score = -INFINITY;
+    if (lane < n) {
+        const float *k = K + lane * hd;
+        float dot = 0.0f;
+        for (int c = 0; c < q4; c++) {
+            const int i = (c + lane) % q4 * 4; /* rotated: neighbouring lanes (rows) read different banks */
+            const float4 a = *(const float4 *)(q + i), b = *(const float4 *)(k + i);
+            dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+        score = dot * (1.0f / sqrtf((float)hd));
+    }
+    float mx = score;
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float m_new = fmaxf(m, mx), alpha = expf(m - m_new); /* n >= 1: m_new is finite; alpha 0 from -inf */
+    const float e = lane < n ? expf(score - m_new) : 0.0f;
+    l = l * alpha + llm_cuda_warp_sum(e);
+#pragma unroll
+    for (int k = 0; k < MAX_DIMS; k++) acc[k] *= alpha;
+    for (int j = 0; j < n; j++) {
+        const float ej = __shfl_sync(0xffffffffu, e, j);
+        const float *v = V + j * hd;
+#pragma unroll
+        for (int k = 0; k < MAX_DIMS; k++)
+            if (lane + 32 * k < hd) acc[k] += ej * v[lane + 32 * k];
+    }
+    m = m_new;
+}
+
+/* One attention item: query head h, split s. The 8 warps take turns over runs of 32 cached positions from the ring
+ * (no block barrier per stage); the first also takes this token's own row in the last split. The warps then merge,
+ * and the head's partial (max, sum, 0, 0, output) goes to the arena. */
+__device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, const char *ring,
+                             uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
+{
+    const int hd = P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
+    int h, g, s, t0, t1;
+    item_range(P, u, pos, h, g, s, t0, t1);
+    const bool last = s == P.splits - 1;
+    float *qs = xs, *cur_k = qs + hd, *cur_v = cur_k + hd, *merge = cur_v + hd;
+    consumers_sync(); /* xs free */
+    const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
+    for (int i = ct * 4; i < hd; i += CONSUMERS * 4) {
+        const float4 a = ld4(q + i);
+        float4 b, c;
+        if (last) b = ld4(k + i), c = ld4(v + i);
+        *(float4 *)(qs + i) = ready4(q + i, a, P.q.flagged);
+        if (last) {
+            *(float4 *)(cur_k + i) = ready4(k + i, b, P.k.flagged);
+            *(float4 *)(cur_v + i) = ready4(v + i, c, P.v.flagged);
+        }
+    }
+    consumers_sync();
+    float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
+    int run = 0; /* runs of 32 positions so far: run r goes to warp r % 8 */
+    for (int c0 = t0; c0 < t1; c0 += per, it++) {
+        const int slot = it % prog.stages, n = min(per, t1 - c0);
+        mbar_wait(&full[slot], (it / prog.stages) & 1);
+        const float *K = (const float *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
+        for (int p0 = 0; p0 < n; p0 += 32, run++)
+            if (run % WARPS == warp) warp_positions(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+    }
+    if (last && run % WARPS == warp) warp_positions(qs, cur_k, cur_v, 1, hd, m, l, acc, lane);
+    /* the warps' (m, l, acc) through shared memory to warp 0 */
+    float *mine = merge + warp * (hd + 2);
+#pragma unroll
+    for (int k = 0; k < MAX_DIMS; k++)
+        if (lane + 32 * k < hd) mine[2 + lane + 32 * k] = acc[k];
+    if (lane == 0) mine[0] = m, mine[1] = l;
+    consumers_sync();
+    if (warp) return;
+    for (int o = 1; o < WARPS; o++) {
+        const float *other = merge + o * (hd + 2), m2 = other[0];
+        const float M = fmaxf(m, m2);
+        if (M == -INFINITY) continue; /* neither has seen a position */
+        const float a1 = expf(m - M), a2 = expf(m2 - M);
+        l = l * a1 + other[1] * a2;
+#pragma unroll
+        for (int k = 0; k < MAX_DIMS; k++)
+            if (lane + 32 * k < hd) acc[k] = acc[k] * a1 + other[2 + lane + 32 * k] * a2;
+        m = M;
+    }
+    float *rec = P.partials + ((size_t)s * P.heads + h) * (hd + 4);
+#pragma unroll
+    for (int k = 0; k < MAX_DIMS; k++)
+        if (lane + 32 * k < hd) rec[4 + lane + 32 * k] = acc[k];
+    if (lane == 0) rec[0] = m, rec[1] = l, rec[2] = 0.0f, rec[3] = 0.0f;
+}
+
+/* ---- the signaller: sums a tile's 8 rows, runs the epilogue, writes them out ---- */
+
+/* What a tile's epilogue needs besides its sums, loaded before the sums arrive so that no round trip to memory
+ * follows them: lane i's row, bias, residual value and rotation. */
+struct tile_epi {
+    int m, mm, row;
+    float bias, resid, c; /* c: the rope pair's inv_freq */
+};
+
+__device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, int lane, int pos)
+{
+    tile_epi e = {};
+    int t;
+    unit_tile(P, u, e.m, t);
+    e.row = lane < ROWS ? tile_row(P, e.m, t, lane, e.mm) : -1;
+    if (e.row < 0) return e.mm = e.m, e;
+    const step_mat &R = P.mats[e.mm];
+    if (R.bias) e.bias = llm_cuda_load(R.bias, R.bias_dtype, (size_t)e.row);
+    if (P.epi == LLM_CUDA_EPI_ADD) e.resid = ld1(P.resid.p + e.row);
+    if (P.mats[e.m].kind == TILE_ROPE) e.c = P.inv_freq[e.row % P.head_dim % (P.head_dim / 2)];
+    return e;
+}
+
+__device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, float sum, int pos)
+{
+    const step_mat &M = P.mats[e.m], &R = P.mats[e.mm];
+    float y = sum + e.bias;
+    if (M.kind == TILE_ROPE) {
+        const float other = __shfl_xor_sync(0xffffffffu, y, 4);
+        const float angle = (float)pos * e.c, c = cosf(angle), s = sinf(angle); /* e.c: the pair's inv_freq */
+        y = lane & 4 ? y * c + other * s : y * c - other * s;
+    } else if (M.kind == TILE_PAIRED) {
+        const float up = __shfl_down_sync(0xffffffffu, y, 4);
+        if (lane < 4) y = y / (1.0f + expf(-y)) * up;
+    }
+    if (e.row < 0) return;
+    if (R.cache) R.cache[(size_t)pos * R.rows + e.row] = y;
+    put(R.out, (size_t)e.row, y);
+    if (P.epi == LLM_CUDA_EPI_ADD) {
+        float r = e.resid;
+        long long t0 = 0;
+        while (P.resid.flagged && is_empty(r)) spin_check(t0), r = ld1(P.resid.p + e.row);
+        put(P.resid_out, (size_t)e.row, r + y);
+    }
+}
+
+/* The signaller's tiles in order, across phases: the next one's epilogue inputs are loaded while this one's sums are
+ * awaited and written, so no round trip to memory sits between two tiles. */
+struct tile_cursor {
+    int ph, u;
+};
+
+__device__ __forceinline__ void next_tile(const step_program &prog, tile_cursor &c, bool first)
+{
+    if (!first) c.u += gridDim.x;
+    while (c.ph < prog.n_phases) {
+        const step_phase &P = prog.phases[c.ph];
+        if (first && P.kind == PHASE_GEMV) c.u = first_unit(P);
+        if (P.kind == PHASE_GEMV && c.u < P.units) return;
+        c.ph++, first = true;
+    }
+}
+
+__device__ void signal(const step_program &prog, float (*part)[WARPS][ROWS], uint64_t *pfull, uint64_t *pempty,
+                       int pos)
+{
+    const int lane = threadIdx.x & 31;
+    tile_cursor cur = {0, 0};
+    next_tile(prog, cur, true);
+    tile_epi e = {};
+    if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane, pos);
+    for (int tile_it = 0; cur.ph < prog.n_phases; tile_it++) {
+        const tile_cursor now = cur;
+        const tile_epi e_now = e;
+        next_tile(prog, cur, false);
+        if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane, pos);
+        const int slot = tile_it % PARTS;
+        mbar_wait(&pfull[slot], (tile_it / PARTS) & 1);
+        float sum = 0.0f;
+        if (lane < ROWS)
+            for (int w = 0; w < WARPS; w++) sum += part[slot][w][lane];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&pempty[slot]);
+        const step_phase &P = prog.phases[now.ph];
+        finish_tile(P, e_now, lane, sum, pos);
+        if (prog.trace && lane == 0 && (cur.ph != now.ph)) trace_mark(prog, now.ph, 2);
+    }
+}
+
+__global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant__ step_program prog)
+{
+    extern __shared__ __align__(128) char ring[];
+    __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES], pfull[PARTS], pempty[PARTS];
+    __shared__ float part[PARTS][WARPS][ROWS];
+    __shared__ float red[WARPS];
+    __shared__ int last_block;
+    float *xs = (float *)(ring + (size_t)prog.stages * STAGE);
+    const int tid = threadIdx.x, pos = prog.positions[0];
+    if (tid == 0) {
+        for (int s = 0; s < prog.stages; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], WARPS);
+        for (int s = 0; s < PARTS; s++) mbar_init(&pfull[s], WARPS), mbar_init(&pempty[s], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid < 32) {
+        if (tid == 0) produce(prog, ring, full, empty, pos);
+    } else if (tid >= 32 + CONSUMERS) {
+        signal(prog, part, pfull, pempty, pos);
+    } else {
+        const int ct = tid - 32;
+        int it = 0, tile_it = 0;
+        for (int ph = 0; ph < prog.n_phases; ph++) {
+            const step_phase &P = prog.phases[ph];
+            if (first_unit(P) >= P.units) continue;
+            if (P.kind == PHASE_ATTENTION) {
+                if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
+                for (int u = first_unit(P); u < P.units; u += gridDim.x)
+                    consume_item(P, prog, u, pos, ring, full, empty, xs, it, ct);
+                if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
+                continue;
+            }
+            stage_input(P, xs, red, ct);
+            if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
+            if (P.dtype == LLM_DTYPE_BF16)
+                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, part, pfull, pempty, it, tile_it, ct);
+            else if (P.dtype == LLM_DTYPE_F16)
+                consume_tiles<__half>(P, prog, ring, full, empty, xs, part, pfull, pempty, it, tile_it, ct);
+            else
+                consume_tiles<float>(P, prog, ring, full, empty, xs, part, pfull, pempty, it, tile_it, ct);
+            if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
+        }
+    }
+
+    /* The last block to finish copies out the final values that could not be written in place (an earlier phase
+     * read the buffer as it was before the step). */
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();
+        last_block = atomicAdd(prog.done, 1u) + 1u == gridDim.x - 1u; /* counted up from EMPTY */
+    }
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    for (int c = 0; c < prog.n_copies; c++) {
+        const step_copy &C = prog.copies[c];
+        for (int i = tid; i < C.count; i += THREADS) C.to[i] = ld1(C.from + i);
+    }
+}
+
+/* ---- host: the record turned into phases ---- */
+
+/* One write of the step: its range in the model's buffers, where it lives, who reads it. */
+struct version {
+    const float *real;
+    size_t count;
+    int phase;
+    bool partials, read_later, final_, copy_out;
+    int splits, head_dim;
+    size_t arena; /* floats from the arena's start, when it has a copy there */
+};
+
+struct ext_read {
+    const float *p;
+    size_t count;
+    int phase;
+};
+
+/* A phase's references to versions (-1: none / read from the buffer itself), resolved once the arena is laid out. */
+struct refs {
+    int x, resid, q, k, v, staged, resid_out, out[LLM_CUDA_GEMV_MATS], partials;
+};
+
+struct compiler {
+    version *vers;
+    int n_vers;
+    bool *live;
+    ext_read *ext;
+    int n_ext;
+    bool ok;
+};
+
+static bool ranges_overlap(const float *a, size_t an, const float *b, size_t bn) { return a < b + bn && b < a + an; }
+
+/* The live version of [p, p + count), or -1 when no write of the step covers it; ok = false on a partial overlap. */
+static int find_version(compiler &c, const float *p, size_t count)
+{
+    for (int i = c.n_vers - 1; i >= 0; i--) {
+        if (!c.live[i] || !ranges_overlap(p, count, c.vers[i].real, c.vers[i].count)) continue;
+        if (c.vers[i].real != p || c.vers[i].count != count) c.ok = false;
+        return i;
+    }
+    return -1;
+}
+
+static int read_of(compiler &c, const float *p, size_t count, int phase, bool partials_ok)
+{
+    int v = find_version(c, p, count);
+    if (v < 0) {
+        c.ext[c.n_ext++] = ext_read{p, count, phase};
+        return -1;
+    }
+    if (c.vers[v].partials && !partials_ok) c.ok = false;
+    c.vers[v].read_later = true;
+    return v;
+}
+
+static int write_of(compiler &c, const float *p, size_t count, int phase)
+{
+    int old = find_version(c, p, count);
+    if (old >= 0) c.live[old] = false, c.vers[old].final_ = false;
+    version v = {};
+    v.real = p, v.count = count, v.phase = phase, v.final_ = true;
+    c.vers[c.n_vers] = v;
+    c.live[c.n_vers] = true;
+    return c.n_vers++;
+}
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+static struct {
+    char *host_table;       /* what the device's table holds now */
+    size_t table_bytes;
+    void *table_at;         /* the scratch buffer it was uploaded to */
+    int cooperative;        /* -1: not asked yet */
+} uploaded = {NULL, 0, NULL, -1};
+
+
+/* The record turned into a program: phases, the arena's layout, the copies out. */
+struct plan {
+    step_phase *phases;
+    refs *rf;
+    step_copy *copies;
+    int n, n_copies;
+    compiler c;
+    const int32_t *positions;
+    int xs_floats, stages;
+    size_t arena_floats, vec_bytes;
+};
+
+static bool same_positions(plan &pl, const int32_t *p)
+{
+    if (pl.positions && pl.positions != p) return false;
+    pl.positions = p;
+    return true;
+}
+
+static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
+{
+    compiler &c = pl.c;
+    step_phase &P = pl.phases[i];
+    refs &r = pl.rf[i];
+    const int hd = op.head_dim, G = op.kv_heads > 0 ? op.heads / op.kv_heads : 0;
+    const size_t kv_dim = (size_t)op.kv_heads * hd;
+    /* the q/k/v GEMV stored this token's cache row; the kernel's item shapes; 16-byte rows for the bulk copies */
+    if (!op.stored || hd <= 0 || hd % 4 || G < 1 || G > MAX_GROUP || op.heads % op.kv_heads ||
+        hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
+        !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
+        return false;
+    int splits = llm_cuda.persist_splits < 1 ? 1 : llm_cuda.persist_splits > MAX_SPLITS ? MAX_SPLITS
+                                                                                       : llm_cuda.persist_splits;
+    P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
+    P.splits = splits, P.units = op.heads * splits;
+    P.k_cache = op.k_cache, P.v_cache = op.v_cache;
+    const int need = 3 * hd + WARPS * (hd + 2);
+    if (need > pl.xs_floats) pl.xs_floats = need;
+    r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
+    r.k = read_of(c, op.k, kv_dim, i, false);
+    r.v = read_of(c, op.v, kv_dim, i, false);
+    r.partials = write_of(c, op.out, (size_t)op.heads * hd, i);
+    version &v = c.vers[r.partials];
+    v.partials = true, v.splits = splits, v.head_dim = hd;
+    return c.ok;
+}
+
+static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
+{
+    compiler &c = pl.c;
+    step_phase &P = pl.phases[i];
+    refs &r = pl.rf[i];
+    if ((job.dtype != LLM_DTYPE_BF16 && job.dtype != LLM_DTYPE_F16 && job.dtype != LLM_DTYPE_F32) || job.cols <= 0 ||
+        job.cols % 8 ||
+        job.n_mats < 1 || !aligned16(job.norm_src ? job.norm_src : job.x))
+        return false;
+    if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || !same_positions(pl, job.positions))) return false;
+    if (job.epi == LLM_CUDA_EPI_SWIGLU && (job.n_mats != 2 || job.mats[0].rows % 4)) return false;
+    if (job.epi == LLM_CUDA_EPI_ADD && job.n_mats != 1) return false;
+    P.kind = PHASE_GEMV, P.cols = job.cols, P.dtype = job.dtype, P.n_mats = job.n_mats, P.epi = job.epi;
+    P.eps = job.eps, P.inv_freq = job.inv_freq, P.head_dim = job.head_dim;
+    if (job.norm_src) {
+        if (job.cols > MAX_NORM_GROUPS * CONSUMERS * 4 || !aligned16(job.norm_w)) return false;
+        P.norm_w = job.norm_w, P.norm_dtype = job.norm_dtype;
+    }
+    if (job.cols > pl.xs_floats) pl.xs_floats = job.cols;
+    int tiles = 0;
+    for (int m = 0; m < job.n_mats; m++) {
+        const llm_cuda_gemv_mat &J = job.mats[m];
+        step_mat &M = P.mats[m];
+        if (!aligned16(J.w) || J.rows <= 0) return false;
+        M.w = J.w, M.bias = J.bias, M.bias_dtype = J.bias_dtype, M.rows = J.rows, M.tile_begin = tiles;
+        if (job.epi == LLM_CUDA_EPI_ROPE && J.rope) {
+            if (J.rows % job.head_dim) return false;
+            M.kind = TILE_ROPE, M.tiles = J.rows / 8;
+        } else if (job.epi == LLM_CUDA_EPI_SWIGLU) {
+            if (J.rows != job.mats[0].rows) return false;
+            M.kind = TILE_PAIRED, M.tiles = m == 0 ? J.rows / 4 : 0;
+        } else {
+            M.kind = TILE_PLAIN, M.tiles = (J.rows + ROWS - 1) / ROWS;
+        }
+        if (job.epi == LLM_CUDA_EPI_ROPE && job.k_cache && m >= 1) {
+            if (J.rows != job.kv_dim) return false;
+            M.cache = m == 1 ? job.k_cache : job.v_cache;
+        }
+        tiles += M.tiles;
+    }
+    P.units = tiles;
+    /* reads, then writes, in the order the op does them */
+    r.x = job.norm_src ? read_of(c, job.norm_src, (size_t)job.cols, i, false)
+                       : read_of(c, job.x, (size_t)job.cols, i, true);
+    if (job.epi == LLM_CUDA_EPI_ADD) r.resid = read_of(c, job.resid, (size_t)job.mats[0].rows, i, false);
+    if (job.norm_src) r.staged = write_of(c, job.norm_out, (size_t)job.cols, i);
+    for (int m = 0; m < job.n_mats; m++) r.out[m] = write_of(c, job.mats[m].out, (size_t)job.mats[m].rows, i);
+    if (job.epi == LLM_CUDA_EPI_ADD) r.resid_out = write_of(c, job.resid, (size_t)job.mats[0].rows, i);
+    return c.ok;
+}
+
+/* Pass 1: each op as a phase, its reads and writes as versions. Pass 2: which versions need an arena copy, which
+ * the buffer itself, which a copy out; the shared memory left for the ring. */
+static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
+{
+    int units_before = 0;
+    for (int i = 0; i < pl.n; i++) {
+        memset(&pl.rf[i], -1, sizeof pl.rf[i]);
+        bool ok = ops[i].kind == LLM_CUDA_STEP_ATTENTION ? plan_attention(pl, i, ops[i]) : plan_gemv(pl, i, ops[i].gemv);
+        if (!ok) return false;
+        pl.phases[i].base = units_before; /* each phase's units dealt on from where the one before left off */
+        units_before = (units_before + pl.phases[i].units) % llm_cuda.sm_count;
+    }
+    pl.arena_floats = 4; /* [0]: the blocks' done counter */
+    for (int v = 0; v < pl.c.n_vers; v++) {
+        version &V = pl.c.vers[v];
+        for (int e = 0; e < pl.c.n_ext && V.final_; e++)
+            if (pl.c.ext[e].phase <= V.phase && ranges_overlap(pl.c.ext[e].p, pl.c.ext[e].count, V.real, V.count))
+                V.copy_out = true;
+        /* attention's output exists only as partials until a product combines them */
+        if (V.partials && (V.copy_out || (V.final_ && !V.read_later))) return false;
+        if (V.read_later || V.copy_out) {
+            V.arena = pl.arena_floats;
+            size_t floats = V.partials ? (size_t)V.splits * (V.count / V.head_dim) * (V.head_dim + 4) : V.count;
+            pl.arena_floats += (floats + 3) / 4 * 4;
+        }
+    }
+    pl.xs_floats = (pl.xs_floats + 3) / 4 * 4;
+    pl.vec_bytes = (size_t)pl.xs_floats * sizeof(float);
+    const size_t static_smem = 2048; /* the kernel's own __shared__ arrays (1,280 bytes), with headroom */
+    pl.stages = llm_cuda.smem_optin > pl.vec_bytes + static_smem
+                    ? (int)((llm_cuda.smem_optin - static_smem - pl.vec_bytes) / STAGE)
+                    : 0;
+    if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
+    return pl.stages >= MIN_STAGES && pl.positions;
+}
+
+/* The arena is at hand: point each phase at its versions, list the copies out. */
+static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
+{
+    const compiler &c = pl.c;
+    auto vec_of = [&](int v) {
+        step_vec o = {NULL, NULL};
+        if (v < 0) return o;
+        const version &V = c.vers[v];
+        if (V.read_later || V.copy_out) o.arena = arena + V.arena;
+        if (V.final_ && !V.copy_out) o.real = (float *)V.real;
+        return o;
+    };
+    auto src_of = [&](int v, const float *buffer) {
+        step_src s = {buffer, 0, 0, 0};
+        if (v < 0) return s;
+        const version &V = c.vers[v];
+        s.p = arena + V.arena, s.flagged = 1;
+        if (V.partials) s.splits = V.splits, s.head_dim = V.head_dim;
+        return s;
+    };
+    for (int i = 0; i < pl.n; i++) {
+        step_phase &P = pl.phases[i];
+        const refs &r = pl.rf[i];
+        const llm_cuda_step_op &op = ops[i];
+        if (P.kind == PHASE_ATTENTION) {
+            P.q = src_of(r.q, op.q), P.k = src_of(r.k, op.k), P.v = src_of(r.v, op.v);
+            P.partials = arena + c.vers[r.partials].arena;
+            continue;
+        }
+        const llm_cuda_gemv &job = op.gemv;
+        P.x = src_of(r.x, job.norm_src ? job.norm_src : job.x);
+        P.staged = vec_of(r.staged);
+        if (P.x.splits && c.vers[r.x].final_) P.staged.real = (float *)c.vers[r.x].real; /* attention's, combined */
+        for (int m = 0; m < P.n_mats; m++) P.mats[m].out = vec_of(r.out[m]);
+        if (P.epi == LLM_CUDA_EPI_ADD) P.resid = src_of(r.resid, job.resid), P.resid_out = vec_of(r.resid_out);
+    }
+    if (getenv("STEP_NOWAIT")) /* TEMPORARY measurement: no phase waits for its input (wrong results) */
+        for (int i = 0; i < pl.n; i++) {
+            step_phase &P = pl.phases[i];
+            P.x.flagged = P.q.flagged = P.k.flagged = P.v.flagged = P.resid.flagged = 0;
+        }
+    pl.n_copies = 0;
+    for (int v = 0; v < c.n_vers; v++)
+        if (c.vers[v].final_ && c.vers[v].copy_out)
+            pl.copies[pl.n_copies++] = step_copy{arena + c.vers[v].arena, (float *)c.vers[v].real, (int)c.vers[v].count};
+}
+
+/* The table goes to the device only when it changed, and never while a step is being captured (the graph would
+ * read the host copy at each replay), so a replayed step finds it as recorded. */
+static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
+{
+    const size_t phase_bytes = (size_t)pl.n * sizeof(step_phase);
+    const size_t table_bytes = phase_bytes + (size_t)pl.n_copies * sizeof(step_copy);
+    char *table = (char *)malloc(table_bytes);
+    if (!table) return LLM_CUDA_STEP_REFUSED;
+    memcpy(table, pl.phases, phase_bytes);
+    memcpy(table + phase_bytes, pl.copies, (size_t)pl.n_copies * sizeof(step_copy));
+    const bool same = uploaded.table_at == base && uploaded.table_bytes == table_bytes &&
+                      memcmp(uploaded.host_table, table, table_bytes) == 0;
+    if (same) {
+        free(table);
+    } else {
+        if (capturing ||
+            !LLM_CUDA_CHECK("decode step",
+                            cudaMemcpyAsync(base, table, table_bytes, cudaMemcpyHostToDevice, llm_cuda.stream))) {
+            free(table);
+            return LLM_CUDA_STEP_REFUSED;
+        }
+        free(uploaded.host_table); /* the device's copy is what the kernel reads; this one is the key */
+        uploaded.host_table = table, uploaded.table_bytes = table_bytes, uploaded.table_at = base;
+    }
+    float *arena = (float *)(base + head);
+    step_program prog = {};
+    prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + phase_bytes);
+    prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions;
+    prog.done = (unsigned *)arena, prog.stages = pl.stages, prog.xs_floats = pl.xs_floats;
+    if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step") ||
+        !LLM_CUDA_CHECK("decode step",
+                        cudaMemsetAsync(arena, 0xff, pl.arena_floats * sizeof(float), llm_cuda.stream)))
+        return LLM_CUDA_STEP_REFUSED;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeCooperative; /* every block resident at once: they wait on each other's data */
+    attr.val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE + pl.vec_bytes, cfg.stream = llm_cuda.stream;
+    cfg.attrs = &attr, cfg.numAttrs = 1;
+    const char *trace_path = getenv("STEP_TRACE");
+    size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3;
+    if (trace_path && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
+        cudaMemsetAsync(prog.trace, 0, trace_n * 8, llm_cuda.stream);
+    if (!LLM_CUDA_CHECK("decode step", cudaLaunchKernelEx(&cfg, step_kernel, prog))) return LLM_CUDA_STEP_REFUSED;
+    if (prog.trace) { /* TEMPORARY: append the step's stamps, relative to the first, to the file */
+        unsigned long long *h = (unsigned long long *)malloc(trace_n * 8);
+        cudaMemcpyAsync(h, prog.trace, trace_n * 8, cudaMemcpyDeviceToHost, llm_cuda.stream);
+        cudaStreamSynchronize(llm_cuda.stream);
+        unsigned long long t0 = ~0ull;
+        for (size_t i = 0; i < trace_n; i++)
+            if (h[i] && h[i] < t0) t0 = h[i];
+        FILE *f = fopen(trace_path, "a");
+        if (f) {
+            fprintf(f, "step %d phases %d blocks\n", pl.n, llm_cuda.sm_count);
+            for (int i = 0; i < pl.n; i++) {
+                fprintf(f, "%d %s", i, pl.phases[i].kind == PHASE_ATTENTION ? "att" : "gemv");
+                for (int b = 0; b < llm_cuda.sm_count; b++)
+                    for (int k = 0; k < 3; k++) {
+                        unsigned long long v = h[((size_t)i * llm_cuda.sm_count + b) * 3 + k];
+                        fprintf(f, " %lld", v ? (long long)(v - t0) : -1ll);
+                    }
+                fprintf(f, "\n");
+            }
+            fclose(f);
+        }
+        free(h);
+        cudaFree(prog.trace);
+    }
+    return same ? LLM_CUDA_STEP_RAN : LLM_CUDA_STEP_RAN_NEW_TABLE;
+}
+
+} // namespace
+
+int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
+{
+    if (n < 1) return LLM_CUDA_STEP_REFUSED;
+    if (uploaded.cooperative < 0) {
+        int coop = 0, dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            coop = 0;
+        cudaGetLastError();
+        uploaded.cooperative = coop && major >= 9; /* bulk copies and mbarrier transactions: Hopper and later */
+    }
+    if (!uploaded.cooperative) return LLM_CUDA_STEP_REFUSED;
+    plan pl = {};
+    pl.n = n, pl.xs_floats = 4 * CONSUMERS;
+    pl.phases = (step_phase *)calloc((size_t)n, sizeof *pl.phases);
+    pl.rf = (refs *)calloc((size_t)n, sizeof *pl.rf);
+    pl.copies = (step_copy *)calloc((size_t)n * 8, sizeof *pl.copies);
+    pl.c.vers = (version *)calloc((size_t)n * 8, sizeof *pl.c.vers);
+    pl.c.live = (bool *)calloc((size_t)n * 8, sizeof *pl.c.live);
+    pl.c.ext = (ext_read *)calloc((size_t)n * 8, sizeof *pl.c.ext);
+    pl.c.ok = true;
+    int result = LLM_CUDA_STEP_REFUSED;
+    if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.live && pl.c.ext && plan_program(pl, ops)) {
+        const size_t head = ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy) + 255) / 256 * 256;
+        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + pl.arena_floats * sizeof(float),
+                                              "decode step");
+        if (base) {
+            resolve(pl, ops, (float *)(base + head));
+            result = upload_and_launch(pl, base, head, capturing);
+        }
+    }
+    free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.live), free(pl.c.ext);
+    return result;
+}
+
+void llm_cuda_step_forget(void)
+{
+    free(uploaded.host_table);
+    uploaded.host_table = NULL, uploaded.table_bytes = 0, uploaded.table_at = NULL;
+}
