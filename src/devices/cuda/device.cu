@@ -1,13 +1,15 @@
 /* The cuda device: the whole forward pass on one NVIDIA GPU. This file holds the device struct, buffers and their
  * accounting, the sticky error, timers, CUDA-graph record/replay of a step, the cuBLAS path for token batches, and
- * the op table with its fusion of neighbouring ops (see "Fusion" and "owed sums" below). Kernels live in kernels.cu,
- * gemv.cu and attention.cu. Environment (docs/cuda-notes.md has the measurements behind each default):
+ * the op table with its fusion of neighbouring ops (see "Fusion" and "owed sums" below), and the record of a
+ * one-token step for the persistent kernel (see recording()). Kernels live in kernels.cu, gemv.cu, attention.cu and
+ * step.cu. Environment (docs/cuda-notes.md has the measurements behind each default):
  * LLM_CUDA_GRAPHS=0 (no graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op
  * so an error names its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the split that keeps f32
  * accuracy), LLM_CUDA_OWE=0 (the split's two products summed in place, no owed sums), LLM_CUDA_PDL=0 (no
  * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); for the kernels'
  * launchers (llm_cuda): LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_HEADS, LLM_CUDA_DEC_WARPS, LLM_CUDA_ATTN_WINDOW_KB and
- * LLM_CUDA_GEMV_CPL. All are read when the device opens.
+ * LLM_CUDA_GEMV_CPL; LLM_CUDA_PERSIST=1 (a one-token step as one persistent kernel, step.cu) with
+ * LLM_CUDA_PERSIST_SPLITS and LLM_CUDA_STEP_TRACE=FILE. All are read when the device opens.
  * LLM_CUDA_TIMELINE=FILE writes when each decode kernel's blocks started, waited and ended in the last step
  * (scripts/cuda-timeline.py reads it).
  * Not here: what the ops compute (src/ops/ops.h). */
@@ -637,6 +639,8 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
     g.persist = env_flag("LLM_CUDA_PERSIST", false);
     llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
+    llm_cuda.step_trace = getenv("LLM_CUDA_STEP_TRACE");
+    if (llm_cuda.step_trace && !*llm_cuda.step_trace) llm_cuda.step_trace = NULL;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0;
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;

@@ -111,8 +111,8 @@ struct step_program {
     const int32_t *positions; /* [0]: the step's position */
     unsigned *done;           /* blocks finished, counted up from EMPTY (the arena's fill) */
     int stages, xs_floats;
-    unsigned long long *trace; /* TEMPORARY measurement (STEP_TRACE): per phase and block, when the consumers had
-                                  their input, when they were done, when the signaller had written the last row */
+    unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
+                                  consumers had the input, when they were done, when the signaller wrote its last row */
 };
 
 /* ---- shared-memory barriers and bulk copies (Hopper) ---- */
@@ -996,15 +996,36 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
         for (int m = 0; m < P.n_mats; m++) P.mats[m].out = vec_of(r.out[m]);
         if (P.epi == LLM_CUDA_EPI_ADD) P.resid = src_of(r.resid, job.resid), P.resid_out = vec_of(r.resid_out);
     }
-    if (getenv("STEP_NOWAIT")) /* TEMPORARY measurement: no phase waits for its input (wrong results) */
-        for (int i = 0; i < pl.n; i++) {
-            step_phase &P = pl.phases[i];
-            P.x.flagged = P.q.flagged = P.k.flagged = P.v.flagged = P.resid.flagged = 0;
-        }
     pl.n_copies = 0;
     for (int v = 0; v < c.n_vers; v++)
         if (c.vers[v].final_ && c.vers[v].copy_out)
             pl.copies[pl.n_copies++] = step_copy{arena + c.vers[v].arena, (float *)c.vers[v].real, (int)c.vers[v].count};
+}
+
+/* LLM_CUDA_STEP_TRACE: the step's stamps appended to the file, in ns from the step's first ("step PHASES BLOCKS", then
+ * a line per phase: its index, kind and three stamps per block, -1 where none); scripts/cuda-step-trace.py sums them
+ * up. Waits for the step: measurements only. */
+static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
+{
+    unsigned long long *h = (unsigned long long *)malloc(n * 8);
+    FILE *f = fopen(llm_cuda.step_trace, "a");
+    if (h && f && cudaMemcpyAsync(h, trace, n * 8, cudaMemcpyDeviceToHost, llm_cuda.stream) == cudaSuccess &&
+        cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess) {
+        unsigned long long t0 = ~0ull;
+        for (size_t i = 0; i < n; i++)
+            if (h[i] && h[i] < t0) t0 = h[i];
+        fprintf(f, "step %d %d\n", pl.n, llm_cuda.sm_count);
+        for (int i = 0; i < pl.n; i++) {
+            fprintf(f, "%d %s", i, pl.phases[i].kind == PHASE_ATTENTION ? "attention" : "gemv");
+            for (size_t k = (size_t)i * llm_cuda.sm_count * 3; k < (size_t)(i + 1) * llm_cuda.sm_count * 3; k++)
+                fprintf(f, " %lld", h[k] ? (long long)(h[k] - t0) : -1ll);
+            fprintf(f, "\n");
+        }
+    }
+    cudaGetLastError();
+    if (f) fclose(f);
+    free(h);
+    cudaFree(trace);
 }
 
 /* The table goes to the device only when it changed, and never while a step is being captured (the graph would
@@ -1047,35 +1068,13 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
     cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE + pl.vec_bytes, cfg.stream = llm_cuda.stream;
     cfg.attrs = &attr, cfg.numAttrs = 1;
-    const char *trace_path = getenv("STEP_TRACE");
     size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3;
-    if (trace_path && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
+    if (llm_cuda.step_trace && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
         cudaMemsetAsync(prog.trace, 0, trace_n * 8, llm_cuda.stream);
+    else
+        cudaGetLastError(), prog.trace = NULL; /* a measurement aid: without it the step runs untimed */
     if (!LLM_CUDA_CHECK("decode step", cudaLaunchKernelEx(&cfg, step_kernel, prog))) return LLM_CUDA_STEP_REFUSED;
-    if (prog.trace) { /* TEMPORARY: append the step's stamps, relative to the first, to the file */
-        unsigned long long *h = (unsigned long long *)malloc(trace_n * 8);
-        cudaMemcpyAsync(h, prog.trace, trace_n * 8, cudaMemcpyDeviceToHost, llm_cuda.stream);
-        cudaStreamSynchronize(llm_cuda.stream);
-        unsigned long long t0 = ~0ull;
-        for (size_t i = 0; i < trace_n; i++)
-            if (h[i] && h[i] < t0) t0 = h[i];
-        FILE *f = fopen(trace_path, "a");
-        if (f) {
-            fprintf(f, "step %d phases %d blocks\n", pl.n, llm_cuda.sm_count);
-            for (int i = 0; i < pl.n; i++) {
-                fprintf(f, "%d %s", i, pl.phases[i].kind == PHASE_ATTENTION ? "att" : "gemv");
-                for (int b = 0; b < llm_cuda.sm_count; b++)
-                    for (int k = 0; k < 3; k++) {
-                        unsigned long long v = h[((size_t)i * llm_cuda.sm_count + b) * 3 + k];
-                        fprintf(f, " %lld", v ? (long long)(v - t0) : -1ll);
-                    }
-                fprintf(f, "\n");
-            }
-            fclose(f);
-        }
-        free(h);
-        cudaFree(prog.trace);
-    }
+    if (prog.trace) write_trace(pl, prog.trace, trace_n);
     return same ? LLM_CUDA_STEP_RAN : LLM_CUDA_STEP_RAN_NEW_TABLE;
 }
 
