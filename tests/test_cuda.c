@@ -1,6 +1,7 @@
 /* What only the cuda device needs checking: its kernels against the reference ops at model shapes (one-token GEMV,
  * the split-f32 cuBLAS path, attention at a KV length near 4000), its fusion of neighbouring ops, CUDA-graph replay
- * against plain decode, and its error messages. Without a usable GPU (CI) every test reports skipped, never passed.
+ * against plain decode, the persistent decode step (LLM_CUDA_PERSIST) against the kernel-per-op step, and its error
+ * messages. Without a usable GPU (CI) every test reports skipped, never passed.
  * The generic op-by-op comparison of all devices is tests/test_ops.c; whole models are tests/test_models.c. */
 #include <math.h>
 #include <setjmp.h>

@@ -48,7 +48,7 @@ constexpr unsigned EMPTY = 0xffffffffu;
 constexpr int MAX_GROUP = 8;            /* query heads per KV head */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
 constexpr int MAX_POS = 64;             /* KV positions per attention stage */
-constexpr int MAX_SPLITS = 4; /* the combine holds every split of a column in registers */
+constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int MAX_NORM_GROUPS = 8;      /* norm prologues up to 8 x 1024 columns (each thread's weights in registers) */
 constexpr long long SPIN_LIMIT = 4000000000ll; /* cycles (about 2 s): a wait this long is a bug; trap, never hang */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
