@@ -68,18 +68,6 @@ struct chain {
     unsigned long long *stats; /* or NULL: consumer 0's cycles summed over the blocks (see main) */
 };
 
-/* A load the compiler must issue every time (a poll): __ldcg in a loop may be hoisted, and a loop that could spin
- * forever without a side effect may be dropped altogether. */
-__device__ __forceinline__ float4 load_relaxed4(const float *p)
-{
-    float4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
 /* Dot of 8 bf16 weights (one 16-byte chunk) with x0, x1. */
 __device__ __forceinline__ float dot8(uint4 w, float4 x0, float4 x1)
 {
@@ -268,7 +256,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                         if (c.flags && c.wait && (l || k))
                             while (__float_as_uint(v[u].x) == FLAG_EMPTY || __float_as_uint(v[u].y) == FLAG_EMPTY ||
                                    __float_as_uint(v[u].z) == FLAG_EMPTY || __float_as_uint(v[u].w) == FLAG_EMPTY)
-                                v[u] = load_relaxed4(p.x + i);
+                                v[u] = ld_relaxed4(p.x + i);
                         *(float4 *)(xs + i) = v[u];
                     }
                 }

@@ -637,13 +637,15 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     if (llm_cuda.dec_warps != 8 && llm_cuda.dec_warps != 16) llm_cuda.dec_warps = 0;
     llm_cuda.attn_window_kb = env_int("LLM_CUDA_ATTN_WINDOW_KB", 32);
     llm_cuda.gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
-    g.persist = env_flag("LLM_CUDA_PERSIST", false);
+    if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;
+    /* the persistent step needs bulk copies with mbarrier transactions (Hopper and later) and every block resident
+     * at once (a cooperative launch: they wait on each other's data) */
+    g.persist = env_flag("LLM_CUDA_PERSIST", false) && g.prop.major >= 9 && g.prop.cooperativeLaunch;
     llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
     llm_cuda.step_trace = getenv("LLM_CUDA_STEP_TRACE");
     if (llm_cuda.step_trace && !*llm_cuda.step_trace) llm_cuda.step_trace = NULL;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0;
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
-    if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;
     if (g.sync_each) g.use_graphs = false;
     {
         const char *mode = getenv("LLM_CUDA_GEMM");
@@ -1040,7 +1042,7 @@ static bool op_usable(void) { return g.initialized && !g.failed; }
 
 /* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
  * measures the kernel-per-op step). */
-static bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs && g.prog; }
+static bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs; }
 
 /* Launch what is recorded: as one persistent kernel when step.cu takes it (two ops or more: one alone runs as
  * fast on its own kernel, and the profiler times ops one by one), else each op as it would have launched. */
@@ -1301,14 +1303,12 @@ static void op_attention(float *out, const float *q, const float *k, const float
         stored = true;
     }
     if (n == 1 && recording()) {
-        retire_pending();
-        if (recording()) { /* still: the GEMV before was recorded, not launched */
-            llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
-            o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
-            o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
-            o->ctx = ctx, o->stored = stored;
-            return;
-        }
+        retire_pending(); /* the q/k/v GEMV joins the record before its attention */
+        llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
+        o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
+        o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
+        o->ctx = ctx, o->stored = stored;
+        return;
     }
     flush_pending();
     /* A batch's k and v only go through the KV store, which adds owed halves; one token's are read as f32. */

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "hopper.cuh"
 
 namespace {
 
@@ -45,12 +46,10 @@ constexpr int THREADS = 32 + CONSUMERS + 32; /* producer warp, consumer warps, s
 constexpr int WARPS = CONSUMERS / 32;
 constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
 constexpr unsigned EMPTY = 0xffffffffu;
-constexpr int MAX_GROUP = 8;            /* query heads per KV head */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
 constexpr int MAX_POS = 64;             /* KV positions per attention stage */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int MAX_NORM_GROUPS = 8;      /* norm prologues up to 8 x 1024 columns (each thread's weights in registers) */
-constexpr long long SPIN_LIMIT = 4000000000ll; /* cycles (about 2 s): a wait this long is a bug; trap, never hang */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
 
 enum { PHASE_GEMV, PHASE_ATTENTION };
@@ -115,55 +114,6 @@ struct step_program {
                                   consumers had the input, when they were done, when the signaller wrote its last row */
 };
 
-/* ---- shared-memory barriers and bulk copies (Hopper) ---- */
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
-{
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
-__device__ __forceinline__ void spin_check(long long &t0)
-{
-    if (!t0)
-        t0 = clock64();
-    else if (clock64() - t0 > SPIN_LIMIT)
-        __trap();
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
-{
-    uint32_t done = 0;
-    long long t0 = 0;
-    for (;;) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "r"(parity)
-                     : "memory");
-        if (done) return;
-        spin_check(t0);
-    }
-}
-
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
-
 __device__ __forceinline__ void trace_mark(const step_program &prog, int phase, int field)
 {
     unsigned long long t;
@@ -172,33 +122,6 @@ __device__ __forceinline__ void trace_mark(const step_program &prog, int phase, 
 }
 
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
-
-/* ---- polls: a load the compiler must issue each time (a plain load in a loop may be hoisted, and a loop that
- * could spin forever without a side effect may be dropped) ---- */
-
-__device__ __forceinline__ float4 ld4(const float *p)
-{
-    float4 v;
-    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float ld1(const float *p)
-{
-    float v;
-    asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float2 ld2(const float *p)
-{
-    float2 v;
-    asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p) : "memory");
-    return v;
-}
 
 __device__ __forceinline__ bool is_empty(float v) { return __float_as_uint(v) == EMPTY; }
 __device__ __forceinline__ bool any_empty(float4 v)
@@ -210,14 +133,14 @@ __device__ __forceinline__ bool any_empty(float4 v)
 __device__ __forceinline__ float2 ready2(const float *p, float2 v, int flagged)
 {
     long long t0 = 0;
-    while (flagged && (is_empty(v.x) || is_empty(v.y))) spin_check(t0), v = ld2(p);
+    while (flagged && (is_empty(v.x) || is_empty(v.y))) spin_check(t0), v = ld_relaxed2(p);
     return v;
 }
 
 __device__ __forceinline__ float4 ready4(const float *p, float4 v, int flagged)
 {
     long long t0 = 0;
-    while (flagged && any_empty(v)) spin_check(t0), v = ld4(p);
+    while (flagged && any_empty(v)) spin_check(t0), v = ld_relaxed4(p);
     return v;
 }
 
@@ -251,7 +174,11 @@ template <typename WT> __device__ __forceinline__ float dot_chunk(uint4 w, const
 
 /* ---- work: which units a block owns, and what a GEMV tile holds ---- */
 
-__device__ __forceinline__ int first_unit(const step_phase &P) { return ((int)blockIdx.x - P.base % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x; }
+/* This block's first unit of the phase (base < gridDim.x, dealt by the planner) */
+__device__ __forceinline__ int first_unit(const step_phase &P)
+{
+    return ((int)blockIdx.x - P.base + (int)gridDim.x) % (int)gridDim.x;
+}
 
 __device__ __forceinline__ void unit_tile(const step_phase &P, int u, int &m, int &t)
 {
@@ -358,7 +285,7 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
             const int i = i0 + b * CONSUMERS * 4;
-            if (i < cols) v[b] = ld4(x.p + i);
+            if (i < cols) v[b] = ld_relaxed4(x.p + i);
         }
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
@@ -369,45 +296,35 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 }
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
- * Each thread loads every split's (m, l) and output values for its column group at once. */
+ * Each thread loads every split's (m, l) and output values for its columns at once. */
 __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 {
-    constexpr int GROUPS = 1; /* 2 would save a round trip at 2048 columns, but spills registers */
     const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
     auto record = [&](int s, int c) { return x.p + ((size_t)s * H + c / hd) * stride; };
-    for (int c0 = ct * 4; c0 < cols; c0 += CONSUMERS * 4 * GROUPS) {
-        float2 ml[GROUPS][MAX_SPLITS];
-        float4 o[GROUPS][MAX_SPLITS];
+    for (int c = ct * 4; c < cols; c += CONSUMERS * 4) {
+        float2 ml[MAX_SPLITS];
+        float4 o[MAX_SPLITS];
 #pragma unroll
-        for (int gi = 0; gi < GROUPS; gi++) {
-            const int c = c0 + gi * CONSUMERS * 4;
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < S) ml[s] = ld_relaxed2(record(s, c)), o[s] = ld_relaxed4(record(s, c) + 4 + c % hd);
+        float M = -INFINITY;
 #pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++)
-                if (s < S && c < cols) ml[gi][s] = ld2(record(s, c)), o[gi][s] = ld4(record(s, c) + 4 + c % hd);
-        }
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < S) {
+                ml[s] = ready2(record(s, c), ml[s], x.flagged);
+                o[s] = ready4(record(s, c) + 4 + c % hd, o[s], x.flagged);
+                M = fmaxf(M, ml[s].x);
+            }
+        float L = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int gi = 0; gi < GROUPS; gi++) {
-            const int c = c0 + gi * CONSUMERS * 4;
-            if (c >= cols) break;
-            float M = -INFINITY;
-#pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++)
-                if (s < S) {
-                    ml[gi][s] = ready2(record(s, c), ml[gi][s], x.flagged);
-                    o[gi][s] = ready4(record(s, c) + 4 + c % hd, o[gi][s], x.flagged);
-                    M = fmaxf(M, ml[gi][s].x);
-                }
-            float L = 0.0f;
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++)
-                if (s < S) {
-                    const float w = expf(ml[gi][s].x - M); /* 0 for an empty split (m = -inf) */
-                    L += w * ml[gi][s].y;
-                    acc.x += w * o[gi][s].x, acc.y += w * o[gi][s].y, acc.z += w * o[gi][s].z, acc.w += w * o[gi][s].w;
-                }
-            *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
-        }
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < S) {
+                const float w = expf(ml[s].x - M); /* 0 for an empty split (m = -inf) */
+                L += w * ml[s].y;
+                acc.x += w * o[s].x, acc.y += w * o[s].y, acc.z += w * o[s].z, acc.w += w * o[s].w;
+            }
+        *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
     }
 }
 
@@ -550,9 +467,9 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     consumers_sync(); /* xs free */
     const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
     for (int i = ct * 4; i < hd; i += CONSUMERS * 4) {
-        const float4 a = ld4(q + i);
+        const float4 a = ld_relaxed4(q + i);
         float4 b, c;
-        if (last) b = ld4(k + i), c = ld4(v + i);
+        if (last) b = ld_relaxed4(k + i), c = ld_relaxed4(v + i);
         *(float4 *)(qs + i) = ready4(q + i, a, P.q.flagged);
         if (last) {
             *(float4 *)(cur_k + i) = ready4(k + i, b, P.k.flagged);
@@ -604,10 +521,10 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
  * follows them: lane i's row, bias, residual value and rotation. */
 struct tile_epi {
     int m, mm, row;
-    float bias, resid, c; /* c: the rope pair's inv_freq */
+    float bias, resid, inv_freq; /* inv_freq: the rope pair's */
 };
 
-__device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, int lane, int pos)
+__device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, int lane)
 {
     tile_epi e = {};
     int t;
@@ -616,8 +533,8 @@ __device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, 
     if (e.row < 0) return e.mm = e.m, e;
     const step_mat &R = P.mats[e.mm];
     if (R.bias) e.bias = llm_cuda_load(R.bias, R.bias_dtype, (size_t)e.row);
-    if (P.epi == LLM_CUDA_EPI_ADD) e.resid = ld1(P.resid.p + e.row);
-    if (P.mats[e.m].kind == TILE_ROPE) e.c = P.inv_freq[e.row % P.head_dim % (P.head_dim / 2)];
+    if (P.epi == LLM_CUDA_EPI_ADD) e.resid = ld_relaxed1(P.resid.p + e.row);
+    if (P.mats[e.m].kind == TILE_ROPE) e.inv_freq = P.inv_freq[e.row % P.head_dim % (P.head_dim / 2)];
     return e;
 }
 
@@ -627,7 +544,7 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
     float y = sum + e.bias;
     if (M.kind == TILE_ROPE) {
         const float other = __shfl_xor_sync(0xffffffffu, y, 4);
-        const float angle = (float)pos * e.c, c = cosf(angle), s = sinf(angle); /* e.c: the pair's inv_freq */
+        const float angle = (float)pos * e.inv_freq, c = cosf(angle), s = sinf(angle);
         y = lane & 4 ? y * c + other * s : y * c - other * s;
     } else if (M.kind == TILE_PAIRED) {
         const float up = __shfl_down_sync(0xffffffffu, y, 4);
@@ -639,7 +556,7 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
     if (P.epi == LLM_CUDA_EPI_ADD) {
         float r = e.resid;
         long long t0 = 0;
-        while (P.resid.flagged && is_empty(r)) spin_check(t0), r = ld1(P.resid.p + e.row);
+        while (P.resid.flagged && is_empty(r)) spin_check(t0), r = ld_relaxed1(P.resid.p + e.row);
         put(P.resid_out, (size_t)e.row, r + y);
     }
 }
@@ -668,12 +585,12 @@ __device__ void signal(const step_program &prog, float (*part)[WARPS][ROWS], uin
     tile_cursor cur = {0, 0};
     next_tile(prog, cur, true);
     tile_epi e = {};
-    if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane, pos);
+    if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane);
     for (int tile_it = 0; cur.ph < prog.n_phases; tile_it++) {
         const tile_cursor now = cur;
         const tile_epi e_now = e;
         next_tile(prog, cur, false);
-        if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane, pos);
+        if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane);
         const int slot = tile_it % PARTS;
         mbar_wait(&pfull[slot], (tile_it / PARTS) & 1);
         float sum = 0.0f;
@@ -699,7 +616,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     if (tid == 0) {
         for (int s = 0; s < prog.stages; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], WARPS);
         for (int s = 0; s < PARTS; s++) mbar_init(&pfull[s], WARPS), mbar_init(&pempty[s], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_fence_init();
     }
     __syncthreads();
 
@@ -744,7 +661,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __threadfence();
     for (int c = 0; c < prog.n_copies; c++) {
         const step_copy &C = prog.copies[c];
-        for (int i = tid; i < C.count; i += THREADS) C.to[i] = ld1(C.from + i);
+        for (int i = tid; i < C.count; i += THREADS) C.to[i] = ld_relaxed1(C.from + i);
     }
 }
 
@@ -772,9 +689,8 @@ struct refs {
 };
 
 struct compiler {
-    version *vers;
+    version *vers; /* a version is live (its range's newest) while final_ */
     int n_vers;
-    bool *live;
     ext_read *ext;
     int n_ext;
     bool ok;
@@ -786,7 +702,7 @@ static bool ranges_overlap(const float *a, size_t an, const float *b, size_t bn)
 static int find_version(compiler &c, const float *p, size_t count)
 {
     for (int i = c.n_vers - 1; i >= 0; i--) {
-        if (!c.live[i] || !ranges_overlap(p, count, c.vers[i].real, c.vers[i].count)) continue;
+        if (!c.vers[i].final_ || !ranges_overlap(p, count, c.vers[i].real, c.vers[i].count)) continue;
         if (c.vers[i].real != p || c.vers[i].count != count) c.ok = false;
         return i;
     }
@@ -808,11 +724,10 @@ static int read_of(compiler &c, const float *p, size_t count, int phase, bool pa
 static int write_of(compiler &c, const float *p, size_t count, int phase)
 {
     int old = find_version(c, p, count);
-    if (old >= 0) c.live[old] = false, c.vers[old].final_ = false;
+    if (old >= 0) c.vers[old].final_ = false;
     version v = {};
     v.real = p, v.count = count, v.phase = phase, v.final_ = true;
     c.vers[c.n_vers] = v;
-    c.live[c.n_vers] = true;
     return c.n_vers++;
 }
 
@@ -822,8 +737,7 @@ static struct {
     char *host_table;       /* what the device's table holds now */
     size_t table_bytes;
     void *table_at;         /* the scratch buffer it was uploaded to */
-    int cooperative;        /* -1: not asked yet */
-} uploaded = {NULL, 0, NULL, -1};
+} uploaded = {NULL, 0, NULL};
 
 
 /* The record turned into a program: phases, the arena's layout, the copies out. */
@@ -853,7 +767,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     const int hd = op.head_dim, G = op.kv_heads > 0 ? op.heads / op.kv_heads : 0;
     const size_t kv_dim = (size_t)op.kv_heads * hd;
     /* the q/k/v GEMV stored this token's cache row; the kernel's item shapes; 16-byte rows for the bulk copies */
-    if (!op.stored || hd <= 0 || hd % 4 || G < 1 || G > MAX_GROUP || op.heads % op.kv_heads ||
+    if (!op.stored || hd <= 0 || hd % 4 || G < 1 || op.heads % op.kv_heads ||
         hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
@@ -879,8 +793,7 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
     step_phase &P = pl.phases[i];
     refs &r = pl.rf[i];
     if ((job.dtype != LLM_DTYPE_BF16 && job.dtype != LLM_DTYPE_F16 && job.dtype != LLM_DTYPE_F32) || job.cols <= 0 ||
-        job.cols % 8 ||
-        job.n_mats < 1 || !aligned16(job.norm_src ? job.norm_src : job.x))
+        job.cols % 8 || job.n_mats < 1 || !aligned16(job.norm_src ? job.norm_src : job.x))
         return false;
     if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || !same_positions(pl, job.positions))) return false;
     if (job.epi == LLM_CUDA_EPI_SWIGLU && (job.n_mats != 2 || job.mats[0].rows % 4)) return false;
@@ -1083,27 +996,16 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
 int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
 {
     if (n < 1) return LLM_CUDA_STEP_REFUSED;
-    if (uploaded.cooperative < 0) {
-        int coop = 0, dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-            coop = 0;
-        cudaGetLastError();
-        uploaded.cooperative = coop && major >= 9; /* bulk copies and mbarrier transactions: Hopper and later */
-    }
-    if (!uploaded.cooperative) return LLM_CUDA_STEP_REFUSED;
     plan pl = {};
     pl.n = n, pl.xs_floats = 4 * CONSUMERS;
     pl.phases = (step_phase *)calloc((size_t)n, sizeof *pl.phases);
     pl.rf = (refs *)calloc((size_t)n, sizeof *pl.rf);
     pl.copies = (step_copy *)calloc((size_t)n * 8, sizeof *pl.copies);
     pl.c.vers = (version *)calloc((size_t)n * 8, sizeof *pl.c.vers);
-    pl.c.live = (bool *)calloc((size_t)n * 8, sizeof *pl.c.live);
     pl.c.ext = (ext_read *)calloc((size_t)n * 8, sizeof *pl.c.ext);
     pl.c.ok = true;
     int result = LLM_CUDA_STEP_REFUSED;
-    if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.live && pl.c.ext && plan_program(pl, ops)) {
+    if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.ext && plan_program(pl, ops)) {
         const size_t head = ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy) + 255) / 256 * 256;
         char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + pl.arena_floats * sizeof(float),
                                               "decode step");
@@ -1112,7 +1014,7 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
             result = upload_and_launch(pl, base, head, capturing);
         }
     }
-    free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.live), free(pl.c.ext);
+    free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.ext);
     return result;
 }
 

@@ -1,0 +1,93 @@
+/* Hopper's shared-memory barriers, bulk copies and relaxed polls, as the persistent step (step.cu) uses them and the
+ * measurements in scripts/ (stream-probe.cu, persistent-probe.cu) probed them. Self-contained, so the scripts can
+ * include it without the rest of the device. */
+#ifndef LLM_CUDA_HOPPER_CUH
+#define LLM_CUDA_HOPPER_CUH
+
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+/* A wait this long (about 2 s at 2 GHz) is a bug: trap, so the launch fails with an error instead of hanging. */
+#define LLM_CUDA_SPIN_LIMIT 4000000000ll
+
+/* Call once before a wait's loop (t0 = 0) and on each retry. */
+__device__ __forceinline__ void spin_check(long long &t0)
+{
+    if (!t0)
+        t0 = clock64();
+    else if (clock64() - t0 > LLM_CUDA_SPIN_LIMIT)
+        __trap();
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* An mbarrier in shared memory that completes a phase after `count` arrivals (and the bytes they expect). Call
+ * mbar_fence_init once after the last init, before other threads (or the copy engine) use them. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+/* One arrival that also tells the barrier `bytes` are on their way (bulk_copy completes them). */
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/* Until the barrier has completed the phase of this parity. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    long long t0 = 0;
+    for (;;) {
+        uint32_t done;
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+        if (done) return;
+        spin_check(t0);
+    }
+}
+
+/* bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst by the copy engine,
+ * completing on bar. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+/* Polls: loads the compiler must issue each time (a plain load in a loop may be hoisted, and a loop that could spin
+ * forever without a side effect may be dropped). */
+__device__ __forceinline__ float4 ld_relaxed4(const float *p)
+{
+    float4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ float2 ld_relaxed2(const float *p)
+{
+    float2 v;
+    asm volatile("ld.relaxed.gpu.global.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ float ld_relaxed1(const float *p)
+{
+    float v;
+    asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+#endif
