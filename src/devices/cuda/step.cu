@@ -221,14 +221,20 @@ __device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, 
 
 /* ---- the producer: every stage this block will consume, in order ---- */
 
+/* Run by the whole producer warp: lane 0 arms each stage's barrier, then the lanes issue the stage's copies side by
+ * side (an attention stage is 2 x 64 rows of 256 bytes: issued by one lane, they took attention 12.5 us a layer,
+ * by 32 lanes 8; docs/cuda-notes.md, version 59). */
 __device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
 {
+    const int lane = threadIdx.x & 31;
     int it = 0;
-    auto next_slot = [&](uint64_t *&bar) {
+    auto next_slot = [&](uint64_t *&bar, uint32_t bytes) {
         const int slot = it % prog.stages, use = it / prog.stages;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
         bar = &full[slot];
         it++;
+        if (lane == 0) mbar_expect_tx(bar, bytes);
+        __syncwarp();
         return ring + (size_t)slot * STAGE;
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
@@ -242,9 +248,8 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                 for (int c0 = t0; c0 < t1; c0 += per) {
                     const int n = min(per, t1 - c0);
                     uint64_t *bar;
-                    char *slot = next_slot(bar);
-                    mbar_expect_tx(bar, 2 * n * row_bytes);
-                    for (int p = 0; p < n; p++) {
+                    char *slot = next_slot(bar, 2 * n * row_bytes);
+                    for (int p = lane; p < n; p += 32) {
                         const size_t at = (size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim;
                         bulk_copy(slot + p * row_bytes, P.k_cache + at, row_bytes, bar);
                         bulk_copy(slot + (per + p) * row_bytes, P.v_cache + at, row_bytes, bar);
@@ -257,18 +262,18 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
             const int row_bytes = P.cols * (P.dtype == LLM_DTYPE_F32 ? 4 : 2);
             for (int off = 0; off < row_bytes; off += CHUNK) {
                 const uint32_t bytes = (uint32_t)min(CHUNK, row_bytes - off);
-                int rows[ROWS], mats[ROWS], n = 0;
+                int mine = -1, mat = 0, n = 0; /* lane i < 8 copies row i of the tile */
                 for (int i = 0; i < ROWS; i++) {
-                    rows[i] = tile_row(P, m, t, i, mats[i]);
-                    n += rows[i] >= 0;
+                    int mm;
+                    const int r = tile_row(P, m, t, i, mm);
+                    n += r >= 0;
+                    if (i == lane) mine = r, mat = mm;
                 }
                 uint64_t *bar;
-                char *slot = next_slot(bar);
-                mbar_expect_tx(bar, bytes * n);
-                for (int i = 0; i < ROWS; i++)
-                    if (rows[i] >= 0)
-                        bulk_copy(slot + i * CHUNK, (const char *)P.mats[mats[i]].w + (size_t)rows[i] * row_bytes + off,
-                                  bytes, bar);
+                char *slot = next_slot(bar, bytes * n);
+                if (mine >= 0)
+                    bulk_copy(slot + lane * CHUNK, (const char *)P.mats[mat].w + (size_t)mine * row_bytes + off, bytes,
+                              bar);
             }
         }
     }
@@ -621,7 +626,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __syncthreads();
 
     if (tid < 32) {
-        if (tid == 0) produce(prog, ring, full, empty, pos);
+        produce(prog, ring, full, empty, pos);
     } else if (tid >= 32 + CONSUMERS) {
         signal(prog, part, pfull, pempty, pos);
     } else {
