@@ -66,6 +66,19 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
+/* 16 bytes from global src to shared dst (both 16-byte aligned), through L2 only, asynchronously. */
+__device__ __forceinline__ void copy16_async(void *dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+
+/* bar's phase waits, besides its arrivals, until this thread's copy16_async so far have landed (the pending count
+ * goes up by one now and down when they have). */
+__device__ __forceinline__ void copies16_arrive(uint64_t *bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
 /* Polls: loads the compiler must issue each time (a plain load in a loop may be hoisted, and a loop that could spin
  * forever without a side effect may be dropped). */
 __device__ __forceinline__ float4 ld_relaxed4(const float *p)

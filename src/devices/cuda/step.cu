@@ -221,20 +221,19 @@ __device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, 
 
 /* ---- the producer: every stage this block will consume, in order ---- */
 
-/* Run by the whole producer warp: lane 0 arms each stage's barrier, then the lanes issue the stage's copies side by
- * side (an attention stage is 2 x 64 rows of 256 bytes: issued by one lane, they took attention 12.5 us a layer,
- * by 32 lanes 8; docs/cuda-notes.md, version 59). */
+/* Run by the whole producer warp. A weight stage is 8 row chunks of 4 KB, each a bulk copy by one lane. An attention
+ * stage is 2 x 64 KV rows of 256 bytes, which the copy engine moves at about one row per 19 ns an SM (attention took
+ * 5.5 us an item of 144 positions that way, docs/cuda-notes.md version 59): the lanes copy those 16 bytes at a time
+ * instead (cp.async), and the stage's barrier completes once every lane's copies have landed. */
 __device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
 {
     const int lane = threadIdx.x & 31;
     int it = 0;
-    auto next_slot = [&](uint64_t *&bar, uint32_t bytes) {
+    auto next_slot = [&](uint64_t *&bar) {
         const int slot = it % prog.stages, use = it / prog.stages;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
         bar = &full[slot];
         it++;
-        if (lane == 0) mbar_expect_tx(bar, bytes);
-        __syncwarp();
         return ring + (size_t)slot * STAGE;
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
@@ -244,16 +243,20 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                 int h, g, s, t0, t1;
                 item_range(P, u, pos, h, g, s, t0, t1);
                 const int per = kv_per_stage(P.head_dim), kv_dim = P.kv_heads * P.head_dim;
-                const uint32_t row_bytes = (uint32_t)P.head_dim * 4;
+                const int row_bytes = P.head_dim * 4, pieces = row_bytes / 16;
                 for (int c0 = t0; c0 < t1; c0 += per) {
                     const int n = min(per, t1 - c0);
                     uint64_t *bar;
-                    char *slot = next_slot(bar, 2 * n * row_bytes);
-                    for (int p = lane; p < n; p += 32) {
-                        const size_t at = (size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim;
-                        bulk_copy(slot + p * row_bytes, P.k_cache + at, row_bytes, bar);
-                        bulk_copy(slot + (per + p) * row_bytes, P.v_cache + at, row_bytes, bar);
+                    char *slot = next_slot(bar);
+                    for (int i = lane; i < n * pieces; i += 32) {
+                        const int p = i / pieces, at = p * row_bytes + i % pieces * 16;
+                        const size_t from = ((size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim) * 4 + i % pieces * 16;
+                        copy16_async(slot + at, (const char *)P.k_cache + from);
+                        copy16_async(slot + per * row_bytes + at, (const char *)P.v_cache + from);
                     }
+                    copies16_arrive(bar); /* (the barrier then also waits for this lane's copies) */
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(bar);
                 }
                 continue;
             }
@@ -270,7 +273,9 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                     if (i == lane) mine = r, mat = mm;
                 }
                 uint64_t *bar;
-                char *slot = next_slot(bar, bytes * n);
+                char *slot = next_slot(bar);
+                if (lane == 0) mbar_expect_tx(bar, bytes * n);
+                __syncwarp();
                 if (mine >= 0)
                     bulk_copy(slot + lane * CHUNK, (const char *)P.mats[mat].w + (size_t)mine * row_bytes + off, bytes,
                               bar);
