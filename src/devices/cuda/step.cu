@@ -1,4 +1,4 @@
-/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, version 58).
+/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, versions 58-59).
  *
  * Why: batch-1 decode streams every weight once per token, and with one kernel per fused op (five a layer) each
  * kernel's first blocks wait for the last blocks of the one before, so the memory idles at every edge
@@ -8,7 +8,7 @@
  *
  *  - a producer warp copies every weight tile this block owns, phase after phase, into a ring of 32 KB shared-memory
  *    stages (cp.async.bulk, an mbarrier per stage full and one per stage empty), and for attention the KV-cache rows
- *    of its items; it never waits on data, only for a free stage;
+ *    of its items (cp.async, 16 bytes a lane); it never waits on data, only for a free stage;
  *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
  *    of every row) and hand the warps' partial sums on;
  *  - a signaller warp sums them, adds the epilogue (bias, rope and the KV store, swiglu, the residual add) and
@@ -776,7 +776,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     refs &r = pl.rf[i];
     const int hd = op.head_dim, G = op.kv_heads > 0 ? op.heads / op.kv_heads : 0;
     const size_t kv_dim = (size_t)op.kv_heads * hd;
-    /* the q/k/v GEMV stored this token's cache row; the kernel's item shapes; 16-byte rows for the bulk copies */
+    /* the q/k/v GEMV stored this token's cache row; the kernel's item shapes; 16-byte rows for the copies */
     if (!op.stored || hd <= 0 || hd % 4 || G < 1 || op.heads % op.kv_heads ||
         hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
