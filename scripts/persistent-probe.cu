@@ -164,13 +164,12 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
 {
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
-    __shared__ float part[PARTS][CONSUMERS / 32][ROWS];
-    __shared__ __align__(8) uint64_t pfull[PARTS], pempty[PARTS];
+    __shared__ sums_ring<PARTS, CONSUMERS / 32, ROWS> sums; /* the signaller hand-off (its part[]: the barrier path too) */
     float *xs = (float *)(ring + (size_t)c.stages * STAGE_BYTES);
     const int tid = threadIdx.x, S = c.stages;
     if (tid == 0) {
         for (int s = 0; s < S; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], CONSUMERS / 32);
-        for (int s = 0; s < PARTS; s++) mbar_init(&pfull[s], CONSUMERS / 32), mbar_init(&pempty[s], 1);
+        sums.init();
         mbar_fence_init();
     }
     __syncthreads();
@@ -186,15 +185,8 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                 my_tiles(c, l, k, t0, t1, step);
                 if (t0 >= t1) continue;
                 for (int t = t0; t < t1; t += step, mine++, tile_it++) {
-                    const int slot = tile_it % PARTS;
-                    mbar_wait(&pfull[slot], (tile_it / PARTS) & 1);
-                    if (lane < ROWS && t * ROWS + lane < p.rows) {
-                        float sum = 0.0f;
-                        for (int w = 0; w < CONSUMERS / 32; w++) sum += part[slot][w][lane];
-                        p.y[t * ROWS + lane] = sum;
-                    }
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&pempty[slot]);
+                    const float sum = sums.take(tile_it, lane);
+                    if (lane < ROWS && t * ROWS + lane < p.rows) p.y[t * ROWS + lane] = sum;
                 }
                 __syncwarp();
                 if (lane == 0 && !c.flags) count_in(c, l * PRODUCTS + k, (unsigned)mine);
@@ -310,14 +302,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
 #pragma unroll
                     for (int r = 0; r < ROWS; r++)
                         for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-                    const int slot = tile_it % PARTS, use = tile_it / PARTS;
-                    if (use) mbar_wait(&pempty[slot], (use - 1) & 1);
-                    if (lane == 0)
-#pragma unroll
-                        for (int r = 0; r < ROWS; r++) part[slot][warp][r] = acc[r];
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(&pfull[slot]);
-                    tile_it++;
+                    sums.put(tile_it++, warp, lane, acc);
                     st_red += clock64() - t0r;
                     continue;
                 }
@@ -331,11 +316,11 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
                 if (lane == 0)
 #pragma unroll
-                    for (int r = 0; r < ROWS; r++) part[buf][warp][r] = acc[r];
+                    for (int r = 0; r < ROWS; r++) sums.part[buf][warp][r] = acc[r];
                 asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
                 if (ct < ROWS && t * ROWS + ct < p.rows) {
                     float sum = 0.0f;
-                    for (int w = 0; w < CONSUMERS / 32; w++) sum += part[buf][w][ct];
+                    for (int w = 0; w < CONSUMERS / 32; w++) sum += sums.part[buf][w][ct];
                     p.y[t * ROWS + ct] = sum;
                 }
                 buf ^= 1;

@@ -119,10 +119,9 @@ __device__ __forceinline__ void prologue_before_wait(const llm_cuda_gemv &job, f
     if (job.norm_src && job.norm_staged)
         llm_cuda_block_copy(norm_smem, job.norm_w, job.norm_dtype, cols, GEMV_THREADS);
     else if (job.norm_src) {
-        const int line_elems = 128 / (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2);
+        const int esize = job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2, line_elems = 128 / esize;
         for (int c = tid * line_elems; c < cols; c += GEMV_THREADS * line_elems)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w +
-                                                            (size_t)c * (job.norm_dtype == LLM_DTYPE_F32 ? 4 : 2)));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w + (size_t)c * esize));
     }
     if (job.epi == LLM_CUDA_EPI_ROPE)
         for (int jj = tid; jj < job.head_dim / 2; jj += GEMV_THREADS) {

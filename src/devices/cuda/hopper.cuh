@@ -1,6 +1,7 @@
-/* Hopper's shared-memory barriers, bulk copies and relaxed polls, as the persistent step (step.cu) uses them and the
- * measurements in scripts/ (stream-probe.cu, persistent-probe.cu) probed them. Self-contained, so the scripts can
- * include it without the rest of the device. */
+/* Hopper's shared-memory barriers, asynchronous copies and relaxed polls, and the hand-off of tile sums from consumer
+ * warps to a signaller warp built on them, as the persistent step (step.cu) uses them and the measurements in
+ * scripts/ (stream-probe.cu, persistent-probe.cu) probed them. Self-contained, so the scripts can include it without
+ * the rest of the device. */
 #ifndef LLM_CUDA_HOPPER_CUH
 #define LLM_CUDA_HOPPER_CUH
 
@@ -102,5 +103,43 @@ __device__ __forceinline__ float ld_relaxed1(const float *p)
     asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
     return v;
 }
+
+/* Row sums handed from W consumer warps to one signaller warp, N tiles in flight: slot it % N holds each warp's R
+ * partial sums of tile it; full completes on the W warps' arrivals, empty on the signaller's. Lives in shared
+ * memory; init by one thread before mbar_fence_init. */
+template <int N, int W, int R> struct sums_ring {
+    float part[N][W][R];
+    uint64_t full[N], empty[N];
+
+    __device__ __forceinline__ void init()
+    {
+        for (int s = 0; s < N; s++) mbar_init(&full[s], W), mbar_init(&empty[s], 1);
+    }
+
+    /* Consumer warp `warp`: its sums of tile it (warp-reduced, so lane 0 has them) into the tile's slot. */
+    __device__ __forceinline__ void put(int it, int warp, int lane, const float (&sums)[R])
+    {
+        const int slot = it % N, use = it / N;
+        if (use) mbar_wait(&empty[slot], (use - 1) & 1);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++) part[slot][warp][r] = sums[r];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&full[slot]);
+    }
+
+    /* The signaller warp: row `lane`'s total of tile it over the warps (0 on lanes >= R); the slot is then free. */
+    __device__ __forceinline__ float take(int it, int lane)
+    {
+        const int slot = it % N;
+        mbar_wait(&full[slot], (it / N) & 1);
+        float sum = 0.0f;
+        if (lane < R)
+            for (int w = 0; w < W; w++) sum += part[slot][w][lane];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+        return sum;
+    }
+};
 
 #endif

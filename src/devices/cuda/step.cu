@@ -51,6 +51,7 @@ constexpr int MAX_POS = 64;             /* KV positions per attention stage */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int MAX_NORM_GROUPS = 8;      /* norm prologues up to 8 x 1024 columns (each thread's weights in registers) */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
+using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 
 enum { PHASE_GEMV, PHASE_ATTENTION };
 enum { TILE_PLAIN, TILE_ROPE, TILE_PAIRED };
@@ -109,7 +110,7 @@ struct step_program {
     int n_phases, n_copies;
     const int32_t *positions; /* [0]: the step's position */
     unsigned *done;           /* blocks finished, counted up from EMPTY (the arena's fill) */
-    int stages, xs_floats;
+    int stages;
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
 };
@@ -249,8 +250,8 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                     uint64_t *bar;
                     char *slot = next_slot(bar);
                     for (int i = lane; i < n * pieces; i += 32) {
-                        const int p = i / pieces, at = p * row_bytes + i % pieces * 16;
-                        const size_t from = ((size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim) * 4 + i % pieces * 16;
+                        const int p = i / pieces, piece = i % pieces * 16, at = p * row_bytes + piece;
+                        const size_t from = ((size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim) * 4 + piece;
                         copy16_async(slot + at, (const char *)P.k_cache + from);
                         copy16_async(slot + per * row_bytes + at, (const char *)P.v_cache + from);
                     }
@@ -397,8 +398,7 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
 /* The block's tiles of a GEMV phase: each stage's 8 row chunks dotted with x, the warps' sums to the signaller. */
 template <typename WT>
 __device__ void consume_tiles(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
-                              uint64_t *empty, const float *xs, float (*part)[WARPS][ROWS], uint64_t *pfull,
-                              uint64_t *pempty, int &it, int &tile_it, int ct)
+                              uint64_t *empty, const float *xs, tile_sums &sums, int &it, int &tile_it, int ct)
 {
     const int warp = ct >> 5, lane = ct & 31, row_bytes = P.cols * (int)sizeof(WT);
     for (int u = first_unit(P); u < P.units; u += gridDim.x) {
@@ -417,14 +417,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
         }
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = llm_cuda_warp_sum(acc[r]);
-        const int slot = tile_it % PARTS, use = tile_it / PARTS;
-        if (use) mbar_wait(&pempty[slot], (use - 1) & 1);
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) part[slot][warp][r] = acc[r];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&pfull[slot]);
-        tile_it++;
+        sums.put(tile_it++, warp, lane, acc);
     }
 }
 
@@ -588,8 +581,7 @@ __device__ __forceinline__ void next_tile(const step_program &prog, tile_cursor 
     }
 }
 
-__device__ void signal(const step_program &prog, float (*part)[WARPS][ROWS], uint64_t *pfull, uint64_t *pempty,
-                       int pos)
+__device__ void signal(const step_program &prog, tile_sums &sums, int pos)
 {
     const int lane = threadIdx.x & 31;
     tile_cursor cur = {0, 0};
@@ -601,15 +593,8 @@ __device__ void signal(const step_program &prog, float (*part)[WARPS][ROWS], uin
         const tile_epi e_now = e;
         next_tile(prog, cur, false);
         if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane);
-        const int slot = tile_it % PARTS;
-        mbar_wait(&pfull[slot], (tile_it / PARTS) & 1);
-        float sum = 0.0f;
-        if (lane < ROWS)
-            for (int w = 0; w < WARPS; w++) sum += part[slot][w][lane];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&pempty[slot]);
-        const step_phase &P = prog.phases[now.ph];
-        finish_tile(P, e_now, lane, sum, pos);
+        const float sum = sums.take(tile_it, lane);
+        finish_tile(prog.phases[now.ph], e_now, lane, sum, pos);
         if (prog.trace && lane == 0 && (cur.ph != now.ph)) trace_mark(prog, now.ph, 2);
     }
 }
@@ -617,15 +602,15 @@ __device__ void signal(const step_program &prog, float (*part)[WARPS][ROWS], uin
 __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant__ step_program prog)
 {
     extern __shared__ __align__(128) char ring[];
-    __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES], pfull[PARTS], pempty[PARTS];
-    __shared__ float part[PARTS][WARPS][ROWS];
+    __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
+    __shared__ tile_sums sums;
     __shared__ float red[WARPS];
     __shared__ int last_block;
     float *xs = (float *)(ring + (size_t)prog.stages * STAGE);
     const int tid = threadIdx.x, pos = prog.positions[0];
     if (tid == 0) {
         for (int s = 0; s < prog.stages; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], WARPS);
-        for (int s = 0; s < PARTS; s++) mbar_init(&pfull[s], WARPS), mbar_init(&pempty[s], 1);
+        sums.init();
         mbar_fence_init();
     }
     __syncthreads();
@@ -633,7 +618,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     if (tid < 32) {
         produce(prog, ring, full, empty, pos);
     } else if (tid >= 32 + CONSUMERS) {
-        signal(prog, part, pfull, pempty, pos);
+        signal(prog, sums, pos);
     } else {
         const int ct = tid - 32;
         int it = 0, tile_it = 0;
@@ -650,11 +635,11 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
             stage_input(P, xs, red, ct);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
-                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, part, pfull, pempty, it, tile_it, ct);
+                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, sums, it, tile_it, ct);
             else if (P.dtype == LLM_DTYPE_F16)
-                consume_tiles<__half>(P, prog, ring, full, empty, xs, part, pfull, pempty, it, tile_it, ct);
+                consume_tiles<__half>(P, prog, ring, full, empty, xs, sums, it, tile_it, ct);
             else
-                consume_tiles<float>(P, prog, ring, full, empty, xs, part, pfull, pempty, it, tile_it, ct);
+                consume_tiles<float>(P, prog, ring, full, empty, xs, sums, it, tile_it, ct);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
         }
     }
@@ -979,7 +964,7 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
     step_program prog = {};
     prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions;
-    prog.done = (unsigned *)arena, prog.stages = pl.stages, prog.xs_floats = pl.xs_floats;
+    prog.done = (unsigned *)arena, prog.stages = pl.stages;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step") ||
         !LLM_CUDA_CHECK("decode step",
                         cudaMemsetAsync(arena, 0xff, pl.arena_floats * sizeof(float), llm_cuda.stream)))
