@@ -1,4 +1,4 @@
-/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, versions 58-59).
+/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, versions 58-60).
  *
  * Why: batch-1 decode streams every weight once per token, and with one kernel per fused op (five a layer) each
  * kernel's first blocks wait for the last blocks of the one before, so the memory idles at every edge
@@ -8,7 +8,8 @@
  *
  *  - a producer warp copies every weight tile this block owns, phase after phase, into a ring of 32 KB shared-memory
  *    stages (cp.async.bulk, an mbarrier per stage full and one per stage empty), and for attention the KV-cache rows
- *    of its items (cp.async, 16 bytes a lane); it never waits on data, only for a free stage;
+ *    of its items (cp.async, 16 bytes a lane); it never waits on data, only for a free stage (and at the start of
+ *    a phase for the stage before to land);
  *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
  *    of every row) and hand the warps' partial sums on;
  *  - a signaller warp sums them, adds the epilogue (bias, rope and the KV store, swiglu, the residual add) and
@@ -225,20 +226,30 @@ __device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, 
 /* Run by the whole producer warp. A weight stage is 8 row chunks of 4 KB, each a bulk copy by one lane. An attention
  * stage is 2 x 64 KV rows of 256 bytes, which the copy engine moves at about one row per 19 ns an SM (attention took
  * 5.5 us an item of 144 positions that way, docs/cuda-notes.md version 59): the lanes copy those 16 bytes at a time
- * instead (cp.async), and the stage's barrier completes once every lane's copies have landed. */
+ * instead (cp.async), and the stage's barrier completes once every lane's copies have landed.
+ *
+ * A phase's first ring of stages goes one stage at a time: each waits for the one before to land. Those are the
+ * copies every block issues at once around an edge; with all six of a block's in flight (25 MB on the GPU) the
+ * products after the edge ended later and less evenly (TinyLlama's gate/up: its blocks done 15.2-19.0 us after the
+ * o product, against 14.1-16.8), and one stage at a time throughout starved the long phases (Llama-2-7B -6 %):
+ * docs/cuda-notes.md, version 60. */
 __device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
 {
     const int lane = threadIdx.x & 31;
-    int it = 0;
+    int it = 0, phase_first = 0; /* the phase's first stage */
     auto next_slot = [&](uint64_t *&bar) {
         const int slot = it % prog.stages, use = it / prog.stages;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
+        if (it > 0 && it - phase_first < prog.stages) /* (stage it - 1's barrier cannot have moved on: its slot's
+                                                         next copy is stage it - 1 + stages, not issued yet) */
+            mbar_wait(&full[(it - 1) % prog.stages], ((it - 1) / prog.stages) & 1);
         bar = &full[slot];
         it++;
         return ring + (size_t)slot * STAGE;
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
         const step_phase &P = prog.phases[ph];
+        phase_first = it;
         for (int u = first_unit(P); u < P.units; u += gridDim.x) {
             if (P.kind == PHASE_ATTENTION) {
                 int h, g, s, t0, t1;
