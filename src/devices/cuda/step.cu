@@ -228,20 +228,21 @@ __device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, 
  * 5.5 us an item of 144 positions that way, docs/cuda-notes.md version 59): the lanes copy those 16 bytes at a time
  * instead (cp.async), and the stage's barrier completes once every lane's copies have landed.
  *
- * A phase's first ring of stages goes one stage at a time: each waits for the one before to land. Those are the
+ * A product's first ring of stages goes one stage at a time: each waits for the one before to land. Those are the
  * copies every block issues at once around an edge; with all six of a block's in flight (25 MB on the GPU) the
  * products after the edge ended later and less evenly (TinyLlama's gate/up: its blocks done 15.2-19.0 us after the
- * o product, against 14.1-16.8), and one stage at a time throughout starved the long phases (Llama-2-7B -6 %):
- * docs/cuda-notes.md, version 60. */
+ * o product, against 14.1-16.8), and one stage at a time throughout starved the long phases (Llama-2-7B -6 %).
+ * Attention's KV rows are not held back: its items wait for them (docs/cuda-notes.md, version 60). */
 __device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
 {
     const int lane = threadIdx.x & 31;
     int it = 0, phase_first = 0; /* the phase's first stage */
+    bool weights = true;         /* the phase is a product */
     auto next_slot = [&](uint64_t *&bar) {
         const int slot = it % prog.stages, use = it / prog.stages;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
-        if (it > 0 && it - phase_first < prog.stages) /* (stage it - 1's barrier cannot have moved on: its slot's
-                                                         next copy is stage it - 1 + stages, not issued yet) */
+        /* (stage it - 1's barrier cannot have moved on: its slot's next copy, stage it - 1 + stages, is not issued) */
+        if (weights && it > 0 && it - phase_first < prog.stages)
             mbar_wait(&full[(it - 1) % prog.stages], ((it - 1) / prog.stages) & 1);
         bar = &full[slot];
         it++;
@@ -249,7 +250,7 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
         const step_phase &P = prog.phases[ph];
-        phase_first = it;
+        phase_first = it, weights = P.kind == PHASE_GEMV;
         for (int u = first_unit(P); u < P.units; u += gridDim.x) {
             if (P.kind == PHASE_ATTENTION) {
                 int h, g, s, t0, t1;
