@@ -3,8 +3,8 @@
 # shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (device-to-device copy
 # bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face and with the blas device (llm-run compare) on
 # Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit, with per-op
-# profiles and the timeline of a replayed decode step. A summary table goes to stdout; logs to $OUT (default
-# gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 9.0 or later:
+# profiles, the persistent decode step's phases and the kernel-per-op step's timeline. A summary table goes to
+# stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 9.0 or later:
 #   scripts/gpu-bench.sh                      everything
 #   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests ckpt peak compare bench
 # Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above), HF_REF=0
@@ -121,9 +121,23 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
             [ -d "$MODELS/$s" ] && build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "$MODELS/$s" 2>&1 |
                 grep -E '^\|' | tee -a "$OUT/bench.log"
         done
-        # where a replayed decode step's time goes, kernel by kernel (docs/cuda-notes.md)
+        # decode with a kernel per fused op instead of the persistent step, for comparison
         for s in $SHAPES; do
             [ -d "$MODELS/$s" ] || continue
+            echo "LLM_CUDA_PERSIST=0 (kernel-per-op step), $s:" | tee -a "$OUT/bench.log"
+            LLM_CUDA_PERSIST=0 build/llm-run bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "$MODELS/$s" 2>&1 |
+                grep -E '^\| [a-z]' | tee -a "$OUT/bench.log"
+        done
+        # where a decode step's time goes (docs/cuda-notes.md): the persistent step phase by phase, and the
+        # kernel-per-op step kernel by kernel
+        for s in $SHAPES; do
+            [ -d "$MODELS/$s" ] || continue
+            echo "persistent step, $s:" >>"$OUT/bench.log"
+            LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE="$OUT/step-trace-$s.txt" build/llm-run bench --device cuda -p 0 -n 8 \
+                --tg-after 512 -r 1 "$MODELS/$s" >/dev/null 2>&1 &&
+                python3 scripts/cuda-step-trace.py "$OUT/step-trace-$s.txt" >>"$OUT/bench.log"
+            rm -f "$OUT/step-trace-$s.txt"
+            echo "kernel-per-op step, $s:" >>"$OUT/bench.log"
             LLM_CUDA_TIMELINE="$OUT/timeline-$s.txt" build/llm-run bench --device cuda -p 0 -n 16 --tg-after 512 -r 1 \
                 "$MODELS/$s" >/dev/null 2>&1 && python3 scripts/cuda-timeline.py "$OUT/timeline-$s.txt" >>"$OUT/bench.log"
         done

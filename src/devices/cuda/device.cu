@@ -8,8 +8,8 @@
  * accuracy), LLM_CUDA_OWE=0 (the split's two products summed in place, no owed sums), LLM_CUDA_PDL=0 (no
  * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); for the kernels'
  * launchers (llm_cuda): LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_HEADS, LLM_CUDA_DEC_WARPS, LLM_CUDA_ATTN_WINDOW_KB and
- * LLM_CUDA_GEMV_CPL; LLM_CUDA_PERSIST=1 (a one-token step as one persistent kernel, step.cu) with
- * LLM_CUDA_PERSIST_SPLITS and LLM_CUDA_STEP_TRACE=FILE. All are read when the device opens.
+ * LLM_CUDA_GEMV_CPL; LLM_CUDA_PERSIST=0 (a one-token step as a kernel per fused op, not one persistent kernel,
+ * step.cu) with LLM_CUDA_PERSIST_SPLITS and LLM_CUDA_STEP_TRACE=FILE. All are read when the device opens.
  * LLM_CUDA_TIMELINE=FILE writes when each decode kernel's blocks started, waited and ended in the last step
  * (scripts/cuda-timeline.py reads it).
  * Not here: what the ops compute (src/ops/ops.h). */
@@ -640,7 +640,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;
     /* the persistent step needs bulk copies with mbarrier transactions (Hopper and later) and every block resident
      * at once (a cooperative launch: they wait on each other's data) */
-    g.persist = env_flag("LLM_CUDA_PERSIST", false) && g.prop.major >= 9 && g.prop.cooperativeLaunch;
+    g.persist = env_flag("LLM_CUDA_PERSIST", true) && g.prop.major >= 9 && g.prop.cooperativeLaunch;
     llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
     llm_cuda.step_trace = getenv("LLM_CUDA_STEP_TRACE");
     if (llm_cuda.step_trace && !*llm_cuda.step_trace) llm_cuda.step_trace = NULL;

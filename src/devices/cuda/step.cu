@@ -993,7 +993,13 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
         cudaMemsetAsync(prog.trace, 0, trace_n * 8, llm_cuda.stream);
     else
         cudaGetLastError(), prog.trace = NULL; /* a measurement aid: without it the step runs untimed */
-    if (!LLM_CUDA_CHECK("decode step", cudaLaunchKernelEx(&cfg, step_kernel, prog))) return LLM_CUDA_STEP_REFUSED;
+    const cudaError_t launched = cudaLaunchKernelEx(&cfg, step_kernel, prog);
+    if (launched == cudaErrorCooperativeLaunchTooLarge) { /* fewer SMs to be had than the GPU has (MPS, a limit) */
+        cudaGetLastError();
+        if (prog.trace) cudaFree(prog.trace);
+        return LLM_CUDA_STEP_REFUSED; /* the ops run one by one */
+    }
+    if (!LLM_CUDA_CHECK("decode step", launched)) return LLM_CUDA_STEP_REFUSED;
     if (prog.trace) write_trace(pl, prog.trace, trace_n);
     return same ? LLM_CUDA_STEP_RAN : LLM_CUDA_STEP_RAN_NEW_TABLE;
 }
