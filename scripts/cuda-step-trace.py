@@ -7,7 +7,7 @@ steps in the file, in us:
   spread  input ready, last block minus first
   work    last row written (attention: last item done) minus the last block's input ready
 Use with LLM_CUDA_GRAPHS=0 (a captured or replayed step is not traced):
-  LLM_CUDA_PERSIST=1 LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/t.txt llm-run bench --device cuda -p 0 -n 8 MODEL
+  LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/t.txt llm-run bench --device cuda -p 0 -n 8 MODEL
   scripts/cuda-step-trace.py /tmp/t.txt [phases per layer, default 5]
 """
 import statistics

@@ -149,7 +149,8 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
         printf '%s\n' "${rows[@]}"
         echo
         echo "copy bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
-        echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles and the decode step's timeline"
-        echo "(scripts/cuda-timeline.py) in $OUT/bench.log"
+        echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles, the persistent step's phases"
+        echo "(scripts/cuda-step-trace.py) and the kernel-per-op step's timeline (scripts/cuda-timeline.py) in"
+        echo "$OUT/bench.log"
     } | tee -a "$summary"
 fi

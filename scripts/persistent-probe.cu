@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             }
             long long t0s = clock64();
             if (c.compute) { /* the copy alone needs no input */
-                asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                named_sync<1, CONSUMERS>();
                 /* every load in flight at once (a loop of one load at a time pays a round trip per element) */
                 constexpr int BATCH = 8;
                 for (int i0 = ct * 4; i0 < p.cols; i0 += CONSUMERS * 4 * BATCH) {
@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                         *(float4 *)(xs + i) = v[u];
                     }
                 }
-                asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                named_sync<1, CONSUMERS>();
             }
             st_stage += clock64() - t0s;
             int mine = 0;
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                     }
                     st_dot += clock64() - t0d;
                     if (c.barrier_refill) {
-                        asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                        named_sync<1, CONSUMERS>();
                         if (ct == 0 && ahead.l < LAYERS) {
                             issue_stage(c, ahead, ring + (size_t)slot * STAGE_BYTES, &full[slot]);
                             cursor_next(c, ahead);
@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                 if (lane == 0)
 #pragma unroll
                     for (int r = 0; r < ROWS; r++) sums.part[buf][warp][r] = acc[r];
-                asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+                named_sync<1, CONSUMERS>();
                 if (ct < ROWS && t * ROWS + ct < p.rows) {
                     float sum = 0.0f;
                     for (int w = 0; w < CONSUMERS / 32; w++) sum += sums.part[buf][w][ct];
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
             /* count this block's tiles in once its rows are written */
             if (c.compute && (c.signaller || c.flags)) continue; /* the signaller counts them; flags need no count */
             long long t0e = clock64();
-            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+            named_sync<1, CONSUMERS>();
             if (ct == 0) count_in(c, l * PRODUCTS + k, (unsigned)mine);
             st_end += clock64() - t0e;
         }

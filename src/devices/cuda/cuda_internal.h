@@ -307,10 +307,11 @@ typedef struct {
     bool stored;
 } llm_cuda_step_op;
 
-enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_RAN, LLM_CUDA_STEP_RAN_NEW_TABLE };
+enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_UNAVAILABLE, LLM_CUDA_STEP_RAN, LLM_CUDA_STEP_RAN_NEW_TABLE };
 /* Run ops as one launch. REFUSED: nothing was launched (a shape or dtype the kernel does not take, or a table that
- * would have to change while capturing), launch them one by one; RAN_NEW_TABLE: ran, from a table that replaced the
- * one earlier captured steps read (they must be dropped). */
+ * would have to change while capturing), launch them one by one; UNAVAILABLE: the same, and no step will launch
+ * (fewer SMs can be had at once than the kernel needs); RAN_NEW_TABLE: ran, from a table that replaced the one
+ * earlier captured steps read (they must be dropped). */
 int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing);
 /* Forget the uploaded table (its scratch buffer is gone). */
 void llm_cuda_step_forget(void);

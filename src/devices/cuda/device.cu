@@ -1053,7 +1053,8 @@ static void issue_program(void)
     g.prog_n = 0; /* taken: anything the launch below flushes finds nothing recorded */
     if (n >= 2) {
         int ran = llm_cuda_step_launch(g.prog, n, g.capturing);
-        if (ran != LLM_CUDA_STEP_REFUSED) {
+        if (ran == LLM_CUDA_STEP_UNAVAILABLE) g.persist = false; /* not tried again: kernel per op from now */
+        if (ran != LLM_CUDA_STEP_REFUSED && ran != LLM_CUDA_STEP_UNAVAILABLE) {
             if (ran == LLM_CUDA_STEP_RAN_NEW_TABLE) invalidate_graphs();
             g.persisted++;
             after_op("decode step");

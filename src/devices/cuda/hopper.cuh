@@ -23,6 +23,13 @@ __device__ __forceinline__ void spin_check(long long &t0)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+/* A barrier for some of a block's warps: the THREADS threads (whole warps) that use named barrier ID (1..15; 0 is
+ * __syncthreads) wait for each other, the block's other warps go on. */
+template <int ID, int THREADS> __device__ __forceinline__ void named_sync()
+{
+    asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(THREADS) : "memory");
+}
+
 /* An mbarrier in shared memory that completes a phase after `count` arrivals (and the bytes they expect). Call
  * mbar_fence_init once after the last init, before other threads (or the copy engine) use them. */
 __device__ __forceinline__ void mbar_init(uint64_t *bar, int count)

@@ -123,7 +123,7 @@ __device__ __forceinline__ void trace_mark(const step_program &prog, int phase, 
     prog.trace[((size_t)phase * gridDim.x + blockIdx.x) * 3 + field] = t;
 }
 
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
+__device__ __forceinline__ void consumers_sync() { named_sync<1, CONSUMERS>(); }
 
 __device__ __forceinline__ bool is_empty(float v) { return __float_as_uint(v) == EMPTY; }
 __device__ __forceinline__ bool any_empty(float4 v)
@@ -236,13 +236,12 @@ __device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, 
 __device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
 {
     const int lane = threadIdx.x & 31;
-    int it = 0, phase_first = 0; /* the phase's first stage */
-    bool weights = true;         /* the phase is a product */
+    int it = 0, one_by_one_until = 0; /* the stages below it go one at a time */
     auto next_slot = [&](uint64_t *&bar) {
         const int slot = it % prog.stages, use = it / prog.stages;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
         /* (stage it - 1's barrier cannot have moved on: its slot's next copy, stage it - 1 + stages, is not issued) */
-        if (weights && it > 0 && it - phase_first < prog.stages)
+        if (it > 0 && it < one_by_one_until)
             mbar_wait(&full[(it - 1) % prog.stages], ((it - 1) / prog.stages) & 1);
         bar = &full[slot];
         it++;
@@ -250,7 +249,7 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
         const step_phase &P = prog.phases[ph];
-        phase_first = it, weights = P.kind == PHASE_GEMV;
+        one_by_one_until = P.kind == PHASE_GEMV ? it + prog.stages : it; /* a product's first ring */
         for (int u = first_unit(P); u < P.units; u += gridDim.x) {
             if (P.kind == PHASE_ATTENTION) {
                 int h, g, s, t0, t1;
@@ -746,7 +745,6 @@ static struct {
     void *table_at;         /* the scratch buffer it was uploaded to */
 } uploaded = {NULL, 0, NULL};
 
-
 /* The record turned into a program: phases, the arena's layout, the copies out. */
 struct plan {
     step_phase *phases;
@@ -997,7 +995,7 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
     if (launched == cudaErrorCooperativeLaunchTooLarge) { /* fewer SMs to be had than the GPU has (MPS, a limit) */
         cudaGetLastError();
         if (prog.trace) cudaFree(prog.trace);
-        return LLM_CUDA_STEP_REFUSED; /* the ops run one by one */
+        return LLM_CUDA_STEP_UNAVAILABLE;
     }
     if (!LLM_CUDA_CHECK("decode step", launched)) return LLM_CUDA_STEP_REFUSED;
     if (prog.trace) write_trace(pl, prog.trace, trace_n);
