@@ -131,21 +131,6 @@ __device__ __forceinline__ bool any_empty(float4 v)
     return is_empty(v.x) || is_empty(v.y) || is_empty(v.z) || is_empty(v.w);
 }
 
-/* v, loaded from p, once every part of it has been written (only flagged sources need waiting for). */
-__device__ __forceinline__ float2 ready2(const float *p, float2 v, int flagged)
-{
-    long long t0 = 0;
-    while (flagged && (is_empty(v.x) || is_empty(v.y))) spin_check(t0), v = ld_relaxed2(p);
-    return v;
-}
-
-__device__ __forceinline__ float4 ready4(const float *p, float4 v, int flagged)
-{
-    long long t0 = 0;
-    while (flagged && any_empty(v)) spin_check(t0), v = ld_relaxed4(p);
-    return v;
-}
-
 __device__ __forceinline__ void put(const step_vec &o, size_t i, float v)
 {
     if (o.arena) o.arena[i] = v;
@@ -298,7 +283,12 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
 
 /* ---- the consumers ---- */
 
-/* cols values of x into xs, every load of a thread in flight at once (a load at a time pays a round trip each). */
+/* cols values of x into xs, every load of a thread in flight at once (a load at a time pays a round trip each).
+ *
+ * Staging polls in rounds: each round reloads every value of the thread still EMPTY, those loads in flight together.
+ * A consumer starts staging before most of its input is written, so its first loads mostly come back EMPTY; polled
+ * one value after another, each would then cost a round trip of its own after the last write (the o product's edge
+ * 5.0 -> 4.4 us, attention 7.2 -> 6.3; docs/cuda-notes.md, version 61). */
 __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 {
     constexpr int BATCH = 8; /* up to 8192 columns in one round trip */
@@ -307,46 +297,79 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
             const int i = i0 + b * CONSUMERS * 4;
-            if (i < cols) v[b] = ld_relaxed4(x.p + i);
+            v[b] = i < cols ? ld_relaxed4(x.p + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        for (long long t0 = 0; x.flagged;) {
+            bool waiting = false;
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) waiting |= any_empty(v[b]);
+            if (!waiting) break;
+            spin_check(t0);
+#pragma unroll
+            for (int b = 0; b < BATCH; b++)
+                if (any_empty(v[b])) v[b] = ld_relaxed4(x.p + i0 + b * CONSUMERS * 4);
         }
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
             const int i = i0 + b * CONSUMERS * 4;
-            if (i < cols) *(float4 *)(xs + i) = ready4(x.p + i, v[b], x.flagged);
+            if (i < cols) *(float4 *)(xs + i) = v[b];
         }
     }
 }
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
- * Each thread loads every split's (m, l) and output values for its columns at once. */
+ * Each thread loads every split's (m, l) and output values for GROUPS of its column groups at once. */
 __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 {
+    constexpr int GROUPS = 2; /* 2,048 columns (32 heads of 64) in one round */
     const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
     auto record = [&](int s, int c) { return x.p + ((size_t)s * H + c / hd) * stride; };
-    for (int c = ct * 4; c < cols; c += CONSUMERS * 4) {
-        float2 ml[MAX_SPLITS];
-        float4 o[MAX_SPLITS];
+    for (int c0 = ct * 4; c0 < cols; c0 += CONSUMERS * 4 * GROUPS) {
+        float2 ml[GROUPS][MAX_SPLITS] = {}; /* (0s where there is no split or column: never polled) */
+        float4 o[GROUPS][MAX_SPLITS] = {};
+        auto load = [&](int k, int s, bool all) {
+            const int c = c0 + k * CONSUMERS * 4;
+            if (all || is_empty(ml[k][s].x) || is_empty(ml[k][s].y)) ml[k][s] = ld_relaxed2(record(s, c));
+            if (all || any_empty(o[k][s])) o[k][s] = ld_relaxed4(record(s, c) + 4 + c % hd);
+        };
 #pragma unroll
-        for (int s = 0; s < MAX_SPLITS; s++)
-            if (s < S) ml[s] = ld_relaxed2(record(s, c)), o[s] = ld_relaxed4(record(s, c) + 4 + c % hd);
-        float M = -INFINITY;
+        for (int k = 0; k < GROUPS; k++)
 #pragma unroll
-        for (int s = 0; s < MAX_SPLITS; s++)
-            if (s < S) {
-                ml[s] = ready2(record(s, c), ml[s], x.flagged);
-                o[s] = ready4(record(s, c) + 4 + c % hd, o[s], x.flagged);
-                M = fmaxf(M, ml[s].x);
-            }
-        float L = 0.0f;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int s = 0; s < MAX_SPLITS; s++)
+                if (s < S && c0 + k * CONSUMERS * 4 < cols) load(k, s, true);
+        for (long long t0 = 0; x.flagged;) {
+            bool waiting = false;
 #pragma unroll
-        for (int s = 0; s < MAX_SPLITS; s++)
-            if (s < S) {
-                const float w = expf(ml[s].x - M); /* 0 for an empty split (m = -inf) */
-                L += w * ml[s].y;
-                acc.x += w * o[s].x, acc.y += w * o[s].y, acc.z += w * o[s].z, acc.w += w * o[s].w;
-            }
-        *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
+            for (int k = 0; k < GROUPS; k++)
+#pragma unroll
+                for (int s = 0; s < MAX_SPLITS; s++)
+                    waiting |= is_empty(ml[k][s].x) || is_empty(ml[k][s].y) || any_empty(o[k][s]);
+            if (!waiting) break;
+            spin_check(t0);
+#pragma unroll
+            for (int k = 0; k < GROUPS; k++)
+#pragma unroll
+                for (int s = 0; s < MAX_SPLITS; s++) load(k, s, false);
+        }
+#pragma unroll
+        for (int k = 0; k < GROUPS; k++) {
+            const int c = c0 + k * CONSUMERS * 4;
+            if (c >= cols) break;
+            float M = -INFINITY;
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
+                if (s < S) M = fmaxf(M, ml[k][s].x);
+            float L = 0.0f;
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int s = 0; s < MAX_SPLITS; s++)
+                if (s < S) {
+                    const float w = expf(ml[k][s].x - M); /* 0 for an empty split (m = -inf) */
+                    L += w * ml[k][s].y;
+                    acc.x += w * o[k][s].x, acc.y += w * o[k][s].y, acc.z += w * o[k][s].z, acc.w += w * o[k][s].w;
+                }
+            *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
+        }
     }
 }
 
@@ -481,14 +504,19 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     consumers_sync(); /* xs free */
     const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
     for (int i = ct * 4; i < hd; i += CONSUMERS * 4) {
-        const float4 a = ld_relaxed4(q + i);
-        float4 b, c;
+        float4 a = ld_relaxed4(q + i), b = {}, c = {};
         if (last) b = ld_relaxed4(k + i), c = ld_relaxed4(v + i);
-        *(float4 *)(qs + i) = ready4(q + i, a, P.q.flagged);
-        if (last) {
-            *(float4 *)(cur_k + i) = ready4(k + i, b, P.k.flagged);
-            *(float4 *)(cur_v + i) = ready4(v + i, c, P.v.flagged);
+        for (long long wait = 0;;) { /* in rounds, as staging polls */
+            const bool wa = P.q.flagged && any_empty(a), wb = last && P.k.flagged && any_empty(b),
+                       wc = last && P.v.flagged && any_empty(c);
+            if (!wa && !wb && !wc) break;
+            spin_check(wait);
+            if (wa) a = ld_relaxed4(q + i);
+            if (wb) b = ld_relaxed4(k + i);
+            if (wc) c = ld_relaxed4(v + i);
         }
+        *(float4 *)(qs + i) = a;
+        if (last) *(float4 *)(cur_k + i) = b, *(float4 *)(cur_v + i) = c;
     }
     consumers_sync();
     float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
