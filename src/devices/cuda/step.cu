@@ -80,6 +80,7 @@ struct step_mat {
 
 struct step_phase {
     int kind, units, base; /* unit u runs on block (u + base) % grid */
+    int next_gemv;        /* the next GEMV phase's index (n_phases: none) */
     /* PHASE_GEMV */
     int cols, dtype, n_mats, epi;
     step_src x;           /* the input; with a norm prologue, the rmsnorm's source */
@@ -109,6 +110,7 @@ struct step_program {
     const step_phase *phases;
     const step_copy *copies;
     int n_phases, n_copies;
+    int first_gemv;           /* the first GEMV phase's index (n_phases: none) */
     const int32_t *positions; /* [0]: the step's position */
     unsigned *done;           /* blocks finished, counted up from EMPTY (the arena's fill) */
     int stages;
@@ -235,12 +237,14 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
     for (int ph = 0; ph < prog.n_phases; ph++) {
         const step_phase &P = prog.phases[ph];
         one_by_one_until = P.kind == PHASE_GEMV ? it + prog.stages : it; /* a product's first ring */
-        for (int u = first_unit(P); u < P.units; u += gridDim.x) {
-            if (P.kind == PHASE_ATTENTION) {
+        const bool attention = P.kind == PHASE_ATTENTION;
+        for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
+            if (attention) {
                 int h, g, s, t0, t1;
                 item_range(P, u, pos, h, g, s, t0, t1);
                 const int per = kv_per_stage(P.head_dim), kv_dim = P.kv_heads * P.head_dim;
                 const int row_bytes = P.head_dim * 4, pieces = row_bytes / 16;
+                const char *k_cache = (const char *)P.k_cache, *v_cache = (const char *)P.v_cache;
                 for (int c0 = t0; c0 < t1; c0 += per) {
                     const int n = min(per, t1 - c0);
                     uint64_t *bar;
@@ -248,8 +252,8 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                     for (int i = lane; i < n * pieces; i += 32) {
                         const int p = i / pieces, piece = i % pieces * 16, at = p * row_bytes + piece;
                         const size_t from = ((size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim) * 4 + piece;
-                        copy16_async(slot + at, (const char *)P.k_cache + from);
-                        copy16_async(slot + per * row_bytes + at, (const char *)P.v_cache + from);
+                        copy16_async(slot + at, k_cache + from);
+                        copy16_async(slot + per * row_bytes + at, v_cache + from);
                     }
                     copies16_arrive(bar); /* (the barrier then also waits for this lane's copies) */
                     __syncwarp();
@@ -257,25 +261,21 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                 }
                 continue;
             }
+            /* the tile's rows once, before the waits for free stages (after each, the table would be read again) */
             int m, t;
             unit_tile(P, u, m, t);
             const int row_bytes = P.cols * (P.dtype == LLM_DTYPE_F32 ? 4 : 2);
+            int mm, n = 0; /* lane i < 8 copies row i of the tile */
+            const int mine = tile_row(P, m, t, lane, mm);
+            for (int i = 0; i < ROWS; i++) n += __shfl_sync(0xffffffffu, mine, i) >= 0;
+            const char *row = mine >= 0 ? (const char *)P.mats[mm].w + (size_t)mine * row_bytes : NULL;
             for (int off = 0; off < row_bytes; off += CHUNK) {
                 const uint32_t bytes = (uint32_t)min(CHUNK, row_bytes - off);
-                int mine = -1, mat = 0, n = 0; /* lane i < 8 copies row i of the tile */
-                for (int i = 0; i < ROWS; i++) {
-                    int mm;
-                    const int r = tile_row(P, m, t, i, mm);
-                    n += r >= 0;
-                    if (i == lane) mine = r, mat = mm;
-                }
                 uint64_t *bar;
                 char *slot = next_slot(bar);
                 if (lane == 0) mbar_expect_tx(bar, bytes * n);
                 __syncwarp();
-                if (mine >= 0)
-                    bulk_copy(slot + lane * CHUNK, (const char *)P.mats[mat].w + (size_t)mine * row_bytes + off, bytes,
-                              bar);
+                if (row) bulk_copy(slot + lane * CHUNK, row + off, bytes, bar);
             }
         }
     }
@@ -292,14 +292,16 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
 __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 {
     constexpr int BATCH = 8; /* up to 8192 columns in one round trip */
+    const float *p = x.p; /* (x lives in the table, read again after every poll if not held here) */
+    const bool flagged = x.flagged;
     for (int i0 = ct * 4; i0 < cols; i0 += CONSUMERS * 4 * BATCH) {
         float4 v[BATCH];
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
             const int i = i0 + b * CONSUMERS * 4;
-            v[b] = i < cols ? ld_relaxed4(x.p + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[b] = i < cols ? ld_relaxed4(p + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        for (long long t0 = 0; x.flagged;) {
+        for (long long t0 = 0; flagged;) {
             bool waiting = false;
 #pragma unroll
             for (int b = 0; b < BATCH; b++) waiting |= any_empty(v[b]);
@@ -307,7 +309,7 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
             spin_check(t0);
 #pragma unroll
             for (int b = 0; b < BATCH; b++)
-                if (any_empty(v[b])) v[b] = ld_relaxed4(x.p + i0 + b * CONSUMERS * 4);
+                if (any_empty(v[b])) v[b] = ld_relaxed4(p + i0 + b * CONSUMERS * 4);
         }
 #pragma unroll
         for (int b = 0; b < BATCH; b++) {
@@ -323,7 +325,9 @@ __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 {
     constexpr int GROUPS = 2; /* 2,048 columns (32 heads of 64) in one round */
     const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
-    auto record = [&](int s, int c) { return x.p + ((size_t)s * H + c / hd) * stride; };
+    const float *p = x.p;
+    const bool flagged = x.flagged;
+    auto record = [&](int s, int c) { return p + ((size_t)s * H + c / hd) * stride; };
     for (int c0 = ct * 4; c0 < cols; c0 += CONSUMERS * 4 * GROUPS) {
         float2 ml[GROUPS][MAX_SPLITS] = {}; /* (0s where there is no split or column: never polled) */
         float4 o[GROUPS][MAX_SPLITS] = {};
@@ -337,7 +341,7 @@ __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 #pragma unroll
             for (int s = 0; s < MAX_SPLITS; s++)
                 if (s < S && c0 + k * CONSUMERS * 4 < cols) load(k, s, true);
-        for (long long t0 = 0; x.flagged;) {
+        for (long long t0 = 0; flagged;) {
             bool waiting = false;
 #pragma unroll
             for (int k = 0; k < GROUPS; k++)
@@ -434,14 +438,15 @@ template <typename WT>
 __device__ void consume_tiles(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
                               uint64_t *empty, const float *xs, tile_sums &sums, int &it, int &tile_it, int ct)
 {
-    const int warp = ct >> 5, lane = ct & 31, row_bytes = P.cols * (int)sizeof(WT);
-    for (int u = first_unit(P); u < P.units; u += gridDim.x) {
+    /* the phase's fields in registers: after each wait for a stage the table would be read again */
+    const int warp = ct >> 5, lane = ct & 31, cols = P.cols, row_bytes = cols * (int)sizeof(WT);
+    for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         float acc[ROWS] = {};
         for (int off = 0; off < row_bytes; off += CHUNK, it++) {
             const int slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
             const int col = (off + ct * 16) / (int)sizeof(WT);
-            if (col < P.cols) {
+            if (col < cols) {
                 const char *stage = ring + (size_t)slot * STAGE + ct * 16;
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(*(const uint4 *)(stage + r * CHUNK), xs + col);
@@ -503,12 +508,13 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     float *qs = xs, *cur_k = qs + hd, *cur_v = cur_k + hd, *merge = cur_v + hd;
     consumers_sync(); /* xs free */
     const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
+    const bool q_flagged = P.q.flagged, k_flagged = last && P.k.flagged, v_flagged = last && P.v.flagged;
+    float *rec = P.partials + ((size_t)s * P.heads + h) * (hd + 4); /* (the table read once, before the waits) */
     for (int i = ct * 4; i < hd; i += CONSUMERS * 4) {
         float4 a = ld_relaxed4(q + i), b = {}, c = {};
         if (last) b = ld_relaxed4(k + i), c = ld_relaxed4(v + i);
         for (long long wait = 0;;) { /* in rounds, as staging polls */
-            const bool wa = P.q.flagged && any_empty(a), wb = last && P.k.flagged && any_empty(b),
-                       wc = last && P.v.flagged && any_empty(c);
+            const bool wa = q_flagged && any_empty(a), wb = k_flagged && any_empty(b), wc = v_flagged && any_empty(c);
             if (!wa && !wb && !wc) break;
             spin_check(wait);
             if (wa) a = ld_relaxed4(q + i);
@@ -550,7 +556,6 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
             if (lane + 32 * k < hd) acc[k] = acc[k] * a1 + other[2 + lane + 32 * k] * a2;
         m = M;
     }
-    float *rec = P.partials + ((size_t)s * P.heads + h) * (hd + 4);
 #pragma unroll
     for (int k = 0; k < MAX_DIMS; k++)
         if (lane + 32 * k < hd) rec[4 + lane + 32 * k] = acc[k];
@@ -604,36 +609,82 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
 }
 
 /* The signaller's tiles in order, across phases: the next one's epilogue inputs are loaded while this one's sums are
- * awaited and written, so no round trip to memory sits between two tiles. */
+ * awaited and written, so no round trip to memory sits between two tiles.
+ *
+ * Its phases' fields come from shared memory: tab[0] and tab[1] hold the phase of the tile being finished and of the
+ * next one, and the GEMV phase after that is loaded into registers as soon as the next one is entered, long before it
+ * is needed. Read from the table in global memory, the fields cost the signaller about a microsecond a tile under the
+ * stream's load, more than the consumers take for one, so gate/up ended 4-5 us after its last dots (docs/cuda-notes.md,
+ * version 62). */
+constexpr int PHASE_WORDS = sizeof(step_phase) / 8;
+static_assert(sizeof(step_phase) % 8 == 0 && PHASE_WORDS <= 64, "a phase is two 8-byte words a lane");
+
 struct tile_cursor {
-    int ph, u;
+    int ph, u, slot; /* the phase (n_phases: done), the unit, the tab slot holding the phase */
 };
 
-__device__ __forceinline__ void next_tile(const step_program &prog, tile_cursor &c, bool first)
+struct phase_prefetch {
+    int ph = -1;
+    uint2 w[2];
+};
+
+__device__ __forceinline__ void prefetch_phase(const step_program &prog, phase_prefetch &pre, int ph, int lane)
 {
-    if (!first) c.u += gridDim.x;
-    while (c.ph < prog.n_phases) {
-        const step_phase &P = prog.phases[c.ph];
-        if (first && P.kind == PHASE_GEMV) c.u = first_unit(P);
-        if (P.kind == PHASE_GEMV && c.u < P.units) return;
-        c.ph++, first = true;
-    }
+    pre.ph = ph;
+    if (ph >= prog.n_phases) return;
+    const uint2 *from = (const uint2 *)(prog.phases + ph);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (lane + 32 * k < PHASE_WORDS) pre.w[k] = from[lane + 32 * k];
 }
 
-__device__ void signal(const step_program &prog, tile_sums &sums, int pos)
+/* Phase ph into tab[slot] (from the prefetch when it holds ph), then the GEMV phase after it prefetched. */
+__device__ __forceinline__ void enter_phase(const step_program &prog, step_phase *tab, int slot, int ph,
+                                            phase_prefetch &pre, int lane)
+{
+    uint2 *to = (uint2 *)(tab + slot);
+    const uint2 *from = (const uint2 *)(prog.phases + ph);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (lane + 32 * k < PHASE_WORDS) to[lane + 32 * k] = pre.ph == ph ? pre.w[k] : from[lane + 32 * k];
+    __syncwarp();
+    prefetch_phase(prog, pre, tab[slot].next_gemv, lane);
+}
+
+/* The block's next tile after c (first: its first tile of all). A new phase goes to the slot c's phase is not in. */
+__device__ __forceinline__ void next_tile(const step_program &prog, step_phase *tab, phase_prefetch &pre,
+                                          tile_cursor &c, bool first, int lane)
+{
+    int ph = prog.first_gemv;
+    if (!first) {
+        c.u += gridDim.x;
+        if (c.u < tab[c.slot].units) return;
+        ph = tab[c.slot].next_gemv;
+    }
+    const int slot = first ? 0 : c.slot ^ 1;
+    for (; ph < prog.n_phases; ph = tab[slot].next_gemv) {
+        enter_phase(prog, tab, slot, ph, pre, lane);
+        c.ph = ph, c.slot = slot, c.u = first_unit(tab[slot]);
+        if (c.u < tab[slot].units) return;
+    }
+    c.ph = prog.n_phases;
+}
+
+__device__ void signal(const step_program &prog, tile_sums &sums, step_phase *tab, int pos)
 {
     const int lane = threadIdx.x & 31;
-    tile_cursor cur = {0, 0};
-    next_tile(prog, cur, true);
+    phase_prefetch pre;
+    tile_cursor cur = {prog.n_phases, 0, 0};
+    next_tile(prog, tab, pre, cur, true, lane);
     tile_epi e = {};
-    if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane);
+    if (cur.ph < prog.n_phases) e = epilogue_inputs(tab[cur.slot], cur.u, lane);
     for (int tile_it = 0; cur.ph < prog.n_phases; tile_it++) {
         const tile_cursor now = cur;
         const tile_epi e_now = e;
-        next_tile(prog, cur, false);
-        if (cur.ph < prog.n_phases) e = epilogue_inputs(prog.phases[cur.ph], cur.u, lane);
+        next_tile(prog, tab, pre, cur, false, lane);
+        if (cur.ph < prog.n_phases) e = epilogue_inputs(tab[cur.slot], cur.u, lane);
         const float sum = sums.take(tile_it, lane);
-        finish_tile(prog.phases[now.ph], e_now, lane, sum, pos);
+        finish_tile(tab[now.slot], e_now, lane, sum, pos);
         if (prog.trace && lane == 0 && (cur.ph != now.ph)) trace_mark(prog, now.ph, 2);
     }
 }
@@ -645,6 +696,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __shared__ tile_sums sums;
     __shared__ float red[WARPS];
     __shared__ int last_block;
+    __shared__ __align__(16) step_phase signal_tab[2];
     float *xs = (float *)(ring + (size_t)prog.stages * STAGE);
     const int tid = threadIdx.x, pos = prog.positions[0];
     if (tid == 0) {
@@ -657,7 +709,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     if (tid < 32) {
         produce(prog, ring, full, empty, pos);
     } else if (tid >= 32 + CONSUMERS) {
-        signal(prog, sums, pos);
+        signal(prog, sums, signal_tab, pos);
     } else {
         const int ct = tid - 32;
         int it = 0, tile_it = 0;
@@ -781,7 +833,7 @@ struct plan {
     int n, n_copies;
     compiler c;
     const int32_t *positions;
-    int xs_floats, stages;
+    int xs_floats, stages, first_gemv;
     size_t arena_floats, vec_bytes;
 };
 
@@ -882,6 +934,11 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
         pl.phases[i].base = units_before; /* each phase's units dealt on from where the one before left off */
         units_before = (units_before + pl.phases[i].units) % llm_cuda.sm_count;
     }
+    for (int i = pl.n - 1, next = pl.n; i >= 0; i--) {
+        pl.phases[i].next_gemv = next;
+        if (pl.phases[i].kind == PHASE_GEMV) next = i;
+        pl.first_gemv = next;
+    }
     pl.arena_floats = 4; /* [0]: the blocks' done counter */
     for (int v = 0; v < pl.c.n_vers; v++) {
         version &V = pl.c.vers[v];
@@ -898,7 +955,9 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
     }
     pl.xs_floats = (pl.xs_floats + 3) / 4 * 4;
     pl.vec_bytes = (size_t)pl.xs_floats * sizeof(float);
-    const size_t static_smem = 2048; /* the kernel's own __shared__ arrays (1,280 bytes), with headroom */
+    /* the kernel's own __shared__ arrays (2,176 bytes), with headroom; 3,072 still leaves Llama-3.2-1B (8,192-column
+     * input) its six stages */
+    const size_t static_smem = 3072;
     pl.stages = llm_cuda.smem_optin > pl.vec_bytes + static_smem
                     ? (int)((llm_cuda.smem_optin - static_smem - pl.vec_bytes) / STAGE)
                     : 0;
@@ -1001,7 +1060,7 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
     float *arena = (float *)(base + head);
     step_program prog = {};
     prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + phase_bytes);
-    prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions;
+    prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.done = (unsigned *)arena, prog.stages = pl.stages;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step") ||
         !LLM_CUDA_CHECK("decode step",
