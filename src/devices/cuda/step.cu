@@ -511,18 +511,9 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     const bool q_flagged = P.q.flagged, k_flagged = last && P.k.flagged, v_flagged = last && P.v.flagged;
     float *rec = P.partials + ((size_t)s * P.heads + h) * (hd + 4); /* (the table read once, before the waits) */
     for (int i = ct * 4; i < hd; i += CONSUMERS * 4) {
-        float4 a = ld_relaxed4(q + i), b = {}, c = {};
-        if (last) b = ld_relaxed4(k + i), c = ld_relaxed4(v + i);
-        for (long long wait = 0;;) { /* in rounds, as staging polls */
-            const bool wa = q_flagged && any_empty(a), wb = k_flagged && any_empty(b), wc = v_flagged && any_empty(c);
-            if (!wa && !wb && !wc) break;
-            spin_check(wait);
-            if (wa) a = ld_relaxed4(q + i);
-            if (wb) b = ld_relaxed4(k + i);
-            if (wc) c = ld_relaxed4(v + i);
-        }
+        float4 a = ld_relaxed4(q + i);
+        for (long long wait = 0; q_flagged && any_empty(a);) spin_check(wait), a = ld_relaxed4(q + i);
         *(float4 *)(qs + i) = a;
-        if (last) *(float4 *)(cur_k + i) = b, *(float4 *)(cur_v + i) = c;
     }
     consumers_sync();
     float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
@@ -536,7 +527,24 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
     }
-    if (last && run % WARPS == warp) warp_positions(qs, cur_k, cur_v, 1, hd, m, l, acc, lane);
+    /* This token's own k and v (the last split's) are polled for only now, by the warp that takes them: they are
+     * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
+     * (docs/cuda-notes.md, version 63). */
+    if (last && run % WARPS == warp) {
+        for (int i = lane * 4; i < hd; i += 32 * 4) {
+            float4 b = ld_relaxed4(k + i), c = ld_relaxed4(v + i);
+            for (long long wait = 0;;) { /* in rounds, as staging polls */
+                const bool wb = k_flagged && any_empty(b), wc = v_flagged && any_empty(c);
+                if (!wb && !wc) break;
+                spin_check(wait);
+                if (wb) b = ld_relaxed4(k + i);
+                if (wc) c = ld_relaxed4(v + i);
+            }
+            *(float4 *)(cur_k + i) = b, *(float4 *)(cur_v + i) = c;
+        }
+        __syncwarp();
+        warp_positions(qs, cur_k, cur_v, 1, hd, m, l, acc, lane);
+    }
     /* the warps' (m, l, acc) through shared memory to warp 0 */
     float *mine = merge + warp * (hd + 2);
 #pragma unroll
