@@ -1,4 +1,4 @@
-/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, versions 58-60).
+/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, versions 58-63).
  *
  * Why: batch-1 decode streams every weight once per token, and with one kernel per fused op (five a layer) each
  * kernel's first blocks wait for the last blocks of the one before, so the memory idles at every edge
