@@ -82,11 +82,18 @@ typedef unsigned long long llm_cuda_tl;
 enum { LLM_CUDA_TL_START, LLM_CUDA_TL_WAITED, LLM_CUDA_TL_END, LLM_CUDA_TL_FIELDS = 6 };
 llm_cuda_tl *llm_cuda_tl_record(const char *what, int cols);
 
+/* The GPU's global timer, ns (one clock for every SM, unlike clock64). */
+__device__ __forceinline__ unsigned long long llm_cuda_now_ns()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ void llm_cuda_tl_mark(llm_cuda_tl *rec, int field)
 {
     if (!rec || threadIdx.x) return;
-    llm_cuda_tl t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const llm_cuda_tl t = llm_cuda_now_ns();
     atomicMax(rec + field, ~t);
     atomicMax(rec + 3 + field, t);
 }

@@ -120,9 +120,7 @@ struct step_program {
 
 __device__ __forceinline__ void trace_mark(const step_program &prog, int phase, int field)
 {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    prog.trace[((size_t)phase * gridDim.x + blockIdx.x) * 3 + field] = t;
+    prog.trace[((size_t)phase * gridDim.x + blockIdx.x) * 3 + field] = llm_cuda_now_ns();
 }
 
 __device__ __forceinline__ void consumers_sync() { named_sync<1, CONSUMERS>(); }
@@ -236,8 +234,8 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
         const step_phase &P = prog.phases[ph];
-        one_by_one_until = P.kind == PHASE_GEMV ? it + prog.stages : it; /* a product's first ring */
         const bool attention = P.kind == PHASE_ATTENTION;
+        one_by_one_until = attention ? it : it + prog.stages; /* a product's first ring */
         for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
             if (attention) {
                 int h, g, s, t0, t1;
@@ -288,7 +286,9 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
  * Staging polls in rounds: each round reloads every value of the thread still EMPTY, those loads in flight together.
  * A consumer starts staging before most of its input is written, so its first loads mostly come back EMPTY; polled
  * one value after another, each would then cost a round trip of its own after the last write (the o product's edge
- * 5.0 -> 4.4 us, attention 7.2 -> 6.3; docs/cuda-notes.md, version 61). */
+ * 5.0 -> 4.4 us, attention 7.2 -> 6.3; docs/cuda-notes.md, version 61). stage_partials and consume_item poll the
+ * same way in loops of their own: one template for all of them measured 7 % slower (docs/cuda-notes.md, the
+ * thirteenth pass's review). */
 __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 {
     constexpr int BATCH = 8; /* up to 8192 columns in one round trip */
@@ -942,10 +942,10 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
         pl.phases[i].base = units_before; /* each phase's units dealt on from where the one before left off */
         units_before = (units_before + pl.phases[i].units) % llm_cuda.sm_count;
     }
-    for (int i = pl.n - 1, next = pl.n; i >= 0; i--) {
-        pl.phases[i].next_gemv = next;
-        if (pl.phases[i].kind == PHASE_GEMV) next = i;
-        pl.first_gemv = next;
+    pl.first_gemv = pl.n;
+    for (int i = pl.n - 1; i >= 0; i--) {
+        pl.phases[i].next_gemv = pl.first_gemv;
+        if (pl.phases[i].kind == PHASE_GEMV) pl.first_gemv = i;
     }
     pl.arena_floats = 4; /* [0]: the blocks' done counter */
     for (int v = 0; v < pl.c.n_vers; v++) {
