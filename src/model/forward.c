@@ -31,6 +31,13 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     size_t n_logits = all_logits ? B : 1, vocab = (size_t)c->vocab_size;
     size_t cache = (size_t)c->num_hidden_layers * (size_t)ctx * kv_dim;
+    size_t logit_bytes = n_logits * vocab * sizeof(float);
+    /* One position's logits, where the device's ops can write host memory in place: no download after each step
+     * (for a batch of them, all_logits, the device's own memory and one download are faster). */
+    if (!all_logits && dev->shared_alloc && (s->host_logits = dev->shared_alloc(logit_bytes)) != NULL) {
+        s->logits = s->host_logits;
+        s->logits_shared = s->logits_pinned = true;
+    }
     struct { void **buf; size_t bytes; } bufs[] = {
         {(void **)&s->x, B * hidden * sizeof(float)},     {(void **)&s->xb, B * hidden * sizeof(float)},
         {(void **)&s->q, B * q_dim * sizeof(float)},      {(void **)&s->att, B * q_dim * sizeof(float)},
@@ -38,9 +45,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->gate, B * inter * sizeof(float)},   {(void **)&s->up, B * inter * sizeof(float)},
         {(void **)&s->logits, n_logits * vocab * sizeof(float)},
         {(void **)&s->key_cache, cache * sizeof(float)},  {(void **)&s->value_cache, cache * sizeof(float)},
-        {(void **)&s->tokens, B * sizeof(int32_t)},       {(void **)&s->positions, B * sizeof(int32_t)},
+        {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        if (*bufs[i].buf) continue; /* the shared logits */
         *bufs[i].buf = dev->alloc(bufs[i].bytes);
         if (!*bufs[i].buf) {
             char why[256] = "";
@@ -53,13 +61,15 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         s->device_bytes += bufs[i].bytes;
     }
     s->kv_bytes = 2 * cache * sizeof(float);
-    size_t logit_bytes = n_logits * vocab * sizeof(float);
-    s->host_logits = dev->host_alloc ? dev->host_alloc(logit_bytes) : NULL; /* downloaded into every step */
-    s->logits_pinned = s->host_logits != NULL;
-    if (!s->host_logits) s->host_logits = malloc(logit_bytes);
-    s->host_positions = malloc(B * sizeof(int32_t));
-    if (!s->host_logits || !s->host_positions) {
-        snprintf(err, err_len, "out of memory for the logits (%zu x %zu)", n_logits, vocab);
+    if (!s->host_logits) { /* downloaded into after every step */
+        s->host_logits = dev->host_alloc ? dev->host_alloc(logit_bytes) : NULL;
+        s->logits_pinned = s->host_logits != NULL;
+        if (!s->host_logits) s->host_logits = malloc(logit_bytes);
+    }
+    s->host_step_ids = malloc(2 * B * sizeof(int32_t)); /* (pageable: the driver sends a few bytes inline, faster
+                                                          than a DMA from page-locked memory) */
+    if (!s->host_logits || !s->host_step_ids) {
+        snprintf(err, err_len, "out of host memory for the logits (%zu x %zu)", n_logits, vocab);
         llm_state_free(s, m);
         return -1;
     }
@@ -70,14 +80,14 @@ void llm_state_free(llm_state *s, const llm_model *m)
 {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->gate, s->up, s->logits, s->key_cache, s->value_cache,
-                    s->tokens, s->positions};
+                    s->step_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (bufs[i]) m->rt.dev->free(bufs[i]);
+        if (bufs[i] && !(s->logits_shared && bufs[i] == s->logits)) m->rt.dev->free(bufs[i]);
     if (s->logits_pinned)
         m->rt.dev->host_free(s->host_logits);
     else
         free(s->host_logits);
-    free(s->host_positions);
+    free(s->host_step_ids);
     memset(s, 0, sizeof *s);
 }
 
@@ -101,10 +111,12 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             snprintf(err, err_len, "token id %d is outside the vocabulary (%d)", tokens[i], c->vocab_size);
             return -1;
         }
-        s->host_positions[i] = pos + i;
+        s->host_step_ids[i] = tokens[i];
+        s->host_step_ids[n + i] = pos + i;
     }
-    if (dev->upload(s->tokens, tokens, (size_t)n * sizeof(int32_t)) != 0 ||
-        dev->upload(s->positions, s->host_positions, (size_t)n * sizeof(int32_t)) != 0) {
+    /* One upload for both (each transfer costs the step its latency): the tokens, then their positions. */
+    int32_t *step_tokens = s->step_ids, *positions = s->step_ids + n;
+    if (dev->upload(s->step_ids, s->host_step_ids, 2 * (size_t)n * sizeof(int32_t)) != 0) {
         if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot upload the step's tokens", dev->name);
         return -1;
     }
@@ -121,7 +133,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     bool recordable = dev->step_begin && dev->step_end && !m->trace;
     bool replay = recordable && dev->step_begin(n);
     if (!replay) {
-        op->embed(s->x, &m->embed_tokens, s->tokens, n);
+        op->embed(s->x, &m->embed_tokens, step_tokens, n);
         trace(m, "embed", -1, s->x, xs);
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -138,9 +150,9 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             trace(m, "q", l, s->q, (size_t)n * heads * hd);
             trace(m, "k", l, s->k, (size_t)n * kv_dim);
             trace(m, "v", l, s->v, (size_t)n * kv_dim);
-            op->rope(s->q, s->k, s->positions, m->inv_freq, n, heads, kv_heads, hd);
+            op->rope(s->q, s->k, positions, m->inv_freq, n, heads, kv_heads, hd);
             trace(m, "q_rope", l, s->q, (size_t)n * heads * hd);
-            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, s->positions, n, heads, kv_heads, hd, s->ctx);
+            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx);
             trace(m, "attention", l, s->att, (size_t)n * heads * hd);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
             trace(m, "attn_out", l, s->xb, xs);
@@ -167,8 +179,8 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     if (recordable) dev->step_end();
 
     size_t logit_bytes = (size_t)n_out * c->vocab_size * sizeof(float);
-    if (dev->download(s->host_logits, s->logits, logit_bytes) != 0 || dev->sync() != 0 ||
-        dev->status(err, err_len) != 0) {
+    int failed = s->logits_shared ? 0 : dev->download(s->host_logits, s->logits, logit_bytes);
+    if (failed || dev->sync() != 0 || dev->status(err, err_len) != 0) {
         if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot download the logits", dev->name);
         return -1;
     }

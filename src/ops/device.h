@@ -75,6 +75,9 @@ typedef struct llm_device {
      * (the logits). NULL, or host_alloc returning NULL: plain malloc serves. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *p);
+    /* Optional: host memory the device's ops can also write as a buffer of theirs (mapped into its address space),
+     * freed by host_free: one position's logits there need no download after each step. NULL: not provided. */
+    void *(*shared_alloc)(size_t bytes);
 } llm_device;
 
 #endif

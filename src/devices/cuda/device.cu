@@ -821,6 +821,24 @@ static void *cuda_host_alloc(size_t bytes)
     return p;
 }
 
+/* Page-locked host memory the kernels write directly (over PCIe, as the head's rows are done): a step's logits need
+ * no download, which cost ~18 us of a TinyLlama step's ~1 ms (docs/cuda-notes.md, version 65). With unified
+ * addressing the device sees it at the host's address; anything else is refused (NULL: the caller downloads). */
+static void *cuda_shared_alloc(size_t bytes)
+{
+    void *p = NULL, *on_device = NULL;
+    if (!g.initialized || cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (cudaHostGetDevicePointer(&on_device, p, 0) != cudaSuccess || on_device != p) {
+        cudaGetLastError();
+        cudaFreeHost(p);
+        return NULL;
+    }
+    return p;
+}
+
 static void cuda_host_free(void *p)
 {
     if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
@@ -1412,4 +1430,5 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_step_end,
     cuda_host_alloc,
     cuda_host_free,
+    cuda_shared_alloc,
 };
