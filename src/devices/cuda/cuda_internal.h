@@ -46,6 +46,7 @@ bool llm_cuda_ok(cudaError_t e, const char *op);
 enum {
     LLM_CUDA_SCRATCH_SPLIT,
     LLM_CUDA_SCRATCH_STEP, /* step.cu: the persistent step's table and arena */
+    LLM_CUDA_SCRATCH_LOGITS, /* a GEMV's rows on their way to shared host memory (device.cu) */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
 };

@@ -86,6 +86,7 @@ static struct {
     /* accounting */
     size_t allocated;
     struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];
+    struct { void *p; size_t bytes; } shared[4]; /* cuda_shared_alloc's buffers (host memory the kernels write) */
     /* graphs */
     graph_slot graphs[GRAPH_SLOTS];
     int next_evict;
@@ -821,13 +822,16 @@ static void *cuda_host_alloc(size_t bytes)
     return p;
 }
 
-/* Page-locked host memory the kernels write directly (over PCIe, as the head's rows are done): a step's logits need
- * no download, which cost ~18 us of a TinyLlama step's ~1 ms (docs/cuda-notes.md, version 65). With unified
- * addressing the device sees it at the host's address; anything else is refused (NULL: the caller downloads). */
+/* Page-locked host memory the kernels write directly: the persistent step's head writes a step's logits there over
+ * PCIe as its rows are done, so they need no download, which cost ~18 us of a TinyLlama step's ~1 ms
+ * (docs/cuda-notes.md, version 65; launch_gemv says why the GEMV kernel does not). With unified addressing the
+ * device sees it at the host's address; anything else is refused (NULL: the caller downloads). */
 static void *cuda_shared_alloc(size_t bytes)
 {
+    int slot = 0;
+    while (slot < 4 && g.shared[slot].p) slot++;
     void *p = NULL, *on_device = NULL;
-    if (!g.initialized || cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
+    if (!g.initialized || slot == 4 || cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
@@ -836,11 +840,21 @@ static void *cuda_shared_alloc(size_t bytes)
         cudaFreeHost(p);
         return NULL;
     }
+    g.shared[slot].p = p, g.shared[slot].bytes = bytes;
     return p;
+}
+
+static bool in_shared(const void *p)
+{
+    for (int i = 0; i < 4; i++)
+        if (g.shared[i].p && (uintptr_t)p - (uintptr_t)g.shared[i].p < g.shared[i].bytes) return true;
+    return false;
 }
 
 static void cuda_host_free(void *p)
 {
+    for (int i = 0; i < 4; i++)
+        if (p && g.shared[i].p == p) g.shared[i].p = NULL, g.shared[i].bytes = 0;
     if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
 }
 
@@ -1062,6 +1076,25 @@ static bool op_usable(void) { return g.initialized && !g.failed; }
  * measures the kernel-per-op step). */
 static bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs; }
 
+/* A GEMV launched on its own. One whose rows go to shared host memory (the logits) writes a scratch buffer, and the
+ * copy engine moves it: the GEMV's epilogue writes its rows one 4-byte store at a time, in pairs far apart, which over
+ * PCIe cost Llama-3.2-1B's kernel-per-op step ~55 us (docs/cuda-notes.md, version 65). */
+static void launch_gemv(llm_cuda_gemv *job, const char *name)
+{
+    float *host = job->n_mats == 1 && in_shared(job->mats[0].out) ? job->mats[0].out : NULL;
+    if (!host) {
+        llm_cuda_gemv_launch(job, name);
+        return;
+    }
+    size_t bytes = (size_t)job->mats[0].rows * sizeof(float);
+    float *rows = (float *)llm_cuda_scratch(LLM_CUDA_SCRATCH_LOGITS, bytes, name);
+    if (!rows) return;
+    llm_cuda_gemv staged = *job;
+    staged.mats[0].out = rows;
+    llm_cuda_gemv_launch(&staged, name);
+    LLM_CUDA_CHECK(name, cudaMemcpyAsync(host, rows, bytes, cudaMemcpyDeviceToHost, llm_cuda.stream));
+}
+
 /* Launch what is recorded: as one persistent kernel when step.cu takes it (two ops or more: one alone runs as
  * fast on its own kernel, and the profiler times ops one by one), else each op as it would have launched. */
 static void issue_program(void)
@@ -1083,7 +1116,7 @@ static void issue_program(void)
     for (int i = 0; i < n; i++) {
         llm_cuda_step_op *o = &g.prog[i];
         if (o->kind == LLM_CUDA_STEP_GEMV)
-            llm_cuda_gemv_launch(&o->gemv, o->name);
+            launch_gemv(&o->gemv, o->name);
         else
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
                                o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, o->stored);
@@ -1144,7 +1177,7 @@ static void retire_pending(void)
         record_op(LLM_CUDA_STEP_GEMV, name)->gemv = job;
         return;
     }
-    llm_cuda_gemv_launch(&job, name);
+    launch_gemv(&job, name);
     after_op(name);
 }
 
