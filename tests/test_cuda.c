@@ -424,6 +424,8 @@ static float *decode_run_with(const char *fixture, const char *device, const cha
     assert_int_equal(rc, 0);
     llm_state s;
     assert_int_equal(llm_state_init(&s, &m, 0, 0, false, err, sizeof err), 0);
+    /* one position's logits: cuda's kernels write them to host memory in place (nothing downloaded) */
+    if (strcmp(device, "cuda") == 0) assert_true(s.logits_shared);
     *vocab = m.config.vocab_size;
     float *all = malloc((size_t)(1 + DECODE_STEPS) * *vocab * sizeof *all);
     assert_non_null(all);
