@@ -24,6 +24,7 @@
 llm_cuda_ctx llm_cuda;
 
 #define GRAPH_SLOTS 8
+#define SHARED_MAX 4 /* cuda_shared_alloc's buffers at once (one a run state) */
 #define PROG_MAX 1024 /* recorded ops of a persistent step (5 a layer and the head: 200 layers) */
 #define CUBLAS_WORKSPACE ((size_t)32 << 20)
 
@@ -86,7 +87,7 @@ static struct {
     /* accounting */
     size_t allocated;
     struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];
-    struct { void *p; size_t bytes; } shared[4]; /* cuda_shared_alloc's buffers (host memory the kernels write) */
+    struct { void *p; size_t bytes; } shared[SHARED_MAX]; /* cuda_shared_alloc's (host memory the kernels write) */
     /* graphs */
     graph_slot graphs[GRAPH_SLOTS];
     int next_evict;
@@ -829,9 +830,9 @@ static void *cuda_host_alloc(size_t bytes)
 static void *cuda_shared_alloc(size_t bytes)
 {
     int slot = 0;
-    while (slot < 4 && g.shared[slot].p) slot++;
+    while (slot < SHARED_MAX && g.shared[slot].p) slot++;
     void *p = NULL, *on_device = NULL;
-    if (!g.initialized || slot == 4 || cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
+    if (!g.initialized || slot == SHARED_MAX || cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
@@ -846,14 +847,14 @@ static void *cuda_shared_alloc(size_t bytes)
 
 static bool in_shared(const void *p)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < SHARED_MAX; i++)
         if (g.shared[i].p && (uintptr_t)p - (uintptr_t)g.shared[i].p < g.shared[i].bytes) return true;
     return false;
 }
 
 static void cuda_host_free(void *p)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < SHARED_MAX; i++)
         if (p && g.shared[i].p == p) g.shared[i].p = NULL, g.shared[i].bytes = 0;
     if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
 }
