@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "ops/ref.h"
 #include "support/fixture_util.h"
+#include "support/st_writer.h"
 
 static const llm_device *dev;
 
@@ -403,20 +404,18 @@ static void test_fused_layer(void **state)
 
 #define DECODE_STEPS 64
 
-/* Logits after the fixture's prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab); with
- * persisted, also how many persistent steps the device launched (its description says). */
-static float *decode_run_with(const char *fixture, const char *device, const char *graphs, const char *fuse,
-                              const char *persist, int *vocab, size_t *persisted)
+/* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
+ * dir; with persisted, also how many persistent steps the device launched (its description says). */
+static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, const char *device, const char *graphs,
+                         const char *fuse, const char *persist, int *vocab, size_t *persisted)
 {
-    fixture_expected ex;
-    fixture_load_expected(&ex, fixture);
     setenv("LLM_CUDA_GRAPHS", graphs, 1);
     setenv("LLM_CUDA_FUSE", fuse, 1);
     setenv("LLM_CUDA_PERSIST", persist, 1);
     llm_model m;
     llm_load_options lo = {.device = device};
     char err[1024] = "";
-    int rc = llm_model_load(&m, ex.dir, &lo, err, sizeof err);
+    int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
     unsetenv("LLM_CUDA_GRAPHS");
     unsetenv("LLM_CUDA_FUSE");
     unsetenv("LLM_CUDA_PERSIST");
@@ -430,11 +429,11 @@ static float *decode_run_with(const char *fixture, const char *device, const cha
     float *all = malloc((size_t)(1 + DECODE_STEPS) * *vocab * sizeof *all);
     assert_non_null(all);
     const float *logits = NULL;
-    assert_int_equal(llm_forward(&m, &s, ex.tokens, ex.n_prompt, 0, &logits, err, sizeof err), 0);
+    assert_int_equal(llm_forward(&m, &s, prompt, n_prompt, 0, &logits, err, sizeof err), 0);
     memcpy(all, logits, (size_t)*vocab * sizeof *all);
     for (int i = 0; i < DECODE_STEPS; i++) {
         int32_t token = (int32_t)((i * 131 + 7) % *vocab);
-        rc = llm_forward(&m, &s, &token, 1, ex.n_prompt + i, &logits, err, sizeof err);
+        rc = llm_forward(&m, &s, &token, 1, n_prompt + i, &logits, err, sizeof err);
         if (rc) print_error("step %d: %s\n", i, err);
         assert_int_equal(rc, 0);
         memcpy(all + (size_t)(1 + i) * *vocab, logits, (size_t)*vocab * sizeof *all);
@@ -448,6 +447,15 @@ static float *decode_run_with(const char *fixture, const char *device, const cha
     }
     llm_state_free(&s, &m);
     llm_model_free(&m);
+    return all;
+}
+
+static float *decode_run_with(const char *fixture, const char *device, const char *graphs, const char *fuse,
+                              const char *persist, int *vocab, size_t *persisted)
+{
+    fixture_expected ex;
+    fixture_load_expected(&ex, fixture);
+    float *all = decode_dir(ex.dir, ex.tokens, ex.n_prompt, device, graphs, fuse, persist, vocab, persisted);
     fixture_free_expected(&ex);
     return all;
 }
@@ -522,6 +530,84 @@ static void test_persistent_step(void **state)
         }
         free(kernels), free(cpu);
     }
+}
+
+/* A bf16 tensor of n random values in [-scale, scale) (+ offset), as safetensors data. */
+static uint16_t *random_bf16(size_t n, float scale, float offset)
+{
+    uint16_t *h = malloc(n * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) {
+        const float f = offset + scale * uniform();
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h[i] = (uint16_t)(u >> 16);
+    }
+    return h;
+}
+
+/* A norm over more than the 4,096 columns whose weights the persistent step holds in registers through its wait
+ * (the rest are read after it): a one-layer model of hidden size 4,352, against the kernel-per-op step and cpu. */
+static void test_persistent_wide_norm(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    dev->release();
+    enum { HIDDEN = 4352, HEADS = 4, KV_HEADS = 2, HEAD_DIM = 32, INTER = 64, VOCAB = 64 };
+    const size_t q_rows = HEADS * HEAD_DIM, kv_rows = KV_HEADS * HEAD_DIM;
+    struct {
+        const char *name, *shape;
+        size_t n;
+        float scale, offset;
+    } spec[] = {
+        {"model.embed_tokens.weight", "[64, 4352]", (size_t)VOCAB * HIDDEN, 1.0f, 0.0f},
+        {"model.layers.0.input_layernorm.weight", "[4352]", HIDDEN, 0.1f, 1.0f},
+        {"model.layers.0.self_attn.q_proj.weight", "[128, 4352]", q_rows * HIDDEN, 0.05f, 0.0f},
+        {"model.layers.0.self_attn.k_proj.weight", "[64, 4352]", kv_rows * HIDDEN, 0.05f, 0.0f},
+        {"model.layers.0.self_attn.v_proj.weight", "[64, 4352]", kv_rows * HIDDEN, 0.05f, 0.0f},
+        {"model.layers.0.self_attn.o_proj.weight", "[4352, 128]", (size_t)HIDDEN * q_rows, 0.05f, 0.0f},
+        {"model.layers.0.post_attention_layernorm.weight", "[4352]", HIDDEN, 0.1f, 1.0f},
+        {"model.layers.0.mlp.gate_proj.weight", "[64, 4352]", (size_t)INTER * HIDDEN, 0.05f, 0.0f},
+        {"model.layers.0.mlp.up_proj.weight", "[64, 4352]", (size_t)INTER * HIDDEN, 0.05f, 0.0f},
+        {"model.layers.0.mlp.down_proj.weight", "[4352, 64]", (size_t)HIDDEN * INTER, 0.05f, 0.0f},
+        {"model.norm.weight", "[4352]", HIDDEN, 0.1f, 1.0f},
+    };
+    enum { N = sizeof spec / sizeof *spec };
+    stw_tensor t[N];
+    for (int i = 0; i < N; i++) {
+        t[i] = (stw_tensor){spec[i].name, "BF16", spec[i].shape, random_bf16(spec[i].n, spec[i].scale, spec[i].offset),
+                            spec[i].n * 2};
+    }
+    size_t len = 0;
+    unsigned char *file = stw_tensors(t, N, NULL, &len);
+    const char *config = "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 4352, "
+                         "\"intermediate_size\": 64, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                         "\"head_dim\": 32, \"num_hidden_layers\": 1, \"vocab_size\": 64, \"rms_norm_eps\": 1e-05, "
+                         "\"rope_theta\": 10000.0, \"max_position_embeddings\": 256, \"tie_word_embeddings\": true, "
+                         "\"torch_dtype\": \"bfloat16\"}";
+    char *dir = stw_tmpdir();
+    assert_non_null(file);
+    assert_int_equal(stw_write(dir, "model.safetensors", file, len), 0);
+    assert_int_equal(stw_write(dir, "config.json", config, strlen(config)), 0);
+    free(file);
+    for (int i = 0; i < N; i++) free((void *)t[i].data);
+
+    const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
+    const int n_prompt = sizeof prompt / sizeof *prompt;
+    int vocab = 0;
+    size_t n_persisted = 0;
+    float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
+    float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
+    float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
+    const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+    const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
+    print_message("hidden 4352: %zu persistent launches; vs the kernel-per-op step %.2g, vs cpu %.2g\n", n_persisted,
+                  e_kernels, e_cpu);
+    assert_int_equal(n_persisted, DECODE_STEPS);
+    assert_true(e_kernels < 1e-5);
+    assert_true(e_cpu < 1e-4);
+    free(persisted), free(kernels), free(cpu);
+    stw_rmdir(dir);
 }
 
 /* LLM_CUDA_TIMELINE: the last step's kernels in launch order, each stamped start <= wait <= end, and the logits the
@@ -648,7 +734,8 @@ int main(void)
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_timeline),
+        cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_persistent_wide_norm),
+        cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),
     };

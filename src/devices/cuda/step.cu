@@ -50,7 +50,7 @@ constexpr unsigned EMPTY = 0xffffffffu;
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
 constexpr int MAX_POS = 64;             /* KV positions per attention stage */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
-constexpr int MAX_NORM_GROUPS = 8;      /* norm prologues up to 8 x 1024 columns (each thread's weights in registers) */
+constexpr int NORM_HELD = 4;            /* a norm prologue's weights held in registers: its first 4 x 1024 columns */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
 using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 
@@ -323,7 +323,9 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
  * Each thread loads every split's (m, l) and output values for GROUPS of its column groups at once. */
 __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 {
-    constexpr int GROUPS = 2; /* 2,048 columns (32 heads of 64) in one round */
+    /* 1,024 columns a round: with two groups in flight (2,048 columns, one round for TinyLlama's 32 heads of 64) the
+     * o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 % slower (docs/cuda-notes.md, version 70) */
+    constexpr int GROUPS = 1;
     const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
@@ -377,25 +379,40 @@ __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
     }
 }
 
+/* This thread's 4 norm weights at column c, as 16 bytes (f32) or in the first 8 (bf16, f16). */
+__device__ __forceinline__ uint4 norm_weights(const step_phase &P, int c, int wsize)
+{
+    const char *w = (const char *)P.norm_w + (size_t)c * wsize;
+    if (wsize == 4) return __ldg((const uint4 *)w);
+    const uint2 h = __ldg((const uint2 *)w);
+    return make_uint4(h.x, h.y, 0, 0);
+}
+
+__device__ __forceinline__ void normalise4(float *x, uint4 w, int dtype, float scale)
+{
+    float g[4];
+    if (dtype == LLM_DTYPE_F32)
+        memcpy(g, &w, 16);
+    else
+        for (int j = 0; j < 4; j++) g[j] = llm_cuda_load(&w, dtype, (size_t)j);
+    for (int j = 0; j < 4; j++) x[j] = g[j] * (x[j] * scale);
+}
+
 /* The phase's input in xs as the product sees it: staged, combined or normalised (rmsnorm: w * (x * scale), the
  * scale from every value's square, summed by each block in the same order). Block 0 also writes it out. */
 __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
 {
-    /* this thread's norm weights (the values it will normalise), loaded before the input is polled for */
-    uint4 nw[MAX_NORM_GROUPS];
+    /* This thread's norm weights for its first NORM_HELD groups of 4 values, loaded before the input is polled for
+     * (after it, they would cost a round trip); past 4,096 columns the rest are read after it. Holding all 8 groups
+     * took the registers a stage held through the wait needs (hold_stage). */
+    uint4 nw[NORM_HELD];
     const int wsize = P.norm_dtype == LLM_DTYPE_F32 ? 4 : 2;
     if (P.norm_w)
 #pragma unroll
-        for (int k = 0; k < MAX_NORM_GROUPS; k++) {
+        for (int k = 0; k < NORM_HELD; k++) {
             const int c = ct * 4 + k * CONSUMERS * 4;
             if (c >= P.cols) break;
-            const char *w = (const char *)P.norm_w + (size_t)c * wsize;
-            if (wsize == 4)
-                nw[k] = __ldg((const uint4 *)w);
-            else {
-                const uint2 h = __ldg((const uint2 *)w);
-                nw[k] = make_uint4(h.x, h.y, 0, 0);
-            }
+            nw[k] = norm_weights(P, c, wsize);
         }
     consumers_sync(); /* everyone is done with the phase before's xs */
     if (P.x.splits)
@@ -415,17 +432,13 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
         for (int w = 0; w < WARPS; w++) total += red[w];
         const float scale = llm_cuda_rms_scale(total, P.cols, P.eps);
 #pragma unroll
-        for (int k = 0; k < MAX_NORM_GROUPS; k++) { /* the values this thread staged */
+        for (int k = 0; k < NORM_HELD; k++) { /* the values this thread staged */
             const int c = ct * 4 + k * CONSUMERS * 4;
             if (c >= P.cols) break;
-            float g[4];
-            if (wsize == 4)
-                memcpy(g, &nw[k], 16);
-            else
-                for (int j = 0; j < 4; j++)
-                    g[j] = llm_cuda_load(&nw[k], P.norm_dtype, (size_t)j);
-            for (int j = 0; j < 4; j++) xs[c + j] = g[j] * (xs[c + j] * scale);
+            normalise4(xs + c, nw[k], P.norm_dtype, scale);
         }
+        for (int c = ct * 4 + NORM_HELD * CONSUMERS * 4; c < P.cols; c += CONSUMERS * 4)
+            normalise4(xs + c, norm_weights(P, c, wsize), P.norm_dtype, scale);
     }
     if (blockIdx.x == 0 && (P.staged.arena || P.staged.real))
         for (int c = ct * 4; c < P.cols; c += CONSUMERS * 4)
@@ -433,30 +446,57 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
     consumers_sync();
 }
 
-/* The block's tiles of a GEMV phase: each stage's 8 row chunks dotted with x, the warps' sums to the signaller. */
+/* The phase's first stage of this block, taken from the ring into registers before its input is staged: its slot
+ * is free again while the block waits on the input, so the stream runs one stage further ahead through every edge
+ * (TinyLlama +2.4 %, docs/cuda-notes.md version 69; two stages need more registers than a block of 320 threads
+ * has, 168 a thread, and measured less). The block has a unit in the phase. */
+__device__ __forceinline__ void hold_stage(const step_phase &P, const step_program &prog, const char *ring,
+                                           uint64_t *full, uint64_t *empty, uint4 (&held)[ROWS], int &it, int ct)
+{
+    const int slot = it % prog.stages;
+    mbar_wait(&full[slot], (it / prog.stages) & 1);
+    const char *stage = ring + (size_t)slot * STAGE + ct * 16;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) held[r] = *(const uint4 *)(stage + r * CHUNK);
+    __syncwarp();
+    if ((ct & 31) == 0) mbar_arrive(&empty[slot]);
+    it++;
+}
+
+/* The block's tiles of a GEMV phase: each stage's 8 row chunks dotted with x (the first from held), the warps' sums
+ * to the signaller. */
 template <typename WT>
 __device__ void consume_tiles(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
-                              uint64_t *empty, const float *xs, tile_sums &sums, int &it, int &tile_it, int ct)
+                              uint64_t *empty, const float *xs, const uint4 (&held)[ROWS], tile_sums &sums, int &it,
+                              int &tile_it, int ct)
 {
     /* the phase's fields in registers: after each wait for a stage the table would be read again */
     const int warp = ct >> 5, lane = ct & 31, cols = P.cols, row_bytes = cols * (int)sizeof(WT);
-    for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
-        float acc[ROWS] = {};
-        for (int off = 0; off < row_bytes; off += CHUNK, it++) {
+    float acc[ROWS] = {};
+    auto dot_stage = [&](const uint4 *w, int stride, int off) {
+        const int col = (off + ct * 16) / (int)sizeof(WT);
+        if (col < cols)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * stride], xs + col);
+    };
+    for (int u = first_unit(P), units = P.units, first = 1; u < units; u += gridDim.x) {
+        for (int off = 0; off < row_bytes; off += CHUNK) {
+            if (first) {
+                dot_stage(held, 1, off), first = 0;
+                continue;
+            }
             const int slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
-            const int col = (off + ct * 16) / (int)sizeof(WT);
-            if (col < cols) {
-                const char *stage = ring + (size_t)slot * STAGE + ct * 16;
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(*(const uint4 *)(stage + r * CHUNK), xs + col);
-            }
+            dot_stage((const uint4 *)(ring + (size_t)slot * STAGE + ct * 16), CHUNK / 16, off);
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
+            it++;
         }
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = llm_cuda_warp_sum(acc[r]);
         sums.put(tile_it++, warp, lane, acc);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
     }
 }
 
@@ -731,14 +771,16 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
                 continue;
             }
+            uint4 held[ROWS];
+            hold_stage(P, prog, ring, full, empty, held, it, ct);
             stage_input(P, xs, red, ct);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
-                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, sums, it, tile_it, ct);
+                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
             else if (P.dtype == LLM_DTYPE_F16)
-                consume_tiles<__half>(P, prog, ring, full, empty, xs, sums, it, tile_it, ct);
+                consume_tiles<__half>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
             else
-                consume_tiles<float>(P, prog, ring, full, empty, xs, sums, it, tile_it, ct);
+                consume_tiles<float>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
         }
     }
@@ -894,7 +936,7 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
     P.kind = PHASE_GEMV, P.cols = job.cols, P.dtype = job.dtype, P.n_mats = job.n_mats, P.epi = job.epi;
     P.eps = job.eps, P.inv_freq = job.inv_freq, P.head_dim = job.head_dim;
     if (job.norm_src) {
-        if (job.cols > MAX_NORM_GROUPS * CONSUMERS * 4 || !aligned16(job.norm_w)) return false;
+        if (!aligned16(job.norm_w)) return false;
         P.norm_w = job.norm_w, P.norm_dtype = job.norm_dtype;
     }
     if (job.cols > pl.xs_floats) pl.xs_floats = job.cols;
@@ -1123,6 +1165,7 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
     free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.ext);
     return result;
 }
+
 
 void llm_cuda_step_forget(void)
 {
