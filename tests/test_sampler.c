@@ -120,6 +120,39 @@ static void test_draws_match_the_definition(void **state)
     free(logits), free(cand);
 }
 
+/* A vocabulary long enough that the scans are split over threads (the heaps of each slice merged; argmax's slices
+ * compared in order), against the definition as above. */
+static void test_long_vocabulary(void **state)
+{
+    (void)state;
+    enum { VOCAB = 50000, DRAWS = 12 };
+    float *logits = malloc(VOCAB * sizeof *logits);
+    struct llm_candidate *cand = malloc(VOCAB * sizeof *cand);
+    assert_non_null(logits);
+    assert_non_null(cand);
+    const int top_ks[] = {1, 40, 2000};
+    for (size_t k = 0; k < sizeof top_ks / sizeof *top_ks; k++) {
+        llm_sampler s;
+        assert_int_equal(llm_sampler_init(&s, VOCAB, 0.8f, top_ks[k], 0.95f, 0.05f, 99), 0);
+        uint64_t ref_state = 99;
+        for (int d = 0; d < DRAWS; d++) {
+            random_logits(logits, VOCAB, 12.0f, d % 2 ? 0.5f : 1e-3f);
+            const int32_t want = reference_sample(logits, VOCAB, 0.8f, top_ks[k], 0.95f, 0.05f, &ref_state, cand);
+            assert_int_equal(llm_sampler_sample(&s, logits), want);
+            int32_t first = 0;
+            for (int i = 1; i < VOCAB; i++)
+                if (logits[i] > logits[first]) first = i;
+            assert_int_equal(llm_argmax(logits, VOCAB), first);
+        }
+        llm_sampler_free(&s);
+    }
+    /* equal maxima in different slices: the first */
+    for (int i = 0; i < VOCAB; i++) logits[i] = 0.0f;
+    logits[VOCAB - 3] = logits[VOCAB / 2 + 1] = 5.0f;
+    assert_int_equal(llm_argmax(logits, VOCAB), VOCAB / 2 + 1);
+    free(logits), free(cand);
+}
+
 /* top-k 1 is greedy; and NaN logits (a broken model) are never drawn while numbers are left */
 static void test_top_k_one_and_nan(void **state)
 {
@@ -170,6 +203,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_draws_match_the_definition),
+        cmocka_unit_test(test_long_vocabulary),
         cmocka_unit_test(test_top_k_one_and_nan),
         cmocka_unit_test(test_argmax),
     };
