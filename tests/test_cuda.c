@@ -575,8 +575,8 @@ static void test_persistent_wide_norm(void **state)
     enum { N = sizeof spec / sizeof *spec };
     stw_tensor t[N];
     for (int i = 0; i < N; i++) {
-        t[i] = (stw_tensor){spec[i].name, "BF16", spec[i].shape, random_bf16(spec[i].n, spec[i].scale, spec[i].offset),
-                            spec[i].n * 2};
+        const uint16_t *data = random_bf16(spec[i].n, spec[i].scale, spec[i].offset);
+        t[i] = (stw_tensor){spec[i].name, "BF16", spec[i].shape, data, spec[i].n * 2};
     }
     size_t len = 0;
     unsigned char *file = stw_tensors(t, N, NULL, &len);

@@ -69,10 +69,11 @@ int32_t llm_argmax(const float *logits, int vocab)
     }
 #pragma omp parallel num_threads(T)
     {
-        const int t = omp_get_thread_num(), n = omp_get_num_threads();
-        at[t] = argmax_range(logits, (int)((int64_t)vocab * t / n), (int)((int64_t)vocab * (t + 1) / n), &best[t]);
+        const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+        at[t] = argmax_range(logits, (int)((int64_t)vocab * t / threads), (int)((int64_t)vocab * (t + 1) / threads),
+                             &best[t]);
         if (t == 0)
-            for (int u = n; u < T; u++) at[u] = -1; /* (fewer threads than asked) */
+            for (int u = threads; u < T; u++) at[u] = -1; /* (fewer threads than asked) */
     }
     int32_t pick = -1;
     for (int t = 0; t < T; t++) /* slices in order: the first of equal maxima wins */
@@ -101,12 +102,17 @@ static int by_order(const void *a, const void *b)
     return ahead_of(*x, *y) ? -1 : ahead_of(*y, *x);
 }
 
+static struct llm_candidate candidate(const float *logits, int id)
+{
+    return (struct llm_candidate){isnan(logits[id]) ? -INFINITY : logits[id], id};
+}
+
 /* The k best of logits[from, to) as a heap in heap[0..), its root the last of them; returns how many (at most k). */
 static int heap_of_best(struct llm_candidate *heap, const float *logits, int from, int to, int k)
 {
     int n = 0;
     for (int id = from; id < to; id++) {
-        struct llm_candidate c = {isnan(logits[id]) ? -INFINITY : logits[id], id};
+        const struct llm_candidate c = candidate(logits, id);
         int at;
         if (n < k) { /* sift up from the new leaf */
             at = n++;
@@ -134,7 +140,7 @@ static int heap_of_best(struct llm_candidate *heap, const float *logits, int fro
 static void top_candidates(struct llm_candidate *cand, const float *logits, int vocab, int k)
 {
     if (k >= vocab) {
-        for (int id = 0; id < vocab; id++) cand[id] = (struct llm_candidate){isnan(logits[id]) ? -INFINITY : logits[id], id};
+        for (int id = 0; id < vocab; id++) cand[id] = candidate(logits, id);
         qsort(cand, (size_t)vocab, sizeof *cand, by_order);
         return;
     }
@@ -148,9 +154,9 @@ static void top_candidates(struct llm_candidate *cand, const float *logits, int 
     }
 #pragma omp parallel num_threads(T)
     {
-        const int t = omp_get_thread_num(), n = omp_get_num_threads();
-        found[t] = heap_of_best(cand + (size_t)t * k, logits, (int)((int64_t)vocab * t / n),
-                                (int)((int64_t)vocab * (t + 1) / n), k);
+        const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+        found[t] = heap_of_best(cand + (size_t)t * k, logits, (int)((int64_t)vocab * t / threads),
+                                (int)((int64_t)vocab * (t + 1) / threads), k);
     }
     int n = 0;
     for (int t = 0; t < T; t++)
