@@ -153,7 +153,7 @@ static void test_long_vocabulary(void **state)
     free(logits), free(cand);
 }
 
-/* top-k 1 is greedy; and NaN logits (a broken model) are never drawn while numbers are left */
+/* top-k 1 is greedy; NaN logits (a broken model) are never drawn while numbers are left; -0 ties with +0 */
 static void test_top_k_one_and_nan(void **state)
 {
     (void)state;
@@ -173,6 +173,17 @@ static void test_top_k_one_and_nan(void **state)
         assert_false(isnan(logits[got]));
     }
     llm_sampler_free(&s);
+    /* +0 and -0 are equal logits (ordered by id), also where the whole vocabulary is sorted (top-k off) */
+    struct llm_candidate cand[VOCAB];
+    for (int i = 0; i < VOCAB; i++) logits[i] = i % 5 == 0 ? 1.0f : i % 2 ? -0.0f : 0.0f;
+    for (int k = 0; k <= 3; k += 3) {
+        assert_int_equal(llm_sampler_init(&s, VOCAB, 1.0f, k, 0.9f, 0.0f, 11), 0);
+        uint64_t ref_state = 11;
+        for (int d = 0; d < 50; d++)
+            assert_int_equal(llm_sampler_sample(&s, logits),
+                             reference_sample(logits, VOCAB, 1.0f, k, 0.9f, 0.0f, &ref_state, cand));
+        llm_sampler_free(&s);
+    }
 }
 
 static void test_argmax(void **state)

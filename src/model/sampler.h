@@ -12,7 +12,7 @@ typedef struct {
     float min_p;   /* 0 = off */
     uint64_t rng;  /* xorshift state, from --seed */
     int vocab;
-    struct llm_candidate { float logit; int32_t id; } *cand; /* (vocab) scratch */
+    struct llm_candidate { float logit; int32_t id; } *cand, *spare; /* (vocab) scratch each */
 } llm_sampler;
 
 int llm_sampler_init(llm_sampler *s, int vocab, float temp, int top_k, float top_p, float min_p, uint64_t seed);
