@@ -11,7 +11,8 @@
  *    of its items (cp.async, 16 bytes a lane); it never waits on data, only for a free stage (and at the start of
  *    a phase for the stage before to land);
  *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
- *    of every row) and hand the warps' partial sums on;
+ *    of every row) and hand the warps' partial sums on; a product's first stage they take into registers before
+ *    staging its input, so that its slot refills while they wait;
  *  - a signaller warp sums them, adds the epilogue (bias, rope and the KV store, swiglu, the residual add) and
  *    writes the rows out.
  *
