@@ -173,9 +173,10 @@ static void test_top_k_one_and_nan(void **state)
         assert_false(isnan(logits[got]));
     }
     llm_sampler_free(&s);
-    /* +0 and -0 are equal logits (ordered by id), also where the whole vocabulary is sorted (top-k off) */
+    /* +0 and -0 are equal logits (ordered by id), also where the whole vocabulary is sorted (top-k off); -inf is
+     * never drawn */
     struct llm_candidate cand[VOCAB];
-    for (int i = 0; i < VOCAB; i++) logits[i] = i % 5 == 0 ? 1.0f : i % 2 ? -0.0f : 0.0f;
+    for (int i = 0; i < VOCAB; i++) logits[i] = i % 7 == 0 ? -INFINITY : i % 5 == 0 ? 1.0f : i % 2 ? -0.0f : 0.0f;
     for (int k = 0; k <= 3; k += 3) {
         assert_int_equal(llm_sampler_init(&s, VOCAB, 1.0f, k, 0.9f, 0.0f, 11), 0);
         uint64_t ref_state = 11;
