@@ -537,12 +537,7 @@ static uint16_t *random_bf16(size_t n, float scale, float offset)
 {
     uint16_t *h = malloc(n * sizeof *h);
     assert_non_null(h);
-    for (size_t i = 0; i < n; i++) {
-        const float f = offset + scale * uniform();
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        h[i] = (uint16_t)(u >> 16);
-    }
+    for (size_t i = 0; i < n; i++) h[i] = llm_f32_to_bf16(offset + scale * uniform());
     return h;
 }
 

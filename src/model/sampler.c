@@ -43,6 +43,9 @@ static int scan_threads(int vocab)
     return t < 1 ? 1 : t;
 }
 
+/* Where thread t of `threads` starts its slice of the vocabulary (thread t + 1's start is its end). */
+static int slice_start(int vocab, int t, int threads) { return (int)((int64_t)vocab * t / threads); }
+
 /* The first index of the largest value in [from, to), or -1 when none is above -inf. The maximum comes first, from 8
  * running maxima (a scan that compares with the best so far waits on each comparison: 3-4 ns a value), then its
  * first index; NaNs are never chosen over a number. */
@@ -74,8 +77,7 @@ int32_t llm_argmax(const float *logits, int vocab)
 #pragma omp parallel num_threads(T)
     {
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        at[t] = argmax_range(logits, (int)((int64_t)vocab * t / threads), (int)((int64_t)vocab * (t + 1) / threads),
-                             &best[t]);
+        at[t] = argmax_range(logits, slice_start(vocab, t, threads), slice_start(vocab, t + 1, threads), &best[t]);
         if (t == 0)
             for (int u = threads; u < T; u++) at[u] = -1; /* (fewer threads than asked) */
     }
@@ -184,7 +186,7 @@ static void sort_candidates(struct llm_candidate *cand, struct llm_candidate *sp
         struct llm_candidate *t = from;
         from = to, to = t;
     }
-    for (int i = 0; i < n; i++) { /* three passes: the order is in spare */
+    for (int i = 0; i < n; i++) { /* back from wherever the last pass left them (spare, after three) */
         uint32_t key;
         memcpy(&key, &from[i].logit, sizeof key);
         cand[i] = (struct llm_candidate){logit_of_key(key), from[i].id};
@@ -214,8 +216,8 @@ static void top_candidates(llm_sampler *s, const float *logits, int k)
 #pragma omp parallel num_threads(T)
     {
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        found[t] = heap_of_best(cand + (size_t)t * k, logits, (int)((int64_t)vocab * t / threads),
-                                (int)((int64_t)vocab * (t + 1) / threads), k);
+        found[t] = heap_of_best(cand + (size_t)t * k, logits, slice_start(vocab, t, threads),
+                                slice_start(vocab, t + 1, threads), k);
     }
     int n = 0;
     for (int t = 0; t < T; t++)

@@ -324,59 +324,45 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
  * Each thread loads every split's (m, l) and output values for GROUPS of its column groups at once. */
 __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 {
-    /* 1,024 columns a round: with two groups in flight (2,048 columns, one round for TinyLlama's 32 heads of 64) the
+    /* 1,024 columns a round: with two rounds' loads in flight (2,048 columns, TinyLlama's 32 heads of 64 at once) the
      * o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 % slower (docs/cuda-notes.md, version 70) */
-    constexpr int GROUPS = 1;
     const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
     auto record = [&](int s, int c) { return p + ((size_t)s * H + c / hd) * stride; };
-    for (int c0 = ct * 4; c0 < cols; c0 += CONSUMERS * 4 * GROUPS) {
-        float2 ml[GROUPS][MAX_SPLITS] = {}; /* (0s where there is no split or column: never polled) */
-        float4 o[GROUPS][MAX_SPLITS] = {};
-        auto load = [&](int k, int s, bool all) {
-            const int c = c0 + k * CONSUMERS * 4;
-            if (all || is_empty(ml[k][s].x) || is_empty(ml[k][s].y)) ml[k][s] = ld_relaxed2(record(s, c));
-            if (all || any_empty(o[k][s])) o[k][s] = ld_relaxed4(record(s, c) + 4 + c % hd);
+    for (int c = ct * 4; c < cols; c += CONSUMERS * 4) {
+        float2 ml[MAX_SPLITS] = {}; /* (0s where there is no split: never polled) */
+        float4 o[MAX_SPLITS] = {};
+        auto load = [&](int s, bool all) {
+            if (all || is_empty(ml[s].x) || is_empty(ml[s].y)) ml[s] = ld_relaxed2(record(s, c));
+            if (all || any_empty(o[s])) o[s] = ld_relaxed4(record(s, c) + 4 + c % hd);
         };
 #pragma unroll
-        for (int k = 0; k < GROUPS; k++)
-#pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++)
-                if (s < S && c0 + k * CONSUMERS * 4 < cols) load(k, s, true);
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < S) load(s, true);
         for (long long t0 = 0; flagged;) {
             bool waiting = false;
 #pragma unroll
-            for (int k = 0; k < GROUPS; k++)
-#pragma unroll
-                for (int s = 0; s < MAX_SPLITS; s++)
-                    waiting |= is_empty(ml[k][s].x) || is_empty(ml[k][s].y) || any_empty(o[k][s]);
+            for (int s = 0; s < MAX_SPLITS; s++) waiting |= is_empty(ml[s].x) || is_empty(ml[s].y) || any_empty(o[s]);
             if (!waiting) break;
             spin_check(t0);
 #pragma unroll
-            for (int k = 0; k < GROUPS; k++)
-#pragma unroll
-                for (int s = 0; s < MAX_SPLITS; s++) load(k, s, false);
+            for (int s = 0; s < MAX_SPLITS; s++) load(s, false);
         }
+        float M = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < GROUPS; k++) {
-            const int c = c0 + k * CONSUMERS * 4;
-            if (c >= cols) break;
-            float M = -INFINITY;
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < S) M = fmaxf(M, ml[s].x);
+        float L = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++)
-                if (s < S) M = fmaxf(M, ml[k][s].x);
-            float L = 0.0f;
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++)
-                if (s < S) {
-                    const float w = expf(ml[k][s].x - M); /* 0 for an empty split (m = -inf) */
-                    L += w * ml[k][s].y;
-                    acc.x += w * o[k][s].x, acc.y += w * o[k][s].y, acc.z += w * o[k][s].z, acc.w += w * o[k][s].w;
-                }
-            *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
-        }
+        for (int s = 0; s < MAX_SPLITS; s++)
+            if (s < S) {
+                const float w = expf(ml[s].x - M); /* 0 for an empty split (m = -inf) */
+                L += w * ml[s].y;
+                acc.x += w * o[s].x, acc.y += w * o[s].y, acc.z += w * o[s].z, acc.w += w * o[s].w;
+            }
+        *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
     }
 }
 
@@ -451,8 +437,8 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
  * is free again while the block waits on the input, so the stream runs one stage further ahead through every edge
  * (TinyLlama +2 %, docs/cuda-notes.md version 69; two stages, in the 168 registers a thread of a 320-thread block
  * may have, measured level on TinyLlama and 0.7 % slower on Llama-2-7B). The block has a unit in the phase. */
-__device__ __forceinline__ void hold_stage(const step_phase &P, const step_program &prog, const char *ring,
-                                           uint64_t *full, uint64_t *empty, uint4 (&held)[ROWS], int &it, int ct)
+__device__ __forceinline__ void hold_stage(const step_program &prog, const char *ring, uint64_t *full, uint64_t *empty,
+                                           uint4 (&held)[ROWS], int &it, int ct)
 {
     const int slot = it % prog.stages;
     mbar_wait(&full[slot], (it / prog.stages) & 1);
@@ -773,7 +759,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 continue;
             }
             uint4 held[ROWS];
-            hold_stage(P, prog, ring, full, empty, held, it, ct);
+            hold_stage(prog, ring, full, empty, held, it, ct);
             stage_input(P, xs, red, ct);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
