@@ -299,10 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                 if (!c.compute) continue;
                 long long t0r = clock64();
                 if (c.signaller) { /* this warp's 8 row sums to the signaller, no barrier */
-#pragma unroll
-                    for (int r = 0; r < ROWS; r++)
-                        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-                    sums.put(tile_it++, warp, lane, acc);
+                    sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
                     st_red += clock64() - t0r;
                     continue;
                 }

@@ -111,6 +111,24 @@ __device__ __forceinline__ float ld_relaxed1(const float *p)
     return v;
 }
 
+/* The sums over a warp's 32 lanes of 8 values at once: lane l returns the total of v[(l >> 2) & 7]. Each round
+ * gives the partner lane the half of the values it keeps the other half of, so 4 + 2 + 1 + 1 + 1 shuffles instead of
+ * 8 x 5 (docs/cuda-notes.md, version 77). */
+__device__ __forceinline__ float warp_sum8(const float (&v)[8], int lane)
+{
+    const bool hi16 = lane & 16, hi8 = lane & 8, hi4 = lane & 4;
+    float a[4], b[2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) /* a[i]: value i + 4 where lane & 16, else value i */
+        a[i] = (hi16 ? v[i + 4] : v[i]) + __shfl_xor_sync(0xffffffffu, hi16 ? v[i] : v[i + 4], 16);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+        b[i] = (hi8 ? a[i + 2] : a[i]) + __shfl_xor_sync(0xffffffffu, hi8 ? a[i] : a[i + 2], 8);
+    float c = (hi4 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, hi4 ? b[0] : b[1], 4);
+    c += __shfl_xor_sync(0xffffffffu, c, 2);
+    return c + __shfl_xor_sync(0xffffffffu, c, 1);
+}
+
 /* Row sums handed from W consumer warps to one signaller warp, N tiles in flight: slot it % N holds each warp's R
  * partial sums of tile it; full completes on the W warps' arrivals, empty on the signaller's. Lives in shared
  * memory; init by one thread before mbar_fence_init. */
@@ -123,14 +141,13 @@ template <int N, int W, int R> struct sums_ring {
         for (int s = 0; s < N; s++) mbar_init(&full[s], W), mbar_init(&empty[s], 1);
     }
 
-    /* Consumer warp `warp`: its sums of tile it (warp-reduced, so lane 0 has them) into the tile's slot. */
-    __device__ __forceinline__ void put(int it, int warp, int lane, const float (&sums)[R])
+    /* Consumer warp `warp`: its sums of tile it into the tile's slot, as warp_sum8 leaves them (lane 4r: row r's). */
+    __device__ __forceinline__ void put(int it, int warp, int lane, float row_sum)
     {
+        static_assert(R == 8, "warp_sum8's rows");
         const int slot = it % N, use = it / N;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < R; r++) part[slot][warp][r] = sums[r];
+        if (lane % 4 == 0) part[slot][warp][lane / 4] = row_sum;
         __syncwarp();
         if (lane == 0) mbar_arrive(&full[slot]);
     }

@@ -479,9 +479,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
             if (lane == 0) mbar_arrive(&empty[slot]);
             it++;
         }
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) acc[r] = llm_cuda_warp_sum(acc[r]);
-        sums.put(tile_it++, warp, lane, acc);
+        sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
     }
