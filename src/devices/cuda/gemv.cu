@@ -6,6 +6,7 @@
  * (+ KV store), residual-add or swiglu epilogue. Not here: batches of tokens (cuBLAS, device.cu). */
 
 #include "cuda_internal.h"
+#include "hopper.cuh"
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
@@ -262,11 +263,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
         }
         if (!done) continue;
 
-#pragma unroll
-        for (int r = 0; r < P; r++) acc[r] = llm_cuda_warp_sum(acc[r]);
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < P; r++) part[buf][warp][r] = acc[r];
+        static_assert(P == 8, "warp_sum8's rows");
+        const float row_sum = warp_sum8(acc, lane); /* row lane / 4's */
+        if (lane % 4 == 0) part[buf][warp][lane / 4] = row_sum;
 #pragma unroll
         for (int r = 0; r < P; r++) acc[r] = 0.0f;
         __syncthreads(); /* part[buf] is written again two groups later, after another barrier */
