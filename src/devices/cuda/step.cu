@@ -716,17 +716,15 @@ __device__ void signal(const step_program &prog, tile_sums &sums, step_phase *ta
     for (int tile_it = 0; cur.ph < prog.n_phases; tile_it++) {
         const tile_cursor now = cur;
         const tile_epi e_now = e;
-        const bool last_of_phase = cur.u + (int)gridDim.x >= tab[cur.slot].units;
-        if (!last_of_phase) {
-            next_tile(prog, tab, pre, cur, false, lane);
-            e = epilogue_inputs(tab[cur.slot], cur.u, lane);
-        }
-        const float sum = sums.take(tile_it, lane);
-        finish_tile(tab[now.slot], e_now, lane, sum, pos);
-        if (last_of_phase) {
+        auto advance = [&] {
             next_tile(prog, tab, pre, cur, false, lane);
             if (cur.ph < prog.n_phases) e = epilogue_inputs(tab[cur.slot], cur.u, lane);
-        }
+        };
+        const bool last_of_phase = cur.u + (int)gridDim.x >= tab[cur.slot].units;
+        if (!last_of_phase) advance();
+        const float sum = sums.take(tile_it, lane);
+        finish_tile(tab[now.slot], e_now, lane, sum, pos);
+        if (last_of_phase) advance();
         if (prog.trace && lane == 0 && (cur.ph != now.ph)) trace_mark(prog, now.ph, 2);
     }
 }
