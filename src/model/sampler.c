@@ -70,11 +70,7 @@ int32_t llm_argmax(const float *logits, int vocab)
     const int T = scan_threads(vocab);
     float best[MAX_SCAN_THREADS];
     int32_t at[MAX_SCAN_THREADS];
-    if (T == 1) {
-        const int32_t i = argmax_range(logits, 0, vocab, &best[0]);
-        return i < 0 ? 0 : i;
-    }
-#pragma omp parallel num_threads(T)
+#pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
         at[t] = argmax_range(logits, slice_start(vocab, t, threads), slice_start(vocab, t + 1, threads), &best[t]);
@@ -153,6 +149,14 @@ static uint32_t descending_key(float logit)
     return ~u;
 }
 
+/* The key sort_candidates keeps in a candidate's logit field. */
+static uint32_t key_of(const struct llm_candidate *c)
+{
+    uint32_t key;
+    memcpy(&key, &c->logit, sizeof key);
+    return key;
+}
+
 static float logit_of_key(uint32_t key)
 {
     uint32_t u = ~key;
@@ -172,25 +176,14 @@ static void sort_candidates(struct llm_candidate *cand, struct llm_candidate *sp
     struct llm_candidate *from = cand, *to = spare;
     for (int shift = 0; shift < 32; shift += BITS) {
         int at[BUCKETS + 1] = {0};
-        for (int i = 0; i < n; i++) {
-            uint32_t key;
-            memcpy(&key, &from[i].logit, sizeof key);
-            at[(key >> shift & (BUCKETS - 1)) + 1]++;
-        }
+        for (int i = 0; i < n; i++) at[(key_of(&from[i]) >> shift & (BUCKETS - 1)) + 1]++;
         for (int d = 0; d < BUCKETS; d++) at[d + 1] += at[d];
-        for (int i = 0; i < n; i++) {
-            uint32_t key;
-            memcpy(&key, &from[i].logit, sizeof key);
-            to[at[key >> shift & (BUCKETS - 1)]++] = from[i];
-        }
+        for (int i = 0; i < n; i++) to[at[key_of(&from[i]) >> shift & (BUCKETS - 1)]++] = from[i];
         struct llm_candidate *t = from;
         from = to, to = t;
     }
-    for (int i = 0; i < n; i++) { /* back from wherever the last pass left them (spare, after three) */
-        uint32_t key;
-        memcpy(&key, &from[i].logit, sizeof key);
-        cand[i] = (struct llm_candidate){logit_of_key(key), from[i].id};
-    }
+    for (int i = 0; i < n; i++) /* back from wherever the last pass left them (spare, after three) */
+        cand[i] = (struct llm_candidate){logit_of_key(key_of(&from[i])), from[i].id};
 }
 
 /* The k candidates ahead of all others, into cand[0..k) in order: each thread keeps a heap of the k best of its
@@ -208,12 +201,7 @@ static void top_candidates(llm_sampler *s, const float *logits, int k)
     int T = scan_threads(vocab);
     if ((int64_t)T * k > vocab) T = 1;
     int found[MAX_SCAN_THREADS] = {0};
-    if (T == 1) {
-        const int n = heap_of_best(cand, logits, 0, vocab, k);
-        qsort(cand, (size_t)n, sizeof *cand, by_order);
-        return;
-    }
-#pragma omp parallel num_threads(T)
+#pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
         found[t] = heap_of_best(cand + (size_t)t * k, logits, slice_start(vocab, t, threads),

@@ -1106,7 +1106,7 @@ static void issue_program(void)
     if (n >= 2) {
         int ran = llm_cuda_step_launch(g.prog, n, g.capturing);
         if (ran == LLM_CUDA_STEP_UNAVAILABLE) g.persist = false; /* not tried again: kernel per op from now */
-        if (ran != LLM_CUDA_STEP_REFUSED && ran != LLM_CUDA_STEP_UNAVAILABLE) {
+        if (ran == LLM_CUDA_STEP_RAN || ran == LLM_CUDA_STEP_RAN_NEW_TABLE) {
             if (ran == LLM_CUDA_STEP_RAN_NEW_TABLE) invalidate_graphs();
             g.persisted++;
             after_op("decode step");

@@ -1,7 +1,7 @@
 /* Hopper's shared-memory barriers, asynchronous copies and relaxed polls, a warp's reduction of 8 sums at once, and
- * the hand-off of tile sums from consumer warps to a signaller warp built on them, as the persistent step (step.cu) uses them and the measurements in
- * scripts/ (stream-probe.cu, persistent-probe.cu) probed them. Self-contained, so the scripts can include it without
- * the rest of the device. */
+ * the hand-off of tile sums from consumer warps to a signaller warp built on them, as the persistent step (step.cu)
+ * and the GEMV (gemv.cu) use them and the measurements in scripts/ (stream-probe.cu, persistent-probe.cu) probed
+ * them. Self-contained, so the scripts can include it without the rest of the device. */
 #ifndef LLM_CUDA_HOPPER_CUH
 #define LLM_CUDA_HOPPER_CUH
 

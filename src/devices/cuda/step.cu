@@ -321,7 +321,7 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 }
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
- * Each thread loads every split's (m, l) and output values for GROUPS of its column groups at once. */
+ * Each thread loads every split's (m, l) and output values for one group of 4 columns a round. */
 __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
 {
     /* 1,024 columns a round: with two rounds' loads in flight (2,048 columns, TinyLlama's 32 heads of 64 at once) the
