@@ -729,6 +729,32 @@ __device__ void signal(const step_program &prog, tile_sums &sums, step_phase *ta
     }
 }
 
+/* A copy out by the last block, every load of a thread in flight before its stores: a load at a time was a round
+ * trip each, 3.7 us at the end of TinyLlama's step for its 2,048-value residual (docs/cuda-notes.md, version 83). */
+__device__ void copy_out(const step_copy &C, int tid)
+{
+    constexpr int BATCH = 8;
+    const bool vec = (uintptr_t)C.from % 16 == 0 && (uintptr_t)C.to % 16 == 0 && C.count % 4 == 0;
+    const int width = vec ? 4 : 1, n = C.count / width;
+    for (int i0 = tid; i0 < n; i0 += THREADS * BATCH) {
+        float4 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int i = i0 + b * THREADS;
+            if (i < n) v[b] = vec ? ld_relaxed4(C.from + 4 * i) : make_float4(ld_relaxed1(C.from + i), 0, 0, 0);
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int i = i0 + b * THREADS;
+            if (i >= n) continue;
+            if (vec)
+                *(float4 *)(C.to + 4 * i) = v[b];
+            else
+                C.to[i] = v[b].x;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant__ step_program prog)
 {
     extern __shared__ __align__(128) char ring[];
@@ -787,10 +813,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    for (int c = 0; c < prog.n_copies; c++) {
-        const step_copy &C = prog.copies[c];
-        for (int i = tid; i < C.count; i += THREADS) C.to[i] = ld_relaxed1(C.from + i);
-    }
+    for (int c = 0; c < prog.n_copies; c++) copy_out(prog.copies[c], tid);
 }
 
 /* ---- host: the record turned into phases ---- */
