@@ -730,7 +730,7 @@ __device__ void signal(const step_program &prog, tile_sums &sums, step_phase *ta
 }
 
 /* A copy out by the last block, every load of a thread in flight before its stores: a load at a time was a round
- * trip each, 3.7 us at the end of TinyLlama's step for its 2,048-value residual (docs/cuda-notes.md, version 83). */
+ * trip each, 3.7 us at the end of TinyLlama's step for its 2,048-value residual (docs/cuda-notes.md, version 84). */
 __device__ void copy_out(const step_copy &C, int tid)
 {
     constexpr int BATCH = 8;
