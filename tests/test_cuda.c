@@ -406,6 +406,8 @@ static void test_fused_layer(void **state)
 
 /* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
  * dir; with persisted, also how many persistent steps the device launched (its description says). */
+static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
+
 static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, const char *device, const char *graphs,
                          const char *fuse, const char *persist, int *vocab, size_t *persisted)
 {
@@ -444,6 +446,8 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
         m.rt.dev->describe(desc, sizeof desc);
         const char *at = strstr(desc, key);
         *persisted = at ? strtoul(at + strlen(key), NULL, 10) : 0;
+        const char *ring = strstr(desc, "a ring of ");
+        last_ring = ring ? atoi(ring + strlen("a ring of ")) : 0;
     }
     llm_state_free(&s, &m);
     llm_model_free(&m);
@@ -528,6 +532,21 @@ static void test_persistent_step(void **state)
             assert_true(e_cpu < 1e-4);
             free(graphs), free(plain);
         }
+        /* shorter rings (Llama-2-7B's 11,008-column input leaves room for 5 stages): the same sums in the same
+         * order, so the same bits */
+        const char *stages[] = {"3", "5"};
+        float *longest = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
+        assert_int_equal(last_ring, 6);
+        for (size_t k = 0; k < sizeof stages / sizeof *stages; k++) {
+            setenv("LLM_CUDA_PERSIST_STAGES", stages[k], 1);
+            float *shorter = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
+            unsetenv("LLM_CUDA_PERSIST_STAGES");
+            assert_int_equal(n_plain, DECODE_STEPS);
+            assert_int_equal(last_ring, atoi(stages[k]));
+            assert_memory_equal(shorter, longest, n * sizeof *longest);
+            free(shorter);
+        }
+        free(longest);
         free(kernels), free(cpu);
     }
 }

@@ -28,6 +28,9 @@ struct llm_cuda_ctx {
     int attn_window_kb;  /* LLM_CUDA_ATTN_WINDOW_KB: decode attention's staging window per block */
     int gemv_cpl;        /* LLM_CUDA_GEMV_CPL: 1 or 2 chunks per lane in every GEMV; 0: by row length */
     int persist_splits;  /* LLM_CUDA_PERSIST_SPLITS: KV splits per head of the persistent step's attention */
+    int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
+                            that fit */
+    int step_stages;     /* the ring stages of the last persistent step launched (describe) */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;

@@ -644,6 +644,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
      * at once (a cooperative launch: they wait on each other's data) */
     g.persist = env_flag("LLM_CUDA_PERSIST", true) && g.prop.major >= 9 && g.prop.cooperativeLaunch;
     llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
+    llm_cuda.persist_stages = env_int("LLM_CUDA_PERSIST_STAGES", 0);
     llm_cuda.step_trace = getenv("LLM_CUDA_STEP_TRACE");
     if (llm_cuda.step_trace && !*llm_cuda.step_trace) llm_cuda.step_trace = NULL;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0;
@@ -719,8 +720,10 @@ static void cuda_describe(char *buf, size_t len)
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    char persist[48] = "off";
-    if (g.initialized && g.persist) snprintf(persist, sizeof persist, "on, %zu run", g.persisted);
+    char persist[64] = "off";
+    if (g.initialized && g.persist)
+        snprintf(persist, sizeof persist, g.persisted ? "on, %zu run (a ring of %d stages)" : "on, %zu run",
+                 g.persisted, llm_cuda.step_stages);
     snprintf(buf, len, "%s, %d SMs, cc %d.%d, %.1f GiB, driver %d.%d, runtime %d.%d; graphs %s, fusion %s, pdl %s, "
              "batch matmul %s, persistent decode step %s", p.name, p.multiProcessorCount, p.major, p.minor,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), driver / 1000, driver % 1000 / 10,

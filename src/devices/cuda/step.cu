@@ -1027,6 +1027,8 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
                     ? (int)((llm_cuda.smem_optin - static_smem - pl.vec_bytes) / STAGE)
                     : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
+    if (llm_cuda.persist_stages >= MIN_STAGES && llm_cuda.persist_stages < pl.stages)
+        pl.stages = llm_cuda.persist_stages; /* LLM_CUDA_PERSIST_STAGES: a shorter ring, for tests */
     return pl.stages >= MIN_STAGES && pl.positions;
 }
 
@@ -1150,6 +1152,7 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
         return LLM_CUDA_STEP_UNAVAILABLE;
     }
     if (!LLM_CUDA_CHECK("decode step", launched)) return LLM_CUDA_STEP_REFUSED;
+    llm_cuda.step_stages = pl.stages;
     if (prog.trace) write_trace(pl, prog.trace, trace_n);
     return same ? LLM_CUDA_STEP_RAN : LLM_CUDA_STEP_RAN_NEW_TABLE;
 }
