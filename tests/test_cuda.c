@@ -404,10 +404,10 @@ static void test_fused_layer(void **state)
 
 #define DECODE_STEPS 64
 
-/* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
- * dir; with persisted, also how many persistent steps the device launched (its description says). */
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
+/* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
+ * dir; with persisted, also how many persistent steps the device launched (its description says). */
 static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, const char *device, const char *graphs,
                          const char *fuse, const char *persist, int *vocab, size_t *persisted)
 {
@@ -536,7 +536,7 @@ static void test_persistent_step(void **state)
          * order, so the same bits */
         const char *stages[] = {"3", "5"};
         float *longest = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
-        assert_int_equal(last_ring, 6);
+        assert_int_equal(last_ring, 6); /* a fixture's small vectors leave room for the longest */
         for (size_t k = 0; k < sizeof stages / sizeof *stages; k++) {
             setenv("LLM_CUDA_PERSIST_STAGES", stages[k], 1);
             float *shorter = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
