@@ -70,12 +70,11 @@ int32_t llm_argmax(const float *logits, int vocab)
     const int T = scan_threads(vocab);
     float best[MAX_SCAN_THREADS];
     int32_t at[MAX_SCAN_THREADS];
+    for (int t = 0; t < T; t++) at[t] = -1; /* (OpenMP may give fewer threads than asked) */
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
         at[t] = argmax_range(logits, slice_start(vocab, t, threads), slice_start(vocab, t + 1, threads), &best[t]);
-        if (t == 0)
-            for (int u = threads; u < T; u++) at[u] = -1; /* (fewer threads than asked) */
     }
     int32_t pick = -1;
     for (int t = 0; t < T; t++) /* slices in order: the first of equal maxima wins */
