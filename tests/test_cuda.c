@@ -499,9 +499,9 @@ static void test_graph_replay(void **state)
 /* ---- the persistent decode step (step.cu) against the kernel-per-op step and the reference ---- */
 
 /* Shorter rings (Llama-2-7B's 11,008-column input leaves room for 5 stages) add the same sums in the same order: the
- * same bits as full (n values), the fixture's run with the default ring just before (a fixture's small vectors leave
- * room for the longest, 6). */
-static void assert_shorter_rings_match(const char *fixture, const float *full, size_t n)
+ * same bits as full (n values), the fixture's run with the default ring and these splits just before (a fixture's
+ * small vectors leave room for the longest ring, 6). */
+static void assert_shorter_rings_match(const char *fixture, const float *full, size_t n, const char *const splits[2])
 {
     assert_int_equal(last_ring, 6);
     const char *stages[] = {"3", "5"};
@@ -509,8 +509,12 @@ static void assert_shorter_rings_match(const char *fixture, const float *full, s
         int vocab = 0;
         size_t persisted = 0;
         setenv("LLM_CUDA_PERSIST_STAGES", stages[k], 1);
+        setenv("LLM_CUDA_PERSIST_SPLITS", splits[0], 1);
+        setenv("LLM_CUDA_PERSIST_SPLIT_SCALE", splits[1], 1);
         float *shorter = decode_run_with(fixture, "cuda", "0", "1", "1", &vocab, &persisted);
         unsetenv("LLM_CUDA_PERSIST_STAGES");
+        unsetenv("LLM_CUDA_PERSIST_SPLITS");
+        unsetenv("LLM_CUDA_PERSIST_SPLIT_SCALE");
         assert_int_equal(persisted, DECODE_STEPS);
         assert_int_equal(last_ring, atoi(stages[k]));
         assert_memory_equal(shorter, full, n * sizeof *full);
@@ -526,8 +530,10 @@ static void test_persistent_step(void **state)
     /* every architecture the fixtures have: f32, bf16 and f16 weights, biases, MQA, head_dim 32, linear rope */
     const char *fixtures[] = {"llama-gqa-tied",   "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama-linear-rope",
                               "llama3-mqa-untied", "mistral-headdim",     "qwen2-bias"};
-    /* the KV splits: one (an item's rows take two ring stages past position 64), two, the default and most */
-    const char *splits[] = {"1", "2", "4"};
+    /* The KV splits (the most, and how fast they grow with the position): one (an item's rows take two ring stages
+     * past position 64); always two; and up to four with the count growing across the decode (positions 24-87: three
+     * from 25, four from 49), so a replayed step meets a count other than the one it was recorded with. */
+    const char *splits[][2] = {{"1", "49"}, {"2", "0"}, {"4", "4"}};
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
         int vocab = 0;
         size_t n_graphs = 0, n_plain = 0;
@@ -535,13 +541,16 @@ static void test_persistent_step(void **state)
         float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
         size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
         for (size_t k = 0; k < sizeof splits / sizeof *splits; k++) {
-            setenv("LLM_CUDA_PERSIST_SPLITS", splits[k], 1);
+            setenv("LLM_CUDA_PERSIST_SPLITS", splits[k][0], 1);
+            setenv("LLM_CUDA_PERSIST_SPLIT_SCALE", splits[k][1], 1);
             float *graphs = decode_run_with(fixtures[f], "cuda", "1", "1", "1", &vocab, &n_graphs);
             float *plain = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
             unsetenv("LLM_CUDA_PERSIST_SPLITS");
+            unsetenv("LLM_CUDA_PERSIST_SPLIT_SCALE");
             double e_kernels = rel_error(graphs, kernels, n), e_cpu = rel_error(graphs, cpu, n);
-            print_message("%s, %s splits: %zu persistent launches (graphs), %zu (plain); vs the kernel-per-op step "
-                          "%.2g, vs cpu %.2g\n", fixtures[f], splits[k], n_graphs, n_plain, e_kernels, e_cpu);
+            print_message("%s, at most %s splits (scale %s): %zu persistent launches (graphs), %zu (plain); vs the "
+                          "kernel-per-op step %.2g, vs cpu %.2g\n", fixtures[f], splits[k][0], splits[k][1], n_graphs,
+                          n_plain, e_kernels, e_cpu);
             /* it ran: once per step without graphs (the prompt is a batch); with them, until the step is captured
              * (the first upload of the program's table drops the graphs recorded so far: one more issued step) */
             assert_int_equal(n_plain, DECODE_STEPS);
@@ -550,7 +559,7 @@ static void test_persistent_step(void **state)
             /* the same ops with f32 sums in another order */
             assert_true(e_kernels < 1e-5);
             assert_true(e_cpu < 1e-4);
-            if (strcmp(splits[k], "4") == 0) assert_shorter_rings_match(fixtures[f], plain, n); /* the default */
+            if (strcmp(splits[k][0], "4") == 0) assert_shorter_rings_match(fixtures[f], plain, n, splits[k]);
             free(graphs), free(plain);
         }
         free(kernels), free(cpu);

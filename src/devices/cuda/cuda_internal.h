@@ -27,7 +27,9 @@ struct llm_cuda_ctx {
     int dec_warps;       /* LLM_CUDA_DEC_WARPS: 8 or 16 warps per decode-attention block; 0: by heads per block */
     int attn_window_kb;  /* LLM_CUDA_ATTN_WINDOW_KB: decode attention's staging window per block */
     int gemv_cpl;        /* LLM_CUDA_GEMV_CPL: 1 or 2 chunks per lane in every GEMV; 0: by row length */
-    int persist_splits;  /* LLM_CUDA_PERSIST_SPLITS: KV splits per head of the persistent step's attention */
+    int persist_splits;  /* LLM_CUDA_PERSIST_SPLITS: the most KV splits per head of the persistent step's attention */
+    int persist_split_scale; /* LLM_CUDA_PERSIST_SPLIT_SCALE: how fast the splits grow with the position (step.cu's
+                                splits_at); 0: always the most */
     int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
                             that fit */
     int step_stages;     /* the ring stages of the last persistent step launched (describe) */

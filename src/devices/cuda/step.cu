@@ -67,7 +67,7 @@ struct step_vec {
  * splits > 0, attention's partials (splits, heads, head_dim + 4) to combine. */
 struct step_src {
     const float *p;
-    int flagged, splits, head_dim;
+    int flagged, splits, head_dim, split_scale;
 };
 
 struct step_mat {
@@ -97,7 +97,7 @@ struct step_phase {
     /* PHASE_ATTENTION (head_dim above) */
     step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
     const float *k_cache, *v_cache; /* rows below the position, written by earlier steps */
-    int heads, kv_heads, splits;
+    int heads, kv_heads, splits, split_scale; /* splits: the most a step uses (splits_at) */
     float *partials;      /* (splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
 };
 
@@ -196,15 +196,30 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
 
 __device__ __forceinline__ int kv_per_stage(int head_dim) { return min(MAX_POS, STAGE / (8 * head_dim)); }
 
-/* Attention item u: query head h (of KV head g), split s over the cache rows [t0, t1) below the position. One item
- * per query head rather than per KV head: a group's heads read the same rows (from L2 after the first), but 8x the
- * items spread the arithmetic over 8x the SMs, which is what bounds attention in this kernel. */
-__device__ __forceinline__ void item_range(const step_phase &P, int u, int pos, int &h, int &g, int &s, int &t0,
-                                           int &t1)
+/* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once pos >= scale *
+ * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o product,
+ * a cost at every position; fewer splits make longer items, a cost growing with the position. On TinyLlama the best
+ * count grew as the square root of the position, and scale 49 picks it at every depth measured (docs/cuda-notes.md,
+ * version 91). Every block computes the same count from the position, so it may change from one step to the next. */
+__device__ __forceinline__ int splits_at(int most, int scale, int pos)
+{
+    int s = 1;
+    while (s < most && 4 * pos >= scale * (2 * s + 1) * (2 * s + 1)) s++;
+    return s;
+}
+
+/* Attention item u: query head h (of KV head g), split s of `splits` over the cache rows [t0, t1) below the position;
+ * false when this step uses fewer splits than the item's. One item per query head rather than per KV head: a group's
+ * heads read the same rows (from L2 after the first), but 8x the items spread the arithmetic over 8x the SMs, which is
+ * what bounds attention in this kernel. */
+__device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, int &h, int &g, int &s, int &splits,
+                                           int &t0, int &t1)
 {
     h = u % P.heads, g = h / (P.heads / P.kv_heads), s = u / P.heads;
-    const int len = (pos + P.splits - 1) / P.splits;
+    splits = splits_at(P.splits, P.split_scale, pos);
+    const int len = (pos + splits - 1) / splits;
     t0 = min(pos, s * len), t1 = min(pos, t0 + len);
+    return s < splits;
 }
 
 /* ---- the producer: every stage this block will consume, in order ---- */
@@ -239,8 +254,8 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
         one_by_one_until = attention ? it : it + prog.stages; /* a product's first ring */
         for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
             if (attention) {
-                int h, g, s, t0, t1;
-                item_range(P, u, pos, h, g, s, t0, t1);
+                int h, g, s, splits, t0, t1;
+                if (!item_range(P, u, pos, h, g, s, splits, t0, t1)) continue;
                 const int per = kv_per_stage(P.head_dim), kv_dim = P.kv_heads * P.head_dim;
                 const int row_bytes = P.head_dim * 4, pieces = row_bytes / 16;
                 const char *k_cache = (const char *)P.k_cache, *v_cache = (const char *)P.v_cache;
@@ -322,11 +337,11 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
  * Each thread loads every split's (m, l) and output values for one group of 4 columns a round. */
-__device__ void stage_partials(float *xs, const step_src &x, int cols, int ct)
+__device__ void stage_partials(float *xs, const step_src &x, int cols, int ct, int pos)
 {
     /* 1,024 columns a round: with two rounds' loads in flight (2,048 columns, TinyLlama's 32 heads of 64 at once) the
      * o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 % slower (docs/cuda-notes.md, version 70) */
-    const int S = x.splits, hd = x.head_dim, H = cols / hd, stride = hd + 4;
+    const int S = splits_at(x.splits, x.split_scale, pos), hd = x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
     auto record = [&](int s, int c) { return p + ((size_t)s * H + c / hd) * stride; };
@@ -387,7 +402,7 @@ __device__ __forceinline__ void normalise4(float *x, uint4 w, int dtype, float s
 
 /* The phase's input in xs as the product sees it: staged, combined or normalised (rmsnorm: w * (x * scale), the
  * scale from every value's square, summed by each block in the same order). Block 0 also writes it out. */
-__device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
+__device__ void stage_input(const step_phase &P, float *xs, float *red, int ct, int pos)
 {
     /* This thread's norm weights for its first NORM_HELD groups of 4 values, loaded before the input is polled for
      * (after it, they would cost a round trip); past 4,096 columns the rest are read after it. Holding all 8 groups
@@ -403,7 +418,7 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct)
         }
     consumers_sync(); /* everyone is done with the phase before's xs */
     if (P.x.splits)
-        stage_partials(xs, P.x, P.cols, ct);
+        stage_partials(xs, P.x, P.cols, ct, pos);
     else
         stage_plain(xs, P.x, P.cols, ct);
     if (P.norm_w) {
@@ -527,9 +542,9 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
                              uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
 {
     const int hd = P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
-    int h, g, s, t0, t1;
-    item_range(P, u, pos, h, g, s, t0, t1);
-    const bool last = s == P.splits - 1;
+    int h, g, s, splits, t0, t1;
+    if (!item_range(P, u, pos, h, g, s, splits, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
+    const bool last = s == splits - 1;
     float *qs = xs, *cur_k = qs + hd, *cur_v = cur_k + hd, *merge = cur_v + hd;
     consumers_sync(); /* xs free */
     const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
@@ -791,7 +806,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
             }
             uint4 held[ROWS];
             hold_stage(prog, ring, full, empty, held, it, ct);
-            stage_input(P, xs, red, ct);
+            stage_input(P, xs, red, ct, pos);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
                 consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
@@ -824,7 +839,7 @@ struct version {
     size_t count;
     int phase;
     bool partials, read_later, final_, copy_out;
-    int splits, head_dim;
+    int splits, head_dim, split_scale;
     size_t arena; /* floats from the arena's start, when it has a copy there */
 };
 
@@ -924,7 +939,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     int splits = llm_cuda.persist_splits < 1 ? 1 : llm_cuda.persist_splits > MAX_SPLITS ? MAX_SPLITS
                                                                                        : llm_cuda.persist_splits;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
-    P.splits = splits, P.units = op.heads * splits;
+    P.splits = splits, P.split_scale = llm_cuda.persist_split_scale, P.units = op.heads * splits;
     P.k_cache = op.k_cache, P.v_cache = op.v_cache;
     const int need = 3 * hd + WARPS * (hd + 2);
     if (need > pl.xs_floats) pl.xs_floats = need;
@@ -933,7 +948,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     r.v = read_of(c, op.v, kv_dim, i, false);
     r.partials = write_of(c, op.out, (size_t)op.heads * hd, i);
     version &v = c.vers[r.partials];
-    v.partials = true, v.splits = splits, v.head_dim = hd;
+    v.partials = true, v.splits = splits, v.head_dim = hd, v.split_scale = P.split_scale;
     return c.ok;
 }
 
@@ -1045,11 +1060,11 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
         return o;
     };
     auto src_of = [&](int v, const float *buffer) {
-        step_src s = {buffer, 0, 0, 0};
+        step_src s = {buffer, 0, 0, 0, 0};
         if (v < 0) return s;
         const version &V = c.vers[v];
         s.p = arena + V.arena, s.flagged = 1;
-        if (V.partials) s.splits = V.splits, s.head_dim = V.head_dim;
+        if (V.partials) s.splits = V.splits, s.head_dim = V.head_dim, s.split_scale = V.split_scale;
         return s;
     };
     for (int i = 0; i < pl.n; i++) {
