@@ -64,7 +64,8 @@ struct step_vec {
 };
 
 /* What a phase reads: an arena copy (flagged: poll until written) or a buffer complete before the launch; with
- * splits > 0, attention's partials (splits, heads, head_dim + 4) to combine. */
+ * splits > 0, attention's partials (splits, heads, head_dim + 4) to combine, of which a step uses the first
+ * splits_at(splits, split_scale, position). */
 struct step_src {
     const float *p;
     int flagged, splits, head_dim, split_scale;
@@ -200,7 +201,8 @@ __device__ __forceinline__ int kv_per_stage(int head_dim) { return min(MAX_POS, 
  * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o product,
  * a cost at every position; fewer splits make longer items, a cost growing with the position. On TinyLlama the best
  * count grew as the square root of the position, and scale 49 picks it at every depth measured (docs/cuda-notes.md,
- * version 91). Every block computes the same count from the position, so it may change from one step to the next. */
+ * versions 91 and 95). Every block computes the same count from the position, so it may change from one step to the
+ * next. */
 __device__ __forceinline__ int splits_at(int most, int scale, int pos)
 {
     int s = 1;
