@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "model/sampler.h"
+#include "support/fixture_util.h" /* fixture_argmax: greedy by definition, the first index of the largest value */
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 
@@ -73,15 +74,6 @@ static int32_t reference_sample(const float *logits, int vocab, float temp, int 
         if (r < cum) return cand[i].id;
     }
     return cand[n - 1].id;
-}
-
-/* Greedy by definition: the first index of the largest value. */
-static int32_t reference_argmax(const float *logits, int vocab)
-{
-    int32_t best = 0;
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
 }
 
 /* Logits with many exact ties (values on a coarse grid), so that the order of equal logits decides draws. */
@@ -148,7 +140,7 @@ static void test_long_vocabulary(void **state)
             random_logits(logits, VOCAB, 12.0f, d % 2 ? 0.5f : 1e-3f);
             const int32_t want = reference_sample(logits, VOCAB, 0.8f, top_ks[k], 0.95f, 0.05f, &ref_state, cand);
             assert_int_equal(llm_sampler_sample(&s, logits), want);
-            assert_int_equal(llm_argmax(logits, VOCAB), reference_argmax(logits, VOCAB));
+            assert_int_equal(llm_argmax(logits, VOCAB), fixture_argmax(logits, VOCAB));
         }
         llm_sampler_free(&s);
     }
@@ -200,7 +192,7 @@ static void test_argmax(void **state)
     float logits[VOCAB];
     for (int round = 0; round < 200; round++) {
         random_logits(logits, VOCAB, 5.0f, round % 2 ? 0.5f : 1e-4f);
-        assert_int_equal(llm_argmax(logits, VOCAB), reference_argmax(logits, VOCAB));
+        assert_int_equal(llm_argmax(logits, VOCAB), fixture_argmax(logits, VOCAB));
     }
     for (int i = 0; i < VOCAB; i++) logits[i] = 1.0f;
     assert_int_equal(llm_argmax(logits, VOCAB), 0); /* ties: the first */

@@ -645,7 +645,8 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.persist = env_flag("LLM_CUDA_PERSIST", true) && g.prop.major >= 9 && g.prop.cooperativeLaunch;
     llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
     llm_cuda.persist_split_scale = env_int("LLM_CUDA_PERSIST_SPLIT_SCALE", 49);
-    if (llm_cuda.persist_split_scale < 0 || llm_cuda.persist_split_scale > 1 << 24) llm_cuda.persist_split_scale = 0;
+    if (llm_cuda.persist_split_scale < 0) llm_cuda.persist_split_scale = 0;
+    if (llm_cuda.persist_split_scale > 1 << 24) llm_cuda.persist_split_scale = 1 << 24; /* (splits_at's products fit) */
     llm_cuda.persist_stages = env_int("LLM_CUDA_PERSIST_STAGES", 0);
     llm_cuda.step_trace = getenv("LLM_CUDA_STEP_TRACE");
     if (llm_cuda.step_trace && !*llm_cuda.step_trace) llm_cuda.step_trace = NULL;

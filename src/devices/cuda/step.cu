@@ -840,8 +840,7 @@ struct version {
     const float *real;
     size_t count;
     int phase;
-    bool partials, read_later, final_, copy_out;
-    int splits, head_dim, split_scale;
+    bool partials, read_later, final_, copy_out; /* partials: attention's, laid out as its phase's splits say */
     size_t arena; /* floats from the arena's start, when it has a copy there */
 };
 
@@ -949,8 +948,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     r.k = read_of(c, op.k, kv_dim, i, false);
     r.v = read_of(c, op.v, kv_dim, i, false);
     r.partials = write_of(c, op.out, (size_t)op.heads * hd, i);
-    version &v = c.vers[r.partials];
-    v.partials = true, v.splits = splits, v.head_dim = hd, v.split_scale = P.split_scale;
+    c.vers[r.partials].partials = true;
     return c.ok;
 }
 
@@ -1031,7 +1029,8 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
         if (V.partials && (V.copy_out || (V.final_ && !V.read_later))) return false;
         if (V.read_later || V.copy_out) {
             V.arena = pl.arena_floats;
-            size_t floats = V.partials ? (size_t)V.splits * (V.count / V.head_dim) * (V.head_dim + 4) : V.count;
+            const step_phase &W = pl.phases[V.phase]; /* the phase that wrote it */
+            size_t floats = V.partials ? (size_t)W.splits * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
@@ -1066,7 +1065,8 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
         if (v < 0) return s;
         const version &V = c.vers[v];
         s.p = arena + V.arena, s.flagged = 1;
-        if (V.partials) s.splits = V.splits, s.head_dim = V.head_dim, s.split_scale = V.split_scale;
+        const step_phase &W = pl.phases[V.phase]; /* attention, when V is its partials */
+        if (V.partials) s.splits = W.splits, s.head_dim = W.head_dim, s.split_scale = W.split_scale;
         return s;
     };
     for (int i = 0; i < pl.n; i++) {
