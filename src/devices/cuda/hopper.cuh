@@ -74,6 +74,27 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
                  : "memory");
 }
 
+/* An L2 policy that evicts these lines first: for what is read once a step. The weights go through L2 at 2 GB a
+ * token (TinyLlama), and under the default policy they evict what the next step reads again, the KV cache above all
+ * (docs/cuda-notes.md, version 99). */
+__device__ __forceinline__ uint64_t l2_evict_first()
+{
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+/* bulk_copy under an L2 policy (l2_evict_first). */
+__device__ __forceinline__ void bulk_copy_hinted(void *dst, const void *src, uint32_t bytes, uint64_t *bar,
+                                                 uint64_t policy)
+{
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::
+            "r"(smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+        : "memory");
+}
+
 /* 16 bytes from global src to shared dst (both 16-byte aligned), through L2 only, asynchronously. */
 __device__ __forceinline__ void copy16_async(void *dst, const void *src)
 {

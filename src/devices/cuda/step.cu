@@ -239,6 +239,7 @@ __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, 
 __device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
 {
     const int lane = threadIdx.x & 31;
+    const uint64_t read_once = l2_evict_first(); /* the weights: the KV rows and the arena stay in L2 between steps */
     int it = 0, one_by_one_until = 0; /* the stages below it go one at a time */
     auto next_slot = [&](uint64_t *&bar) {
         const int slot = it % prog.stages, use = it / prog.stages;
@@ -291,7 +292,7 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
                 char *slot = next_slot(bar);
                 if (lane == 0) mbar_expect_tx(bar, bytes * n);
                 __syncwarp();
-                if (row) bulk_copy(slot + lane * CHUNK, row + off, bytes, bar);
+                if (row) bulk_copy_hinted(slot + lane * CHUNK, row + off, bytes, bar, read_once);
             }
         }
     }
