@@ -514,6 +514,7 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     if (lane < n) {
         const float *k = K + lane * hd;
         float dot = 0.0f;
+#pragma unroll 4
         for (int c = 0; c < q4; c++) {
             const int i = (c + lane) % q4 * 4; /* rotated: neighbouring lanes (rows) read different banks */
             const float4 a = *(const float4 *)(q + i), b = *(const float4 *)(k + i);
@@ -528,12 +529,20 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     l = l * alpha + llm_cuda_warp_sum(e);
 #pragma unroll
     for (int k = 0; k < MAX_DIMS; k++) acc[k] *= alpha;
-    for (int j = 0; j < n; j++) {
+    auto take = [&](int j) {
         const float ej = __shfl_sync(0xffffffffu, e, j);
         const float *v = V + j * hd;
 #pragma unroll
         for (int k = 0; k < MAX_DIMS; k++)
             if (lane + 32 * k < hd) acc[k] += ej * v[lane + 32 * k];
+    };
+    /* a full run unrolled, so the shuffles do not wait on each other: the run after a stage lands is on the step's
+     * critical path (TinyLlama +0.9 %, docs/cuda-notes.md version 100) */
+    if (n == 32) {
+#pragma unroll
+        for (int j = 0; j < 32; j++) take(j);
+    } else {
+        for (int j = 0; j < n; j++) take(j);
     }
     m = m_new;
 }
