@@ -605,16 +605,26 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     if (lane == 0) mine[0] = m, mine[1] = l;
     consumers_sync();
     if (warp) return;
-    for (int o = 1; o < WARPS; o++) {
-        const float *other = merge + o * (hd + 2), m2 = other[0];
-        const float M = fmaxf(m, m2);
-        if (M == -INFINITY) continue; /* neither has seen a position */
-        const float a1 = expf(m - M), a2 = expf(m2 - M);
-        l = l * a1 + other[1] * a2;
+    /* Lane w < 8 takes warp w's max and sum, so the weights exp(m_w - M) come at once: merged one warp after another,
+     * each merge waited on the one before's exp (TinyLlama +1.3 %, docs/cuda-notes.md version 101). */
+    const float mw = lane < WARPS ? merge[lane * (hd + 2)] : -INFINITY;
+    float M = mw;
+#pragma unroll
+    for (int o = WARPS / 2; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    M = __shfl_sync(0xffffffffu, M, 0);
+    const float w = mw == -INFINITY ? 0.0f : expf(mw - M); /* (a warp that saw no position weighs 0) */
+    float L = lane < WARPS ? w * merge[lane * (hd + 2) + 1] : 0.0f;
+#pragma unroll
+    for (int o = WARPS / 2; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    m = M, l = __shfl_sync(0xffffffffu, L, 0);
+#pragma unroll
+    for (int k = 0; k < MAX_DIMS; k++) acc[k] = 0.0f;
+#pragma unroll
+    for (int o = 0; o < WARPS; o++) {
+        const float wo = __shfl_sync(0xffffffffu, w, o), *other = merge + o * (hd + 2) + 2;
 #pragma unroll
         for (int k = 0; k < MAX_DIMS; k++)
-            if (lane + 32 * k < hd) acc[k] = acc[k] * a1 + other[2 + lane + 32 * k] * a2;
-        m = M;
+            if (lane + 32 * k < hd) acc[k] += wo * other[lane + 32 * k];
     }
 #pragma unroll
     for (int k = 0; k < MAX_DIMS; k++)
