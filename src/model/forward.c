@@ -45,7 +45,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->gate, B * inter * sizeof(float)},   {(void **)&s->up, B * inter * sizeof(float)},
         {(void **)&s->logits, n_logits * vocab * sizeof(float)},
         {(void **)&s->key_cache, cache * sizeof(float)},  {(void **)&s->value_cache, cache * sizeof(float)},
-        {(void **)&s->tokens, B * sizeof(int32_t)},       {(void **)&s->positions, B * sizeof(int32_t)},
+        {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (*bufs[i].buf) continue; /* the shared logits */
@@ -66,8 +66,8 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         s->logits_pinned = s->host_logits != NULL;
         if (!s->host_logits) s->host_logits = malloc(logit_bytes);
     }
-    s->host_positions = malloc(B * sizeof(int32_t));
-    if (!s->host_logits || !s->host_positions) {
+    s->host_ids = malloc(2 * B * sizeof(int32_t));
+    if (!s->host_logits || !s->host_ids) {
         snprintf(err, err_len, "out of host memory for the logits (%zu x %zu)", n_logits, vocab);
         llm_state_free(s, m);
         return -1;
@@ -79,14 +79,14 @@ void llm_state_free(llm_state *s, const llm_model *m)
 {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->gate, s->up, s->logits, s->key_cache, s->value_cache,
-                    s->tokens, s->positions};
+                    s->step_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i] && !(s->logits_shared && bufs[i] == s->logits)) m->rt.dev->free(bufs[i]);
     if (s->logits_pinned)
         m->rt.dev->host_free(s->host_logits);
     else
         free(s->host_logits);
-    free(s->host_positions);
+    free(s->host_ids);
     memset(s, 0, sizeof *s);
 }
 
@@ -110,10 +110,13 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             snprintf(err, err_len, "token id %d is outside the vocabulary (%d)", tokens[i], c->vocab_size);
             return -1;
         }
-        s->host_positions[i] = pos + i;
+        s->host_ids[i] = tokens[i];
+        s->host_ids[n + i] = pos + i;
     }
-    if (dev->upload(s->tokens, tokens, (size_t)n * sizeof(int32_t)) != 0 ||
-        dev->upload(s->positions, s->host_positions, (size_t)n * sizeof(int32_t)) != 0) {
+    /* One upload for both: on cuda each is a copy the host waits for, ~1.9 us a token (docs/cuda-notes.md, version
+     * 108). The positions follow the n tokens, so a step's two pointers depend on n alone, as a recorded step needs. */
+    const int32_t *step_tokens = s->step_ids, *positions = s->step_ids + n;
+    if (dev->upload(s->step_ids, s->host_ids, 2 * (size_t)n * sizeof(int32_t)) != 0) {
         if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot upload the step's tokens", dev->name);
         return -1;
     }
@@ -130,7 +133,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     bool recordable = dev->step_begin && dev->step_end && !m->trace;
     bool replay = recordable && dev->step_begin(n);
     if (!replay) {
-        op->embed(s->x, &m->embed_tokens, s->tokens, n);
+        op->embed(s->x, &m->embed_tokens, step_tokens, n);
         trace(m, "embed", -1, s->x, xs);
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -147,9 +150,9 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             trace(m, "q", l, s->q, (size_t)n * heads * hd);
             trace(m, "k", l, s->k, (size_t)n * kv_dim);
             trace(m, "v", l, s->v, (size_t)n * kv_dim);
-            op->rope(s->q, s->k, s->positions, m->inv_freq, n, heads, kv_heads, hd);
+            op->rope(s->q, s->k, positions, m->inv_freq, n, heads, kv_heads, hd);
             trace(m, "q_rope", l, s->q, (size_t)n * heads * hd);
-            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, s->positions, n, heads, kv_heads, hd, s->ctx);
+            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx);
             trace(m, "attention", l, s->att, (size_t)n * heads * hd);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
             trace(m, "attn_out", l, s->xb, xs);

@@ -76,13 +76,12 @@ typedef struct {
     float *logits;           /* (max_batch or 1, vocab) */
     float *key_cache;        /* (layers, ctx, kv_dim) */
     float *value_cache;      /* (layers, ctx, kv_dim) */
-    int32_t *tokens;         /* (max_batch) */
-    int32_t *positions;      /* (max_batch) */
+    int32_t *step_ids;       /* (2 * max_batch): a call's n token ids, then its n positions (one upload) */
     /* host */
     float *host_logits;      /* (max_batch or 1, vocab); from the device's host_alloc when logits_pinned */
     bool logits_pinned;
     bool logits_shared;      /* logits is host_logits (the device's shared_alloc): written in place, not downloaded */
-    int32_t *host_positions; /* (max_batch) */
+    int32_t *host_ids;       /* (2 * max_batch): what step_ids receives */
     size_t device_bytes;     /* what the buffers above take on the device */
     size_t kv_bytes;
 } llm_state;
