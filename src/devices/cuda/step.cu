@@ -605,8 +605,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     if (lane == 0) mine[0] = m, mine[1] = l;
     consumers_sync();
     if (warp) return;
-    /* Lane w < 8 takes warp w's max and sum, so the weights exp(m_w - M) come at once: merged one warp after another,
-     * each merge waited on the one before's exp (TinyLlama +1.3 %, docs/cuda-notes.md version 101). */
+    /* Lane w < WARPS takes warp w's max and sum, so the weights exp(m_w - M) come at once: merged one warp after
+     * another, each merge waited on the one before's exp (TinyLlama +1.3 %, docs/cuda-notes.md version 101). */
     const float mw = lane < WARPS ? merge[lane * (hd + 2)] : -INFINITY;
     float M = mw;
 #pragma unroll
