@@ -64,11 +64,11 @@ struct step_vec {
 };
 
 /* What a phase reads: an arena copy (flagged: poll until written) or a buffer complete before the launch; with
- * splits > 0, attention's partials (splits, heads, head_dim + 4) to combine, of which a step uses the first
- * splits_at(splits, split_scale, position). */
+ * partials, attention's per-split records (splits, heads, head_dim + 4) to combine, of which a step uses the first
+ * `splits` (step_kernel's). */
 struct step_src {
     const float *p;
-    int flagged, splits, head_dim, split_scale;
+    int flagged, partials, head_dim;
 };
 
 struct step_mat {
@@ -98,7 +98,7 @@ struct step_phase {
     /* PHASE_ATTENTION (head_dim above) */
     step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
     const float *k_cache, *v_cache; /* rows below the position, written by earlier steps */
-    int heads, kv_heads, splits, split_scale; /* splits: the most a step uses (splits_at) */
+    int heads, kv_heads, splits; /* splits: the most a step uses (splits_at) */
     float *partials;      /* (splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
 };
 
@@ -112,6 +112,7 @@ struct step_program {
     const step_phase *phases;
     const step_copy *copies;
     int n_phases, n_copies;
+    int most_splits, split_scale; /* of the KV cache rows per head: splits_at */
     int first_gemv;           /* the first GEMV phase's index (n_phases: none) */
     const int32_t *positions; /* [0]: the step's position */
     unsigned *done;           /* blocks finished, counted up from EMPTY (the arena's fill) */
@@ -210,15 +211,14 @@ __device__ __forceinline__ int splits_at(int most, int scale, int pos)
     return s;
 }
 
-/* Attention item u: query head h (of KV head g), split s of `splits` over the cache rows [t0, t1) below the position;
- * false when this step uses fewer splits than the item's. One item per query head rather than per KV head: a group's
- * heads read the same rows (from L2 after the first), but 8x the items spread the arithmetic over 8x the SMs, which is
- * what bounds attention in this kernel. */
-__device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, int &h, int &g, int &s, int &splits,
+/* Attention item u: query head h (of KV head g), split s of the step's `splits` over the cache rows [t0, t1) below
+ * the position; false when the step uses fewer splits than the item's. One item per query head rather than per KV
+ * head: a group's heads read the same rows (from L2 after the first), but 8x the items spread the arithmetic over 8x
+ * the SMs, which is what bounds attention in this kernel. */
+__device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, int splits, int &h, int &g, int &s,
                                            int &t0, int &t1)
 {
     h = u % P.heads, g = h / (P.heads / P.kv_heads), s = u / P.heads;
-    splits = splits_at(P.splits, P.split_scale, pos);
     const int len = (pos + splits - 1) / splits;
     t0 = min(pos, s * len), t1 = min(pos, t0 + len);
     return s < splits;
@@ -236,7 +236,7 @@ __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, 
  * products after the edge ended later and less evenly (TinyLlama's gate/up: its blocks done 15.2-19.0 us after the
  * o product, against 14.1-16.8), and one stage at a time throughout starved the long phases (Llama-2-7B -6 %).
  * Attention's KV rows are not held back: its items wait for them (docs/cuda-notes.md, version 60). */
-__device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos)
+__device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos, int splits)
 {
     const int lane = threadIdx.x & 31;
     const uint64_t read_once = l2_evict_first(); /* the weights: the KV rows and the arena stay in L2 between steps */
@@ -257,8 +257,8 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
         one_by_one_until = attention ? it : it + prog.stages; /* a product's first ring */
         for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
             if (attention) {
-                int h, g, s, splits, t0, t1;
-                if (!item_range(P, u, pos, h, g, s, splits, t0, t1)) continue;
+                int h, g, s, t0, t1;
+                if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) continue;
                 const int per = kv_per_stage(P.head_dim), kv_dim = P.kv_heads * P.head_dim;
                 const int row_bytes = P.head_dim * 4, pieces = row_bytes / 16;
                 const char *k_cache = (const char *)P.k_cache, *v_cache = (const char *)P.v_cache;
@@ -340,11 +340,11 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
  * Each thread loads every split's (m, l) and output values for one group of 4 columns a round. */
-__device__ void stage_partials(float *xs, const step_src &x, int cols, int ct, int pos)
+__device__ void stage_partials(float *xs, const step_src &x, int cols, int ct, int S)
 {
     /* 1,024 columns a round: with two rounds' loads in flight (2,048 columns, TinyLlama's 32 heads of 64 at once) the
      * o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 % slower (docs/cuda-notes.md, version 70) */
-    const int S = splits_at(x.splits, x.split_scale, pos), hd = x.head_dim, H = cols / hd, stride = hd + 4;
+    const int hd = x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
     auto record = [&](int s, int c) { return p + ((size_t)s * H + c / hd) * stride; };
@@ -405,7 +405,7 @@ __device__ __forceinline__ void normalise4(float *x, uint4 w, int dtype, float s
 
 /* The phase's input in xs as the product sees it: staged, combined or normalised (rmsnorm: w * (x * scale), the
  * scale from every value's square, summed by each block in the same order). Block 0 also writes it out. */
-__device__ void stage_input(const step_phase &P, float *xs, float *red, int ct, int pos)
+__device__ void stage_input(const step_phase &P, float *xs, float *red, int ct, int splits)
 {
     /* This thread's norm weights for its first NORM_HELD groups of 4 values, loaded before the input is polled for
      * (after it, they would cost a round trip); past 4,096 columns the rest are read after it. Holding all 8 groups
@@ -420,8 +420,8 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct, 
             nw[k] = norm_weights(P, c, wsize);
         }
     consumers_sync(); /* everyone is done with the phase before's xs */
-    if (P.x.splits)
-        stage_partials(xs, P.x, P.cols, ct, pos);
+    if (P.x.partials)
+        stage_partials(xs, P.x, P.cols, ct, splits);
     else
         stage_plain(xs, P.x, P.cols, ct);
     if (P.norm_w) {
@@ -550,12 +550,12 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
 /* One attention item: query head h, split s. The 8 warps take turns over runs of 32 cached positions from the ring
  * (no block barrier per stage); the first also takes this token's own row in the last split. The warps then merge,
  * and the head's partial (max, sum, 0, 0, output) goes to the arena. */
-__device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, const char *ring,
-                             uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
+__device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits,
+                             const char *ring, uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
 {
     const int hd = P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
-    int h, g, s, splits, t0, t1;
-    if (!item_range(P, u, pos, h, g, s, splits, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
+    int h, g, s, t0, t1;
+    if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
     const bool last = s == splits - 1;
     float *qs = xs, *cur_k = qs + hd, *cur_v = cur_k + hd, *merge = cur_v + hd;
     consumers_sync(); /* xs free */
@@ -802,6 +802,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __shared__ __align__(16) step_phase signal_tab[2];
     float *xs = (float *)(ring + (size_t)prog.stages * STAGE);
     const int tid = threadIdx.x, pos = prog.positions[0];
+    const int splits = splits_at(prog.most_splits, prog.split_scale, pos); /* this step's, the same on every block */
     if (tid == 0) {
         for (int s = 0; s < prog.stages; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], WARPS);
         sums.init();
@@ -810,7 +811,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __syncthreads();
 
     if (tid < 32) {
-        produce(prog, ring, full, empty, pos);
+        produce(prog, ring, full, empty, pos, splits);
     } else if (tid >= 32 + CONSUMERS) {
         signal(prog, sums, signal_tab, pos);
     } else {
@@ -822,13 +823,13 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
             if (P.kind == PHASE_ATTENTION) {
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
                 for (int u = first_unit(P); u < P.units; u += gridDim.x)
-                    consume_item(P, prog, u, pos, ring, full, empty, xs, it, ct);
+                    consume_item(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
                 continue;
             }
             uint4 held[ROWS];
             hold_stage(prog, ring, full, empty, held, it, ct);
-            stage_input(P, xs, red, ct, pos);
+            stage_input(P, xs, red, ct, splits);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
                 consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
@@ -945,6 +946,13 @@ static bool same_positions(plan &pl, const int32_t *p)
     return true;
 }
 
+/* LLM_CUDA_PERSIST_SPLITS within what the o product's staging holds */
+static int most_splits(void)
+{
+    const int most = llm_cuda.persist_splits;
+    return most < 1 ? 1 : most > MAX_SPLITS ? MAX_SPLITS : most;
+}
+
 static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
 {
     compiler &c = pl.c;
@@ -957,10 +965,9 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
-    int splits = llm_cuda.persist_splits < 1 ? 1 : llm_cuda.persist_splits > MAX_SPLITS ? MAX_SPLITS
-                                                                                       : llm_cuda.persist_splits;
+    const int splits = most_splits();
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
-    P.splits = splits, P.split_scale = llm_cuda.persist_split_scale, P.units = op.heads * splits;
+    P.splits = splits, P.units = op.heads * splits;
     P.k_cache = op.k_cache, P.v_cache = op.v_cache;
     const int need = 3 * hd + WARPS * (hd + 2);
     if (need > pl.xs_floats) pl.xs_floats = need;
@@ -1081,12 +1088,12 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
         return o;
     };
     auto src_of = [&](int v, const float *buffer) {
-        step_src s = {buffer, 0, 0, 0, 0};
+        step_src s = {buffer, 0, 0, 0};
         if (v < 0) return s;
         const version &V = c.vers[v];
         s.p = arena + V.arena, s.flagged = 1;
         const step_phase &W = pl.phases[V.phase]; /* attention, when V is its partials */
-        if (V.partials) s.splits = W.splits, s.head_dim = W.head_dim, s.split_scale = W.split_scale;
+        if (V.partials) s.partials = 1, s.head_dim = W.head_dim;
         return s;
     };
     for (int i = 0; i < pl.n; i++) {
@@ -1101,7 +1108,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
         const llm_cuda_gemv &job = op.gemv;
         P.x = src_of(r.x, job.norm_src ? job.norm_src : job.x);
         P.staged = vec_of(r.staged);
-        if (P.x.splits && c.vers[r.x].final_) P.staged.real = (float *)c.vers[r.x].real; /* attention's, combined */
+        if (P.x.partials && c.vers[r.x].final_) P.staged.real = (float *)c.vers[r.x].real; /* attention's, combined */
         for (int m = 0; m < P.n_mats; m++) P.mats[m].out = vec_of(r.out[m]);
         if (P.epi == LLM_CUDA_EPI_ADD) P.resid = src_of(r.resid, job.resid), P.resid_out = vec_of(r.resid_out);
     }
@@ -1166,6 +1173,7 @@ static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
     prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.done = (unsigned *)arena, prog.stages = pl.stages;
+    prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step") ||
         !LLM_CUDA_CHECK("decode step",
                         cudaMemsetAsync(arena, 0xff, pl.arena_floats * sizeof(float), llm_cuda.stream)))
