@@ -95,17 +95,15 @@ __device__ __forceinline__ void bulk_copy_hinted(void *dst, const void *src, uin
         : "memory");
 }
 
-/* 16 bytes from global src to shared dst (both 16-byte aligned), through L2 only, asynchronously. */
-__device__ __forceinline__ void copy16_async(void *dst, const void *src)
+/* A box of a 2-D tensor (a CUtensorMap in global memory, 64-byte aligned) at element (x, y) to shared dst (128-byte
+ * aligned) by the copy engine, completing on bar: one request for many strided rows, where a bulk copy a row paid
+ * the engine's per-request time for each. */
+__device__ __forceinline__ void tensor_copy_2d(void *dst, const void *map, int x, int y, uint64_t *bar)
 {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-
-/* bar's phase waits, besides its arrivals, until this thread's copy16_async so far have landed (the pending count
- * goes up by one now and down when they have). */
-__device__ __forceinline__ void copies16_arrive(uint64_t *bar)
-{
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];" ::"r"(smem_u32(dst)),
+                 "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
+                 : "memory");
 }
 
 /* Polls: loads the compiler must issue each time (a plain load in a loop may be hoisted, and a loop that could spin

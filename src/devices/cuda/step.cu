@@ -8,7 +8,7 @@
  *
  *  - a producer warp copies every weight tile this block owns, phase after phase, into a ring of 32 KB shared-memory
  *    stages (cp.async.bulk, an mbarrier per stage full and one per stage empty), and for attention the KV-cache rows
- *    of its items (cp.async, 16 bytes a lane); it never waits on data, only for a free stage (and at the start of
+ *    of its items (cp.async.bulk.tensor, 32 rows a copy); it never waits on data, only for a free stage (and at the start of
  *    a phase for the stage before to land);
  *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
  *    of every row) and hand the warps' partial sums on; a product's first stage they take into registers before
@@ -34,6 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "cuda_internal.h"
 #include "hopper.cuh"
 
@@ -50,6 +53,7 @@ constexpr int PARTS = 4;                /* tiles' partial sums in flight to the 
 constexpr unsigned EMPTY = 0xffffffffu;
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
 constexpr int MAX_POS = 64;             /* KV positions per attention stage */
+constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int NORM_HELD = 4;            /* a norm prologue's weights held in registers: its first 4 x 1024 columns */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
@@ -100,6 +104,7 @@ struct step_phase {
     const float *k_cache, *v_cache; /* rows below the position, written by earlier steps */
     int heads, kv_heads, splits; /* splits: the most a step uses (splits_at) */
     float *partials;      /* (splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
+    const CUtensorMap *kv_maps; /* the K and V caches as 2-D tensors (ctx rows of kv_dim) */
 };
 
 struct step_copy {
@@ -196,7 +201,11 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
     return r < M.rows ? r : -1;
 }
 
-__device__ __forceinline__ int kv_per_stage(int head_dim) { return min(MAX_POS, STAGE / (8 * head_dim)); }
+/* KV positions per attention stage: whole tensor copies of KV_BOX rows (head_dim <= 32 * MAX_DIMS: at least one) */
+__host__ __device__ __forceinline__ int kv_per_stage(int head_dim)
+{
+    return min(MAX_POS, STAGE / (8 * head_dim)) / KV_BOX * KV_BOX;
+}
 
 /* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once pos >= scale *
  * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o product,
@@ -227,9 +236,10 @@ __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, 
 /* ---- the producer: every stage this block will consume, in order ---- */
 
 /* Run by the whole producer warp. A weight stage is 8 row chunks of 4 KB, each a bulk copy by one lane. An attention
- * stage is 2 x 64 KV rows of 256 bytes, which the copy engine moves at about one row per 19 ns an SM (attention took
- * 5.5 us an item of 144 positions that way, docs/cuda-notes.md version 59): the lanes copy those 16 bytes at a time
- * instead (cp.async), and the stage's barrier completes once every lane's copies have landed.
+ * stage is up to 64 rows of the K cache and the same of V, 256 bytes each (TinyLlama) and 1 KB apart: lane 0 copies
+ * them as boxes of 32 rows of a 2-D tensor, one request a box. A bulk copy a row paid the copy engine's time per
+ * request, about 19 ns an SM (docs/cuda-notes.md, version 59), and 16 bytes a lane (cp.async) took the producer
+ * 2.3 us a stage of issuing, through the pipe the consumers' shared-memory loads use (version 111).
  *
  * A product's first ring of stages goes one stage at a time: each waits for the one before to land. Those are the
  * copies every block issues at once around an edge; with all six of a block's in flight (25 MB on the GPU) the
@@ -255,26 +265,28 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
         const step_phase &P = prog.phases[ph];
         const bool attention = P.kind == PHASE_ATTENTION;
         one_by_one_until = attention ? it : it + prog.stages; /* a product's first ring */
+        if (attention && lane < 2) /* the maps: written by a copy from the host, read by the copy engine */
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(P.kv_maps + lane) : "memory");
         for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
             if (attention) {
                 int h, g, s, t0, t1;
                 if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) continue;
-                const int per = kv_per_stage(P.head_dim), kv_dim = P.kv_heads * P.head_dim;
-                const int row_bytes = P.head_dim * 4, pieces = row_bytes / 16;
-                const char *k_cache = (const char *)P.k_cache, *v_cache = (const char *)P.v_cache;
+                const int per = kv_per_stage(P.head_dim), hd = P.head_dim, row_bytes = hd * 4;
+                const CUtensorMap *maps = P.kv_maps;
                 for (int c0 = t0; c0 < t1; c0 += per) {
-                    const int n = min(per, t1 - c0);
+                    /* whole boxes: the rows past the item's (up to 31; zeros past the cache's end) land unread */
+                    const int boxes = (min(per, t1 - c0) + KV_BOX - 1) / KV_BOX;
                     uint64_t *bar;
                     char *slot = next_slot(bar);
-                    for (int i = lane; i < n * pieces; i += 32) {
-                        const int p = i / pieces, piece = i % pieces * 16, at = p * row_bytes + piece;
-                        const size_t from = ((size_t)(c0 + p) * kv_dim + (size_t)g * P.head_dim) * 4 + piece;
-                        copy16_async(slot + at, k_cache + from);
-                        copy16_async(slot + per * row_bytes + at, v_cache + from);
+                    if (lane == 0) {
+                        mbar_expect_tx(bar, (uint32_t)(boxes * KV_BOX * row_bytes * 2));
+                        for (int b = 0; b < boxes; b++) {
+                            char *k_rows = slot + b * KV_BOX * row_bytes;
+                            tensor_copy_2d(k_rows, maps, g * hd, c0 + b * KV_BOX, bar);
+                            tensor_copy_2d(k_rows + per * row_bytes, maps + 1, g * hd, c0 + b * KV_BOX, bar);
+                        }
                     }
-                    copies16_arrive(bar); /* (the barrier then also waits for this lane's copies) */
                     __syncwarp();
-                    if (lane == 0) mbar_arrive(bar);
                 }
                 continue;
             }
@@ -874,6 +886,7 @@ struct ext_read {
 /* A phase's references to versions (-1: none / read from the buffer itself), resolved once the arena is laid out. */
 struct refs {
     int x, resid, q, k, v, staged, resid_out, out[LLM_CUDA_GEMV_MATS], partials;
+    int kv_maps; /* attention: its K map's index in the plan's maps (V's the next) */
 };
 
 struct compiler {
@@ -937,6 +950,9 @@ struct plan {
     const int32_t *positions;
     int xs_floats, stages, first_gemv;
     size_t arena_floats, vec_bytes;
+    CUtensorMap *maps; /* two an attention phase (K, V), at maps_at in the table (128-byte aligned) */
+    int n_maps;
+    size_t maps_at;
 };
 
 static bool same_positions(plan &pl, const int32_t *p)
@@ -951,6 +967,37 @@ static int most_splits(void)
 {
     const int most = llm_cuda.persist_splits;
     return most < 1 ? 1 : most > MAX_SPLITS ? MAX_SPLITS : most;
+}
+
+/* The driver's tensor-map encoder, looked up once (through the runtime: no link to the driver library); NULL where
+ * the driver has none. */
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 encode;
+    static bool looked;
+    if (!looked) {
+        looked = true;
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+                cudaSuccess &&
+            found == cudaDriverEntryPointSuccess)
+            encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        cudaGetLastError();
+    }
+    return encode;
+}
+
+/* A layer's K or V cache, (ctx, kv_dim) f32, as a 2-D tensor whose boxes are KV_BOX rows of one head. */
+static bool kv_map(CUtensorMap *map, const float *cache, int ctx, int kv_dim, int head_dim)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)kv_dim, (cuuint64_t)ctx}, strides[1] = {(cuuint64_t)kv_dim * 4};
+    const cuuint32_t box[2] = {(cuuint32_t)head_dim, (cuuint32_t)KV_BOX}, steps[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)cache, dims, strides, box, steps,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
@@ -969,6 +1016,10 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.splits = splits, P.units = op.heads * splits;
     P.k_cache = op.k_cache, P.v_cache = op.v_cache;
+    r.kv_maps = pl.n_maps;
+    if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd) ||
+        !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd))
+        return false;
     const int need = 3 * hd + WARPS * (hd + 2);
     if (need > pl.xs_floats) pl.xs_floats = need;
     r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
@@ -1076,7 +1127,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
 }
 
 /* The arena is at hand: point each phase at its versions, list the copies out. */
-static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
+static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *base)
 {
     const compiler &c = pl.c;
     auto vec_of = [&](int v) {
@@ -1103,6 +1154,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena)
         if (P.kind == PHASE_ATTENTION) {
             P.q = src_of(r.q, op.q), P.k = src_of(r.k, op.k), P.v = src_of(r.v, op.v);
             P.partials = arena + c.vers[r.partials].arena;
+            P.kv_maps = (const CUtensorMap *)(base + pl.maps_at) + r.kv_maps;
             continue;
         }
         const llm_cuda_gemv &job = op.gemv;
@@ -1149,11 +1201,12 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
 static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
 {
     const size_t phase_bytes = (size_t)pl.n * sizeof(step_phase);
-    const size_t table_bytes = phase_bytes + (size_t)pl.n_copies * sizeof(step_copy);
-    char *table = (char *)malloc(table_bytes);
+    const size_t table_bytes = pl.maps_at + (size_t)pl.n_maps * sizeof(CUtensorMap);
+    char *table = (char *)calloc(1, table_bytes);
     if (!table) return LLM_CUDA_STEP_REFUSED;
     memcpy(table, pl.phases, phase_bytes);
     memcpy(table + phase_bytes, pl.copies, (size_t)pl.n_copies * sizeof(step_copy));
+    memcpy(table + pl.maps_at, pl.maps, (size_t)pl.n_maps * sizeof(CUtensorMap));
     const bool same = uploaded.table_at == base && uploaded.table_bytes == table_bytes &&
                       memcmp(uploaded.host_table, table, table_bytes) == 0;
     if (same) {
@@ -1214,18 +1267,20 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
     pl.copies = (step_copy *)calloc((size_t)n * 8, sizeof *pl.copies);
     pl.c.vers = (version *)calloc((size_t)n * 8, sizeof *pl.c.vers);
     pl.c.ext = (ext_read *)calloc((size_t)n * 8, sizeof *pl.c.ext);
+    pl.maps = (CUtensorMap *)calloc((size_t)n * 2, sizeof *pl.maps);
     pl.c.ok = true;
     int result = LLM_CUDA_STEP_REFUSED;
-    if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.ext && plan_program(pl, ops)) {
-        const size_t head = ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy) + 255) / 256 * 256;
+    if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.ext && pl.maps && plan_program(pl, ops)) {
+        pl.maps_at = ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy) + 127) / 128 * 128;
+        const size_t head = (pl.maps_at + (size_t)n * 2 * sizeof(CUtensorMap) + 255) / 256 * 256;
         char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + pl.arena_floats * sizeof(float),
                                               "decode step");
         if (base) {
-            resolve(pl, ops, (float *)(base + head));
+            resolve(pl, ops, (float *)(base + head), base);
             result = upload_and_launch(pl, base, head, capturing);
         }
     }
-    free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.ext);
+    free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.ext), free(pl.maps);
     return result;
 }
 
