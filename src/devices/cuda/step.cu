@@ -351,12 +351,15 @@ __device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
 }
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
- * Each thread loads every split's (m, l) and output values for one group of 4 columns a round. */
+ * Each thread loads every split's (m, l) and output values for one group of 4 columns a round. HD: the head size
+ * where it is 64 or 128 (0: any), so that a column's head and place in it are shifts rather than divisions on the o
+ * product's edge (with consume_item's, +0.4 to +0.8 %, docs/cuda-notes.md version 112). */
+template <int HD>
 __device__ void stage_partials(float *xs, const step_src &x, int cols, int ct, int S)
 {
     /* 1,024 columns a round: with two rounds' loads in flight (2,048 columns, TinyLlama's 32 heads of 64 at once) the
      * o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 % slower (docs/cuda-notes.md, version 70) */
-    const int hd = x.head_dim, H = cols / hd, stride = hd + 4;
+    const int hd = HD ? HD : x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
     auto record = [&](int s, int c) { return p + ((size_t)s * H + c / hd) * stride; };
@@ -432,8 +435,12 @@ __device__ void stage_input(const step_phase &P, float *xs, float *red, int ct, 
             nw[k] = norm_weights(P, c, wsize);
         }
     consumers_sync(); /* everyone is done with the phase before's xs */
-    if (P.x.partials)
-        stage_partials(xs, P.x, P.cols, ct, splits);
+    if (P.x.partials && P.x.head_dim == 64)
+        stage_partials<64>(xs, P.x, P.cols, ct, splits);
+    else if (P.x.partials && P.x.head_dim == 128)
+        stage_partials<128>(xs, P.x, P.cols, ct, splits);
+    else if (P.x.partials)
+        stage_partials<0>(xs, P.x, P.cols, ct, splits);
     else
         stage_plain(xs, P.x, P.cols, ct);
     if (P.norm_w) {
@@ -518,9 +525,11 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
 /* Up to 32 positions (K and V rows of hd in shared memory) for one head, lane i the position i: scores q . k *
  * scale, folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j, j + 32, ...): the
  * online softmax, the same function as the reference's max-then-exp over all positions at once. */
-__device__ __forceinline__ void warp_positions(const float *q, const float *K, const float *V, int n, int hd,
+template <int HD>
+__device__ __forceinline__ void warp_positions(const float *q, const float *K, const float *V, int n, int hd_any,
                                                float &m, float &l, float *acc, int lane)
 {
+    const int hd = HD ? HD : hd_any;
     const int q4 = hd / 4;
     float score = -INFINITY;
     if (lane < n) {
@@ -559,13 +568,14 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     m = m_new;
 }
 
-/* One attention item: query head h, split s. The 8 warps take turns over runs of 32 cached positions from the ring
+/* One attention item: query head h, split s (HD as stage_partials'). The 8 warps take turns over runs of 32 cached positions from the ring
  * (no block barrier per stage); the first also takes this token's own row in the last split. The warps then merge,
  * and the head's partial (max, sum, 0, 0, output) goes to the arena. */
+template <int HD>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits,
                              const char *ring, uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
 {
-    const int hd = P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
+    const int hd = HD ? HD : P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
     int h, g, s, t0, t1;
     if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
     const bool last = s == splits - 1;
@@ -587,7 +597,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         mbar_wait(&full[slot], (it / prog.stages) & 1);
         const float *K = (const float *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
         for (int p0 = 0; p0 < n; p0 += 32, run++)
-            if (run % WARPS == warp) warp_positions(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
+            if (run % WARPS == warp) warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
     }
@@ -607,7 +617,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
             *(float4 *)(cur_k + i) = b, *(float4 *)(cur_v + i) = c;
         }
         __syncwarp();
-        warp_positions(qs, cur_k, cur_v, 1, hd, m, l, acc, lane);
+        warp_positions<HD>(qs, cur_k, cur_v, 1, hd, m, l, acc, lane);
     }
     /* the warps' (m, l, acc) through shared memory to warp 0 */
     float *mine = merge + warp * (hd + 2);
@@ -835,7 +845,12 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
             if (P.kind == PHASE_ATTENTION) {
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
                 for (int u = first_unit(P); u < P.units; u += gridDim.x)
-                    consume_item(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
+                    if (P.head_dim == 64)
+                        consume_item<64>(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
+                    else if (P.head_dim == 128)
+                        consume_item<128>(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
+                    else
+                        consume_item<0>(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
                 continue;
             }
