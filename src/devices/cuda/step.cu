@@ -568,9 +568,9 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     m = m_new;
 }
 
-/* One attention item: query head h, split s (HD as stage_partials'). The 8 warps take turns over runs of 32 cached positions from the ring
- * (no block barrier per stage); the first also takes this token's own row in the last split. The warps then merge,
- * and the head's partial (max, sum, 0, 0, output) goes to the arena. */
+/* One attention item: query head h, split s (HD as stage_partials'). The 8 warps take turns over runs of 32 cached
+ * positions from the ring (no block barrier per stage); the first also takes this token's own row in the last
+ * split. The warps then merge, and the head's partial (max, sum, 0, 0, output) goes to the arena. */
 template <int HD>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits,
                              const char *ring, uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
