@@ -17,8 +17,8 @@
  *    writes the rows out.
  *
  * Dependencies are the data itself: every value a phase writes for a later one goes to an arena set to 0xffffffff
- * (a NaN no arithmetic or conversion produces: the GPU's own NaN is 0x7fffffff) before the launch, and staging an
- * input polls each value until it is no longer that pattern. No counters and no fences: a value is ready when it is
+ * (a NaN no arithmetic or conversion produces: the GPU's own NaN is 0x7fffffff) by the step before (the arena has
+ * two halves, one a step's and one being set for the next), and staging an input polls each value until it is no longer that pattern. No counters and no fences: a value is ready when it is
  * there. Because a buffer the model reuses (q, xb, the residual x) would already hold an old value, each write of
  * the step gets its own arena copy (a "version"); the model's buffer receives a version only when it is the step's
  * last write to it, directly or (when an earlier phase read the buffer as it was before the step) copied out by the
@@ -114,13 +114,15 @@ struct step_copy {
 };
 
 struct step_program {
-    const step_phase *phases;
-    const step_copy *copies;
+    const step_phase *phases; /* n_phases for each half of the arena, the first half's first */
+    const step_copy *copies;  /* n_copies for each half */
     int n_phases, n_copies;
     int most_splits, split_scale; /* of the KV cache rows per head: splits_at */
     int first_gemv;           /* the first GEMV phase's index (n_phases: none) */
     const int32_t *positions; /* [0]: the step's position */
-    unsigned *done;           /* blocks finished, counted up from EMPTY (the arena's fill) */
+    float *arena;             /* two halves of half_floats: a step uses one and fills the other with EMPTY for the next */
+    size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
+    unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
@@ -246,7 +248,8 @@ __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, 
  * products after the edge ended later and less evenly (TinyLlama's gate/up: its blocks done 15.2-19.0 us after the
  * o product, against 14.1-16.8), and one stage at a time throughout starved the long phases (Llama-2-7B -6 %).
  * Attention's KV rows are not held back: its items wait for them (docs/cuda-notes.md, version 60). */
-__device__ void produce(const step_program &prog, char *ring, uint64_t *full, uint64_t *empty, int pos, int splits)
+__device__ void produce(const step_program &prog, const step_phase *phases, char *ring, uint64_t *full,
+                        uint64_t *empty, int pos, int splits)
 {
     const int lane = threadIdx.x & 31;
     const uint64_t read_once = l2_evict_first(); /* the weights: the KV rows and the arena stay in L2 between steps */
@@ -262,7 +265,7 @@ __device__ void produce(const step_program &prog, char *ring, uint64_t *full, ui
         return ring + (size_t)slot * STAGE;
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
-        const step_phase &P = prog.phases[ph];
+        const step_phase &P = phases[ph];
         const bool attention = P.kind == PHASE_ATTENTION;
         one_by_one_until = attention ? it : it + prog.stages; /* a product's first ring */
         if (attention && lane < 2) /* the maps: written by a copy from the host, read by the copy engine */
@@ -722,32 +725,33 @@ struct phase_prefetch {
     uint2 w[2];
 };
 
-__device__ __forceinline__ void prefetch_phase(const step_program &prog, phase_prefetch &pre, int ph, int lane)
+__device__ __forceinline__ void prefetch_phase(const step_program &prog, const step_phase *phases,
+                                               phase_prefetch &pre, int ph, int lane)
 {
     pre.ph = ph;
     if (ph >= prog.n_phases) return;
-    const uint2 *from = (const uint2 *)(prog.phases + ph);
+    const uint2 *from = (const uint2 *)(phases + ph);
 #pragma unroll
     for (int k = 0; k < 2; k++)
         if (lane + 32 * k < PHASE_WORDS) pre.w[k] = from[lane + 32 * k];
 }
 
 /* Phase ph into tab[slot] (from the prefetch when it holds ph), then the GEMV phase after it prefetched. */
-__device__ __forceinline__ void enter_phase(const step_program &prog, step_phase *tab, int slot, int ph,
-                                            phase_prefetch &pre, int lane)
+__device__ __forceinline__ void enter_phase(const step_program &prog, const step_phase *phases, step_phase *tab,
+                                            int slot, int ph, phase_prefetch &pre, int lane)
 {
     uint2 *to = (uint2 *)(tab + slot);
-    const uint2 *from = (const uint2 *)(prog.phases + ph);
+    const uint2 *from = (const uint2 *)(phases + ph);
 #pragma unroll
     for (int k = 0; k < 2; k++)
         if (lane + 32 * k < PHASE_WORDS) to[lane + 32 * k] = pre.ph == ph ? pre.w[k] : from[lane + 32 * k];
     __syncwarp();
-    prefetch_phase(prog, pre, tab[slot].next_gemv, lane);
+    prefetch_phase(prog, phases, pre, tab[slot].next_gemv, lane);
 }
 
 /* The block's next tile after c (first: its first tile of all). A new phase goes to the slot c's phase is not in. */
-__device__ __forceinline__ void next_tile(const step_program &prog, step_phase *tab, phase_prefetch &pre,
-                                          tile_cursor &c, bool first, int lane)
+__device__ __forceinline__ void next_tile(const step_program &prog, const step_phase *phases, step_phase *tab,
+                                          phase_prefetch &pre, tile_cursor &c, bool first, int lane)
 {
     int ph = prog.first_gemv;
     if (!first) {
@@ -757,26 +761,26 @@ __device__ __forceinline__ void next_tile(const step_program &prog, step_phase *
     }
     const int slot = first ? 0 : c.slot ^ 1;
     for (; ph < prog.n_phases; ph = tab[slot].next_gemv) {
-        enter_phase(prog, tab, slot, ph, pre, lane);
+        enter_phase(prog, phases, tab, slot, ph, pre, lane);
         c.ph = ph, c.slot = slot, c.u = first_unit(tab[slot]);
         if (c.u < tab[slot].units) return;
     }
     c.ph = prog.n_phases;
 }
 
-__device__ void signal(const step_program &prog, tile_sums &sums, step_phase *tab, int pos)
+__device__ void signal(const step_program &prog, const step_phase *phases, tile_sums &sums, step_phase *tab, int pos)
 {
     const int lane = threadIdx.x & 31;
     phase_prefetch pre;
     tile_cursor cur = {prog.n_phases, 0, 0};
-    next_tile(prog, tab, pre, cur, true, lane);
+    next_tile(prog, phases, tab, pre, cur, true, lane);
     tile_epi e = {};
     if (cur.ph < prog.n_phases) e = epilogue_inputs(tab[cur.slot], cur.u, lane);
     for (int tile_it = 0; cur.ph < prog.n_phases; tile_it++) {
         const tile_cursor now = cur;
         const tile_epi e_now = e;
         auto advance = [&] {
-            next_tile(prog, tab, pre, cur, false, lane);
+            next_tile(prog, phases, tab, pre, cur, false, lane);
             if (cur.ph < prog.n_phases) e = epilogue_inputs(tab[cur.slot], cur.u, lane);
         };
         const bool last_of_phase = cur.u + (int)gridDim.x >= tab[cur.slot].units;
@@ -825,6 +829,13 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     float *xs = (float *)(ring + (size_t)prog.stages * STAGE);
     const int tid = threadIdx.x, pos = prog.positions[0];
     const int splits = splits_at(prog.most_splits, prog.split_scale, pos); /* this step's, the same on every block */
+    /* The arena's half this step uses, filled with EMPTY by the step before (or when the table was uploaded), and
+     * its phases, which point into it: a fill of its own before every step was a node of the graph, about 2 us of
+     * the GPU's idle time between steps (docs/cuda-notes.md, version 113). */
+    const unsigned step = *prog.steps;
+    const int half = step & 1;
+    const step_phase *phases = prog.phases + half * prog.n_phases;
+    float *arena = prog.arena + half * prog.half_floats;
     if (tid == 0) {
         for (int s = 0; s < prog.stages; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], WARPS);
         sums.init();
@@ -833,14 +844,18 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __syncthreads();
 
     if (tid < 32) {
-        produce(prog, ring, full, empty, pos, splits);
+        produce(prog, phases, ring, full, empty, pos, splits);
     } else if (tid >= 32 + CONSUMERS) {
-        signal(prog, sums, signal_tab, pos);
+        signal(prog, phases, sums, signal_tab, pos);
     } else {
         const int ct = tid - 32;
+        /* the other half for the next step, while the first stages land */
+        uint4 *other = (uint4 *)(prog.arena + (half ^ 1) * prog.half_floats);
+        for (size_t i = (size_t)blockIdx.x * CONSUMERS + ct; i < prog.half_floats / 4; i += (size_t)gridDim.x * CONSUMERS)
+            other[i] = make_uint4(EMPTY, EMPTY, EMPTY, EMPTY);
         int it = 0, tile_it = 0;
         for (int ph = 0; ph < prog.n_phases; ph++) {
-            const step_phase &P = prog.phases[ph];
+            const step_phase &P = phases[ph];
             if (first_unit(P) >= P.units) continue;
             if (P.kind == PHASE_ATTENTION) {
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
@@ -873,12 +888,14 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __syncthreads();
     if (tid == 0) {
         __threadfence();
-        last_block = atomicAdd(prog.done, 1u) + 1u == gridDim.x - 1u; /* counted up from EMPTY */
+        last_block = atomicAdd((unsigned *)arena, 1u) + 1u == gridDim.x - 1u; /* counted up from EMPTY */
     }
     __syncthreads();
     if (!last_block) return;
     __threadfence();
-    for (int c = 0; c < prog.n_copies; c++) copy_out(prog.copies[c], tid);
+    const step_copy *copies = prog.copies + half * prog.n_copies;
+    for (int c = 0; c < prog.n_copies; c++) copy_out(copies[c], tid);
+    if (tid == 0) *prog.steps = step + 1; /* (every block read it at its start, before counting itself done) */
 }
 
 /* ---- host: the record turned into phases ---- */
@@ -1211,41 +1228,58 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
     cudaFree(trace);
 }
 
-/* The table goes to the device only when it changed, and never while a step is being captured (the graph would
- * read the host copy at each replay), so a replayed step finds it as recorded. */
-static int upload_and_launch(plan &pl, char *base, size_t head, bool capturing)
+/* The table as the device holds it at base: the phases resolved for each half of the arena, then the copies out of
+ * each, then the tensor maps; NULL when out of host memory. */
+static char *build_table(plan &pl, const llm_cuda_step_op *ops, char *base, float *arena, size_t &table_bytes)
 {
     const size_t phase_bytes = (size_t)pl.n * sizeof(step_phase);
-    const size_t table_bytes = pl.maps_at + (size_t)pl.n_maps * sizeof(CUtensorMap);
+    table_bytes = pl.maps_at + (size_t)pl.n_maps * sizeof(CUtensorMap);
     char *table = (char *)calloc(1, table_bytes);
-    if (!table) return LLM_CUDA_STEP_REFUSED;
-    memcpy(table, pl.phases, phase_bytes);
-    memcpy(table + phase_bytes, pl.copies, (size_t)pl.n_copies * sizeof(step_copy));
+    if (!table) return NULL;
+    for (int half = 0; half < 2; half++) {
+        resolve(pl, ops, arena + half * pl.arena_floats, base);
+        const size_t copy_bytes = (size_t)pl.n_copies * sizeof(step_copy);
+        memcpy(table + half * phase_bytes, pl.phases, phase_bytes);
+        memcpy(table + 2 * phase_bytes + half * copy_bytes, pl.copies, copy_bytes);
+    }
     memcpy(table + pl.maps_at, pl.maps, (size_t)pl.n_maps * sizeof(CUtensorMap));
+    return table;
+}
+
+/* The table goes to the device only when it changed, and never while a step is being captured (the graph would
+ * read the host copy at each replay), so a replayed step finds it as recorded. Uploaded, it starts a count of steps
+ * at 0 and both halves of the arena EMPTY. */
+static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *base, unsigned *steps, float *arena,
+                             bool capturing)
+{
+    const size_t phase_bytes = (size_t)pl.n * sizeof(step_phase);
     const bool same = uploaded.table_at == base && uploaded.table_bytes == table_bytes &&
                       memcmp(uploaded.host_table, table, table_bytes) == 0;
     if (same) {
         free(table);
     } else {
-        if (capturing ||
-            !LLM_CUDA_CHECK("decode step",
-                            cudaMemcpyAsync(base, table, table_bytes, cudaMemcpyHostToDevice, llm_cuda.stream))) {
+        if (capturing) {
             free(table);
+            return LLM_CUDA_STEP_REFUSED;
+        }
+        if (!LLM_CUDA_CHECK("decode step",
+                            cudaMemcpyAsync(base, table, table_bytes, cudaMemcpyHostToDevice, llm_cuda.stream)) ||
+            !LLM_CUDA_CHECK("decode step", cudaMemsetAsync(steps, 0, sizeof *steps, llm_cuda.stream)) ||
+            !LLM_CUDA_CHECK("decode step", cudaMemsetAsync(arena, 0xff, 2 * pl.arena_floats * sizeof(float),
+                                                           llm_cuda.stream))) {
+            free(table);
+            uploaded.table_at = NULL; /* what reached the device is no table to trust */
             return LLM_CUDA_STEP_REFUSED;
         }
         free(uploaded.host_table); /* the device's copy is what the kernel reads; this one is the key */
         uploaded.host_table = table, uploaded.table_bytes = table_bytes, uploaded.table_at = base;
     }
-    float *arena = (float *)(base + head);
     step_program prog = {};
-    prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + phase_bytes);
+    prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
-    prog.done = (unsigned *)arena, prog.stages = pl.stages;
+    prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
     prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
-    if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step") ||
-        !LLM_CUDA_CHECK("decode step",
-                        cudaMemsetAsync(arena, 0xff, pl.arena_floats * sizeof(float), llm_cuda.stream)))
-        return LLM_CUDA_STEP_REFUSED;
+    if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step")) return LLM_CUDA_STEP_REFUSED;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeCooperative; /* every block resident at once: they wait on each other's data */
     attr.val.cooperative = 1;
@@ -1286,14 +1320,15 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
     pl.c.ok = true;
     int result = LLM_CUDA_STEP_REFUSED;
     if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.ext && pl.maps && plan_program(pl, ops)) {
-        pl.maps_at = ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy) + 127) / 128 * 128;
+        pl.maps_at = (2 * ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy)) + 127) / 128 * 128;
         const size_t head = (pl.maps_at + (size_t)n * 2 * sizeof(CUtensorMap) + 255) / 256 * 256;
-        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + pl.arena_floats * sizeof(float),
+        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + 2 * pl.arena_floats * sizeof(float),
                                               "decode step");
-        if (base) {
-            resolve(pl, ops, (float *)(base + head), base);
-            result = upload_and_launch(pl, base, head, capturing);
-        }
+        size_t table_bytes = 0;
+        char *table = base ? build_table(pl, ops, base, (float *)(base + head + 256), table_bytes) : NULL;
+        if (table)
+            result = upload_and_launch(pl, table, table_bytes, base, (unsigned *)(base + head),
+                                       (float *)(base + head + 256), capturing);
     }
     free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.ext), free(pl.maps);
     return result;
