@@ -16,14 +16,15 @@
  *  - a signaller warp sums them, adds the epilogue (bias, rope and the KV store, swiglu, the residual add) and
  *    writes the rows out.
  *
- * Dependencies are the data itself: every value a phase writes for a later one goes to an arena set to 0xffffffff
- * (a NaN no arithmetic or conversion produces: the GPU's own NaN is 0x7fffffff) by the step before (the arena has
- * two halves, one a step's and one being set for the next), and staging an input polls each value until it is no longer that pattern. No counters and no fences: a value is ready when it is
- * there. Because a buffer the model reuses (q, xb, the residual x) would already hold an old value, each write of
- * the step gets its own arena copy (a "version"); the model's buffer receives a version only when it is the step's
- * last write to it, directly or (when an earlier phase read the buffer as it was before the step) copied out by the
- * last block to finish. Attention writes partial results per split (running max, sum, unnormalised output) and the
- * product after it combines them while staging its input, so no block ever waits for another to merge.
+ * Dependencies are the data itself: every value a phase writes for a later one goes to an arena set to 0xffffffff (a
+ * NaN no arithmetic or conversion produces: the GPU's own NaN is 0x7fffffff) by the step before (the arena has two
+ * halves, one a step's and one being set for the next), and staging an input polls each value until it is no longer
+ * that pattern. No counters and no fences: a value is ready when it is there. Because a buffer the model reuses (q, xb,
+ * the residual x) would already hold an old value, each write of the step gets its own arena copy (a "version"); the
+ * model's buffer receives a version only when it is the step's last write to it, directly or (when an earlier phase
+ * read the buffer as it was before the step) copied out by the last block to finish. Attention writes partial results
+ * per split (running max, sum, unnormalised output) and the product after it combines them while staging its input, so
+ * no block ever waits for another to merge.
  *
  * Every op still computes what src/ops/ops.h says; the order of f32 sums differs from the GEMV and attention kernels
  * (tests/test_cuda.c checks both against the reference). Anything the kernel cannot take (a shape it
