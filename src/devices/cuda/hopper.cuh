@@ -100,8 +100,8 @@ __device__ __forceinline__ void bulk_copy_hinted(void *dst, const void *src, uin
  * the engine's per-request time for each. */
 __device__ __forceinline__ void tensor_copy_2d(void *dst, const void *map, int x, int y, uint64_t *bar)
 {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];" ::"r"(smem_u32(dst)),
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
                  "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar))
                  : "memory");
 }

@@ -8,8 +8,8 @@
  *
  *  - a producer warp copies every weight tile this block owns, phase after phase, into a ring of 32 KB shared-memory
  *    stages (cp.async.bulk, an mbarrier per stage full and one per stage empty), and for attention the KV-cache rows
- *    of its items (cp.async.bulk.tensor, 32 rows a copy); it never waits on data, only for a free stage (and at the start of
- *    a phase for the stage before to land);
+ *    of its items (cp.async.bulk.tensor, 32 rows a copy); it never waits on data, only for a free stage (and at the
+ *    start of a phase for the stage before to land);
  *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
  *    of every row) and hand the warps' partial sums on; a product's first stage they take into registers before
  *    staging its input, so that its slot refills while they wait;
@@ -121,7 +121,7 @@ struct step_program {
     int most_splits, split_scale; /* of the KV cache rows per head: splits_at */
     int first_gemv;           /* the first GEMV phase's index (n_phases: none) */
     const int32_t *positions; /* [0]: the step's position */
-    float *arena;             /* two halves of half_floats: a step uses one and fills the other with EMPTY for the next */
+    float *arena;             /* two halves of half_floats: a step uses one, sets the other to EMPTY for the next */
     size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
     unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
@@ -601,7 +601,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         mbar_wait(&full[slot], (it / prog.stages) & 1);
         const float *K = (const float *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
         for (int p0 = 0; p0 < n; p0 += 32, run++)
-            if (run % WARPS == warp) warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
+            if (run % WARPS == warp)
+                warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
     }
@@ -852,7 +853,8 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
         const int ct = tid - 32;
         /* the other half for the next step, while the first stages land */
         uint4 *other = (uint4 *)(prog.arena + (half ^ 1) * prog.half_floats);
-        for (size_t i = (size_t)blockIdx.x * CONSUMERS + ct; i < prog.half_floats / 4; i += (size_t)gridDim.x * CONSUMERS)
+        const size_t quads = prog.half_floats / 4;
+        for (size_t i = (size_t)blockIdx.x * CONSUMERS + ct; i < quads; i += (size_t)gridDim.x * CONSUMERS)
             other[i] = make_uint4(EMPTY, EMPTY, EMPTY, EMPTY);
         int it = 0, tile_it = 0;
         for (int ph = 0; ph < prog.n_phases; ph++) {
