@@ -102,10 +102,9 @@ struct step_phase {
     int head_dim;
     /* PHASE_ATTENTION (head_dim above) */
     step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
-    const float *k_cache, *v_cache; /* rows below the position, written by earlier steps */
-    int heads, kv_heads, splits; /* splits: the most a step uses (splits_at) */
-    float *partials;      /* (splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
-    const CUtensorMap *kv_maps; /* the K and V caches as 2-D tensors (ctx rows of kv_dim) */
+    const CUtensorMap *kv_maps; /* the K and V caches (rows below the position) as 2-D tensors, ctx rows of kv_dim */
+    int heads, kv_heads;
+    float *partials;      /* (most splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
 };
 
 struct step_copy {
@@ -205,7 +204,7 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
 }
 
 /* KV positions per attention stage: whole tensor copies of KV_BOX rows (head_dim <= 32 * MAX_DIMS: at least one) */
-__host__ __device__ __forceinline__ int kv_per_stage(int head_dim)
+__device__ __forceinline__ int kv_per_stage(int head_dim)
 {
     return min(MAX_POS, STAGE / (8 * head_dim)) / KV_BOX * KV_BOX;
 }
@@ -985,9 +984,8 @@ struct plan {
     const int32_t *positions;
     int xs_floats, stages, first_gemv;
     size_t arena_floats, vec_bytes;
-    CUtensorMap *maps; /* two an attention phase (K, V), at maps_at in the table (128-byte aligned) */
+    CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
-    size_t maps_at;
 };
 
 static bool same_positions(plan &pl, const int32_t *p)
@@ -1047,10 +1045,8 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
-    const int splits = most_splits();
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
-    P.splits = splits, P.units = op.heads * splits;
-    P.k_cache = op.k_cache, P.v_cache = op.v_cache;
+    P.units = op.heads * most_splits();
     r.kv_maps = pl.n_maps;
     if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd) ||
         !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd))
@@ -1143,7 +1139,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
         if (V.read_later || V.copy_out) {
             V.arena = pl.arena_floats;
             const step_phase &W = pl.phases[V.phase]; /* the phase that wrote it */
-            size_t floats = V.partials ? (size_t)W.splits * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
+            size_t floats = V.partials ? (size_t)most_splits() * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
@@ -1189,7 +1185,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
         if (P.kind == PHASE_ATTENTION) {
             P.q = src_of(r.q, op.q), P.k = src_of(r.k, op.k), P.v = src_of(r.v, op.v);
             P.partials = arena + c.vers[r.partials].arena;
-            P.kv_maps = (const CUtensorMap *)(base + pl.maps_at) + r.kv_maps;
+            P.kv_maps = (const CUtensorMap *)base + r.kv_maps;
             continue;
         }
         const llm_cuda_gemv &job = op.gemv;
@@ -1231,21 +1227,26 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
     cudaFree(trace);
 }
 
-/* The table as the device holds it at base: the phases resolved for each half of the arena, then the copies out of
- * each, then the tensor maps; NULL when out of host memory. */
+/* The tensor maps lead the table: 128-byte aligned at the start of the scratch buffer. */
+static size_t maps_bytes(const plan &pl) { return (size_t)pl.n_maps * sizeof(CUtensorMap); }
+
+/* The table as the device holds it at base: the tensor maps, the phases resolved for each half of the arena, then
+ * the copies out of each; NULL when out of host memory. */
 static char *build_table(plan &pl, const llm_cuda_step_op *ops, char *base, float *arena, size_t &table_bytes)
 {
     const size_t phase_bytes = (size_t)pl.n * sizeof(step_phase);
-    table_bytes = pl.maps_at + (size_t)pl.n_maps * sizeof(CUtensorMap);
-    char *table = (char *)calloc(1, table_bytes);
-    if (!table) return NULL;
+    char *table = NULL;
     for (int half = 0; half < 2; half++) {
         resolve(pl, ops, arena + half * pl.arena_floats, base);
-        const size_t copy_bytes = (size_t)pl.n_copies * sizeof(step_copy);
-        memcpy(table + half * phase_bytes, pl.phases, phase_bytes);
-        memcpy(table + 2 * phase_bytes + half * copy_bytes, pl.copies, copy_bytes);
+        const size_t copy_bytes = (size_t)pl.n_copies * sizeof(step_copy); /* (the same for both halves) */
+        if (!table) {
+            table_bytes = maps_bytes(pl) + 2 * (phase_bytes + copy_bytes);
+            if (!(table = (char *)malloc(table_bytes))) return NULL;
+            memcpy(table, pl.maps, maps_bytes(pl));
+        }
+        memcpy(table + maps_bytes(pl) + half * phase_bytes, pl.phases, phase_bytes);
+        memcpy(table + maps_bytes(pl) + 2 * phase_bytes + half * copy_bytes, pl.copies, copy_bytes);
     }
-    memcpy(table + pl.maps_at, pl.maps, (size_t)pl.n_maps * sizeof(CUtensorMap));
     return table;
 }
 
@@ -1278,7 +1279,8 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
         uploaded.host_table = table, uploaded.table_bytes = table_bytes, uploaded.table_at = base;
     }
     step_program prog = {};
-    prog.phases = (const step_phase *)base, prog.copies = (const step_copy *)(base + 2 * phase_bytes);
+    prog.phases = (const step_phase *)(base + maps_bytes(pl));
+    prog.copies = (const step_copy *)(base + maps_bytes(pl) + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
     prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
@@ -1323,8 +1325,9 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
     pl.c.ok = true;
     int result = LLM_CUDA_STEP_REFUSED;
     if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.ext && pl.maps && plan_program(pl, ops)) {
-        pl.maps_at = (2 * ((size_t)n * sizeof(step_phase) + (size_t)n * 8 * sizeof(step_copy)) + 127) / 128 * 128;
-        const size_t head = (pl.maps_at + (size_t)n * 2 * sizeof(CUtensorMap) + 255) / 256 * 256;
+        /* the table (at most n * 8 copies a half), then the count of steps, then the arena's halves */
+        const size_t table_most = maps_bytes(pl) + 2 * n * (sizeof(step_phase) + 8 * sizeof(step_copy));
+        const size_t head = (table_most + 255) / 256 * 256;
         char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + 2 * pl.arena_floats * sizeof(float),
                                               "decode step");
         size_t table_bytes = 0;
