@@ -64,6 +64,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity)
     }
 }
 
+/* Orders this thread's writes to shared memory before the copy engine's later accesses to it (another proxy): for
+ * room a copy will fill again once the threads that wrote it have arrived on its barrier. */
+__device__ __forceinline__ void fence_proxy_async_shared()
+{
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 /* bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst by the copy engine,
  * completing on bar. */
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar)

@@ -10,9 +10,10 @@
  *    stages (cp.async.bulk, an mbarrier per stage full and one per stage empty), and for attention the KV-cache rows
  *    of its items (cp.async.bulk.tensor, 32 rows a copy); it never waits on data, only for a free stage (and at the
  *    start of a phase for the stage before to land);
- *  - eight consumer warps stage each phase's input, dot their tiles' 8 rows with it (each thread one 16-byte chunk
- *    of every row) and hand the warps' partial sums on; a product's first stage they take into registers before
- *    staging its input, so that its slot refills while they wait;
+ *  - eight consumer warps stage each phase's input (each thread into registers the columns it dots), dot their
+ *    tiles' 8 rows with it (each thread one 16-byte chunk of every row) and hand the warps' partial sums on; a
+ *    product's first stage they take into registers before staging its input, so that its slot refills while they
+ *    wait;
  *  - a signaller warp sums them, adds the epilogue (bias, rope and the KV store, swiglu, the residual add) and
  *    writes the rows out.
  *
@@ -30,6 +31,8 @@
  * (tests/test_cuda.c checks both against the reference). Anything the kernel cannot take (a shape it
  * does not tile, a read of part of a buffer) makes llm_cuda_step_launch refuse, and device.cu launches the ops one by
  * one as before. */
+#include <algorithm>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +49,7 @@ namespace {
 constexpr int ROWS = 8;                 /* rows per weight tile */
 constexpr int CHUNK = 4096;             /* bytes of one row per stage: 256 consumer threads x 16 */
 constexpr int STAGE = ROWS * CHUNK;
-constexpr int MAX_STAGES = 6, MIN_STAGES = 3;
+constexpr int MAX_STAGES = 7, MIN_STAGES = 3;
 constexpr int CONSUMERS = 256;
 constexpr int THREADS = 32 + CONSUMERS + 32; /* producer warp, consumer warps, signaller warp */
 constexpr int WARPS = CONSUMERS / 32;
@@ -56,7 +59,8 @@ constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (
 constexpr int MAX_POS = 64;             /* KV positions per attention stage */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
-constexpr int NORM_HELD = 4;            /* a norm prologue's weights held in registers: its first 4 x 1024 columns */
+constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
+constexpr int HELD_COLS = CONSUMERS * 4 * X_GROUPS; /* 4,096: the widest input a phase holds (see group_col) */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
 using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 
@@ -95,6 +99,7 @@ struct step_phase {
     int norm_dtype;
     float eps;
     step_vec staged;      /* the input as the product sees it (normalised, or attention combined), by block 0 */
+    float *wide;          /* a normalised or combined input's columns past HELD_COLS, cols a block (else NULL) */
     step_mat mats[LLM_CUDA_GEMV_MATS];
     step_src resid;       /* EPI_ADD: out = resid + product */
     step_vec resid_out;
@@ -154,15 +159,13 @@ template <> __device__ __forceinline__ float2 pair_at(const __nv_bfloat16 *h)
 }
 template <> __device__ __forceinline__ float2 pair_at(const __half *h) { return __half22float2(*(const __half2 *)h); }
 
-/* The dot of one 16-byte chunk of weights (8 bf16 or f16, or 4 f32) with the x values at xs. */
-template <typename WT> __device__ __forceinline__ float dot_chunk(uint4 w, const float *xs)
+/* The dot of one 16-byte chunk of weights (8 bf16 or f16, or 4 f32) with the x values x0 (and x1). */
+template <typename WT> __device__ __forceinline__ float dot_chunk(uint4 w, float4 x0, float4 x1)
 {
-    const float4 x0 = *(const float4 *)xs;
     if constexpr (sizeof(WT) == 4) {
         const float4 f = *(const float4 *)&w;
         return f.x * x0.x + f.y * x0.y + f.z * x0.z + f.w * x0.w;
     } else {
-        const float4 x1 = *(const float4 *)(xs + 4);
         const WT *h = (const WT *)&w;
         float2 a = pair_at(h), b = pair_at(h + 2), c = pair_at(h + 4), d = pair_at(h + 6);
         return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
@@ -315,7 +318,32 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
 
 /* ---- the consumers ---- */
 
-/* cols values of x into xs, every load of a thread in flight at once (a load at a time pays a round trip each).
+/* A consumer thread holds in registers only the input values it dots: stage k of a row holds the row's columns [k *
+ * CONSUMERS * VPT, (k + 1) * CONSUMERS * VPT), and thread ct dots the VPT = 16 / sizeof(WT) of them at ct * VPT
+ * (8 for bf16 and f16 weights, 4 for f32). Its group i of 4 values is at column group_col<VPT>(i, ct), for the
+ * first HELD_COLS columns. Past them, a wider input is read again from memory at each stage: a plain one (a down
+ * product's: TinyLlama's 5,632 columns, Llama-2-7B's 11,008) from where it was written, a normalised or combined
+ * one (a hidden size over 4,096) from the block's own room in P.wide, where each thread stores its columns as it
+ * stages them. Held in shared memory, the whole input took the room of a ring stage or two (22.5 KB for TinyLlama's
+ * down product, 44 KB for Llama-2-7B's); 24 or 48 values a thread in registers spilled, and TinyLlama decoded 5 %
+ * slower than with 16 (docs/cuda-notes.md, version 119). */
+template <int VPT> __device__ __forceinline__ int group_col(int i, int ct)
+{
+    return i / (VPT / 4) * CONSUMERS * VPT + ct * VPT + i % (VPT / 4) * 4;
+}
+
+/* How many of the thread's groups hold columns below cols (a prefix: group_col grows with i). */
+template <int VPT> __device__ __forceinline__ int groups_below(int cols, int ct)
+{
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < X_GROUPS; i++) n += group_col<VPT>(i, ct) < cols;
+    if (n == X_GROUPS)
+        while (group_col<VPT>(n, ct) < cols) n++;
+    return n;
+}
+
+/* The thread's values of x, every load in flight at once (a load at a time pays a round trip each).
  *
  * Staging polls in rounds: each round reloads every value of the thread still EMPTY, those loads in flight together.
  * A consumer starts staging before most of its input is written, so its first loads mostly come back EMPTY; polled
@@ -323,82 +351,106 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
  * 5.0 -> 4.4 us, attention 7.2 -> 6.3; docs/cuda-notes.md, version 61). stage_partials and consume_item poll the
  * same way in loops of their own: one template for all of them measured 7 % slower (docs/cuda-notes.md, the
  * thirteenth pass's review). */
-__device__ void stage_plain(float *xs, const step_src &x, int cols, int ct)
+template <int VPT> __device__ void stage_plain(float4 (&xin)[X_GROUPS], const step_src &x, int cols, int ct)
 {
-    constexpr int BATCH = 8; /* up to 8192 columns in one round trip */
     const float *p = x.p; /* (x lives in the table, read again after every poll if not held here) */
     const bool flagged = x.flagged;
-    for (int i0 = ct * 4; i0 < cols; i0 += CONSUMERS * 4 * BATCH) {
-        float4 v[BATCH];
 #pragma unroll
-        for (int b = 0; b < BATCH; b++) {
-            const int i = i0 + b * CONSUMERS * 4;
-            v[b] = i < cols ? ld_relaxed4(p + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        for (long long t0 = 0; flagged;) {
-            bool waiting = false;
+    for (int i = 0; i < X_GROUPS; i++) {
+        const int c = group_col<VPT>(i, ct);
+        xin[i] = c < cols ? ld_relaxed4(p + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (long long t0 = 0; flagged;) {
+        bool waiting = false;
 #pragma unroll
-            for (int b = 0; b < BATCH; b++) waiting |= any_empty(v[b]);
-            if (!waiting) break;
-            spin_check(t0);
+        for (int i = 0; i < X_GROUPS; i++) waiting |= any_empty(xin[i]);
+        if (!waiting) break;
+        spin_check(t0);
 #pragma unroll
-            for (int b = 0; b < BATCH; b++)
-                if (any_empty(v[b])) v[b] = ld_relaxed4(p + i0 + b * CONSUMERS * 4);
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; b++) {
-            const int i = i0 + b * CONSUMERS * 4;
-            if (i < cols) *(float4 *)(xs + i) = v[b];
-        }
+        for (int i = 0; i < X_GROUPS; i++)
+            if (any_empty(xin[i])) xin[i] = ld_relaxed4(p + group_col<VPT>(i, ct));
     }
 }
 
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
- * Each thread loads every split's (m, l) and output values for one group of 4 columns a round. HD: the head size
- * where it is 64 or 128 (0: any), so that a column's head and place in it are shifts rather than divisions on the o
- * product's edge (with consume_item's, +0.4 to +0.8 %, docs/cuda-notes.md version 112). */
-template <int HD>
-__device__ void stage_partials(float *xs, const step_src &x, int cols, int ct, int S)
+ * combine_group loads every split's (m, l) and output values for the 4 columns at c, polling in rounds. HD: the head
+ * size where it is 64 or 128 (0: any), so that a column's head and place in it are shifts rather than divisions on
+ * the o product's edge (with consume_item's, +0.4 to +0.8 %, docs/cuda-notes.md version 112). */
+template <int HD> __device__ __forceinline__ float4 combine_group(const step_src &x, int cols, int c, int S)
 {
-    /* 1,024 columns a round: with two rounds' loads in flight (2,048 columns, TinyLlama's 32 heads of 64 at once) the
-     * o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 % slower (docs/cuda-notes.md, version 70) */
     const int hd = HD ? HD : x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
-    auto record = [&](int s, int c) { return p + ((size_t)s * H + c / hd) * stride; };
-    for (int c = ct * 4; c < cols; c += CONSUMERS * 4) {
-        float2 ml[MAX_SPLITS] = {}; /* (0s where there is no split: never polled) */
-        float4 o[MAX_SPLITS] = {};
-        auto load = [&](int s, bool all) {
-            if (all || is_empty(ml[s].x) || is_empty(ml[s].y)) ml[s] = ld_relaxed2(record(s, c));
-            if (all || any_empty(o[s])) o[s] = ld_relaxed4(record(s, c) + 4 + c % hd);
-        };
+    auto record = [&](int s) { return p + ((size_t)s * H + c / hd) * stride; };
+    float2 ml[MAX_SPLITS] = {}; /* (0s where there is no split: never polled) */
+    float4 o[MAX_SPLITS] = {};
+    auto load = [&](int s, bool all) {
+        if (all || is_empty(ml[s].x) || is_empty(ml[s].y)) ml[s] = ld_relaxed2(record(s));
+        if (all || any_empty(o[s])) o[s] = ld_relaxed4(record(s) + 4 + c % hd);
+    };
 #pragma unroll
-        for (int s = 0; s < MAX_SPLITS; s++)
-            if (s < S) load(s, true);
-        for (long long t0 = 0; flagged;) {
-            bool waiting = false;
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < S) load(s, true);
+    for (long long t0 = 0; flagged;) {
+        bool waiting = false;
 #pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++) waiting |= is_empty(ml[s].x) || is_empty(ml[s].y) || any_empty(o[s]);
-            if (!waiting) break;
-            spin_check(t0);
+        for (int s = 0; s < MAX_SPLITS; s++) waiting |= is_empty(ml[s].x) || is_empty(ml[s].y) || any_empty(o[s]);
+        if (!waiting) break;
+        spin_check(t0);
 #pragma unroll
-            for (int s = 0; s < MAX_SPLITS; s++) load(s, false);
+        for (int s = 0; s < MAX_SPLITS; s++) load(s, false);
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < S) M = fmaxf(M, ml[s].x);
+    float L = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; s++)
+        if (s < S) {
+            const float w = expf(ml[s].x - M); /* 0 for an empty split (m = -inf) */
+            L += w * ml[s].y;
+            acc.x += w * o[s].x, acc.y += w * o[s].y, acc.z += w * o[s].z, acc.w += w * o[s].w;
         }
-        float M = -INFINITY;
+    return make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
+}
+
+/* The thread's held groups of attention's combined output, a group a round: with two rounds' loads in flight (2,048
+ * columns, TinyLlama's 32 heads of 64 at once) the o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 %
+ * slower (docs/cuda-notes.md, version 70). */
+template <int HD, int VPT>
+__device__ void stage_partials(float4 (&xin)[X_GROUPS], const step_src &x, int cols, int ct, int S)
+{
 #pragma unroll
-        for (int s = 0; s < MAX_SPLITS; s++)
-            if (s < S) M = fmaxf(M, ml[s].x);
-        float L = 0.0f;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < X_GROUPS; i++) xin[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0, n = groups_below<VPT>(cols, ct); i < n && i < X_GROUPS; i++) {
+        const float4 out = combine_group<HD>(x, cols, group_col<VPT>(i, ct), S);
 #pragma unroll
-        for (int s = 0; s < MAX_SPLITS; s++)
-            if (s < S) {
-                const float w = expf(ml[s].x - M); /* 0 for an empty split (m = -inf) */
-                L += w * ml[s].y;
-                acc.x += w * o[s].x, acc.y += w * o[s].y, acc.z += w * o[s].z, acc.w += w * o[s].w;
-            }
-        *(float4 *)(xs + c) = make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
+        for (int j = 0; j < X_GROUPS; j++) /* (a register array takes only indices known when compiled) */
+            if (j == i) xin[j] = out;
+    }
+}
+
+/* The groups past the held ones (a hidden size over HELD_COLS), into the block's room. */
+template <int VPT> __device__ void stage_wide_partials(float *wide, const step_src &x, int cols, int ct, int S)
+{
+    for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+        const int c = group_col<VPT>(i, ct);
+        *(float4 *)(wide + c) = combine_group<0>(x, cols, c, S);
+    }
+}
+
+/* A norm's columns past the held ones, one group at a time (only a hidden size over HELD_COLS has them): polled for,
+ * their squares added to ss, stored in the block's room. */
+template <int VPT> __device__ void stage_wide_norm(float *wide, const step_src &x, int cols, int ct, float &ss)
+{
+    for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+        const int c = group_col<VPT>(i, ct);
+        float4 v = ld_relaxed4(x.p + c);
+        for (long long t0 = 0; x.flagged && any_empty(v);) spin_check(t0), v = ld_relaxed4(x.p + c);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        *(float4 *)(wide + c) = v;
     }
 }
 
@@ -411,65 +463,80 @@ __device__ __forceinline__ uint4 norm_weights(const step_phase &P, int c, int ws
     return make_uint4(h.x, h.y, 0, 0);
 }
 
-__device__ __forceinline__ void normalise4(float *x, uint4 w, int dtype, float scale)
+__device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float scale)
 {
     float g[4];
     if (dtype == LLM_DTYPE_F32)
         memcpy(g, &w, 16);
     else
         for (int j = 0; j < 4; j++) g[j] = llm_cuda_load(&w, dtype, (size_t)j);
-    for (int j = 0; j < 4; j++) x[j] = g[j] * (x[j] * scale);
+    x = make_float4(g[0] * (x.x * scale), g[1] * (x.y * scale), g[2] * (x.z * scale), g[3] * (x.w * scale));
 }
 
-/* The phase's input in xs as the product sees it: staged, combined or normalised (rmsnorm: w * (x * scale), the
- * scale from every value's square, summed by each block in the same order). Block 0 also writes it out. */
-__device__ void stage_input(const step_phase &P, float *xs, float *red, int ct, int splits)
+/* The thread's values of the phase's input as the product sees them: staged, combined or normalised (rmsnorm: w *
+ * (x * scale), the scale from every value's square, summed by each block in the same order). Block 0 also writes
+ * the input out. */
+template <int VPT, bool WIDE>
+__device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float *red, int ct, int splits)
 {
-    /* This thread's norm weights for its first NORM_HELD groups of 4 values, loaded before the input is polled for
-     * (after it, they would cost a round trip); past 4,096 columns the rest are read after it. Holding all 8 groups
-     * took the registers a stage held through the wait needs (hold_stage). */
-    uint4 nw[NORM_HELD];
-    const int wsize = P.norm_dtype == LLM_DTYPE_F32 ? 4 : 2;
+    /* This thread's norm weights, loaded before the input is polled for (after it, they would cost a round trip) */
+    uint4 nw[X_GROUPS];
+    const int wsize = P.norm_dtype == LLM_DTYPE_F32 ? 4 : 2, cols = P.cols;
+    float *wide = WIDE ? P.wide + (size_t)blockIdx.x * cols : NULL; /* (WIDE: P.wide is set) */
     if (P.norm_w)
 #pragma unroll
-        for (int k = 0; k < NORM_HELD; k++) {
-            const int c = ct * 4 + k * CONSUMERS * 4;
-            if (c >= P.cols) break;
-            nw[k] = norm_weights(P, c, wsize);
+        for (int i = 0; i < X_GROUPS; i++) {
+            const int c = group_col<VPT>(i, ct);
+            if (c < cols) nw[i] = norm_weights(P, c, wsize);
         }
-    consumers_sync(); /* everyone is done with the phase before's xs */
+    consumers_sync(); /* every warp is done with the phase before (red's readers among them) */
     if (P.x.partials && P.x.head_dim == 64)
-        stage_partials<64>(xs, P.x, P.cols, ct, splits);
+        stage_partials<64, VPT>(xin, P.x, cols, ct, splits);
     else if (P.x.partials && P.x.head_dim == 128)
-        stage_partials<128>(xs, P.x, P.cols, ct, splits);
+        stage_partials<128, VPT>(xin, P.x, cols, ct, splits);
     else if (P.x.partials)
-        stage_partials<0>(xs, P.x, P.cols, ct, splits);
+        stage_partials<0, VPT>(xin, P.x, cols, ct, splits);
     else
-        stage_plain(xs, P.x, P.cols, ct);
+        stage_plain<VPT>(xin, P.x, cols, ct);
+    if (WIDE && P.x.partials) stage_wide_partials<VPT>(wide, P.x, cols, ct, splits);
     if (P.norm_w) {
         float ss = 0.0f;
-        for (int c = ct * 4; c < P.cols; c += CONSUMERS * 4) {
-            const float4 v = *(const float4 *)(xs + c);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
+#pragma unroll
+        for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
+            ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
+        if (WIDE) stage_wide_norm<VPT>(wide, P.x, cols, ct, ss);
         ss = llm_cuda_warp_sum(ss);
         if ((ct & 31) == 0) red[ct >> 5] = ss;
         consumers_sync();
         float total = 0.0f;
         for (int w = 0; w < WARPS; w++) total += red[w];
-        const float scale = llm_cuda_rms_scale(total, P.cols, P.eps);
+        const float scale = llm_cuda_rms_scale(total, cols, P.eps);
 #pragma unroll
-        for (int k = 0; k < NORM_HELD; k++) { /* the values this thread staged */
-            const int c = ct * 4 + k * CONSUMERS * 4;
-            if (c >= P.cols) break;
-            normalise4(xs + c, nw[k], P.norm_dtype, scale);
+        for (int i = 0; i < X_GROUPS; i++) {
+            const int c = group_col<VPT>(i, ct);
+            if (c < cols) normalise4(xin[i], nw[i], P.norm_dtype, scale);
         }
-        for (int c = ct * 4 + NORM_HELD * CONSUMERS * 4; c < P.cols; c += CONSUMERS * 4)
-            normalise4(xs + c, norm_weights(P, c, wsize), P.norm_dtype, scale);
+        if (WIDE)
+            for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+                const int c = group_col<VPT>(i, ct);
+                normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale);
+            }
     }
     if (blockIdx.x == 0 && (P.staged.arena || P.staged.real))
-        for (int c = ct * 4; c < P.cols; c += CONSUMERS * 4)
-            for (int j = 0; j < 4; j++) put(P.staged, (size_t)c + j, xs[c + j]);
+#pragma unroll
+        for (int i = 0; i < X_GROUPS; i++) {
+            const int c = group_col<VPT>(i, ct);
+            if (c >= cols) continue;
+            put(P.staged, (size_t)c, xin[i].x), put(P.staged, (size_t)c + 1, xin[i].y);
+            put(P.staged, (size_t)c + 2, xin[i].z), put(P.staged, (size_t)c + 3, xin[i].w);
+        }
+    if (WIDE && blockIdx.x == 0 && (P.staged.arena || P.staged.real))
+        for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+            const int c = group_col<VPT>(i, ct);
+            for (int j = 0; j < 4; j++) put(P.staged, (size_t)c + j, wide[c + j]);
+        }
+    /* the warps go on to the product together: left to drift apart from here, TinyLlama decoded 8 % slower
+     * (docs/cuda-notes.md, version 119) */
     consumers_sync();
 }
 
@@ -490,31 +557,61 @@ __device__ __forceinline__ void hold_stage(const step_program &prog, const char 
     it++;
 }
 
-/* The block's tiles of a GEMV phase: each stage's 8 row chunks dotted with x (the first from held), the warps' sums
- * to the signaller. */
+/* The block's tiles of a GEMV phase: each stage's 8 row chunks dotted with the thread's values of x (the first
+ * stage from held), the warps' sums to the signaller. A row's first stages are unrolled, so that each takes its
+ * values from registers named when compiled; past HELD_COLS the values are loaded (and polled) again, before the
+ * wait for the stage, so that the wait hides the round trip. */
 template <typename WT>
 __device__ void consume_tiles(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
-                              uint64_t *empty, const float *xs, const uint4 (&held)[ROWS], tile_sums &sums, int &it,
-                              int &tile_it, int ct)
+                              uint64_t *empty, const float4 (&xin)[X_GROUPS], const uint4 (&held)[ROWS],
+                              tile_sums &sums, int &it, int &tile_it, int ct)
 {
+    constexpr int VPT = 16 / sizeof(WT), GPS = VPT / 4, MOST = X_GROUPS / GPS; /* groups a stage, stages a row */
     /* the phase's fields in registers: after each wait for a stage the table would be read again */
-    const int warp = ct >> 5, lane = ct & 31, cols = P.cols, row_bytes = cols * (int)sizeof(WT);
+    const int warp = ct >> 5, lane = ct & 31, cols = P.cols, stages = (cols * (int)sizeof(WT) + CHUNK - 1) / CHUNK;
+    /* past HELD_COLS: the block's room (its threads' own stores) or a plain input */
+    const float *x = P.wide ? P.wide + (size_t)blockIdx.x * cols : P.x.p;
+    const bool flagged = !P.wide && P.x.flagged;
     float acc[ROWS] = {};
-    auto dot_stage = [&](const uint4 *w, int stride, int off) {
-        const int col = (off + ct * 16) / (int)sizeof(WT);
-        if (col < cols)
+    if (ct * VPT < cols) /* the first unit's first stage (held: the block has a unit), before the loop holds it */
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * stride], xs + col);
-    };
-    for (int u = first_unit(P), units = P.units, first = 1; u < units; u += gridDim.x) {
-        for (int off = 0; off < row_bytes; off += CHUNK) {
-            if (first) {
-                dot_stage(held, 1, off), first = 0;
-                continue;
+        for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(held[r], xin[0], xin[GPS - 1]);
+    for (int u = first_unit(P), units = P.units, k0 = 1; u < units; u += gridDim.x, k0 = 0) {
+#pragma unroll
+        for (int k = 0; k < MOST; k++) {
+            if (k >= stages) break;
+            if (k < k0) continue;
+            const float4 x0 = xin[k * GPS], x1 = xin[k * GPS + GPS - 1]; /* (x1 unused for f32) */
+            const bool mine = k * CONSUMERS * VPT + ct * VPT < cols;
+            const int slot = it % prog.stages;
+            mbar_wait(&full[slot], (it / prog.stages) & 1);
+            const uint4 *w = (const uint4 *)(ring + (size_t)slot * STAGE + ct * 16);
+            if (mine)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * (CHUNK / 16)], x0, x1);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[slot]);
+            it++;
+        }
+        for (int k = MOST; k < stages; k++) {
+            const int c = k * CONSUMERS * VPT + ct * VPT;
+            const bool mine = c < cols;
+            float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+            if (mine) {
+                x0 = ld_relaxed4(x + c);
+                if (GPS == 2) x1 = ld_relaxed4(x + c + 4);
             }
             const int slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
-            dot_stage((const uint4 *)(ring + (size_t)slot * STAGE + ct * 16), CHUNK / 16, off);
+            for (long long t0 = 0; flagged && (any_empty(x0) || any_empty(x1));) {
+                spin_check(t0);
+                x0 = ld_relaxed4(x + c);
+                if (GPS == 2) x1 = ld_relaxed4(x + c + 4);
+            }
+            const uint4 *w = (const uint4 *)(ring + (size_t)slot * STAGE + ct * 16);
+            if (mine)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * (CHUNK / 16)], x0, x1);
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
             it++;
@@ -571,19 +668,55 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     m = m_new;
 }
 
-/* One attention item: query head h, split s (HD as stage_partials'). The 8 warps take turns over runs of 32 cached
- * positions from the ring (no block barrier per stage); the first also takes this token's own row in the last
- * split. The warps then merge, and the head's partial (max, sum, 0, 0, output) goes to the arena. */
+/* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
+ * into the warp's (m, l, acc) as warp_positions folds a position. */
 template <int HD>
-__device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits,
-                             const char *ring, uint64_t *full, uint64_t *empty, float *xs, int &it, int ct)
+__device__ __forceinline__ void own_row(const float *qs, const float *k, const float *v, bool k_flagged, bool v_flagged,
+                                        int hd_any, float &m, float &l, float *acc, int lane)
+{
+    const int hd = HD ? HD : hd_any;
+    float kr[MAX_DIMS] = {}, vr[MAX_DIMS] = {};
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++)
+        if (lane + 32 * j < hd) kr[j] = ld_relaxed1(k + lane + 32 * j), vr[j] = ld_relaxed1(v + lane + 32 * j);
+    for (long long wait = 0;;) {
+        bool waiting = false;
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++) waiting |= (k_flagged && is_empty(kr[j])) || (v_flagged && is_empty(vr[j]));
+        if (!waiting) break;
+        spin_check(wait);
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++) {
+            if (k_flagged && is_empty(kr[j])) kr[j] = ld_relaxed1(k + lane + 32 * j);
+            if (v_flagged && is_empty(vr[j])) vr[j] = ld_relaxed1(v + lane + 32 * j);
+        }
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++)
+        if (lane + 32 * j < hd) dot += qs[lane + 32 * j] * kr[j];
+    const float score = llm_cuda_warp_sum(dot) * (1.0f / sqrtf((float)hd));
+    const float m_new = fmaxf(m, score), alpha = expf(m - m_new), e = expf(score - m_new);
+    l = l * alpha + e;
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++) acc[j] = acc[j] * alpha + e * vr[j];
+    m = m_new;
+}
+
+/* One attention item: query head h, split s (HD as stage_partials'). The 8 warps take turns over runs of 32 cached
+ * positions from the ring (no block barrier per stage); the one whose turn is next also takes this token's own row
+ * in the last split. The warps then merge in the room of the item's last stage, which they free only once merged
+ * (in shared memory of its own the merge took a ring stage's room, docs/cuda-notes.md version 119), and the head's
+ * partial (max, sum, 0, 0, output) goes to the arena. qs: room for hd floats. */
+template <int HD>
+__device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
+                             uint64_t *full, uint64_t *empty, float *qs, int &it, int ct)
 {
     const int hd = HD ? HD : P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
     int h, g, s, t0, t1;
     if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
     const bool last = s == splits - 1;
-    float *qs = xs, *cur_k = qs + hd, *cur_v = cur_k + hd, *merge = cur_v + hd;
-    consumers_sync(); /* xs free */
+    consumers_sync(); /* qs free: every warp is done with the item before */
     const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
     const bool q_flagged = P.q.flagged, k_flagged = last && P.k.flagged, v_flagged = last && P.v.flagged;
     float *rec = P.partials + ((size_t)s * P.heads + h) * (hd + 4); /* (the table read once, before the waits) */
@@ -594,7 +727,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     }
     consumers_sync();
     float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
-    int run = 0; /* runs of 32 positions so far: run r goes to warp r % 8 */
+    int run = 0, kept = -1; /* runs of 32 positions so far: run r goes to warp r % 8; the slot kept for the merge */
     for (int c0 = t0; c0 < t1; c0 += per, it++) {
         const int slot = it % prog.stages, n = min(per, t1 - c0);
         mbar_wait(&full[slot], (it / prog.stages) & 1);
@@ -603,34 +736,39 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
             if (run % WARPS == warp)
                 warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);
+        if (c0 + per < t1) {
+            if (lane == 0) mbar_arrive(&empty[slot]);
+        } else {
+            kept = slot;
+        }
     }
     /* This token's own k and v (the last split's) are polled for only now, by the warp that takes them: they are
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
      * (docs/cuda-notes.md, version 63). */
-    if (last && run % WARPS == warp) {
-        for (int i = lane * 4; i < hd; i += 32 * 4) {
-            float4 b = ld_relaxed4(k + i), c = ld_relaxed4(v + i);
-            for (long long wait = 0;;) { /* in rounds, as staging polls */
-                const bool wb = k_flagged && any_empty(b), wc = v_flagged && any_empty(c);
-                if (!wb && !wc) break;
-                spin_check(wait);
-                if (wb) b = ld_relaxed4(k + i);
-                if (wc) c = ld_relaxed4(v + i);
-            }
-            *(float4 *)(cur_k + i) = b, *(float4 *)(cur_v + i) = c;
-        }
-        __syncwarp();
-        warp_positions<HD>(qs, cur_k, cur_v, 1, hd, m, l, acc, lane);
-    }
-    /* the warps' (m, l, acc) through shared memory to warp 0 */
-    float *mine = merge + warp * (hd + 2);
+    if (last && run % WARPS == warp) own_row<HD>(qs, k, v, k_flagged, v_flagged, hd, m, l, acc, lane);
+    auto write_record = [&] {
 #pragma unroll
-    for (int k = 0; k < MAX_DIMS; k++)
-        if (lane + 32 * k < hd) mine[2 + lane + 32 * k] = acc[k];
+        for (int j = 0; j < MAX_DIMS; j++)
+            if (lane + 32 * j < hd) rec[4 + lane + 32 * j] = acc[j];
+        if (lane == 0) rec[0] = m, rec[1] = l, rec[2] = 0.0f, rec[3] = 0.0f;
+    };
+    if (kept < 0) { /* no cached rows: only warp 0 (this token's row, or nothing) has seen a position */
+        if (!warp) write_record();
+        return;
+    }
+    /* the warps' (m, l, acc) through the kept slot to warp 0 */
+    float *merge = (float *)(ring + (size_t)kept * STAGE), *mine = merge + warp * (hd + 2);
+    consumers_sync(); /* every warp is done with the slot's rows */
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++)
+        if (lane + 32 * j < hd) mine[2 + lane + 32 * j] = acc[j];
     if (lane == 0) mine[0] = m, mine[1] = l;
+    fence_proxy_async_shared(); /* the copy engine's next writes to the slot come after these */
     consumers_sync();
-    if (warp) return;
+    if (warp) {
+        if (lane == 0) mbar_arrive(&empty[kept]); /* (the slot is free once warp 0 has arrived too) */
+        return;
+    }
     /* Lane w < WARPS takes warp w's max and sum, so the weights exp(m_w - M) come at once: merged one warp after
      * another, each merge waited on the one before's exp (TinyLlama +1.3 %, docs/cuda-notes.md version 101). */
     const float mw = lane < WARPS ? merge[lane * (hd + 2)] : -INFINITY;
@@ -644,18 +782,17 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     for (int o = WARPS / 2; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
     m = M, l = __shfl_sync(0xffffffffu, L, 0);
 #pragma unroll
-    for (int k = 0; k < MAX_DIMS; k++) acc[k] = 0.0f;
+    for (int j = 0; j < MAX_DIMS; j++) acc[j] = 0.0f;
 #pragma unroll
     for (int o = 0; o < WARPS; o++) {
         const float wo = __shfl_sync(0xffffffffu, w, o), *other = merge + o * (hd + 2) + 2;
 #pragma unroll
-        for (int k = 0; k < MAX_DIMS; k++)
-            if (lane + 32 * k < hd) acc[k] += wo * other[lane + 32 * k];
+        for (int j = 0; j < MAX_DIMS; j++)
+            if (lane + 32 * j < hd) acc[j] += wo * other[lane + 32 * j];
     }
-#pragma unroll
-    for (int k = 0; k < MAX_DIMS; k++)
-        if (lane + 32 * k < hd) rec[4 + lane + 32 * k] = acc[k];
-    if (lane == 0) rec[0] = m, rec[1] = l, rec[2] = 0.0f, rec[3] = 0.0f;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[kept]);
+    write_record();
 }
 
 /* ---- the signaller: sums a tile's 8 rows, runs the epilogue, writes them out ---- */
@@ -827,7 +964,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __shared__ float red[WARPS];
     __shared__ int last_block;
     __shared__ __align__(16) step_phase signal_tab[2];
-    float *xs = (float *)(ring + (size_t)prog.stages * STAGE);
+    __shared__ __align__(16) float q_shared[32 * MAX_DIMS]; /* an attention item's query */
     const int tid = threadIdx.x, pos = prog.positions[0];
     const int splits = splits_at(prog.most_splits, prog.split_scale, pos); /* this step's, the same on every block */
     /* The arena's half this step uses, filled with EMPTY by the step before (or when the table was uploaded), and
@@ -863,24 +1000,32 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
                 for (int u = first_unit(P); u < P.units; u += gridDim.x)
                     if (P.head_dim == 64)
-                        consume_item<64>(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
+                        consume_item<64>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
                     else if (P.head_dim == 128)
-                        consume_item<128>(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
+                        consume_item<128>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
                     else
-                        consume_item<0>(P, prog, u, pos, splits, ring, full, empty, xs, it, ct);
+                        consume_item<0>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
                 continue;
             }
             uint4 held[ROWS];
             hold_stage(prog, ring, full, empty, held, it, ct);
-            stage_input(P, xs, red, ct, splits);
+            float4 xin[X_GROUPS]; /* the thread's values of the phase's input */
+            if (P.dtype == LLM_DTYPE_F32 && P.wide)
+                stage_input<4, true>(P, xin, red, ct, splits);
+            else if (P.dtype == LLM_DTYPE_F32)
+                stage_input<4, false>(P, xin, red, ct, splits);
+            else if (P.wide)
+                stage_input<8, true>(P, xin, red, ct, splits);
+            else
+                stage_input<8, false>(P, xin, red, ct, splits);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
-                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
+                consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xin, held, sums, it, tile_it, ct);
             else if (P.dtype == LLM_DTYPE_F16)
-                consume_tiles<__half>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
+                consume_tiles<__half>(P, prog, ring, full, empty, xin, held, sums, it, tile_it, ct);
             else
-                consume_tiles<float>(P, prog, ring, full, empty, xs, held, sums, it, tile_it, ct);
+                consume_tiles<float>(P, prog, ring, full, empty, xin, held, sums, it, tile_it, ct);
             if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
         }
     }
@@ -921,6 +1066,7 @@ struct ext_read {
 struct refs {
     int x, resid, q, k, v, staged, resid_out, out[LLM_CUDA_GEMV_MATS], partials;
     int kv_maps; /* attention: its K map's index in the plan's maps (V's the next) */
+    int wide;    /* > 0: the input is normalised or combined and wider than HELD_COLS (the plan's wide room) */
 };
 
 struct compiler {
@@ -982,8 +1128,10 @@ struct plan {
     int n, n_copies;
     compiler c;
     const int32_t *positions;
-    int xs_floats, stages, first_gemv;
-    size_t arena_floats, vec_bytes;
+    int stages, first_gemv;
+    size_t arena_floats;
+    int wide_cols; /* the widest input that needs a room of its own a block (wide), else 0 */
+    float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
 };
@@ -1051,8 +1199,6 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd) ||
         !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd))
         return false;
-    const int need = 3 * hd + WARPS * (hd + 2);
-    if (need > pl.xs_floats) pl.xs_floats = need;
     r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
     r.k = read_of(c, op.k, kv_dim, i, false);
     r.v = read_of(c, op.v, kv_dim, i, false);
@@ -1078,7 +1224,6 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
         if (!aligned16(job.norm_w)) return false;
         P.norm_w = job.norm_w, P.norm_dtype = job.norm_dtype;
     }
-    if (job.cols > pl.xs_floats) pl.xs_floats = job.cols;
     int tiles = 0;
     for (int m = 0; m < job.n_mats; m++) {
         const llm_cuda_gemv_mat &J = job.mats[m];
@@ -1104,6 +1249,8 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
     /* reads, then writes, in the order the op does them */
     r.x = job.norm_src ? read_of(c, job.norm_src, (size_t)job.cols, i, false)
                        : read_of(c, job.x, (size_t)job.cols, i, true);
+    if (job.cols > HELD_COLS && (job.norm_src || (r.x >= 0 && c.vers[r.x].partials)))
+        r.wide = 1, pl.wide_cols = std::max(pl.wide_cols, job.cols);
     if (job.epi == LLM_CUDA_EPI_ADD) r.resid = read_of(c, job.resid, (size_t)job.mats[0].rows, i, false);
     if (job.norm_src) r.staged = write_of(c, job.norm_out, (size_t)job.cols, i);
     for (int m = 0; m < job.n_mats; m++) r.out[m] = write_of(c, job.mats[m].out, (size_t)job.mats[m].rows, i);
@@ -1143,14 +1290,9 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
-    pl.xs_floats = (pl.xs_floats + 3) / 4 * 4;
-    pl.vec_bytes = (size_t)pl.xs_floats * sizeof(float);
-    /* the kernel's own __shared__ arrays (2,176 bytes), with headroom; 3,072 still leaves Llama-3.2-1B (8,192-column
-     * input) its six stages */
+    /* the kernel's own __shared__ arrays (2,704 bytes), with headroom: an H100's 227 KB then hold seven stages */
     const size_t static_smem = 3072;
-    pl.stages = llm_cuda.smem_optin > pl.vec_bytes + static_smem
-                    ? (int)((llm_cuda.smem_optin - static_smem - pl.vec_bytes) / STAGE)
-                    : 0;
+    pl.stages = llm_cuda.smem_optin > static_smem ? (int)((llm_cuda.smem_optin - static_smem) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
     if (llm_cuda.persist_stages >= MIN_STAGES && llm_cuda.persist_stages < pl.stages)
         pl.stages = llm_cuda.persist_stages; /* LLM_CUDA_PERSIST_STAGES: a shorter ring, for tests */
@@ -1191,6 +1333,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
         const llm_cuda_gemv &job = op.gemv;
         P.x = src_of(r.x, job.norm_src ? job.norm_src : job.x);
         P.staged = vec_of(r.staged);
+        P.wide = r.wide > 0 ? pl.wide : NULL;
         if (P.x.partials && c.vers[r.x].final_) P.staged.real = (float *)c.vers[r.x].real; /* attention's, combined */
         for (int m = 0; m < P.n_mats; m++) P.mats[m].out = vec_of(r.out[m]);
         if (P.epi == LLM_CUDA_EPI_ADD) P.resid = src_of(r.resid, job.resid), P.resid_out = vec_of(r.resid_out);
@@ -1290,7 +1433,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     attr.val.cooperative = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE + pl.vec_bytes, cfg.stream = llm_cuda.stream;
+    cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE, cfg.stream = llm_cuda.stream;
     cfg.attrs = &attr, cfg.numAttrs = 1;
     size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3;
     if (llm_cuda.step_trace && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
@@ -1315,7 +1458,7 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
 {
     if (n < 1) return LLM_CUDA_STEP_REFUSED;
     plan pl = {};
-    pl.n = n, pl.xs_floats = 4 * CONSUMERS;
+    pl.n = n;
     pl.phases = (step_phase *)calloc((size_t)n, sizeof *pl.phases);
     pl.rf = (refs *)calloc((size_t)n, sizeof *pl.rf);
     pl.copies = (step_copy *)calloc((size_t)n * 8, sizeof *pl.copies);
@@ -1325,11 +1468,13 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
     pl.c.ok = true;
     int result = LLM_CUDA_STEP_REFUSED;
     if (pl.phases && pl.rf && pl.copies && pl.c.vers && pl.c.ext && pl.maps && plan_program(pl, ops)) {
-        /* the table (at most n * 8 copies a half), then the count of steps, then the arena's halves */
+        /* the table (at most n * 8 copies a half), then the count of steps, the arena's halves and the wide room */
         const size_t table_most = maps_bytes(pl) + 2 * n * (sizeof(step_phase) + 8 * sizeof(step_copy));
-        const size_t head = (table_most + 255) / 256 * 256;
-        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + 2 * pl.arena_floats * sizeof(float),
+        const size_t head = (table_most + 255) / 256 * 256, arena_bytes = 2 * pl.arena_floats * sizeof(float);
+        const size_t wide_bytes = (size_t)llm_cuda.sm_count * pl.wide_cols * sizeof(float);
+        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes,
                                               "decode step");
+        pl.wide = base && pl.wide_cols ? (float *)(base + head + 256 + arena_bytes) : NULL;
         size_t table_bytes = 0;
         char *table = base ? build_table(pl, ops, base, (float *)(base + head + 256), table_bytes) : NULL;
         if (table)
