@@ -573,6 +573,16 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
     const float *x = P.wide ? P.wide + (size_t)blockIdx.x * cols : P.x.p;
     const bool flagged = !P.wide && P.x.flagged;
     float acc[ROWS] = {};
+    /* a stage that has landed, dotted; then its slot freed */
+    auto dot_landed = [&](int slot, float4 x0, float4 x1, bool mine) {
+        const uint4 *w = (const uint4 *)(ring + (size_t)slot * STAGE + ct * 16);
+        if (mine)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * (CHUNK / 16)], x0, x1);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+        it++;
+    };
     if (ct * VPT < cols) /* the first unit's first stage (held: the block has a unit), before the loop holds it */
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(held[r], xin[0], xin[GPS - 1]);
@@ -585,13 +595,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
             const bool mine = k * CONSUMERS * VPT + ct * VPT < cols;
             const int slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
-            const uint4 *w = (const uint4 *)(ring + (size_t)slot * STAGE + ct * 16);
-            if (mine)
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * (CHUNK / 16)], x0, x1);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[slot]);
-            it++;
+            dot_landed(slot, x0, x1, mine);
         }
         for (int k = MOST; k < stages; k++) {
             const int c = k * CONSUMERS * VPT + ct * VPT;
@@ -608,13 +612,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
                 x0 = ld_relaxed4(x + c);
                 if (GPS == 2) x1 = ld_relaxed4(x + c + 4);
             }
-            const uint4 *w = (const uint4 *)(ring + (size_t)slot * STAGE + ct * 16);
-            if (mine)
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * (CHUNK / 16)], x0, x1);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[slot]);
-            it++;
+            dot_landed(slot, x0, x1, mine);
         }
         sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
 #pragma unroll
