@@ -152,6 +152,11 @@ __device__ __forceinline__ void put(const step_vec &o, size_t i, float v)
     if (o.real) o.real[i] = v;
 }
 
+__device__ __forceinline__ void put4(const step_vec &o, size_t i, float4 v)
+{
+    put(o, i, v.x), put(o, i + 1, v.y), put(o, i + 2, v.z), put(o, i + 3, v.w);
+}
+
 template <typename WT> __device__ __forceinline__ float2 pair_at(const WT *h);
 template <> __device__ __forceinline__ float2 pair_at(const __nv_bfloat16 *h)
 {
@@ -332,15 +337,12 @@ template <int VPT> __device__ __forceinline__ int group_col(int i, int ct)
     return i / (VPT / 4) * CONSUMERS * VPT + ct * VPT + i % (VPT / 4) * 4;
 }
 
-/* How many of the thread's groups hold columns below cols (a prefix: group_col grows with i). */
+/* How many of the thread's groups hold columns below cols (a prefix: group_col grows with i), held or not: its
+ * stages that reach that far, VPT / 4 groups each (cols is a multiple of 8, so a stage's groups are all in or out). */
 template <int VPT> __device__ __forceinline__ int groups_below(int cols, int ct)
 {
-    int n = 0;
-#pragma unroll
-    for (int i = 0; i < X_GROUPS; i++) n += group_col<VPT>(i, ct) < cols;
-    if (n == X_GROUPS)
-        while (group_col<VPT>(n, ct) < cols) n++;
-    return n;
+    constexpr int STAGE_COLS = CONSUMERS * VPT;
+    return cols > ct * VPT ? (cols - ct * VPT + STAGE_COLS - 1) / STAGE_COLS * (VPT / 4) : 0;
 }
 
 /* The thread's values of x, every load in flight at once (a load at a time pays a round trip each).
@@ -424,7 +426,7 @@ __device__ void stage_partials(float4 (&xin)[X_GROUPS], const step_src &x, int c
 {
 #pragma unroll
     for (int i = 0; i < X_GROUPS; i++) xin[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = 0, n = groups_below<VPT>(cols, ct); i < n && i < X_GROUPS; i++) {
+    for (int i = 0, n = min(groups_below<VPT>(cols, ct), X_GROUPS); i < n; i++) {
         const float4 out = combine_group<HD>(x, cols, group_col<VPT>(i, ct), S);
 #pragma unroll
         for (int j = 0; j < X_GROUPS; j++) /* (a register array takes only indices known when compiled) */
@@ -432,20 +434,20 @@ __device__ void stage_partials(float4 (&xin)[X_GROUPS], const step_src &x, int c
     }
 }
 
-/* The groups past the held ones (a hidden size over HELD_COLS), into the block's room. */
-template <int VPT> __device__ void stage_wide_partials(float *wide, const step_src &x, int cols, int ct, int S)
+/* The groups past the held ones, below n (a hidden size over HELD_COLS), into the block's room. */
+template <int VPT> __device__ void stage_wide_partials(float *wide, const step_src &x, int cols, int n, int ct, int S)
 {
-    for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+    for (int i = X_GROUPS; i < n; i++) {
         const int c = group_col<VPT>(i, ct);
         *(float4 *)(wide + c) = combine_group<0>(x, cols, c, S);
     }
 }
 
-/* A norm's columns past the held ones, one group at a time (only a hidden size over HELD_COLS has them): polled for,
- * their squares added to ss, stored in the block's room. */
-template <int VPT> __device__ void stage_wide_norm(float *wide, const step_src &x, int cols, int ct, float &ss)
+/* A norm's groups past the held ones, below n, one at a time (only a hidden size over HELD_COLS has them): polled
+ * for, their squares added to ss, stored in the block's room. */
+template <int VPT> __device__ void stage_wide_norm(float *wide, const step_src &x, int n, int ct, float &ss)
 {
-    for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+    for (int i = X_GROUPS; i < n; i++) {
         const int c = group_col<VPT>(i, ct);
         float4 v = ld_relaxed4(x.p + c);
         for (long long t0 = 0; x.flagged && any_empty(v);) spin_check(t0), v = ld_relaxed4(x.p + c);
@@ -483,6 +485,7 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
     uint4 nw[X_GROUPS];
     const int wsize = P.norm_dtype == LLM_DTYPE_F32 ? 4 : 2, cols = P.cols;
     float *wide = WIDE ? P.wide + (size_t)blockIdx.x * cols : NULL; /* (WIDE: P.wide is set) */
+    const int groups = WIDE ? groups_below<VPT>(cols, ct) : 0;      /* held or in the room */
     if (P.norm_w)
 #pragma unroll
         for (int i = 0; i < X_GROUPS; i++) {
@@ -498,13 +501,13 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
         stage_partials<0, VPT>(xin, P.x, cols, ct, splits);
     else
         stage_plain<VPT>(xin, P.x, cols, ct);
-    if (WIDE && P.x.partials) stage_wide_partials<VPT>(wide, P.x, cols, ct, splits);
+    if (WIDE && P.x.partials) stage_wide_partials<VPT>(wide, P.x, cols, groups, ct, splits);
     if (P.norm_w) {
         float ss = 0.0f;
 #pragma unroll
         for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
             ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
-        if (WIDE) stage_wide_norm<VPT>(wide, P.x, cols, ct, ss);
+        if (WIDE) stage_wide_norm<VPT>(wide, P.x, groups, ct, ss);
         ss = llm_cuda_warp_sum(ss);
         if ((ct & 31) == 0) red[ct >> 5] = ss;
         consumers_sync();
@@ -517,24 +520,22 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
             if (c < cols) normalise4(xin[i], nw[i], P.norm_dtype, scale);
         }
         if (WIDE)
-            for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+            for (int i = X_GROUPS; i < groups; i++) {
                 const int c = group_col<VPT>(i, ct);
                 normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale);
             }
     }
-    if (blockIdx.x == 0 && (P.staged.arena || P.staged.real))
+    if (blockIdx.x == 0 && (P.staged.arena || P.staged.real)) {
 #pragma unroll
         for (int i = 0; i < X_GROUPS; i++) {
             const int c = group_col<VPT>(i, ct);
-            if (c >= cols) continue;
-            put(P.staged, (size_t)c, xin[i].x), put(P.staged, (size_t)c + 1, xin[i].y);
-            put(P.staged, (size_t)c + 2, xin[i].z), put(P.staged, (size_t)c + 3, xin[i].w);
+            if (c < cols) put4(P.staged, (size_t)c, xin[i]);
         }
-    if (WIDE && blockIdx.x == 0 && (P.staged.arena || P.staged.real))
-        for (int i = X_GROUPS, n = groups_below<VPT>(cols, ct); i < n; i++) {
+        for (int i = X_GROUPS; i < groups; i++) {
             const int c = group_col<VPT>(i, ct);
-            for (int j = 0; j < 4; j++) put(P.staged, (size_t)c + j, wide[c + j]);
+            put4(P.staged, (size_t)c, *(const float4 *)(wide + c));
         }
+    }
     /* the warps go on to the product together: left to drift apart from here, TinyLlama decoded 8 % slower
      * (docs/cuda-notes.md, version 119) */
     consumers_sync();
@@ -573,19 +574,19 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
     const float *x = P.wide ? P.wide + (size_t)blockIdx.x * cols : P.x.p;
     const bool flagged = !P.wide && P.x.flagged;
     float acc[ROWS] = {};
+    auto dot_rows = [&](const uint4 *w, int stride, float4 x0, float4 x1) { /* the tile's 8 row chunks */
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * stride], x0, x1);
+    };
     /* a stage that has landed, dotted; then its slot freed */
     auto dot_landed = [&](int slot, float4 x0, float4 x1, bool mine) {
-        const uint4 *w = (const uint4 *)(ring + (size_t)slot * STAGE + ct * 16);
-        if (mine)
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(w[r * (CHUNK / 16)], x0, x1);
+        if (mine) dot_rows((const uint4 *)(ring + (size_t)slot * STAGE + ct * 16), CHUNK / 16, x0, x1);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
         it++;
     };
-    if (ct * VPT < cols) /* the first unit's first stage (held: the block has a unit), before the loop holds it */
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) acc[r] += dot_chunk<WT>(held[r], xin[0], xin[GPS - 1]);
+    /* the first unit's first stage (held: the block has a unit), before the loop, which would hold held throughout */
+    if (ct * VPT < cols) dot_rows(held, 1, xin[0], xin[GPS - 1]);
     for (int u = first_unit(P), units = P.units, k0 = 1; u < units; u += gridDim.x, k0 = 0) {
 #pragma unroll
         for (int k = 0; k < MOST; k++) {
