@@ -1,6 +1,7 @@
 /* The forward pass of a Llama-family decoder, read top to bottom, and the run state it works in.
  * Every numeric step goes through the op table (m->rt.ops) of the chosen device: this file never touches
  * activation memory itself, so the same code runs on every device. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
 
     int dim = c->hidden_size, heads = c->num_attention_heads, kv_heads = c->num_key_value_heads, hd = c->head_dim;
     size_t kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
+    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0};
     size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
     int n_out = s->all_logits ? n : 1;
     /* Without all_logits only the last position's hidden state reaches the head. */
@@ -136,7 +138,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     bool recordable = dev->step_begin && dev->step_end && !m->trace;
     bool replay = recordable && dev->step_begin(n);
     if (!replay) {
-        op->embed(s->x, &m->embed_tokens, step_tokens, n);
+        op->embed(s->x, &m->embed_tokens, step_tokens, n, 1.0f);
         trace(m, "embed", -1, s->x, xs);
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -145,7 +147,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             float *v_cache = s->value_cache + (size_t)l * layer_cache;
 
             /* attention block */
-            op->rmsnorm(s->xb, s->x, &L->input_layernorm, n, dim, c->rms_norm_eps);
+            op->rmsnorm(s->xb, s->x, &L->input_layernorm, n, dim, c->rms_norm_eps, 0.0f);
             trace(m, "attn_norm", l, s->xb, xs);
             op->matmul(s->q, s->xb, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
             op->matmul(s->k, s->xb, &L->k_proj, L->k_bias.data ? &L->k_bias : NULL, n);
@@ -153,28 +155,28 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             trace(m, "q", l, s->q, (size_t)n * heads * hd);
             trace(m, "k", l, s->k, (size_t)n * kv_dim);
             trace(m, "v", l, s->v, (size_t)n * kv_dim);
-            op->rope(s->q, s->k, positions, m->inv_freq, n, heads, kv_heads, hd);
+            op->rope(s->q, s->k, positions, m->inv_freq, n, heads, kv_heads, hd, hd, 1.0f);
             trace(m, "q_rope", l, s->q, (size_t)n * heads * hd);
-            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx);
+            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx, &ap);
             trace(m, "attention", l, s->att, (size_t)n * heads * hd);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
             trace(m, "attn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
 
             /* feed-forward block */
-            op->rmsnorm(s->xb, s->x, &L->post_attention_layernorm, n, dim, c->rms_norm_eps);
+            op->rmsnorm(s->xb, s->x, &L->post_attention_layernorm, n, dim, c->rms_norm_eps, 0.0f);
             trace(m, "ffn_norm", l, s->xb, xs);
             op->matmul(s->gate, s->xb, &L->gate_proj, NULL, n);
             op->matmul(s->up, s->xb, &L->up_proj, NULL, n);
-            op->swiglu(s->gate, s->gate, s->up, gs);
-            trace(m, "swiglu", l, s->gate, gs);
+            op->glu(s->gate, s->gate, s->up, gs, LLM_ACT_SILU);
+            trace(m, "glu", l, s->gate, gs);
             op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
             trace(m, "ffn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
             trace(m, "residual", l, s->x, xs);
         }
 
-        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, c->rms_norm_eps);
+        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, c->rms_norm_eps, 0.0f);
         trace(m, "final_norm", -1, xb_out, (size_t)n_out * dim);
         op->logits(s->logits, xb_out, &m->lm_head, n_out);
         trace(m, "logits", -1, s->logits, (size_t)n_out * c->vocab_size);

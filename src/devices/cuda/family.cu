@@ -1,0 +1,130 @@
+/* The cuda device's kernels for what some model families add to a Llama layer: rmsnorm in Gemma's (1 + w) form,
+ * the tanh-GELU gate, soft-capping, and attention with a scale of its own, a soft-cap or a sliding window. Each is a
+ * plain kernel per op, correct first: the fused and persistent paths (gemv.cu, attention.cu, step.cu) take Llama's
+ * shapes only, and device.cu says once which fusion a model loses to these. Not here: what the ops compute (ops.h). */
+#include "cuda_internal.h"
+
+static unsigned blocks_for(size_t count, int threads)
+{
+    size_t blocks = (count + (size_t)threads - 1) / (size_t)threads, cap = (size_t)llm_cuda.sm_count * 32;
+    return (unsigned)(blocks > cap ? cap : blocks ? blocks : 1);
+}
+
+#define NORM_THREADS 128
+
+/* One block per row: out = (offset + w) * (x * (1 / sqrt(mean(x^2) + eps))), the reference's order. */
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_offset_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps, float offset)
+{
+    __shared__ float red[NORM_THREADS / 32];
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *oi = out + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += NORM_THREADS) ss += xi[c] * xi[c];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int i = 0; i < NORM_THREADS / 32; i++) ss += red[i];
+    const float scale = llm_cuda_rms_scale(ss, dim, eps);
+    __syncthreads(); /* out may be x: every thread has read its values before any is written */
+    for (int c = threadIdx.x; c < dim; c += NORM_THREADS)
+        oi[c] = (offset + llm_cuda_load(w, w_dtype, (size_t)c)) * (xi[c] * scale);
+}
+
+void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset)
+{
+    rmsnorm_offset_kernel<<<n, NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps, offset);
+    LLM_CUDA_LAUNCHED("rmsnorm");
+}
+
+__global__ void geglu_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float g = llm_cuda_src_at(gate, i);
+        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * llm_cuda_src_at(up, i);
+    }
+}
+
+void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
+{
+    geglu_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count);
+    LLM_CUDA_LAUNCHED("glu");
+}
+
+__global__ void softcap_kernel(float *x, float cap, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+void llm_cuda_softcap(float *x, float cap, size_t count)
+{
+    softcap_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(x, cap, count);
+    LLM_CUDA_LAUNCHED("softcap");
+}
+
+#define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
+
+/* One warp per (token, head): the visible rows in order, an online softmax (running maximum and sum, the
+ * accumulator rescaled when the maximum grows); a lane holds head dimensions lane, lane + 32, ... */
+__global__ void attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                        const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
+                                        float scale, float softcap, int window)
+{
+    const int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (warp >= n * n_heads) return;
+    const int i = warp / n_heads, h = warp % n_heads, group = n_heads / n_kv_heads;
+    const size_t kv_dim = (size_t)n_kv_heads * head_dim, kv_off = (size_t)(h / group) * head_dim;
+    const float *qh = q + (size_t)warp * head_dim;
+    const int per = (head_dim + 31) / 32, len = positions[i] + 1;
+    const int first = window > 0 && len > window ? len - window : 0;
+    float qv[ATT_DIMS], acc[ATT_DIMS];
+    for (int r = 0; r < per; r++) {
+        int d = lane + 32 * r;
+        qv[r] = d < head_dim ? qh[d] : 0.0f;
+        acc[r] = 0.0f;
+    }
+    float max = -INFINITY, denom = 0.0f;
+    for (int t = first; t < len; t++) {
+        const float *kt = k_cache + (size_t)t * kv_dim + kv_off, *vt = v_cache + (size_t)t * kv_dim + kv_off;
+        float s = 0.0f;
+        for (int r = 0; r < per; r++) {
+            int d = lane + 32 * r;
+            if (d < head_dim) s += qv[r] * kt[d];
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s *= scale;
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        if (s > max) {
+            float c = expf(max - s); /* 0 for the first row */
+            denom *= c;
+            for (int r = 0; r < per; r++) acc[r] *= c;
+            max = s;
+        }
+        float p = expf(s - max);
+        denom += p;
+        for (int r = 0; r < per; r++) {
+            int d = lane + 32 * r;
+            if (d < head_dim) acc[r] += p * vt[d];
+        }
+    }
+    float *oh = out + (size_t)warp * head_dim;
+    for (int r = 0; r < per; r++) {
+        int d = lane + 32 * r;
+        if (d < head_dim) oh[d] = acc[r] / denom;
+    }
+}
+
+bool llm_cuda_attention_params_fits(int head_dim) { return head_dim <= 32 * ATT_DIMS; }
+
+void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
+                               float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
+                               int head_dim, const llm_attention_params *p, bool kv_stored)
+{
+    if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, n_kv_heads * head_dim);
+    size_t threads = (size_t)n * n_heads * 32;
+    attention_params_kernel<<<(unsigned)((threads + 127) / 128), 128, 0, llm_cuda.stream>>>(
+        out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, p->scale, p->softcap, p->window);
+    LLM_CUDA_LAUNCHED("attention");
+}
