@@ -305,8 +305,8 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
     add_weight(ws, &m->embed_tokens);
     for (int l = 0; l < m->config.num_hidden_layers; l++) {
         llm_weight *layer[LLM_LAYER_WEIGHTS];
-        llm_layer_weights(&m->layers[l], layer);
-        for (int i = 0; i < LLM_LAYER_WEIGHTS; i++) add_weight(ws, layer[i]);
+        int n = llm_layer_weights(&m->layers[l], layer);
+        for (int i = 0; i < n; i++) add_weight(ws, layer[i]);
     }
     add_weight(ws, &m->norm);
     if (!m->config.tie_word_embeddings) add_weight(ws, &m->lm_head);

@@ -21,6 +21,8 @@
 static const char *const fixtures[] = {
     "llama-gqa-tied", "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama3-mqa-untied",
     "llama-linear-rope", "mistral-headdim", "qwen2-bias",
+    /* scripts/make-family-fixtures.py: each family's published config.json, cut small */
+    "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3-window", "phi3-longrope", "olmo2", "mistral-window",
 };
 #define N_FIXTURES (sizeof fixtures / sizeof *fixtures)
 
@@ -147,10 +149,10 @@ static void test_other_layouts(void **state)
 
 /* Load a copy of a fixture whose config.json was edited by `edit` (a JSON object merged over the original; a null
  * member deletes). Returns the error message; the load must fail. */
-static void expect_config_error(const char *edit, const char *fragment)
+static void expect_fixture_config_error(const char *fixture, const char *edit, const char *fragment)
 {
     fixture_expected ex;
-    fixture_load_expected(&ex, "llama-gqa-tied");
+    fixture_load_expected(&ex, fixture);
     char *dir = fixture_copy_edited(ex.dir, edit);
     llm_model m;
     llm_load_options lo = {.device = "cpu"};
@@ -160,6 +162,43 @@ static void expect_config_error(const char *edit, const char *fragment)
     assert_non_null(strstr(err, fragment));
     fixture_rmdir(dir);
     fixture_free_expected(&ex);
+}
+
+static void expect_config_error(const char *edit, const char *fragment)
+{
+    expect_fixture_config_error("llama-gqa-tied", edit, fragment);
+}
+
+/* What the families' descriptors and their config.json keys refuse, naming the key or tensor. */
+static void test_bad_family_configs(void **state)
+{
+    (void)state;
+    expect_config_error("{\"architectures\": [\"Phi3ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.self_attn.qkv_proj.weight'");
+    expect_config_error("{\"architectures\": [\"Qwen3ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
+    expect_config_error("{\"architectures\": [\"Olmo2ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
+    expect_config_error("{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}",
+                        "Gemma3ForConditionalGeneration needs a \"text_config\" object");
+    expect_config_error("{\"architectures\": [\"Gemma2ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.pre_feedforward_layernorm.weight'");
+    expect_fixture_config_error("gemma2", "{\"hidden_activation\": \"gelu\"}",
+                                "hidden_activation \"gelu\" is not supported (supported: silu, gelu_pytorch_tanh)");
+    expect_fixture_config_error("gemma2", "{\"layer_types\": [\"sliding_attention\"]}",
+                                "\"layer_types\" lists 1 layers, num_hidden_layers is 2");
+    expect_fixture_config_error("gemma2", "{\"layer_types\": [\"sliding_attention\", \"chunked_attention\"]}",
+                                "layer_types[1] \"chunked_attention\" is not supported");
+    expect_fixture_config_error("gemma3", "{\"head_dim\": 16}",
+                                "tensor 'model.layers.0.self_attn.q_proj.weight' has shape [128, 64], config.json "
+                                "says [64, 64]");
+    expect_fixture_config_error("phi3-longrope",
+                                "{\"rope_parameters\": {\"rope_type\": \"longrope\", \"rope_theta\": 10000.0, "
+                                "\"partial_rotary_factor\": 0.75, \"short_factor\": [1.0, 1.0], "
+                                "\"long_factor\": [1.0, 1.0]}}",
+                                "longrope \"short_factor\" must be a list of 6 numbers");
+    expect_fixture_config_error("phi3-longrope", "{\"rope_parameters\": null, \"partial_rotary_factor\": 0.01}",
+                                "partial_rotary_factor 0.01 of head_dim 16 gives 0 rotated dimensions");
 }
 
 static void test_bad_configs(void **state)
@@ -263,7 +302,8 @@ int main(void)
         }
     const struct CMUnitTest fixed[] = {
         cmocka_unit_test(test_other_layouts),
-        cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_missing_and_malformed_config),
+        cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_bad_family_configs),
+        cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];

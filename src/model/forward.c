@@ -1,7 +1,7 @@
-/* The forward pass of a Llama-family decoder, read top to bottom, and the run state it works in.
- * Every numeric step goes through the op table (m->rt.ops) of the chosen device: this file never touches
- * activation memory itself, so the same code runs on every device. */
-#include <math.h>
+/* The forward pass of a decoder, read top to bottom, and the run state it works in. One layer for every family: the
+ * family's data (arch.h, config.h) says which norms it has and where, the attention's scale, soft-cap and window,
+ * the activation. Every numeric step goes through the op table (m->rt.ops) of the chosen device: this file never
+ * touches activation memory itself, so the same code runs on every device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +14,13 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     memset(s, 0, sizeof *s);
     const llm_config *c = &m->config;
     const llm_device *dev = m->rt.dev;
+    /* Windowed layers attend to their last sliding_window positions; they do not cap the context. Their cache is
+     * as long as the others' (a ring of sliding_window rows would do; not yet). */
     int limit = c->max_position_embeddings;
-    if (c->sliding_window > 0 && c->sliding_window < limit) limit = c->sliding_window;
     if (ctx <= 0) ctx = limit < 4096 ? limit : 4096;
     if (ctx > limit) {
-        snprintf(err, err_len, "context size %d is larger than the model allows (%s %d)", ctx,
-                 limit == c->max_position_embeddings ? "max_position_embeddings" : "sliding_window", limit);
+        snprintf(err, err_len, "context size %d is larger than the model allows (max_position_embeddings %d)", ctx,
+                 limit);
         return -1;
     }
     if (max_batch <= 0) max_batch = 512;
@@ -126,8 +127,16 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     }
 
     int dim = c->hidden_size, heads = c->num_attention_heads, kv_heads = c->num_key_value_heads, hd = c->head_dim;
-    size_t kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
-    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0};
+    int rot = c->rotary_dim;
+    float rope_scale = m->rope_scale;
+    size_t q_dim = (size_t)heads * hd, kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
+    float eps = c->rms_norm_eps, offset = c->family->norm_offset;
+    /* LongRoPE rotates with its long factors once a call reaches past original_max_position_embeddings (as
+     * transformers decides per call); a window as long as the context is no window. */
+    bool long_rope = m->inv_freq_long && pos + n > c->rope_scaling.original_max_position_embeddings;
+    const float *global_freq = long_rope ? m->inv_freq_long : m->inv_freq;
+    const float *local_freq = m->inv_freq_local ? m->inv_freq_local : global_freq;
+    int window = c->sliding_window < s->ctx ? c->sliding_window : 0;
     size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
     int n_out = s->all_logits ? n : 1;
     /* Without all_logits only the last position's hidden state reaches the head. */
@@ -138,47 +147,61 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     bool recordable = dev->step_begin && dev->step_end && !m->trace;
     bool replay = recordable && dev->step_begin(n);
     if (!replay) {
-        op->embed(s->x, &m->embed_tokens, step_tokens, n, 1.0f);
+        op->embed(s->x, &m->embed_tokens, step_tokens, n, m->embed_scale);
         trace(m, "embed", -1, s->x, xs);
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const llm_layer *L = &m->layers[l];
             float *k_cache = s->key_cache + (size_t)l * layer_cache;
             float *v_cache = s->value_cache + (size_t)l * layer_cache;
+            bool sliding = c->layer_sliding[l];
+            const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? window : 0};
+            /* A block's input: the residual stream itself where the family has no norm before it (OLMo 2). */
+            const float *in = L->attn_norm.data ? s->xb : s->x;
 
             /* attention block */
-            op->rmsnorm(s->xb, s->x, &L->input_layernorm, n, dim, c->rms_norm_eps, 0.0f);
-            trace(m, "attn_norm", l, s->xb, xs);
-            op->matmul(s->q, s->xb, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
-            op->matmul(s->k, s->xb, &L->k_proj, L->k_bias.data ? &L->k_bias : NULL, n);
-            op->matmul(s->v, s->xb, &L->v_proj, L->v_bias.data ? &L->v_bias : NULL, n);
-            trace(m, "q", l, s->q, (size_t)n * heads * hd);
+            if (L->attn_norm.data) op->rmsnorm(s->xb, s->x, &L->attn_norm, n, dim, eps, offset);
+            trace(m, "attn_norm", l, in, xs);
+            op->matmul(s->q, in, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
+            op->matmul(s->k, in, &L->k_proj, L->k_bias.data ? &L->k_bias : NULL, n);
+            op->matmul(s->v, in, &L->v_proj, L->v_bias.data ? &L->v_bias : NULL, n);
+            /* q/k norms: per head (a weight of head_dim: n * heads rows) or over the projection (n rows) */
+            int qn = L->q_norm.data ? (int)L->q_norm.cols : 0, kn = L->k_norm.data ? (int)L->k_norm.cols : 0;
+            if (qn) op->rmsnorm(s->q, s->q, &L->q_norm, n * (int)(q_dim / (size_t)qn), qn, eps, offset);
+            if (kn) op->rmsnorm(s->k, s->k, &L->k_norm, n * (int)(kv_dim / (size_t)kn), kn, eps, offset);
+            trace(m, "q", l, s->q, (size_t)n * q_dim);
             trace(m, "k", l, s->k, (size_t)n * kv_dim);
             trace(m, "v", l, s->v, (size_t)n * kv_dim);
-            op->rope(s->q, s->k, positions, m->inv_freq, n, heads, kv_heads, hd, hd, 1.0f);
-            trace(m, "q_rope", l, s->q, (size_t)n * heads * hd);
+            const float *freq = sliding ? local_freq : global_freq;
+            op->rope(s->q, s->k, positions, freq, n, heads, kv_heads, hd, rot, rope_scale);
+            trace(m, "q_rope", l, s->q, (size_t)n * q_dim);
             op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx, &ap);
-            trace(m, "attention", l, s->att, (size_t)n * heads * hd);
+            trace(m, "attention", l, s->att, (size_t)n * q_dim);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
+            if (L->attn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->attn_post_norm, n, dim, eps, offset);
             trace(m, "attn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
 
             /* feed-forward block */
-            op->rmsnorm(s->xb, s->x, &L->post_attention_layernorm, n, dim, c->rms_norm_eps, 0.0f);
-            trace(m, "ffn_norm", l, s->xb, xs);
-            op->matmul(s->gate, s->xb, &L->gate_proj, NULL, n);
-            op->matmul(s->up, s->xb, &L->up_proj, NULL, n);
-            op->glu(s->gate, s->gate, s->up, gs, LLM_ACT_SILU);
+            in = L->ffn_norm.data ? s->xb : s->x;
+            if (L->ffn_norm.data) op->rmsnorm(s->xb, s->x, &L->ffn_norm, n, dim, eps, offset);
+            trace(m, "ffn_norm", l, in, xs);
+            op->matmul(s->gate, in, &L->gate_proj, NULL, n);
+            op->matmul(s->up, in, &L->up_proj, NULL, n);
+            op->glu(s->gate, s->gate, s->up, gs, c->hidden_act);
             trace(m, "glu", l, s->gate, gs);
             op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
+            if (L->ffn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->ffn_post_norm, n, dim, eps, offset);
             trace(m, "ffn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
             trace(m, "residual", l, s->x, xs);
         }
 
-        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, c->rms_norm_eps, 0.0f);
+        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, eps, offset);
         trace(m, "final_norm", -1, xb_out, (size_t)n_out * dim);
         op->logits(s->logits, xb_out, &m->lm_head, n_out);
+        if (c->final_logit_softcapping > 0.0f)
+            op->softcap(s->logits, c->final_logit_softcapping, (size_t)n_out * c->vocab_size);
         trace(m, "logits", -1, s->logits, (size_t)n_out * c->vocab_size);
     }
     if (recordable) dev->step_end();
