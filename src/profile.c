@@ -467,8 +467,15 @@ void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state
     fmt_si((double)r.ws.params, "", a, sizeof a);
     fprintf(out, "; %s parameters, as stored)\n", a);
     fmt_si((double)r.kv, "B", a, sizeof a);
-    fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions x 2 x %d)\n", "KV cache", a, m->config.num_hidden_layers,
-            s ? s->ctx : 0, m->config.num_key_value_heads * m->config.head_dim);
+    int windowed = 0;
+    for (int l = 0; s && s->window && l < m->config.num_hidden_layers; l++) windowed += m->config.layer_sliding[l];
+    if (windowed && s->window_rows < s->ctx)
+        fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions, %d of them windowed rings of %d, x 2 x %d)\n",
+                "KV cache", a, m->config.num_hidden_layers, s->ctx, windowed, s->window_rows,
+                m->config.num_key_value_heads * m->config.head_dim);
+    else
+        fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions x 2 x %d)\n", "KV cache", a,
+                m->config.num_hidden_layers, s ? s->ctx : 0, m->config.num_key_value_heads * m->config.head_dim);
     fmt_si((double)r.scratch, "B", a, sizeof a);
     fprintf(out, "  %-12s %10s  (activations for batches of %d)\n", "scratch", a, s ? s->max_batch : 0);
     if (r.have_dm) {

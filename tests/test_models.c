@@ -282,6 +282,35 @@ static void test_context_limits(void **state)
     fixture_free_expected(&ex);
 }
 
+/* A windowed model's context is not capped by its window, and its windowed layers keep a ring of window + batch - 1
+ * rows (test_greedy runs the rings past their end against HF: 56 positions through 14 rows). */
+static void test_window_ring(void **state)
+{
+    (void)state;
+    static const struct { const char *fixture; int windowed; } cases[] = {{"mistral-window", 2}, {"gemma3", 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fixture_expected ex;
+        fixture_load_expected(&ex, cases[i].fixture);
+        llm_model m;
+        llm_load_options lo = {.device = "cpu"};
+        char err[1024] = "";
+        assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), 0);
+        assert_int_equal(m.config.sliding_window, 8);
+        llm_state s;
+        assert_int_equal(llm_state_init(&s, &m, 200, 7, false, err, sizeof err), 0);
+        assert_int_equal(s.ctx, 200);
+        assert_int_equal(s.window, 8);
+        assert_int_equal(s.window_rows, 8 + 7 - 1);
+        size_t kv_dim = (size_t)m.config.num_key_value_heads * m.config.head_dim;
+        size_t L = (size_t)m.config.num_hidden_layers;
+        size_t rows = (size_t)cases[i].windowed * 14 + (L - (size_t)cases[i].windowed) * 200;
+        assert_int_equal(s.kv_bytes, 2 * rows * kv_dim * sizeof(float));
+        llm_state_free(&s, &m);
+        llm_model_free(&m);
+        fixture_free_expected(&ex);
+    }
+}
+
 int main(void)
 {
     static case_t cases[N_FIXTURES * 8];
@@ -305,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_bad_family_configs),
         cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
+        cmocka_unit_test(test_window_ring),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);

@@ -473,6 +473,52 @@ static void test_attention(void **state)
             free(got), free(gkc), free(gvc), free(ref), free(q), free(k), free(v), free(kcache), free(vcache);
             free(pos);
         }
+    /* A windowed layer's ring: a cache of window + n - 1 rows, position t at row t % ctx, filled as earlier calls
+     * left it. The reference on the ring must compute what it computes on a whole cache (bit for bit: the same
+     * values in the same order), and the device what the reference does. */
+    for (size_t h = 0; h < N_HEAD_SHAPES; h++)
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+            int n = batches[b].n, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
+                kvh = head_shapes[h].kv_heads, start = batches[b].start, last = start + n - 1;
+            if ((double)n * (last + 1) * heads * hd * 2 > MAX_COST / 4) continue;
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 5};
+            int full = last + 1, ring = p.window + n - 1;
+            size_t kvd = (size_t)kvh * hd, qc = (size_t)n * heads * hd, kvc = (size_t)n * kvd;
+            float *q = random_floats(qc, 3.0f), *k = random_floats(kvc, 1.0f), *v = random_floats(kvc, 1.0f);
+            float *kf = random_floats((size_t)full * kvd, 1.0f), *vf = random_floats((size_t)full * kvd, 1.0f);
+            float *kr = random_floats((size_t)ring * kvd, 1.0f), *vr = random_floats((size_t)ring * kvd, 1.0f);
+            for (size_t i = 0; i < (size_t)ring * kvd; i++) kr[i] = vr[i] = NAN;
+            for (int t = full - ring > 0 ? full - ring : 0; t < start; t++) {
+                memcpy(kr + (size_t)(t % ring) * kvd, kf + (size_t)t * kvd, kvd * sizeof *kr);
+                memcpy(vr + (size_t)(t % ring) * kvd, vf + (size_t)t * kvd, kvd * sizeof *vr);
+            }
+            int32_t *pos = malloc((size_t)n * sizeof *pos);
+            assert_non_null(pos);
+            for (int i = 0; i < n; i++) pos[i] = start + i;
+            float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kvc * sizeof *k),
+                  *dv = dev_copy(v, kvc * sizeof *v);
+            float *dkr = dev_copy(kr, (size_t)ring * kvd * sizeof *kr);
+            float *dvr = dev_copy(vr, (size_t)ring * kvd * sizeof *vr);
+            int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
+            float *dout = dev_poisoned(qc);
+            dev->ops->attention(dout, dq, dk, dv, dkr, dvr, dpos, n, heads, kvh, hd, ring, &p);
+            float *on_full = malloc(qc * sizeof *on_full), *on_ring = malloc(qc * sizeof *on_ring);
+            llm_ref_ops.attention(on_full, q, k, v, kf, vf, pos, n, heads, kvh, hd, full, &p);
+            llm_ref_ops.attention(on_ring, q, k, v, kr, vr, pos, n, heads, kvh, hd, ring, &p);
+            float *got = dev_fetch(dout, qc);
+            char what[160];
+            snprintf(what, sizeof what, "reference: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d "
+                     "rows vs a whole cache", heads, kvh, hd, n, start, ring);
+            compare(what, on_ring, on_full, qc, TOL_EXACT);
+            double tol = tol_attention(hd, p.window);
+            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d rows",
+                     dev->name, heads, kvh, hd, n, start, ring);
+            note(&st, compare(what, got, on_ring, qc, tol), tol);
+            dev->free(dq), dev->free(dk), dev->free(dv), dev->free(dkr), dev->free(dvr), dev->free(dpos);
+            dev->free(dout);
+            free(q), free(k), free(v), free(kf), free(vf), free(kr), free(vr), free(pos), free(on_full), free(on_ring);
+            free(got);
+        }
 done:
     report(LLM_OP_ATTENTION, &st);
 }

@@ -625,21 +625,23 @@ static void blas_rope(float *q, float *k, const int32_t *positions, const float 
     }
 }
 
-/* One query head over cache rows first .. len-1 (row stride `stride` floats), softmax computed online a block of
- * rows at a time (running maximum and sum, accumulator rescaled when the maximum grows), so no buffer of len scores.
- * softcap > 0 caps each scaled score (tanhf from libm, as the reference). */
+/* One query head over the cache rows of positions first .. len-1 (row t % ctx, row stride `stride` floats), softmax
+ * computed online a block of rows at a time (running maximum and sum, accumulator rescaled when the maximum grows),
+ * so no buffer of len scores. softcap > 0 caps each scaled score (tanhf from libm, as the reference). */
 #define ATT_BLOCK 256
 static void attend(float *o, const float *qh, const float *kc, const float *vc, size_t stride, int first, int len,
-                   int head_dim, float scale, float softcap)
+                   int ctx, int head_dim, float scale, float softcap)
 {
     float s[ATT_BLOCK];
     float max = -INFINITY, denom = 0.0f;
     memset(o, 0, (size_t)head_dim * sizeof *o);
     for (int t0 = first; t0 < len; t0 += ATT_BLOCK) {
         int nb = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
+        int r0 = t0 % ctx; /* the block's first row; its rows wrap to 0 at ctx (a ring) */
+#define ROW(j) ((size_t)(r0 + (j) < ctx ? r0 + (j) : r0 + (j) - ctx) * stride)
         float block_max = -INFINITY;
         for (int j = 0; j < nb; j++) {
-            s[j] = K->dot[LLM_DTYPE_F32](kc + (size_t)(t0 + j) * stride, qh, (size_t)head_dim) * scale;
+            s[j] = K->dot[LLM_DTYPE_F32](kc + ROW(j), qh, (size_t)head_dim) * scale;
             if (softcap > 0.0f) s[j] = softcap * tanhf(s[j] / softcap);
             if (s[j] > block_max) block_max = s[j];
         }
@@ -652,7 +654,8 @@ static void attend(float *o, const float *qh, const float *kc, const float *vc, 
             max = block_max;
         }
         denom += K->exp_shift(s, max, (size_t)nb);
-        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vc + (size_t)(t0 + j) * stride, (size_t)head_dim);
+        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vc + ROW(j), (size_t)head_dim);
+#undef ROW
     }
     for (int d = 0; d < head_dim; d++) o[d] /= denom;
 }
@@ -661,11 +664,10 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
                            float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
                            int ctx, const llm_attention_params *p)
 {
-    (void)ctx;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
     for (int i = 0; i < n; i++) {
-        memcpy(k_cache + (size_t)positions[i] * kv_dim, k + (size_t)i * kv_dim, kv_dim * sizeof(float));
-        memcpy(v_cache + (size_t)positions[i] * kv_dim, v + (size_t)i * kv_dim, kv_dim * sizeof(float));
+        memcpy(k_cache + (size_t)(positions[i] % ctx) * kv_dim, k + (size_t)i * kv_dim, kv_dim * sizeof(float));
+        memcpy(v_cache + (size_t)(positions[i] % ctx) * kv_dim, v + (size_t)i * kv_dim, kv_dim * sizeof(float));
     }
     int group = n_heads / n_kv_heads;
     int tasks = n * n_heads;
@@ -678,7 +680,7 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
         size_t kv_off = (size_t)(h / group) * head_dim;
         int len = positions[i] + 1, first = p->window > 0 && len > p->window ? len - p->window : 0;
         attend(out + (size_t)t * head_dim, q + (size_t)t * head_dim, k_cache + kv_off, v_cache + kv_off, kv_dim,
-               first, len, head_dim, p->scale, p->softcap);
+               first, len, ctx, head_dim, p->scale, p->softcap);
     }
 }
 

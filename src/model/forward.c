@@ -8,14 +8,19 @@
 
 #include "model.h"
 
+/* The cache rows of layer l: a windowed layer's ring, or the context. */
+static int layer_rows(const llm_state *s, const llm_config *c, int l)
+{
+    return s->window && c->layer_sliding[l] ? s->window_rows : s->ctx;
+}
+
 int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, bool all_logits, char *err,
                    size_t err_len)
 {
     memset(s, 0, sizeof *s);
     const llm_config *c = &m->config;
     const llm_device *dev = m->rt.dev;
-    /* Windowed layers attend to their last sliding_window positions; they do not cap the context. Their cache is
-     * as long as the others' (a ring of sliding_window rows would do; not yet). */
+    /* Windowed layers attend to their last sliding_window positions; they do not cap the context. */
     int limit = c->max_position_embeddings;
     if (ctx <= 0) ctx = limit < 4096 ? limit : 4096;
     if (ctx > limit) {
@@ -28,11 +33,16 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     s->ctx = ctx;
     s->max_batch = max_batch;
     s->all_logits = all_logits;
+    /* A windowed layer's cache is a ring: a call of n <= max_batch tokens stores its rows and reads the window before
+     * each, window + n - 1 rows (ops.h, attention). A window as long as the context is no window. */
+    s->window = c->sliding_window < ctx ? c->sliding_window : 0;
+    s->window_rows = s->window && s->window + max_batch - 1 < ctx ? s->window + max_batch - 1 : ctx;
 
     size_t B = (size_t)max_batch, hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     size_t n_logits = all_logits ? B : 1, vocab = (size_t)c->vocab_size;
-    size_t cache = (size_t)c->num_hidden_layers * (size_t)ctx * kv_dim;
+    size_t cache = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) cache += (size_t)layer_rows(s, c, l) * kv_dim;
     size_t logit_bytes = n_logits * vocab * sizeof(float);
     /* One position's logits, where the device's ops can write host memory in place: no download after each step
      * (for a batch of them, all_logits, the device's own memory and one download are faster). */
@@ -129,14 +139,13 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     int dim = c->hidden_size, heads = c->num_attention_heads, kv_heads = c->num_key_value_heads, hd = c->head_dim;
     int rot = c->rotary_dim;
     float rope_scale = m->rope_scale;
-    size_t q_dim = (size_t)heads * hd, kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
+    size_t q_dim = (size_t)heads * hd, kv_dim = (size_t)kv_heads * hd, cache_at = 0;
     float eps = c->rms_norm_eps, offset = c->family->norm_offset;
     /* LongRoPE rotates with its long factors once a call reaches past original_max_position_embeddings (as
      * transformers decides per call); a window as long as the context is no window. */
     bool long_rope = m->inv_freq_long && pos + n > c->rope_scaling.original_max_position_embeddings;
     const float *global_freq = long_rope ? m->inv_freq_long : m->inv_freq;
     const float *local_freq = m->inv_freq_local ? m->inv_freq_local : global_freq;
-    int window = c->sliding_window < s->ctx ? c->sliding_window : 0;
     size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
     int n_out = s->all_logits ? n : 1;
     /* Without all_logits only the last position's hidden state reaches the head. */
@@ -152,10 +161,11 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const llm_layer *L = &m->layers[l];
-            float *k_cache = s->key_cache + (size_t)l * layer_cache;
-            float *v_cache = s->value_cache + (size_t)l * layer_cache;
+            int rows = layer_rows(s, c, l);
+            float *k_cache = s->key_cache + cache_at, *v_cache = s->value_cache + cache_at;
+            cache_at += (size_t)rows * kv_dim;
             bool sliding = c->layer_sliding[l];
-            const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? window : 0};
+            const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? s->window : 0};
             /* A block's input: the residual stream itself where the family has no norm before it (OLMo 2). */
             const float *in = L->attn_norm.data ? s->xb : s->x;
 
@@ -175,7 +185,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             const float *freq = sliding ? local_freq : global_freq;
             op->rope(s->q, s->k, positions, freq, n, heads, kv_heads, hd, rot, rope_scale);
             trace(m, "q_rope", l, s->q, (size_t)n * q_dim);
-            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx, &ap);
+            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, rows, &ap);
             trace(m, "attention", l, s->att, (size_t)n * q_dim);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
             if (L->attn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->attn_post_norm, n, dim, eps, offset);

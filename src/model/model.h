@@ -78,6 +78,8 @@ void llm_model_free(llm_model *m); /* accepts a zeroed or freed model */
 
 typedef struct {
     int ctx;                 /* KV cache length in positions */
+    int window;              /* the windowed layers' window (sliding_window when shorter than ctx), else 0 */
+    int window_rows;         /* their cache: a ring of window + max_batch - 1 rows (or ctx, if not shorter) */
     int max_batch;           /* positions per forward call */
     bool all_logits;         /* logits for every position of a call, not only the last */
     /* device buffers */
@@ -87,8 +89,8 @@ typedef struct {
     float *k, *v;            /* (max_batch, kv_dim) */
     float *gate, *up;        /* (max_batch, intermediate) */
     float *logits;           /* (max_batch or 1, vocab) */
-    float *key_cache;        /* (layers, ctx, kv_dim) */
-    float *value_cache;      /* (layers, ctx, kv_dim) */
+    float *key_cache;        /* each layer's (ctx or window_rows, kv_dim), layer after layer */
+    float *value_cache;      /* the same */
     int32_t *step_ids;       /* (2 * max_batch): a call's n token ids, then its n positions (one upload) */
     /* host */
     float *host_logits;      /* (max_batch or 1, vocab); from the device's host_alloc when logits_pinned */

@@ -78,13 +78,16 @@ typedef struct llm_ops {
                  int n_kv_heads, int head_dim, int rot_dim, float scale);
 
     /* Causal attention over the KV cache with grouped queries.
-     * First stores k[i], v[i] into k_cache, v_cache at row positions[i] (caches are (ctx, n_kv_heads * head_dim)
-     * for one layer). Then for each token i and head h, with kv head g = h / (n_heads / n_kv_heads),
-     * p = positions[i] and the rows it sees T = {t : t <= p and (p->window == 0 or t > p - p->window)}:
-     *   s_t = (q[i, h] . k_cache[t, g]) * p->scale, then s_t = softcap * tanh(s_t / softcap) when p->softcap > 0
-     *   out[i, h] = sum_{t in T} softmax_T(s)_t v_cache[t, g].
-     * Rows in T not written by this call must have been written by an earlier one.
-     * out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim); positions[i] < ctx. */
+     * The caches are (ctx, n_kv_heads * head_dim) for one layer; position t's row is t % ctx (row t itself while
+     * positions stay below ctx; a ring for a windowed layer whose cache is shorter than the sequence).
+     * First stores k[i], v[i] into k_cache, v_cache at row positions[i] % ctx. Then for each token i and head h,
+     * with kv head g = h / (n_heads / n_kv_heads), p = positions[i] and the positions it sees
+     * T = {t : t <= p and (p->window == 0 or t > p - p->window)}:
+     *   s_t = (q[i, h] . k_cache[t % ctx, g]) * p->scale, then s_t = softcap * tanh(s_t / softcap) when softcap > 0
+     *   out[i, h] = sum_{t in T} softmax_T(s)_t v_cache[t % ctx, g].
+     * Rows in T not written by this call must have been written by an earlier one, and not overwritten since: with
+     * a window, ctx >= window + n - 1 keeps every row this call reads from its own stores; without one, every
+     * positions[i] < ctx. out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim). */
     void (*attention)(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
                       const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                       const llm_attention_params *p);

@@ -79,11 +79,10 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
                           int ctx, const llm_attention_params *p)
 {
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    (void)ctx;
     for (int i = 0; i < n; i++)
         for (size_t c = 0; c < kv_dim; c++) {
-            k_cache[(size_t)positions[i] * kv_dim + c] = k[(size_t)i * kv_dim + c];
-            v_cache[(size_t)positions[i] * kv_dim + c] = v[(size_t)i * kv_dim + c];
+            k_cache[(size_t)(positions[i] % ctx) * kv_dim + c] = k[(size_t)i * kv_dim + c];
+            v_cache[(size_t)(positions[i] % ctx) * kv_dim + c] = v[(size_t)i * kv_dim + c];
         }
 
     int group = n_heads / n_kv_heads;
@@ -98,14 +97,14 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
             /* Two passes: the maximum score first, so exp() never overflows. */
             float max = -INFINITY;
             for (int t = first; t < len; t++) {
-                float s = score(qh, k_cache + (size_t)t * kv_dim + kv_off, head_dim, p);
+                float s = score(qh, k_cache + (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p);
                 if (s > max) max = s;
             }
             float denom = 0.0f;
             for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
             for (int t = first; t < len; t++) {
-                const float *vt = v_cache + (size_t)t * kv_dim + kv_off;
-                float e = expf(score(qh, k_cache + (size_t)t * kv_dim + kv_off, head_dim, p) - max);
+                const float *vt = v_cache + (size_t)(t % ctx) * kv_dim + kv_off;
+                float e = expf(score(qh, k_cache + (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p) - max);
                 denom += e;
                 for (int d = 0; d < head_dim; d++) oh[d] += e * vt[d];
             }

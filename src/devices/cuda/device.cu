@@ -1436,8 +1436,9 @@ static void op_attention(float *out, const float *q, const float *k, const float
                       "(at most %d)", head_dim, 1024);
         return;
     }
-    /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first. */
-    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
+    /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first (Llama's
+     * attention only: a windowed layer's cache may be a ring, its row positions[0] % ctx). */
+    if (g.fuse && llama && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
         P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->job.positions == positions &&
         P->mats[1].w.rows == kv_dim) {
         P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
@@ -1461,7 +1462,7 @@ static void op_attention(float *out, const float *q, const float *k, const float
     if (!llama) {
         notice(NOTE_ATTENTION);
         llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
-                                  p, stored);
+                                  ctx, p, stored);
     } else {
         llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
                            stored);

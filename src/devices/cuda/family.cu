@@ -64,13 +64,25 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
     LLM_CUDA_LAUNCHED("softcap");
 }
 
+/* k and v rows of this call at row positions[i] % ctx (a windowed layer's ring). */
+__global__ void kv_store_ring_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
+                                     const int32_t *positions, int n, int kv_dim, int ctx)
+{
+    const size_t total = (size_t)n * kv_dim, step = (size_t)gridDim.x * blockDim.x;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += step) {
+        size_t i = idx / kv_dim, c = idx % kv_dim, dst = (size_t)(positions[i] % ctx) * kv_dim + c;
+        k_cache[dst] = llm_cuda_src_at(k, idx);
+        v_cache[dst] = llm_cuda_src_at(v, idx);
+    }
+}
+
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
 
 /* One warp per (token, head): the visible rows in order, an online softmax (running maximum and sum, the
  * accumulator rescaled when the maximum grows); a lane holds head dimensions lane, lane + 32, ... */
 __global__ void attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
                                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
-                                        float scale, float softcap, int window)
+                                        int ctx, float scale, float softcap, int window)
 {
     const int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     if (warp >= n * n_heads) return;
@@ -87,7 +99,8 @@ __global__ void attention_params_kernel(float *out, const float *q, const float 
     }
     float max = -INFINITY, denom = 0.0f;
     for (int t = first; t < len; t++) {
-        const float *kt = k_cache + (size_t)t * kv_dim + kv_off, *vt = v_cache + (size_t)t * kv_dim + kv_off;
+        const size_t row = (size_t)(t % ctx) * kv_dim + kv_off;
+        const float *kt = k_cache + row, *vt = v_cache + row;
         float s = 0.0f;
         for (int r = 0; r < per; r++) {
             int d = lane + 32 * r;
@@ -120,11 +133,17 @@ bool llm_cuda_attention_params_fits(int head_dim) { return head_dim <= 32 * ATT_
 
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
-                               int head_dim, const llm_attention_params *p, bool kv_stored)
+                               int head_dim, int ctx, const llm_attention_params *p, bool kv_stored)
 {
-    if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, n_kv_heads * head_dim);
+    int kv_dim = n_kv_heads * head_dim;
+    if (!kv_stored) {
+        size_t total = (size_t)n * kv_dim;
+        kv_store_ring_kernel<<<blocks_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n,
+                                                                                 kv_dim, ctx);
+        LLM_CUDA_LAUNCHED("attention");
+    }
     size_t threads = (size_t)n * n_heads * 32;
     attention_params_kernel<<<(unsigned)((threads + 127) / 128), 128, 0, llm_cuda.stream>>>(
-        out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, p->scale, p->softcap, p->window);
+        out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
     LLM_CUDA_LAUNCHED("attention");
 }
