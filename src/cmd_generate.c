@@ -13,7 +13,7 @@
 #include "devices/host.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "profile.h"
 
 #define MAX_PINS 16
