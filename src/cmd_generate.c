@@ -159,12 +159,13 @@ int llm_cmd_generate(int argc, char **argv)
         goto fail;
     }
     uint64_t rng_seed = seed->count ? (uint64_t)(uint32_t)seed->ival[0] : (uint64_t)time(NULL) ^ (uint64_t)getpid();
-    if (llm_sampler_init(&sampler, c->vocab_size, temp->count ? (float)temp->dval[0] : 0.8f,
-                         top_k->count ? top_k->ival[0] : 40, top_p->count ? (float)top_p->dval[0] : 0.95f,
-                         min_p->count ? (float)min_p->dval[0] : 0.05f, rng_seed)) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
+    llm_sampling_params sp = llm_sampling_defaults();
+    if (temp->count) sp.temp = (float)temp->dval[0];
+    if (top_k->count) sp.top_k = top_k->ival[0];
+    if (top_p->count) sp.top_p = (float)top_p->dval[0];
+    if (min_p->count) sp.min_p = (float)min_p->dval[0];
+    sp.seed = rng_seed;
+    if (llm_sampler_init(&sampler, c->vocab_size, &sp, err, sizeof err)) goto fail;
 
     const float *logits = NULL;
     bool profiling = profile->count || profile_json->count;
