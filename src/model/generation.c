@@ -20,7 +20,10 @@ static int get_number(const json_t *root, const char *key, double lo, bool lo_op
     }
     const double x = json_number_value(v);
     if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
-        snprintf(err, err_len, "%s: \"%s\" is %g, expected %s%g..%g", file, key, x, lo_open ? "above " : "", lo, hi);
+        if (lo_open)
+            snprintf(err, err_len, "%s: \"%s\" is %g, expected above %g (up to %g)", file, key, x, lo, hi);
+        else
+            snprintf(err, err_len, "%s: \"%s\" is %g, expected %g..%g", file, key, x, lo, hi);
         return -1;
     }
     *out = (llm_opt_float){true, (float)x};
