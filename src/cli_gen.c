@@ -7,7 +7,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "devices/host.h"
+#include "model/generation.h"
 
 void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n)
 {
@@ -20,45 +22,34 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n)
     f->top_k = arg_int0(NULL, "top-k", "N", "keep the N most likely tokens, 0 = off (default 40)");
     f->top_p = arg_dbl0(NULL, "top-p", "P", "nucleus sampling, 1 = off (default 0.95)");
     f->min_p = arg_dbl0(NULL, "min-p", "P", "drop tokens below P x the best, 0 = off (default 0.05)");
+    f->repeat_penalty = arg_dbl0(NULL, "repeat-penalty", "P", "penalize tokens seen in the last --repeat-last-n, "
+                                 "1 = off (default: generation_config.json's repetition_penalty, else 1)");
+    f->repeat_last_n = arg_int0(NULL, "repeat-last-n", "N", "tokens the penalties look back on, 0 = off, -1 = the "
+                                "context (default 64; the context with the model's repetition_penalty)");
+    f->presence_penalty = arg_dbl0(NULL, "presence-penalty", "P", "subtract P from tokens seen, 0 = off (default)");
+    f->frequency_penalty = arg_dbl0(NULL, "frequency-penalty", "P", "subtract P x times seen, 0 = off (default)");
     f->seed = arg_int0("s", "seed", "N", "random seed (default: from the clock)");
     f->stop = arg_strn(NULL, "stop", "TEXT", 0, LLM_SESSION_MAX_STOP, "stop when the output reaches TEXT "
                        "(repeatable; TEXT is left out)");
     f->ignore_eos = arg_lit0(NULL, "ignore-eos", "keep generating past end-of-sequence tokens");
     f->special = arg_lit0(NULL, "special", "print special tokens in the output");
-    f->no_escape = arg_lit0(NULL, "no-escape", "take \\n \\t \\\" \\\\ in -p and --system literally (default: "
-                            "processed, -e)");
+    f->escape = arg_lit0("e", "escape", "process \\n \\t \\\" \\\\ ... in -p and --system (the default)");
+    f->no_escape = arg_lit0(NULL, "no-escape", "take them literally");
     f->device = arg_str0(NULL, "device", "DEV", "auto, cpu, blas, cuda, cuda:N (default $LLM_RUN_DEVICE or auto)");
     f->threads = arg_int0("t", "threads", "N", "CPU threads (default: physical cores)");
     f->op_device = arg_strn(NULL, "op-device", "OP=DEV", 0, LLM_GEN_MAX_PINS,
                             "run one op on another CPU device, e.g. rope=cpu (repeatable)");
-    void *mine[] = {f->model_pos, f->model_opt, f->system, f->ctx,   f->batch,      f->temp,
-                    f->top_k,     f->top_p,     f->min_p,  f->seed,  f->stop,       f->ignore_eos,
-                    f->special,   f->no_escape, f->device, f->threads, f->op_device};
+    void *mine[] = {f->model_pos,      f->model_opt,      f->system,           f->ctx,           f->batch,
+                    f->temp,           f->top_k,          f->top_p,            f->min_p,         f->repeat_penalty,
+                    f->repeat_last_n,  f->presence_penalty, f->frequency_penalty, f->seed,       f->stop,
+                    f->ignore_eos,     f->special,        f->escape,           f->no_escape,     f->device,
+                    f->threads,        f->op_device};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) table[(*n)++] = mine[i];
 }
 
 const char *llm_gen_model_path(const llm_gen_flags *f)
 {
     return f->model_opt->count ? f->model_opt->filename[0] : f->model_pos->count ? f->model_pos->filename[0] : NULL;
-}
-
-void llm_cli_process_escapes(char *s)
-{
-    char *w = s;
-    for (const char *r = s; *r; r++) {
-        if (*r == '\\' && r[1]) {
-            char c = r[1];
-            char out = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == '"' ? '"' : c == '\\' ? '\\'
-                     : c == '\'' ? '\'' : 0;
-            if (out) {
-                *w++ = out;
-                r++;
-                continue;
-            }
-        }
-        *w++ = *r;
-    }
-    *w = 0;
 }
 
 int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *err, size_t err_len)
@@ -70,7 +61,7 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
         if (llm_op_pin_parse(f->op_device->sval[i], &pins[i], err, err_len)) return -1;
     if (f->system->count) {
         if (!(g->system = strdup(f->system->sval[0]))) goto oom;
-        if (!f->no_escape->count) llm_cli_process_escapes(g->system);
+        if (!f->no_escape->count) llm_cli_unescape(g->system);
     }
     llm_load_options lo = {.device = f->device->count ? f->device->sval[0] : NULL,
                            .threads = f->threads->count ? f->threads->ival[0] : 0, .pins = pins,
@@ -90,13 +81,27 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
     so->tok = g->tok;
     so->special = f->special->count > 0;
     so->ignore_eos = f->ignore_eos->count > 0;
-    so->sampling = (llm_session_sampling){
-        .temp = f->temp->count ? (float)f->temp->dval[0] : 0.8f,
-        .top_k = f->top_k->count ? f->top_k->ival[0] : 40,
-        .top_p = f->top_p->count ? (float)f->top_p->dval[0] : 0.95f,
-        .min_p = f->min_p->count ? (float)f->min_p->dval[0] : 0.05f,
-        .seed = f->seed->count ? (uint64_t)(uint32_t)f->seed->ival[0] : (uint64_t)time(NULL) ^ (uint64_t)getpid(),
+    /* The context the session will have (llm_state_init's default), over which the model's repetition_penalty
+     * applies. */
+    int max_pos = g->model.config.max_position_embeddings;
+    int n_ctx = so->ctx > 0 ? so->ctx : max_pos > 0 && max_pos < 4096 ? max_pos : 4096;
+    llm_generation_config gc;
+    if (llm_generation_config_load(&gc, g->model.dir, err, err_len)) goto fail;
+    llm_sampling_flags sf = {
+        .temp = {f->temp->count > 0, f->temp->count ? (float)f->temp->dval[0] : 0},
+        .top_p = {f->top_p->count > 0, f->top_p->count ? (float)f->top_p->dval[0] : 0},
+        .min_p = {f->min_p->count > 0, f->min_p->count ? (float)f->min_p->dval[0] : 0},
+        .repeat_penalty = {f->repeat_penalty->count > 0, f->repeat_penalty->count ? (float)f->repeat_penalty->dval[0] : 0},
+        .presence_penalty = {f->presence_penalty->count > 0,
+                             f->presence_penalty->count ? (float)f->presence_penalty->dval[0] : 0},
+        .frequency_penalty = {f->frequency_penalty->count > 0,
+                              f->frequency_penalty->count ? (float)f->frequency_penalty->dval[0] : 0},
+        .top_k = {f->top_k->count > 0, f->top_k->count ? f->top_k->ival[0] : 0},
+        .repeat_last_n = {f->repeat_last_n->count > 0, f->repeat_last_n->count ? f->repeat_last_n->ival[0] : 0},
+        .seed = {true, f->seed->count ? (uint64_t)(uint32_t)f->seed->ival[0]
+                                      : (uint64_t)time(NULL) ^ (uint64_t)getpid()},
     };
+    so->sampling = llm_sampling_merge(&gc, &sf, n_ctx);
     for (int i = 0; i < f->stop->count; i++) so->stop[so->n_stop++] = f->stop->sval[i];
     return 0;
 

@@ -17,15 +17,13 @@
 
 typedef struct {
     struct arg_file *model_pos, *model_opt;
-    struct arg_int *ctx, *batch, *top_k, *seed, *threads;
-    struct arg_dbl *temp, *top_p, *min_p;
+    struct arg_int *ctx, *batch, *top_k, *seed, *threads, *repeat_last_n;
+    struct arg_dbl *temp, *top_p, *min_p, *repeat_penalty, *presence_penalty, *frequency_penalty;
     struct arg_str *device, *op_device, *system, *stop;
-    struct arg_lit *ignore_eos, *special, *no_escape;
+    struct arg_lit *ignore_eos, *special, *escape, *no_escape;
 } llm_gen_flags;
 
-#define LLM_GEN_FLAGS 19 /* table entries llm_gen_flags_add appends */
-
-/* Creates the flags and appends them to table at *n (which grows by LLM_GEN_FLAGS). */
+/* Creates the flags and appends them to table at *n (about 25 entries). */
 void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n);
 
 /* A model opened for generating text. */
@@ -42,7 +40,8 @@ typedef struct {
 const char *llm_gen_model_path(const llm_gen_flags *f);
 
 /* Loads the model (its progress and device choice on stderr), and the tokenizer and chat template when
- * want_tokenizer; fills g->so from the flags. 0, or -1 with err. */
+ * want_tokenizer; fills g->so from the flags, the model's generation_config.json and llama.cpp's defaults, in that
+ * order. 0, or -1 with err. */
 int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *err, size_t err_len);
 void llm_gen_close(llm_gen *g);
 
@@ -54,9 +53,6 @@ int llm_gen_encode_raw(const llm_gen *g, const char *text, size_t len, bool no_b
 /* messages rendered by the chat template (add_generation_prompt) and encoded as transformers does, with no special
  * tokens added (a template that writes the BOS text gets one BOS). Returns the count, or -1 with err. */
 int llm_gen_encode_chat(const llm_gen *g, const json_t *messages, int32_t **ids, char *err, size_t err_len);
-
-/* \n \t \r \' \" \\ in place, as llama.cpp's -e does; any other backslash stays as written. */
-void llm_cli_process_escapes(char *s);
 
 /* {"role": role, "content": content} appended to messages. 0, or -1 (out of memory). */
 int llm_gen_add_message(json_t *messages, const char *role, const char *content);

@@ -158,7 +158,7 @@ int llm_cmd_chat(int argc, char **argv)
             } else if (!strncmp(line, "/system", 7) && (line[7] == ' ' || !line[7])) {
                 free(g.system);
                 g.system = line[7] && line[8] ? strdup(line + 8) : NULL;
-                if (g.system && !gf.no_escape->count) llm_cli_process_escapes(g.system);
+                if (g.system && !gf.no_escape->count) llm_cli_unescape(g.system);
                 if (start_over(conv, g.system, &s)) goto oom;
                 fprintf(stderr, "(system message %s; the conversation starts over)\n", g.system ? "set" : "removed");
             } else {

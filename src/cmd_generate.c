@@ -23,8 +23,7 @@ static char *read_prompt(struct arg_str *prompt, struct arg_file *file, bool esc
     const char *from = prompt->count ? "-p" : file->count ? file->filename[0] : "stdin";
     if (prompt->count) {
         text = strdup(prompt->sval[0]);
-        if (text && escapes) llm_cli_process_escapes(text);
-        *len = text ? strlen(text) : 0;
+        *len = !text ? 0 : escapes ? llm_cli_unescape(text) : strlen(text);
     } else if (file->count) {
         if (!(text = llm_cli_read_file(file->filename[0], len))) {
             snprintf(err, err_len, "%s: cannot read the prompt file: %s", from, strerror(errno));

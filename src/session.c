@@ -20,10 +20,10 @@ int llm_session_init(llm_session *s, llm_model *m, const llm_session_options *o,
     s->special = o->special;
     s->ignore_eos = o->ignore_eos;
     if (llm_state_init(&s->state, m, o->ctx, o->batch > 0 ? o->batch : 512, o->all_logits, err, err_len)) goto fail;
-    const llm_session_sampling *sp = &o->sampling;
-    if (llm_sampler_init(&s->sampler, m->config.vocab_size, sp->temp, sp->top_k, sp->top_p, sp->min_p, sp->seed) ||
-        !(s->tokens = malloc((size_t)s->state.ctx * sizeof *s->tokens)))
-        goto oom;
+    llm_sampling_params sp = o->sampling;
+    if (sp.repeat_penalty == 0.0f) sp.repeat_penalty = 1.0f; /* a zeroed struct: no penalty */
+    if (llm_sampler_init(&s->sampler, m->config.vocab_size, &sp, err, err_len)) goto fail;
+    if (!(s->tokens = malloc((size_t)s->state.ctx * sizeof *s->tokens))) goto oom;
 
     size_t n_tok_eos = 0;
     const int32_t *tok_eos = s->tok ? llm_tokenizer_eos_ids(s->tok, &n_tok_eos) : NULL;
@@ -142,6 +142,10 @@ int llm_session_prompt(llm_session *s, const int32_t *ids, int n, char *err, siz
     s->last_reused = common;
     s->last_prefilled = n - common;
     if (answer_reset(s, err, err_len)) return -1;
+    /* The penalties see the context: the prompt, then what is generated. */
+    llm_sampler_reset(&s->sampler);
+    int from = s->sampler.p.repeat_last_n < n ? n - s->sampler.p.repeat_last_n : 0;
+    for (int i = from; i < n; i++) llm_sampler_accept(&s->sampler, ids[i]);
     return llm_session_feed(s, ids + common, n - common, err, err_len);
 }
 
@@ -241,6 +245,7 @@ int llm_session_next(llm_session *s, llm_session_token *out, char *err, size_t e
     }
     const float *logits = s->logits + (size_t)(s->logits_rows - 1) * (size_t)s->m->config.vocab_size;
     int32_t id = llm_sampler_sample(&s->sampler, logits);
+    llm_sampler_accept(&s->sampler, id);
     out->id = s->pending = id;
     s->generated++;
     bool end = llm_session_is_end(s, id);

@@ -16,20 +16,11 @@ struct llm_profile;
 
 #define LLM_SESSION_MAX_STOP 8
 
-/* How the next token is chosen (llama.cpp's names and order; a zeroed one is greedy). */
-typedef struct {
-    float temp;               /* 0 = greedy */
-    int top_k;                /* 0 = off */
-    float top_p;              /* 1 = off */
-    float min_p;              /* 0 = off */
-    uint64_t seed;
-} llm_session_sampling;
-
 typedef struct {
     int ctx;                  /* KV cache positions; 0 = min(max_position_embeddings, 4096) */
     int batch;                /* prompt positions per forward call; 0 = 512 */
     bool all_logits;          /* logits for every position of a forward call, not only the last (compare) */
-    llm_session_sampling sampling;
+    llm_sampling_params sampling; /* sampler.h; a zeroed one is greedy without penalties */
     const llm_tokenizer *tok; /* NULL: ids only (no text, no stop strings, no tokenizer end ids) */
     bool special;             /* the text shows special tokens (default: left out, as decode(skip_special_tokens)) */
     bool ignore_eos;          /* never stop at an end id */
