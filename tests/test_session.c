@@ -324,6 +324,33 @@ static void test_full_context_stops(void **state)
     close_model(&cm);
 }
 
+/* The penalties see the prompt and every token generated: with a presence penalty beyond any logit over the whole
+ * context, greedy generation never repeats a token of the prompt or of its own. */
+static void test_penalties_see_prompt_and_answer(void **state)
+{
+    (void)state;
+    chat_model cm;
+    open_model(&cm, CHAT);
+    char err[1024], text[4096];
+    int32_t *ids, got[24];
+    json_t *conv = one_turn("def fibonacci(n):");
+    int n = encode_chat(&cm, conv, &ids);
+    llm_session s;
+    llm_session_options o = {.tok = cm.tok, .ignore_eos = true, .ctx = 256,
+                             .sampling = {.repeat_penalty = 1.0f, .repeat_last_n = 256, .presence_penalty = 1e30f}};
+    start(&s, &cm, &o);
+    assert_int_equal(llm_session_prompt(&s, ids, n, err, sizeof err), 0);
+    answer(&s, 24, got, text, sizeof text);
+    for (int i = 0; i < 24; i++) {
+        for (int k = 0; k < n; k++) assert_int_not_equal(got[i], ids[k]);
+        for (int k = 0; k < i; k++) assert_int_not_equal(got[i], got[k]);
+    }
+    llm_session_free(&s);
+    free(ids);
+    json_decref(conv);
+    close_model(&cm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_stops_at_every_declared_end_id),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_full_context_stops),
+        cmocka_unit_test(test_penalties_see_prompt_and_answer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
