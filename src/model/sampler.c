@@ -198,20 +198,22 @@ static int collect_penalized(llm_sampler *s, const float *logits)
     return n;
 }
 
-/* The k best of logits[from, to) as a heap in heap[0..), its root the last of them; returns how many (at most k). */
-static int heap_of_best(struct llm_candidate *heap, const float *logits, int from, int to, int k)
+/* The k best of logits[from, to) as a heap in heap[0..), its root the last of them; returns how many (at most k).
+ * Ids with skip[id] != 0 are left out (skip may be NULL), asked only of a logit that would enter the heap. */
+static int heap_of_best(struct llm_candidate *heap, const float *logits, int from, int to, int k, const int32_t *skip)
 {
     int n = 0;
     for (int id = from; id < to; id++) {
         const struct llm_candidate c = candidate(logits, id);
         int at;
         if (n < k) { /* sift up from the new leaf */
+            if (skip && skip[id]) continue;
             at = n++;
             while (at > 0 && ahead_of(heap[(at - 1) / 2], c)) heap[at] = heap[(at - 1) / 2], at = (at - 1) / 2;
             heap[at] = c;
             continue;
         }
-        if (!ahead_of(c, heap[0])) continue;
+        if (!ahead_of(c, heap[0]) || (skip && skip[id])) continue;
         for (at = 0;;) { /* c replaces the root: sift down */
             int child = 2 * at + 1;
             if (child >= k) break;
@@ -276,10 +278,10 @@ static void sort_candidates(struct llm_candidate *cand, struct llm_candidate *sp
 }
 
 /* The k candidates ahead of all others, into cand[0..k) in order, the n_pen penalized ones (s->penalized) counted
- * at their penalized logits: each thread keeps a heap of the k + n_pen best of its slice as the logits stand (most
- * logits lose to the root at a glance: 33 us for 32K and k = 40), which holds the k best of the tokens not
- * penalized; the penalized ones replace their own entries and all are sorted together. With top-k off (k + n_pen
- * reaching the vocabulary) they are all sorted. */
+ * at their penalized logits: each thread keeps a heap of the k best of its slice, penalized ids left out (most
+ * logits lose to the root at a glance: 33 us for 32K and k = 40); the threads' heaps are sorted together, and the
+ * penalized candidates ahead of the k-th join them. With top-k off (k + n_pen reaching the vocabulary) all are
+ * sorted. */
 static void top_candidates(llm_sampler *s, const float *logits, int k, int n_pen)
 {
     struct llm_candidate *cand = s->cand;
@@ -290,23 +292,27 @@ static void top_candidates(llm_sampler *s, const float *logits, int k, int n_pen
         sort_candidates(cand, s->spare, vocab);
         return;
     }
-    const int want = k + n_pen;
     int T = scan_threads(vocab);
-    if ((int64_t)T * want > vocab) T = 1;
+    if ((int64_t)T * k > vocab) T = 1;
+    const int32_t *skip = n_pen ? s->count : NULL;
     int found[MAX_SCAN_THREADS] = {0};
 #pragma omp parallel num_threads(T) if (T > 1)
     {
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        found[t] = heap_of_best(cand + (size_t)t * want, logits, slice_start(vocab, t, threads),
-                                slice_start(vocab, t + 1, threads), want);
+        found[t] = heap_of_best(cand + (size_t)t * k, logits, slice_start(vocab, t, threads),
+                                slice_start(vocab, t + 1, threads), k, skip);
     }
     int n = 0;
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < found[t]; i++) {
-            const struct llm_candidate c = cand[(size_t)t * want + i];
-            if (!n_pen || s->count[c.id] == 0) cand[n++] = c;
-        }
-    for (int i = 0; i < n_pen; i++) cand[n++] = s->penalized[i];
+        for (int i = 0; i < found[t]; i++) cand[n++] = cand[(size_t)t * k + i];
+    qsort(cand, (size_t)n, sizeof *cand, by_order);
+    if (!n_pen) return;
+    /* (k + n_pen < vocab here, so cand holds the k kept and every penalized one) */
+    const bool full = n >= k;
+    const struct llm_candidate kth = full ? cand[k - 1] : (struct llm_candidate){0};
+    if (full) n = k;
+    for (int i = 0; i < n_pen; i++)
+        if (!full || ahead_of(s->penalized[i], kth)) cand[n++] = s->penalized[i];
     qsort(cand, (size_t)n, sizeof *cand, by_order);
 }
 
