@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "devices/host.h"
 #include "model/generation.h"
+#include "progress.h"
 
 void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n)
 {
@@ -66,8 +67,14 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
     llm_load_options lo = {.device = f->device->count ? f->device->sval[0] : NULL,
                            .threads = f->threads->count ? f->threads->ival[0] : 0, .pins = pins,
                            .n_pins = f->op_device->count, .log = stderr};
+    /* A bar on stderr while loading takes more than a second, when stderr is a terminal. */
+    llm_progress bar;
+    llm_progress_init(&bar, isatty(STDERR_FILENO) ? stderr : NULL, NULL);
+    lo.progress = llm_progress_callback, lo.progress_user = &bar;
     double t0 = llm_host_now_s();
-    if (llm_model_load(&g->model, path, &lo, err, err_len)) goto fail;
+    int rc = llm_model_load(&g->model, path, &lo, err, err_len);
+    llm_progress_finish(&bar);
+    if (rc) goto fail;
     g->load_s = llm_host_now_s() - t0;
     if (want_tokenizer) {
         if (llm_tokenizer_load(&g->tok, g->model.dir, err, err_len) ||
