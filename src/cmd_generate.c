@@ -145,7 +145,7 @@ int llm_cmd_generate(int argc, char **argv)
         snprintf(err, sizeof err, "the prompt is %d tokens, longer than the context of %d (-c)", n_prompt, s.state.ctx);
         goto fail;
     }
-    if (n_prompt + want > s.state.ctx) {
+    if (want > s.state.ctx - n_prompt) { /* n_prompt + want could overflow */
         snprintf(err, sizeof err, "-n %d goes past the context: %d prompt tokens + %d > %d (raise -c or lower -n)",
                  want, n_prompt, want, s.state.ctx);
         goto fail;
