@@ -1,7 +1,7 @@
 /* `llm-run chat MODEL`: a conversation with an instruct model through its chat template. On a terminal: line editing
  * and history (libedit), Ctrl-C stops the answer, Ctrl-D or /exit leaves. Otherwise one user turn per line of stdin,
- * each answer one line of stdout (scripts, tests). Every turn renders the whole conversation; the session keeps the
- * cache's common prefix, so a turn runs only its own new tokens. */
+ * each answer followed by a newline on stdout (scripts, tests). Every turn renders the whole conversation; the
+ * session keeps the cache's common prefix, so a turn runs only its own new tokens. */
 #include <argtable2.h>
 #include <errno.h>
 #include <jansson.h>
@@ -113,7 +113,7 @@ int llm_cmd_chat(int argc, char **argv)
     static const char usage[] =
         "usage: llm-run chat MODEL [options]\n\n"
         "A conversation through the model's chat template. On a terminal: line editing and history, Ctrl-C stops\n"
-        "the answer, Ctrl-D leaves. Otherwise each line of stdin is a user turn and each answer a line of stdout.\n"
+        "the answer, Ctrl-D leaves. Otherwise each line of stdin is a user turn, each answer ends with a newline.\n"
         "Commands: /clear starts over, /system TEXT sets the system message (and starts over), /exit leaves.\n\n";
     if (!llm_cli_args(argc, argv, table, help, end, "llm-run chat", usage, 28, &rc)) goto done;
     if (!llm_gen_model_path(&gf)) {
@@ -186,7 +186,7 @@ int llm_cmd_chat(int argc, char **argv)
                 if ((n = llm_gen_encode_chat(&g, conv, &ids, err, sizeof err)) < 0) goto fail;
             }
             if (n >= s.state.ctx) {
-                fprintf(stderr, "llm-run: chat: %s\n", n >= s.state.ctx && json_array_size(conv) <= 2
+                fprintf(stderr, "llm-run: chat: %s\n", json_array_size(conv) <= 2
                         ? "this message alone fills the context (-c); skipped" : "the message was not sent");
                 json_array_remove(conv, json_array_size(conv) - 1);
                 free(ids), ids = NULL;
@@ -211,7 +211,7 @@ int llm_cmd_chat(int argc, char **argv)
         if (stop == LLM_STOP_NONE) { /* cut short: what the session still holds */
             size_t len = 0;
             const char *rest = llm_session_flush(&s, &len);
-            if (emit(&answer, &answer_len, &answer_cap, rest, len)) goto oom;
+            if (!rest || emit(&answer, &answer_len, &answer_cap, rest, len)) goto oom;
         }
         printf("\n");
         fflush(stdout);

@@ -171,7 +171,8 @@ int llm_cmd_generate(int argc, char **argv)
      * timed the forward steps alone). */
     const double t_decode = llm_host_now_s();
     uint64_t steps0 = s.n_decoded;
-    while (s.generated < want) {
+    llm_stop stop = LLM_STOP_NONE;
+    while (stop == LLM_STOP_NONE && s.generated < want) {
         llm_session_token t;
         if (llm_session_next(&s, &t, err, sizeof err)) goto fail;
         if (ids_mode) {
@@ -181,9 +182,9 @@ int llm_cmd_generate(int argc, char **argv)
         }
         fflush(stdout);
         if (s.n_decoded > steps0) decode_s = llm_host_now_s() - t_decode;
-        if (t.stop != LLM_STOP_NONE) break;
+        stop = t.stop;
     }
-    if (!ids_mode) {
+    if (!ids_mode && stop == LLM_STOP_NONE) { /* -n reached: what the session still holds */
         size_t len = 0;
         const char *rest = llm_session_flush(&s, &len);
         if (rest) fwrite(rest, 1, len, stdout);

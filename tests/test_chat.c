@@ -3,6 +3,7 @@
  * (one BOS, though Llama 3's template writes it and its tokenizer adds one), `llm-run template`, generation through
  * the template, and `llm-run chat` from a pipe, answers compared with the session driven here, Ctrl-C (SIGINT) ending
  * an answer and not the program. */
+#include <ctype.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <poll.h>
@@ -264,6 +265,21 @@ static void test_generate_uses_the_template(void **state)
     assert_string_equal(r.out, want);
     cli_run_free(&r);
     free(want);
+    /* --stop: the same text, cut where the stop string begins (three letters of it, taken from its middle). */
+    cli_run(&r, "%s -p \"%s\" --temp 0 -n 24 --device cpu", CHAT, q[0]);
+    assert_int_equal(r.status, 0);
+    const char *full = r.out, *at = full + 4;
+    while (at[0] && !(isalnum((unsigned char)at[0]) && isalnum((unsigned char)at[1]) && isalnum((unsigned char)at[2])))
+        at++;
+    assert_true(at[0]);
+    char stop[4] = {at[0], at[1], at[2], 0}, cut[4096];
+    snprintf(cut, sizeof cut, "%.*s\n", (int)(strstr(full, stop) - full), full);
+    cli_run_result rs;
+    cli_run(&rs, "%s -p \"%s\" --temp 0 -n 24 --device cpu --stop %s", CHAT, q[0], stop);
+    assert_int_equal(rs.status, 0);
+    assert_string_equal(rs.out, cut);
+    cli_run_free(&rs);
+    cli_run_free(&r);
     /* --system needs a template to go in. */
     cli_run(&r, "models/tiny -p hi --system \"be brief\"");
     assert_int_equal(r.status, 1);
