@@ -339,7 +339,7 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return jbuf_take(&s, out) ? 0 : oom(c);
     }
     bool ints = (a.k == JV_INT || a.k == JV_BOOL) && (b.k == JV_INT || b.k == JV_BOOL);
-    int64_t x = to_i(a), y = to_i(b), r;
+    int64_t x = a.k == JV_INT || a.k == JV_BOOL ? to_i(a) : 0, y = b.k == JV_INT || b.k == JV_BOOL ? to_i(b) : 0, r;
     switch (op) {
     case '+':
         if (ints) {
@@ -347,10 +347,22 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
             *out = jv_int(r);
         } else if (is_num(a) && is_num(b)) *out = jv_float(to_f(a) + to_f(b));
         else if (a.k == JV_STR && b.k == JV_STR) {
+            /* Markup + str escapes the str (markupsafe), as `"..."|safe + x` does in real templates */
+            jv ea = jv_none(), eb = jv_none();
+            bool safe = a.safe || b.safe;
+            if (safe && ((!a.safe && !jj_escape(a, &ea)) || (!b.safe && !jj_escape(b, &eb)))) {
+                jv_release(ea);
+                return oom(c);
+            }
+            jv x = ea.k == JV_STR ? ea : a, y = eb.k == JV_STR ? eb : b;
             jbuf s = {0};
-            jbuf_put(&s, a.s->data, a.s->len);
-            jbuf_put(&s, b.s->data, b.s->len);
-            return jbuf_take(&s, out) ? 0 : oom(c);
+            jbuf_put(&s, x.s->data, x.s->len);
+            jbuf_put(&s, y.s->data, y.s->len);
+            jv_release(ea);
+            jv_release(eb);
+            if (!jbuf_take(&s, out)) return oom(c);
+            out->safe = safe;
+            return 0;
         } else if (a.k == JV_LIST && b.k == JV_LIST && a.l->tuple == b.l->tuple) {
             if (!jv_list(out, a.l->n + b.l->n)) return oom(c);
             out->l->tuple = a.l->tuple;
@@ -684,6 +696,8 @@ static int eval(jctx *c, const jnode *n, jv *out) {
 static int render_list(jctx *c, jnode *const *stmts, size_t n);
 
 static int write_value(jctx *c, jv v) {
+    if (v.k == JV_STR && v.s->len > JJ_MAX_OUTPUT - c->produced)
+        return jj_fail(c, "output larger than %zu MiB", JJ_MAX_OUTPUT >> 20);
     size_t before = c->out->len;
     if (!jv_write_str(c->out, v)) return oom(c);
     c->produced += c->out->len - before;

@@ -41,6 +41,7 @@ typedef struct jloop jloop;
 
 typedef struct {
     jv_kind k;
+    bool safe; /* JV_STR: markupsafe's Markup (from |safe or |escape): `+` escapes the other string */
     union {
         bool b;
         int64_t i;
@@ -133,9 +134,10 @@ bool jbuf_take(jbuf *b, jv *out); /* the buffer as a string value; frees the buf
 bool jv_write_str(jbuf *b, jv v);
 bool jv_write_repr(jbuf *b, jv v);
 bool jv_write_float(jbuf *b, double f);
-/* indent < 0: none. sep_item, sep_key: json.dumps' separators (NULL: its defaults for the indent). */
-int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *sep_key, bool sort_keys, int depth,
-                  char *err, size_t err_len);
+/* indent < 0: none. sep_item, sep_key: json.dumps' separators (NULL: its defaults for the indent). ascii:
+ * ensure_ascii (\uXXXX for all else). */
+int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *sep_key, bool sort_keys, bool ascii,
+                  int depth, char *err, size_t err_len);
 
 /* UTF-8 helpers: code points in s, byte offset of code point i. */
 size_t ju_count(const char *s, size_t len);
@@ -290,6 +292,7 @@ int jj_method(jctx *c, jv self, const char *name, size_t name_len, jv *args, siz
 int jj_getattr(jctx *c, jv obj, const char *name, size_t len, jv *out);
 int jj_getitem(jctx *c, jv obj, jv key, jv *out);
 bool jj_str(jv v, jv *out); /* str(v) as a string value */
+bool jj_escape(jv v, jv *out); /* markupsafe.escape: str(v) with & < > " ' as entities, marked safe */
 int jj_iterate(jctx *c, jv v, jv *out_list); /* what a for loop sees: a list of items */
 /* caller: the caller of a call block (JV_FUNC), or None */
 int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, jv *kwargs, size_t n_kw, jv *out,
