@@ -384,6 +384,7 @@ static void test_undefined_and_errors(void **state) {
     check_error("{% set ns = namespace() %}{% set ns._x = 1 %}", NULL, "underscore-prefixed");
     check_error("{% set x = 1 %}{% set x.y = 2 %}", NULL, "non-namespace");
     check_error("{{ raise_exception('two\nlines') }}", NULL, "two lines");
+    check_error("{{ 1 'two\nlines' }}", NULL, "expected end of print statement, got 'two lines'");
 }
 
 static void test_hostile(void **state) {
@@ -409,6 +410,11 @@ static void test_hostile(void **state) {
                 NULL, "MiB");
     check_error("{% for i in range(3000) %}{{ 'x' * 100000 }}{% endfor %}", NULL, "output larger than");
     check_error("{{ 'x' * 100000000000 }}", NULL, "past 64 MiB");
+    check_error("{% set ns = namespace(l=[]) %}{% for i in range(200) %}{% set ns.l = ns.l + ['x' * 10000000] %}"
+                "{% endfor %}",
+                NULL, "more than 1024 MiB of strings and lists");
+    check_error("{% set ns = namespace(l=[1]) %}{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}", NULL,
+                "a value past its size limit");
     check_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", NULL, "macro calls nested deeper than");
     check_error("{{ 2 ** 100 }}", NULL, "integer overflow");
     check_error("{{ 99999999999999999999999 }}", NULL, "too large");

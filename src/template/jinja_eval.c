@@ -47,7 +47,10 @@ int jj_fail_undef(jctx *c, jv v) {
     return jj_fail(c, "undefined value");
 }
 
-static int oom(jctx *c) { return jj_fail(c, "out of memory or past the %zu MiB limit", JJ_MAX_OUTPUT >> 20); }
+static int oom(jctx *c) {
+    return jj_fail(c, "out of memory, or a value past its size limit (%zu MiB of text, %d items)", JJ_MAX_OUTPUT >> 20,
+                   JJ_MAX_ITEMS);
+}
 
 /* ---- scopes ---- */
 
@@ -688,6 +691,13 @@ static int eval(jctx *c, const jnode *n, jv *out) {
     c->line = n->line;
     int r = eval_inner(c, n, out);
     c->depth--;
+    /* a value only this expression holds is new: what it cost counts against JJ_MAX_WORK */
+    if (!r && out->k == JV_STR && out->s->rc == 1) c->work += out->s->len;
+    if (!r && out->k == JV_LIST && out->l->rc == 1) c->work += out->l->n * sizeof(jv);
+    if (!r && c->work > JJ_MAX_WORK) {
+        jv_release(*out);
+        return jj_fail(c, "expressions made more than %zu MiB of strings and lists", JJ_MAX_WORK >> 20);
+    }
     return r;
 }
 

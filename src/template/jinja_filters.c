@@ -10,7 +10,10 @@
 
 #include "jinja_impl.h"
 
-static int oom(jctx *c) { return jj_fail(c, "out of memory or past the %zu MiB limit", JJ_MAX_OUTPUT >> 20); }
+static int oom(jctx *c) {
+    return jj_fail(c, "out of memory, or a value past its size limit (%zu MiB of text, %d items)", JJ_MAX_OUTPUT >> 20,
+                   JJ_MAX_ITEMS);
+}
 
 static bool name_is(const char *name, size_t len, const char *s) { return strlen(s) == len && !memcmp(name, s, len); }
 

@@ -16,6 +16,8 @@
 #define JJ_MAX_CALL_DEPTH 64              /* macro calls inside macro calls */
 #define JJ_MAX_OUTPUT ((size_t)64 << 20)  /* bytes of output, and of any one string or list */
 #define JJ_MAX_ITERATIONS 10000000        /* loop iterations and range() length over one render */
+#define JJ_MAX_ITEMS 10000000             /* items of one list or dict */
+#define JJ_MAX_WORK ((size_t)1 << 30)     /* bytes of the strings and lists expressions make over one render */
 
 /* ---- values: Python's data model as Jinja sees it, reference counted ---- */
 
@@ -101,7 +103,8 @@ static inline bool jv_is_obj(jv v) { return v.k == JV_STR || v.k == JV_LIST || v
 
 jv jv_retain(jv v);
 void jv_release(jv v);
-/* Constructors and containers return false when out of memory (or past JJ_MAX_OUTPUT). */
+/* Constructors and containers return false when out of memory (or past JJ_MAX_OUTPUT / JJ_MAX_ITEMS). A list
+ * made with room for cap items takes that many pushes without failing. */
 bool jv_str(jv *out, const char *s, size_t len);
 bool jv_strz(jv *out, const char *s);
 bool jv_list(jv *out, size_t cap);
@@ -270,6 +273,7 @@ typedef struct {
     int depth, calls;
     size_t iterations;
     size_t produced; /* bytes written over all buffers */
+    size_t work;     /* bytes of new strings and lists that expressions made */
     int line;        /* of the node being rendered, for messages */
     enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE } flow;
     char *err;

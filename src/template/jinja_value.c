@@ -97,6 +97,7 @@ bool jv_undef_msg(jv *out, const char *fmt, ...) {
 }
 
 bool jv_list(jv *out, size_t cap) {
+    if (cap > JJ_MAX_ITEMS) return false;
     jlist *l = calloc(1, sizeof *l);
     if (!l) return false;
     l->rc = 1;
@@ -123,7 +124,7 @@ bool jv_dict(jv *out, bool ns) {
 bool jv_list_push(jlist *l, jv v) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 4;
-        jv *p = cap <= JJ_MAX_OUTPUT ? realloc(l->items, cap * sizeof *p) : NULL;
+        jv *p = l->n < JJ_MAX_ITEMS ? realloc(l->items, cap * sizeof *p) : NULL;
         if (!p) {
             jv_release(v);
             return false;
@@ -158,7 +159,7 @@ bool jv_dict_set(jdict *d, jv key, jv val) {
     }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        jv *k = cap <= JJ_MAX_OUTPUT ? realloc(d->keys, cap * sizeof *k) : NULL;
+        jv *k = d->n < JJ_MAX_ITEMS ? realloc(d->keys, cap * sizeof *k) : NULL;
         if (k) d->keys = k;
         jv *v = k ? realloc(d->vals, cap * sizeof *v) : NULL;
         if (v) d->vals = v;
