@@ -16,6 +16,7 @@ all: $(TARGETS)
 		name=$$(basename $$t); mkdir -p build/fuzz/corpus-$$name; \
 		cp tests/fixtures/models/*/config.json tests/fixtures/models/llama-gqa-tied-bf16/model.safetensors \
 			build/fuzz/corpus-$$name/ 2>/dev/null; \
+		if [ $$name = fuzz_template ]; then cp tests/fixtures/templates/*.jinja build/fuzz/corpus-$$name/; fi; \
 		echo "fuzzing $$name for $(FUZZ_SECONDS) s"; \
 		$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$name || exit 1; \
 	done

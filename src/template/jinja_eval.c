@@ -47,7 +47,10 @@ int jj_fail_undef(jctx *c, jv v) {
     return jj_fail(c, "undefined value");
 }
 
-static int oom(jctx *c) { return jj_fail(c, "out of memory or past the %zu MiB limit", JJ_MAX_OUTPUT >> 20); }
+static int oom(jctx *c) {
+    return jj_fail(c, "out of memory, or a value past its size limit (%zu MiB of text, %d items)", JJ_MAX_OUTPUT >> 20,
+                   JJ_MAX_ITEMS);
+}
 
 /* ---- scopes ---- */
 
@@ -339,7 +342,7 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return jbuf_take(&s, out) ? 0 : oom(c);
     }
     bool ints = (a.k == JV_INT || a.k == JV_BOOL) && (b.k == JV_INT || b.k == JV_BOOL);
-    int64_t x = to_i(a), y = to_i(b), r;
+    int64_t x = a.k == JV_INT || a.k == JV_BOOL ? to_i(a) : 0, y = b.k == JV_INT || b.k == JV_BOOL ? to_i(b) : 0, r;
     switch (op) {
     case '+':
         if (ints) {
@@ -347,10 +350,22 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
             *out = jv_int(r);
         } else if (is_num(a) && is_num(b)) *out = jv_float(to_f(a) + to_f(b));
         else if (a.k == JV_STR && b.k == JV_STR) {
+            /* Markup + str escapes the str (markupsafe), as `"..."|safe + x` does in real templates */
+            jv ea = jv_none(), eb = jv_none();
+            bool safe = a.safe || b.safe;
+            if (safe && ((!a.safe && !jj_escape(a, &ea)) || (!b.safe && !jj_escape(b, &eb)))) {
+                jv_release(ea);
+                return oom(c);
+            }
+            jv x = ea.k == JV_STR ? ea : a, y = eb.k == JV_STR ? eb : b;
             jbuf s = {0};
-            jbuf_put(&s, a.s->data, a.s->len);
-            jbuf_put(&s, b.s->data, b.s->len);
-            return jbuf_take(&s, out) ? 0 : oom(c);
+            jbuf_put(&s, x.s->data, x.s->len);
+            jbuf_put(&s, y.s->data, y.s->len);
+            jv_release(ea);
+            jv_release(eb);
+            if (!jbuf_take(&s, out)) return oom(c);
+            out->safe = safe;
+            return 0;
         } else if (a.k == JV_LIST && b.k == JV_LIST && a.l->tuple == b.l->tuple) {
             if (!jv_list(out, a.l->n + b.l->n)) return oom(c);
             out->l->tuple = a.l->tuple;
@@ -676,6 +691,13 @@ static int eval(jctx *c, const jnode *n, jv *out) {
     c->line = n->line;
     int r = eval_inner(c, n, out);
     c->depth--;
+    /* a value only this expression holds is new: what it cost counts against JJ_MAX_WORK */
+    if (!r && out->k == JV_STR && out->s->rc == 1) c->work += out->s->len;
+    if (!r && out->k == JV_LIST && out->l->rc == 1) c->work += out->l->n * sizeof(jv);
+    if (!r && c->work > JJ_MAX_WORK) {
+        jv_release(*out);
+        return jj_fail(c, "expressions made more than %zu MiB of strings and lists", JJ_MAX_WORK >> 20);
+    }
     return r;
 }
 
@@ -684,6 +706,8 @@ static int eval(jctx *c, const jnode *n, jv *out) {
 static int render_list(jctx *c, jnode *const *stmts, size_t n);
 
 static int write_value(jctx *c, jv v) {
+    if (v.k == JV_STR && v.s->len > JJ_MAX_OUTPUT - c->produced)
+        return jj_fail(c, "output larger than %zu MiB", JJ_MAX_OUTPUT >> 20);
     size_t before = c->out->len;
     if (!jv_write_str(c->out, v)) return oom(c);
     c->produced += c->out->len - before;

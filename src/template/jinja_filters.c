@@ -10,7 +10,10 @@
 
 #include "jinja_impl.h"
 
-static int oom(jctx *c) { return jj_fail(c, "out of memory or past the %zu MiB limit", JJ_MAX_OUTPUT >> 20); }
+static int oom(jctx *c) {
+    return jj_fail(c, "out of memory, or a value past its size limit (%zu MiB of text, %d items)", JJ_MAX_OUTPUT >> 20,
+                   JJ_MAX_ITEMS);
+}
 
 static bool name_is(const char *name, size_t len, const char *s) { return strlen(s) == len && !memcmp(name, s, len); }
 
@@ -671,6 +674,7 @@ static int to_list(jctx *c, jv v, jv *out) {
 /* select / reject / selectattr / rejectattr */
 static int select_items(jctx *c, const argv_t *a, bool attr, bool keep, jv *out) {
     jv items;
+    if (!jv_truthy(a->args[0])) return jv_list(out, 0) ? 0 : oom(c); /* jinja2: `if value:` */
     if (jj_iterate(c, a->args[0], &items)) return -1;
     jstr *path = NULL;
     if (attr && (a->n < 2 || a->args[1].k != JV_STR)) {
@@ -740,7 +744,6 @@ static int filter_tojson(jctx *c, const argv_t *a, jv *out) {
     /* transformers: json.dumps(x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys) */
     jv *ea = arg(a, 1, "ensure_ascii"), *ind = arg(a, 2, "indent"), *seps = arg(a, 3, "separators");
     bool sort_keys = bool_arg(a, 4, "sort_keys", false);
-    if (ea && jv_truthy(*ea)) return jj_fail(c, "tojson(ensure_ascii=True) is not supported");
     int indent = -1;
     if (ind && ind->k == JV_INT) indent = ind->i < 0 ? 0 : ind->i > 64 ? 64 : (int)ind->i;
     else if (ind && ind->k != JV_NONE) return jj_fail(c, "tojson: indent must be an integer");
@@ -757,7 +760,7 @@ static int filter_tojson(jctx *c, const argv_t *a, jv *out) {
     }
     jbuf b = {0};
     char err[200];
-    if (jv_write_json(&b, a->args[0], indent, si, sk, sort_keys, 0, err, sizeof err)) {
+    if (jv_write_json(&b, a->args[0], indent, si, sk, sort_keys, ea && jv_truthy(*ea), 0, err, sizeof err)) {
         free(b.data);
         return jj_fail(c, "%s", err);
     }
@@ -803,20 +806,17 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
         return 0;
     }
     if (IS("string")) return jj_str(v, out) ? 0 : oom(c);
-    if (IS("safe") || IS("e") || IS("escape") || IS("forceescape")) {
-        if (IS("safe")) return jj_str(v, out) ? 0 : oom(c);
-        jv s;
-        if (!jj_str(v, &s)) return oom(c);
-        jbuf b = {0};
-        for (size_t i = 0; i < s.s->len; i++) {
-            char ch = s.s->data[i];
-            const char *e = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;"
-                            : ch == '\'' ? "&#39;" : NULL;
-            if (e) jbuf_putz(&b, e);
-            else jbuf_put(&b, &ch, 1);
+    if (IS("safe")) {
+        if (!jj_str(v, out)) return oom(c);
+        out->safe = true;
+        return 0;
+    }
+    if (IS("e") || IS("escape") || IS("forceescape")) {
+        if (v.k == JV_STR && v.safe && !IS("forceescape")) {
+            *out = jv_retain(v);
+            return 0;
         }
-        jv_release(s);
-        return jbuf_take(&b, out) ? 0 : oom(c);
+        return jj_escape(v, out) ? 0 : oom(c);
     }
     if (IS("trim") || IS("upper") || IS("lower") || IS("capitalize") || IS("title") || IS("wordcount") ||
         IS("indent") || IS("replace") || IS("center")) {
@@ -957,6 +957,7 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
     if (IS("rejectattr")) return select_items(c, &a, true, false, out);
     if (IS("map")) {
         jv items;
+        if (!jv_truthy(v)) return jv_list(out, 0) ? 0 : oom(c); /* jinja2: `if value:` */
         if (jj_iterate(c, v, &items)) return -1;
         jv *attr = arg(&a, 99, "attribute"), *def = arg(&a, 99, "default");
         if (!attr && (n_args < 2 || args[1].k != JV_STR)) {
@@ -1113,4 +1114,21 @@ bool jj_str(jv v, jv *out) {
     jbuf b = {0};
     jv_write_str(&b, v);
     return jbuf_take(&b, out);
+}
+
+bool jj_escape(jv v, jv *out) {
+    jv s;
+    if (!jj_str(v, &s)) return false;
+    jbuf b = {0};
+    for (size_t i = 0; i < s.s->len; i++) {
+        char ch = s.s->data[i];
+        const char *e = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;"
+                        : ch == '\'' ? "&#39;" : NULL;
+        if (e) jbuf_putz(&b, e);
+        else jbuf_put(&b, &ch, 1);
+    }
+    jv_release(s);
+    if (!jbuf_take(&b, out)) return false;
+    out->safe = true;
+    return true;
 }

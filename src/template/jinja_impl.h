@@ -16,6 +16,8 @@
 #define JJ_MAX_CALL_DEPTH 64              /* macro calls inside macro calls */
 #define JJ_MAX_OUTPUT ((size_t)64 << 20)  /* bytes of output, and of any one string or list */
 #define JJ_MAX_ITERATIONS 10000000        /* loop iterations and range() length over one render */
+#define JJ_MAX_ITEMS 10000000             /* items of one list or dict */
+#define JJ_MAX_WORK ((size_t)1 << 30)     /* bytes of the strings and lists expressions make over one render */
 
 /* ---- values: Python's data model as Jinja sees it, reference counted ---- */
 
@@ -41,6 +43,7 @@ typedef struct jloop jloop;
 
 typedef struct {
     jv_kind k;
+    bool safe; /* JV_STR: markupsafe's Markup (from |safe or |escape): `+` escapes the other string */
     union {
         bool b;
         int64_t i;
@@ -100,7 +103,8 @@ static inline bool jv_is_obj(jv v) { return v.k == JV_STR || v.k == JV_LIST || v
 
 jv jv_retain(jv v);
 void jv_release(jv v);
-/* Constructors and containers return false when out of memory (or past JJ_MAX_OUTPUT). */
+/* Constructors and containers return false when out of memory (or past JJ_MAX_OUTPUT / JJ_MAX_ITEMS). A list
+ * made with room for cap items takes that many pushes without failing. */
 bool jv_str(jv *out, const char *s, size_t len);
 bool jv_strz(jv *out, const char *s);
 bool jv_list(jv *out, size_t cap);
@@ -133,9 +137,10 @@ bool jbuf_take(jbuf *b, jv *out); /* the buffer as a string value; frees the buf
 bool jv_write_str(jbuf *b, jv v);
 bool jv_write_repr(jbuf *b, jv v);
 bool jv_write_float(jbuf *b, double f);
-/* indent < 0: none. sep_item, sep_key: json.dumps' separators (NULL: its defaults for the indent). */
-int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *sep_key, bool sort_keys, int depth,
-                  char *err, size_t err_len);
+/* indent < 0: none. sep_item, sep_key: json.dumps' separators (NULL: its defaults for the indent). ascii:
+ * ensure_ascii (\uXXXX for all else). */
+int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *sep_key, bool sort_keys, bool ascii,
+                  int depth, char *err, size_t err_len);
 
 /* UTF-8 helpers: code points in s, byte offset of code point i. */
 size_t ju_count(const char *s, size_t len);
@@ -268,6 +273,7 @@ typedef struct {
     int depth, calls;
     size_t iterations;
     size_t produced; /* bytes written over all buffers */
+    size_t work;     /* bytes of new strings and lists that expressions made */
     int line;        /* of the node being rendered, for messages */
     enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE } flow;
     char *err;
@@ -290,6 +296,7 @@ int jj_method(jctx *c, jv self, const char *name, size_t name_len, jv *args, siz
 int jj_getattr(jctx *c, jv obj, const char *name, size_t len, jv *out);
 int jj_getitem(jctx *c, jv obj, jv key, jv *out);
 bool jj_str(jv v, jv *out); /* str(v) as a string value */
+bool jj_escape(jv v, jv *out); /* markupsafe.escape: str(v) with & < > " ' as entities, marked safe */
 int jj_iterate(jctx *c, jv v, jv *out_list); /* what a for loop sees: a list of items */
 /* caller: the caller of a call block (JV_FUNC), or None */
 int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, jv *kwargs, size_t n_kw, jv *out,

@@ -52,6 +52,8 @@ static int lex_fail(lexer *L, const char *fmt, const char *arg) {
     char msg[160];
     snprintf(msg, sizeof msg, fmt, arg);
     snprintf(L->err, L->err_len, "chat template: line %d: %s", L->line, msg);
+    for (char *p = L->err; *p; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
     return -1;
 }
 

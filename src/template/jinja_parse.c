@@ -28,6 +28,8 @@ static void fail(parser *P, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(P->err, P->err_len, "chat template: line %d: %s", P->toks[P->pos].line, msg);
+    for (char *p = P->err; *p; p++) /* a quoted token may hold a newline; the message stays one line */
+        if (*p == '\n' || *p == '\r') *p = ' ';
 }
 
 /* ---- tokens ---- */

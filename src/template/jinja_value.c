@@ -97,6 +97,7 @@ bool jv_undef_msg(jv *out, const char *fmt, ...) {
 }
 
 bool jv_list(jv *out, size_t cap) {
+    if (cap > JJ_MAX_ITEMS) return false;
     jlist *l = calloc(1, sizeof *l);
     if (!l) return false;
     l->rc = 1;
@@ -123,7 +124,7 @@ bool jv_dict(jv *out, bool ns) {
 bool jv_list_push(jlist *l, jv v) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 4;
-        jv *p = cap <= JJ_MAX_OUTPUT ? realloc(l->items, cap * sizeof *p) : NULL;
+        jv *p = l->n < JJ_MAX_ITEMS ? realloc(l->items, cap * sizeof *p) : NULL;
         if (!p) {
             jv_release(v);
             return false;
@@ -158,7 +159,7 @@ bool jv_dict_set(jdict *d, jv key, jv val) {
     }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 8;
-        jv *k = cap <= JJ_MAX_OUTPUT ? realloc(d->keys, cap * sizeof *k) : NULL;
+        jv *k = d->n < JJ_MAX_ITEMS ? realloc(d->keys, cap * sizeof *k) : NULL;
         if (k) d->keys = k;
         jv *v = k ? realloc(d->vals, cap * sizeof *v) : NULL;
         if (v) d->vals = v;
@@ -542,7 +543,7 @@ bool jv_write_str(jbuf *b, jv v) {
     }
 }
 
-static bool write_json_str(jbuf *b, const char *s, size_t len) {
+static bool write_json_str(jbuf *b, const char *s, size_t len, bool ascii) {
     bool ok = jbuf_putz(b, "\"");
     size_t run = 0;
     for (size_t i = 0; i < len && ok; i++) {
@@ -562,6 +563,17 @@ static bool write_json_str(jbuf *b, const char *s, size_t len) {
                 snprintf(u, sizeof u, "\\u%04x", c);
                 e = u;
             }
+        }
+        if (!e && ascii && c >= 0x80) {
+            uint32_t cp;
+            size_t n = ju_decode(s + i, len - i, &cp);
+            ok = jbuf_put(b, s + run, i - run);
+            if (cp >= 0x10000)
+                ok = ok && jbuf_printf(b, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
+            else ok = ok && jbuf_printf(b, "\\u%04x", cp);
+            i += n - 1;
+            run = i + 1;
+            continue;
         }
         if (!e) continue;
         ok = jbuf_put(b, s + run, i - run) && jbuf_putz(b, e);
@@ -592,8 +604,8 @@ static void sort_indices(size_t *idx, size_t n, const jdict *d) {
         }
 }
 
-int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *sep_key, bool sort_keys, int depth,
-                  char *err, size_t err_len) {
+int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *sep_key, bool sort_keys, bool ascii,
+                  int depth, char *err, size_t err_len) {
     if (depth > JJ_MAX_DEPTH) {
         snprintf(err, err_len, "tojson: nesting deeper than %d", JJ_MAX_DEPTH);
         return -1;
@@ -610,7 +622,7 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
         else if (isinf(v.f)) ok = jbuf_putz(b, v.f < 0 ? "-Infinity" : "Infinity");
         else ok = jv_write_float(b, v.f);
         break;
-    case JV_STR: ok = write_json_str(b, v.s->data, v.s->len); break;
+    case JV_STR: ok = write_json_str(b, v.s->data, v.s->len, ascii); break;
     case JV_LIST:
         if (!v.l->n) {
             ok = jbuf_putz(b, "[]");
@@ -620,7 +632,7 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
         for (size_t i = 0; i < v.l->n && ok; i++) {
             if (i) ok = jbuf_putz(b, sep_item);
             ok = ok && newline_indent(b, indent, depth + 1);
-            if (ok && jv_write_json(b, v.l->items[i], indent, sep_item, sep_key, sort_keys, depth + 1, err, err_len))
+            if (ok && jv_write_json(b, v.l->items[i], indent, sep_item, sep_key, sort_keys, ascii, depth + 1, err, err_len))
                 return -1;
         }
         ok = ok && newline_indent(b, indent, depth) && jbuf_putz(b, "]");
@@ -643,10 +655,10 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
             jv key = d->keys[idx[i]];
             if (i) ok = jbuf_putz(b, sep_item);
             ok = ok && newline_indent(b, indent, depth + 1);
-            if (key.k == JV_STR) ok = ok && write_json_str(b, key.s->data, key.s->len);
+            if (key.k == JV_STR) ok = ok && write_json_str(b, key.s->data, key.s->len, ascii);
             else if (key.k == JV_INT || key.k == JV_FLOAT || key.k == JV_BOOL || key.k == JV_NONE) {
                 jbuf t = {0};
-                bool k_ok = jv_write_json(&t, key, -1, NULL, NULL, false, depth + 1, err, err_len) == 0;
+                bool k_ok = jv_write_json(&t, key, -1, NULL, NULL, false, ascii, depth + 1, err, err_len) == 0;
                 ok = ok && k_ok && jbuf_putz(b, "\"") && jbuf_put(b, t.data, t.len) && jbuf_putz(b, "\"");
                 free(t.data);
             } else {
@@ -656,8 +668,8 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
                 return -1;
             }
             ok = ok && jbuf_putz(b, sep_key);
-            if (ok && jv_write_json(b, d->vals[idx[i]], indent, sep_item, sep_key, sort_keys, depth + 1, err,
-                                    err_len)) {
+            if (ok && jv_write_json(b, d->vals[idx[i]], indent, sep_item, sep_key, sort_keys, ascii, depth + 1,
+                                    err, err_len)) {
                 free(idx);
                 return -1;
             }
