@@ -375,6 +375,53 @@ static void test_chat_from_a_pipe(void **state)
     free(res);
 }
 
+/* A conversation that outgrows the context starts over (from a pipe there is no one to ask): the turn that did not
+ * fit is answered as a first turn. A message longer than the context alone is skipped. */
+static void test_chat_full_context_starts_over(void **state)
+{
+    (void)state;
+    const char *q[] = {"What is the capital of France?", "And of Spain?"};
+    char *a1 = session_answers(q, 1, 4, true), *a2 = session_answers(q + 1, 1, 4, true);
+    const char *args[] = {LLM_RUN, "chat", CHAT, "--temp", "0", "-n", "4", "--device", "cpu", "-c", "72", NULL};
+    child_result *res = calloc(1, sizeof *res);
+    run_child(args, "What is the capital of France?\nAnd of Spain?\n", false, res);
+    if (res->status) print_error("%s\n", res->err);
+    assert_int_equal(res->status, 0);
+    assert_non_null(strstr(res->err, "starting over"));
+    assert_memory_equal(res->out, a1, strlen(a1));
+    assert_string_equal(res->out + strlen(a1), a2);
+    args[10] = "40";
+    run_child(args, "What is the capital of France?\n", false, res);
+    assert_int_equal(res->status, 0);
+    assert_non_null(strstr(res->err, "alone fills the context"));
+    assert_string_equal(res->out, "");
+    free(a1), free(a2);
+    free(res);
+}
+
+/* The new options are in the help of generate and chat. */
+static void test_help(void **state)
+{
+    (void)state;
+    const char *generate[] = {"--system", "--raw", "--no-chat", "--no-bos", "--stop", "--escape", "--no-escape",
+                              "--repeat-penalty", "--repeat-last-n", "--presence-penalty", "--frequency-penalty"};
+    cli_run_result r;
+    cli_run(&r, "--help");
+    assert_int_equal(r.status, 0);
+    for (size_t i = 0; i < sizeof generate / sizeof *generate; i++) assert_non_null(strstr(r.out, generate[i]));
+    cli_run_free(&r);
+    cli_run(&r, "chat --help");
+    assert_int_equal(r.status, 0);
+    for (size_t i = 0; i < sizeof generate / sizeof *generate; i++)
+        if (i == 0 || i > 3) assert_non_null(strstr(r.out, generate[i]));
+    assert_non_null(strstr(r.out, "/clear"));
+    cli_run_free(&r);
+    cli_run(&r, "template --help");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "--no-generation-prompt"));
+    cli_run_free(&r);
+}
+
 /* SIGINT (Ctrl-C) during an answer ends the answer, not the program: the next line is read (a command here, which
  * says so on stderr) and the chat exits 0 at the end of its input. */
 static void test_chat_sigint_stops_the_answer(void **state)
@@ -400,7 +447,9 @@ int main(void)
         cmocka_unit_test(test_template_command),
         cmocka_unit_test(test_generate_uses_the_template),
         cmocka_unit_test(test_chat_from_a_pipe),
+        cmocka_unit_test(test_chat_full_context_starts_over),
         cmocka_unit_test(test_chat_sigint_stops_the_answer),
+        cmocka_unit_test(test_help),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
