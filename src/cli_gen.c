@@ -12,7 +12,7 @@
 #include "model/generation.h"
 #include "progress.h"
 
-void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n)
+void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own, int n_own)
 {
     f->model_pos = arg_file0(NULL, NULL, "MODEL", "model folder or .safetensors(.zst) file");
     f->model_opt = arg_file0("m", "model", "MODEL", "the same, as an option");
@@ -40,7 +40,9 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n)
     f->threads = arg_int0("t", "threads", "N", "CPU threads (default: physical cores)");
     f->op_device = arg_strn(NULL, "op-device", "OP=DEV", 0, LLM_GEN_MAX_PINS,
                             "run one op on another CPU device, e.g. rope=cpu (repeatable)");
-    void *mine[] = {f->model_pos,      f->model_opt,      f->system,           f->ctx,           f->batch,
+    table[(*n)++] = f->model_pos, table[(*n)++] = f->model_opt;
+    for (int i = 0; i < n_own; i++) table[(*n)++] = own[i];
+    void *mine[] = {f->system,         f->ctx,           f->batch,
                     f->temp,           f->top_k,          f->top_p,            f->min_p,         f->repeat_penalty,
                     f->repeat_last_n,  f->presence_penalty, f->frequency_penalty, f->seed,       f->stop,
                     f->ignore_eos,     f->special,        f->escape,           f->no_escape,     f->device,

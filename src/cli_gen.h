@@ -23,8 +23,9 @@ typedef struct {
     struct arg_lit *ignore_eos, *special, *escape, *no_escape;
 } llm_gen_flags;
 
-/* Creates the flags and appends them to table at *n (about 25 entries). */
-void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n);
+/* Creates the flags and appends them to table at *n (about 25 entries): the model's, then the command's own (n_own
+ * entries of own), then the rest. */
+void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own, int n_own);
 
 /* A model opened for generating text. */
 typedef struct {

@@ -94,8 +94,8 @@ int llm_cmd_chat(int argc, char **argv)
                                          "ends its turn or the context is full)");
     struct arg_lit *stats = arg_lit0(NULL, "stats", "after each answer, its prompt tokens (reused from the cache and "
                                      "run) and speed on stderr");
-    table[n_table++] = n_predict, table[n_table++] = stats;
-    llm_gen_flags_add(&gf, table, &n_table);
+    void *own[] = {n_predict, stats};
+    llm_gen_flags_add(&gf, table, &n_table, own, (int)(sizeof own / sizeof *own));
     struct arg_end *end = arg_end(8);
     table[n_table++] = end;
 

@@ -62,9 +62,8 @@ int llm_cmd_generate(int argc, char **argv)
     struct arg_lit *raw = arg_lit0(NULL, "raw,no-chat", "send the prompt as it is, without the chat template "
                                    "(completion with base models)");
     struct arg_lit *no_bos = arg_lit0(NULL, "no-bos", "add no BOS token to a raw prompt");
-    table[n_table++] = prompt, table[n_table++] = prompt_file, table[n_table++] = tokens;
-    table[n_table++] = n_predict, table[n_table++] = raw, table[n_table++] = no_bos;
-    llm_gen_flags_add(&gf, table, &n_table);
+    void *own[] = {prompt, prompt_file, tokens, n_predict, raw, no_bos};
+    llm_gen_flags_add(&gf, table, &n_table, own, (int)(sizeof own / sizeof *own));
     struct arg_lit *verbose_prompt = arg_lit0(NULL, "verbose-prompt", "print the prompt's token ids on stderr");
     struct arg_lit *profile = arg_lit0(NULL, "profile", "time every op on the device's clock; print a table per op "
                                        "for prefill and decode, and the memory used");
