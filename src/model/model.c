@@ -223,7 +223,9 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     llm_model_dir(path, m->dir, sizeof m->dir);
     llm_config *c = &m->config;
     if (llm_config_load(c, m->dir, err, err_len)) return -1;
-    if (llm_st_open(&m->st, path, err, err_len)) return -1;
+    llm_progress_fn progress = opt ? opt->progress : NULL;
+    void *progress_user = opt ? opt->progress_user : NULL;
+    if (llm_st_open_progress(&m->st, path, progress, progress_user, err, err_len)) return -1;
 
     /* The decoder's tensors under the first of the family's prefixes that has an embedding table. */
     const llm_family *f = c->family;
@@ -258,6 +260,12 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
                          opt ? opt->log : NULL, err, err_len))
         goto fail;
 
+    /* The weights' bytes, reported a layer at a time against every tensor in the checkpoint. */
+    char placing[96];
+    snprintf(placing, sizeof placing, "loading weights to %s", dev->name);
+    size_t all_bytes = 0;
+    for (size_t i = 0; i < llm_st_count(m->st); i++) all_bytes += llm_st_at(m->st, i)->nbytes;
+    if (progress) progress(progress_user, placing, 0, all_bytes);
     size_t hidden = (size_t)c->hidden_size, vocab = (size_t)c->vocab_size;
     if (load_weight(m, &m->embed_tokens, embed_name, vocab, hidden, "vocab_size, hidden_size", err, err_len))
         goto fail;
@@ -271,8 +279,10 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         snprintf(err, err_len, "out of memory for %d layers", c->num_hidden_layers);
         goto fail;
     }
-    for (int l = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (progress) progress(progress_user, placing, m->weight_bytes, all_bytes);
         if (load_layer(m, l, err, err_len)) goto fail;
+    }
     char norm_name[64];
     snprintf(norm_name, sizeof norm_name, "%snorm.weight", m->prefix);
     if (load_weight(m, &m->norm, norm_name, 0, hidden, "hidden_size", err, err_len)) goto fail;
@@ -291,6 +301,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         !(m->inv_freq_long = upload_inv_freq(m, LLM_ROPE_TABLE_LONG, err, err_len)))
         goto fail;
     if (dev->sync() || dev->status(err, err_len)) goto fail;
+    if (progress) progress(progress_user, placing, all_bytes, all_bytes);
 
     /* Weights copied to a device that owns its memory no longer need the mapped file. */
     if (!dev->host_memory) {
