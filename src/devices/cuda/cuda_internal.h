@@ -311,7 +311,7 @@ void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count
 /* x = cap * tanh(x / cap) in place */
 void llm_cuda_softcap(float *x, float cap, size_t count);
 /* The attention op with its parameters (scale, soft-cap, window) and a cache of ctx rows (a ring where positions
- * pass it), a warp per (token, head). */
+ * pass it), a block of warps per (token, head). */
 bool llm_cuda_attention_params_fits(int head_dim);
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,

@@ -77,55 +77,98 @@ __global__ void kv_store_ring_kernel(llm_cuda_src k, llm_cuda_src v, float *k_ca
 }
 
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
+#define ATT_WARPS 8 /* warps a (token, head): each takes every ATT_WARPS-th run of ATT_ROWS rows */
+#define ATT_ROWS 4  /* rows a warp has in flight at once */
 
-/* One warp per (token, head): the visible rows in order, an online softmax (running maximum and sum, the
- * accumulator rescaled when the maximum grows); a lane holds head dimensions lane, lane + 32, ... */
-__global__ void attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                        const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
-                                        int ctx, float scale, float softcap, int window)
+/* One block per (token, head). Each warp runs an online softmax (running maximum and sum, the accumulator rescaled
+ * when the maximum grows) over its share of the visible rows, ATT_ROWS at a time so that their loads overlap; a lane
+ * holds head dimensions lane, lane + 32, ...; the warps' partial results are merged at the end. (One warp alone
+ * waiting on one row at a time took 0.7 ms a decode step's layer at a 512-row window.) */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *positions, int n_heads, int n_kv_heads, int head_dim, int ctx, float scale,
+                        float softcap, int window)
 {
-    const int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-    if (warp >= n * n_heads) return;
-    const int i = warp / n_heads, h = warp % n_heads, group = n_heads / n_kv_heads;
+    __shared__ float w_max[ATT_WARPS], w_den[ATT_WARPS];
+    __shared__ float w_acc[ATT_WARPS][32 * ATT_DIMS];
+    const int item = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int i = item / n_heads, h = item % n_heads, group = n_heads / n_kv_heads;
     const size_t kv_dim = (size_t)n_kv_heads * head_dim, kv_off = (size_t)(h / group) * head_dim;
-    const float *qh = q + (size_t)warp * head_dim;
-    const int per = (head_dim + 31) / 32, len = positions[i] + 1;
-    const int first = window > 0 && len > window ? len - window : 0;
+    const float *qh = q + (size_t)item * head_dim;
+    const int len = positions[i] + 1, first = window > 0 && len > window ? len - window : 0;
     float qv[ATT_DIMS], acc[ATT_DIMS];
-    for (int r = 0; r < per; r++) {
-        int d = lane + 32 * r;
+#pragma unroll
+    for (int r = 0; r < ATT_DIMS; r++) {
+        const int d = lane + 32 * r;
         qv[r] = d < head_dim ? qh[d] : 0.0f;
         acc[r] = 0.0f;
     }
     float max = -INFINITY, denom = 0.0f;
-    for (int t = first; t < len; t++) {
-        const size_t row = (size_t)(t % ctx) * kv_dim + kv_off;
-        const float *kt = k_cache + row, *vt = v_cache + row;
-        float s = 0.0f;
-        for (int r = 0; r < per; r++) {
-            int d = lane + 32 * r;
-            if (d < head_dim) s += qv[r] * kt[d];
+    for (int t0 = first + warp * ATT_ROWS; t0 < len; t0 += ATT_WARPS * ATT_ROWS) {
+        float s[ATT_ROWS];
+        const float *kt[ATT_ROWS], *vt[ATT_ROWS];
+#pragma unroll
+        for (int u = 0; u < ATT_ROWS; u++) {
+            const int t = t0 + u < len ? t0 + u : t0; /* past the end: a row already counted, weighted 0 below */
+            const size_t row = (size_t)(t % ctx) * kv_dim + kv_off;
+            kt[u] = k_cache + row, vt[u] = v_cache + row;
+            s[u] = 0.0f;
         }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        s *= scale;
-        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-        if (s > max) {
-            float c = expf(max - s); /* 0 for the first row */
+#pragma unroll
+        for (int r = 0; r < ATT_DIMS; r++) {
+            const int d = lane + 32 * r;
+            if (d < head_dim)
+#pragma unroll
+                for (int u = 0; u < ATT_ROWS; u++) s[u] += qv[r] * kt[u][d];
+        }
+        float block_max = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ATT_ROWS; u++) {
+            for (int o = 16; o > 0; o >>= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            s[u] *= scale;
+            if (softcap > 0.0f) s[u] = softcap * tanhf(s[u] / softcap);
+            if (t0 + u >= len) s[u] = -INFINITY;
+            block_max = fmaxf(block_max, s[u]);
+        }
+        if (block_max > max) {
+            const float c = expf(max - block_max); /* 0 for the first rows */
             denom *= c;
-            for (int r = 0; r < per; r++) acc[r] *= c;
-            max = s;
+#pragma unroll
+            for (int r = 0; r < ATT_DIMS; r++) acc[r] *= c;
+            max = block_max;
         }
-        float p = expf(s - max);
-        denom += p;
-        for (int r = 0; r < per; r++) {
-            int d = lane + 32 * r;
-            if (d < head_dim) acc[r] += p * vt[d];
+#pragma unroll
+        for (int u = 0; u < ATT_ROWS; u++) {
+            const float p = expf(s[u] - max);
+            denom += p;
+#pragma unroll
+            for (int r = 0; r < ATT_DIMS; r++) {
+                const int d = lane + 32 * r;
+                if (d < head_dim) acc[r] += p * vt[u][d];
+            }
         }
     }
-    float *oh = out + (size_t)warp * head_dim;
-    for (int r = 0; r < per; r++) {
-        int d = lane + 32 * r;
-        if (d < head_dim) oh[d] = acc[r] / denom;
+    if (lane == 0) w_max[warp] = max, w_den[warp] = denom;
+#pragma unroll
+    for (int r = 0; r < ATT_DIMS; r++) {
+        const int d = lane + 32 * r;
+        if (d < head_dim) w_acc[warp][d] = acc[r];
+    }
+    __syncthreads();
+    float m = -INFINITY, den = 0.0f, f[ATT_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) m = fmaxf(m, w_max[w]);
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = w_den[w] > 0.0f ? expf(w_max[w] - m) : 0.0f; /* a warp without rows adds nothing */
+        den += w_den[w] * f[w];
+    }
+    float *oh = out + (size_t)item * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += ATT_WARPS * 32) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) o += w_acc[w][d] * f[w];
+        oh[d] = o / den;
     }
 }
 
@@ -142,8 +185,7 @@ void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_c
                                                                                  kv_dim, ctx);
         LLM_CUDA_LAUNCHED("attention");
     }
-    size_t threads = (size_t)n * n_heads * 32;
-    attention_params_kernel<<<(unsigned)((threads + 127) / 128), 128, 0, llm_cuda.stream>>>(
-        out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
+    attention_params_kernel<<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
+        out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
     LLM_CUDA_LAUNCHED("attention");
 }
