@@ -312,6 +312,61 @@ static void test_window_ring(void **state)
     }
 }
 
+/* LongRoPE switching to its long factors in the middle of a generation (original_max_position_embeddings 30: the
+ * prompt's calls on the short ones, the decode steps from position 30 on the long ones), on every device as on cpu,
+ * step for step: a device that records a step must see the table change (transformers recomputes the whole sequence
+ * instead, so there is no HF record of this). */
+static void run_switching(const char *dir, const char *device, float *logits_out, int steps)
+{
+    llm_model m;
+    llm_load_options lo = {.device = device};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, dir, &lo, err, sizeof err), 0);
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, &m, 64, 7, false, err, sizeof err), 0);
+    const float *logits = NULL;
+    int32_t tokens[64];
+    for (int i = 0; i < 64; i++) tokens[i] = (int32_t)((i * 37 + 11) % m.config.vocab_size);
+    int vocab = m.config.vocab_size;
+    for (int pos = 0, k = 0; pos < 24 + steps; k++) {
+        int n = pos < 24 ? (24 - pos < 7 ? 24 - pos : 7) : 1;
+        if (llm_forward(&m, &s, tokens + pos, n, pos, &logits, err, sizeof err)) print_error("%s\n", err);
+        memcpy(logits_out + (size_t)k * vocab, logits, (size_t)vocab * sizeof *logits);
+        pos += n;
+    }
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+}
+
+static void test_longrope_switch(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "phi3-longrope");
+    char *dir = fixture_copy_edited(ex.dir, "{\"rope_parameters\": null, \"rope_theta\": 10000.0, "
+                                    "\"partial_rotary_factor\": 0.75, \"original_max_position_embeddings\": 30, "
+                                    "\"rope_scaling\": {\"type\": \"longrope\", "
+                                    "\"short_factor\": [1.0, 1.05, 1.34, 1.99, 2.03, 2.08], "
+                                    "\"long_factor\": [1.08, 3.23, 24.46, 50.34, 62.71, 64.07]}}");
+    enum { STEPS = 16, CALLS = 4 + STEPS, VOCAB = 512 };
+    static float ref[CALLS * VOCAB], got[CALLS * VOCAB];
+    run_switching(dir, "cpu", ref, STEPS);
+    for (int d = 0; d < llm_device_count(); d++) {
+        const llm_device *dev = llm_device_at(d);
+        char why[256];
+        if (dev == llm_device_find("cpu") || !dev->probe(why, sizeof why)) continue;
+        run_switching(dir, dev->name, got, STEPS);
+        for (int k = 0; k < CALLS; k++) {
+            double rel = fixture_max_rel_error(got + (size_t)k * VOCAB, ref + (size_t)k * VOCAB, VOCAB);
+            if (!(rel <= LOGIT_TOL)) print_error("%s: call %d differs from cpu by %.3g\n", dev->name, k, rel);
+            assert_true(rel <= LOGIT_TOL);
+        }
+        print_message("LongRoPE switching at position 30: %s matches cpu over %d calls\n", dev->name, CALLS);
+    }
+    fixture_rmdir(dir);
+    fixture_free_expected(&ex);
+}
+
 /* Loading reports the weights' bytes as it places them (llm_load_options.progress): from 0, growing, a layer at a
  * time, the last report done == total. */
 typedef struct { int calls; size_t first, last, total; bool grew; } load_log;
@@ -368,6 +423,7 @@ int main(void)
         cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
         cmocka_unit_test(test_window_ring),        cmocka_unit_test(test_load_progress),
+        cmocka_unit_test(test_longrope_switch),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);

@@ -142,9 +142,13 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     size_t q_dim = (size_t)heads * hd, kv_dim = (size_t)kv_heads * hd, cache_at = 0;
     float eps = c->rms_norm_eps, offset = c->family->norm_offset;
     /* LongRoPE rotates with its long factors once a call reaches past original_max_position_embeddings (as
-     * transformers decides per call); a window as long as the context is no window. */
-    bool long_rope = m->inv_freq_long && pos + n > c->rope_scaling.original_max_position_embeddings;
-    const float *global_freq = long_rope ? m->inv_freq_long : m->inv_freq;
+     * transformers decides per call): the table is switched in place, before a recorded step may be replayed. */
+    bool long_rope = c->rope_scaling.rope_type == LLM_ROPE_LONGROPE &&
+                     pos + n > c->rope_scaling.original_max_position_embeddings;
+    if (long_rope != m->rope_long &&
+        llm_model_set_rope(m, long_rope ? LLM_ROPE_TABLE_LONG : LLM_ROPE_TABLE_GLOBAL, err, err_len))
+        return -1;
+    const float *global_freq = m->inv_freq;
     const float *local_freq = m->inv_freq_local ? m->inv_freq_local : global_freq;
     size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
     int n_out = s->all_logits ? n : 1;

@@ -196,6 +196,19 @@ static float *upload_inv_freq(llm_model *m, llm_rope_table table, char *err, siz
     return d;
 }
 
+int llm_model_set_rope(llm_model *m, llm_rope_table table, char *err, size_t err_len)
+{
+    const llm_device *dev = m->rt.dev;
+    float inv_freq[LLM_MAX_ROPE_PAIRS];
+    llm_config_inv_freq(&m->config, table, inv_freq);
+    if (dev->upload(m->inv_freq, inv_freq, (size_t)m->config.rotary_dim / 2 * sizeof(float)) != 0) {
+        if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot upload the rotary table", dev->name);
+        return -1;
+    }
+    m->rope_long = table == LLM_ROPE_TABLE_LONG;
+    return 0;
+}
+
 /* HF multiplies the embeddings by sqrt(hidden_size) as a tensor of the model's dtype: the weights' here. */
 static float embed_scale(const llm_config *c, llm_dtype dtype)
 {
@@ -297,9 +310,6 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     if (!(m->inv_freq = upload_inv_freq(m, LLM_ROPE_TABLE_GLOBAL, err, err_len))) goto fail;
     if (c->rope_local_base_freq > 0.0f && !(m->inv_freq_local = upload_inv_freq(m, LLM_ROPE_TABLE_LOCAL, err, err_len)))
         goto fail;
-    if (c->rope_scaling.rope_type == LLM_ROPE_LONGROPE &&
-        !(m->inv_freq_long = upload_inv_freq(m, LLM_ROPE_TABLE_LONG, err, err_len)))
-        goto fail;
     if (dev->sync() || dev->status(err, err_len)) goto fail;
     if (progress) progress(progress_user, placing, all_bytes, all_bytes);
 
@@ -331,7 +341,6 @@ void llm_model_free(llm_model *m)
         free_weight(m, &m->norm);
         if (m->inv_freq) dev->free(m->inv_freq);
         if (m->inv_freq_local) dev->free(m->inv_freq_local);
-        if (m->inv_freq_long) dev->free(m->inv_freq_long);
         llm_runtime_close(&m->rt);
     }
     free(m->layers);

@@ -48,7 +48,7 @@ typedef struct llm_model {
     llm_weight lm_head;      /* (vocab, hidden); the embedding table itself when tied */
     float *inv_freq;         /* device (rotary_dim / 2), rotary frequencies with rope scaling applied */
     float *inv_freq_local;   /* device (rotary_dim / 2), the windowed layers' own (rope_local_base_freq); or NULL */
-    float *inv_freq_long;    /* device (rotary_dim / 2), LongRoPE's long factors; or NULL */
+    bool rope_long;          /* inv_freq holds LongRoPE's long factors (llm_forward switches it in place) */
     float embed_scale;       /* embeddings are multiplied by it: 1, or sqrt(hidden) in the weights' dtype (Gemma) */
     float attn_scale;        /* multiplies q . k (see llm_attention_params) */
     float rope_scale;        /* multiplies the rotary cos and sin: 1, or LongRoPE's attention factor */
@@ -73,6 +73,10 @@ typedef struct {
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */
 void llm_model_dir(const char *path, char *dir, size_t len);
+
+/* Put rotary table `table` (global or long) into m->inv_freq: the same device buffer, so that a step the device
+ * recorded reads the new values. 0 on success, else err. */
+int llm_model_set_rope(llm_model *m, llm_rope_table table, char *err, size_t err_len);
 
 /* path: a .safetensors(.zst) file with config.json beside it, or a model folder. 0 on success, else err. */
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len);

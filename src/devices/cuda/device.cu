@@ -1090,8 +1090,8 @@ static const char *const NOTE_ROPE =
     "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
     "product's epilogue";
 static const char *const NOTE_ATTENTION =
-    "attention with a sliding window, a soft-cap or its own scale: a plain kernel a (token, head) (no split-KV "
-    "decode, no tensor-core prefill, not in the persistent step)";
+    "attention with a sliding window, a soft-cap or its own scale: its own kernel, a block a (token, head) (no "
+    "split-KV decode, no tensor-core prefill, not in the persistent step)";
 static const char *const NOTE_GELU = "glu with tanh-GELU (GeGLU): its own kernel, not the gate/up product's epilogue";
 static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
 
