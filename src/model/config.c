@@ -100,13 +100,13 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
     return 0;
 }
 
-/* transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes rope_theta and rope_scaling
- * {type or rope_type, factor, ...} at the top level. */
 static int read_longrope(const json_t *root, const json_t *scaling, llm_config *c, const char *file, char *err,
                          size_t err_len);
 
-/* transformers 5.x gives models with two kinds of layers one rope_parameters each ({"full_attention": {...},
- * "sliding_attention": {...}}, Gemma 3); 4.x a top-level rope_local_base_freq for the windowed layers' base. */
+/* transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes rope_theta and rope_scaling
+ * {type or rope_type, factor, ...} at the top level. 5.x gives models with two kinds of layers one rope_parameters
+ * each ({"full_attention": {...}, "sliding_attention": {...}}, Gemma 3); 4.x a top-level rope_local_base_freq for
+ * the windowed layers' base. */
 static int read_rope(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
 {
     const json_t *params = json_object_get(root, "rope_parameters");
@@ -307,10 +307,10 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
     return 0;
 }
 
-/* The architecture, and where the language model's config is: the top level, or a member (with the defaults
- * transformers assumes for what it leaves out merged in). */
 static int read_model_config(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len);
 
+/* The architecture, and where the language model's config is: the top level, or a member (with the defaults
+ * transformers assumes for what it leaves out merged in). */
 static int read_config(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
 {
     const json_t *archs = json_object_get(root, "architectures");
