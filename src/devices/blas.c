@@ -635,13 +635,15 @@ static void attend(float *o, const float *qh, const float *kc, const float *vc, 
     float s[ATT_BLOCK];
     float max = -INFINITY, denom = 0.0f;
     memset(o, 0, (size_t)head_dim * sizeof *o);
-    for (int t0 = first; t0 < len; t0 += ATT_BLOCK) {
-        int nb = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
-        int r0 = t0 % ctx; /* the block's first row; its rows wrap to 0 at ctx (a ring) */
-#define ROW(j) ((size_t)(r0 + (j) < ctx ? r0 + (j) : r0 + (j) - ctx) * stride)
+    for (int t0 = first, nb; t0 < len; t0 += nb) {
+        /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
+        int r0 = t0 % ctx;
+        nb = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
+        if (nb > ctx - r0) nb = ctx - r0;
+        const float *kb = kc + (size_t)r0 * stride, *vb = vc + (size_t)r0 * stride;
         float block_max = -INFINITY;
         for (int j = 0; j < nb; j++) {
-            s[j] = K->dot[LLM_DTYPE_F32](kc + ROW(j), qh, (size_t)head_dim) * scale;
+            s[j] = K->dot[LLM_DTYPE_F32](kb + (size_t)j * stride, qh, (size_t)head_dim) * scale;
             if (softcap > 0.0f) s[j] = softcap * tanhf(s[j] / softcap);
             if (s[j] > block_max) block_max = s[j];
         }
@@ -654,8 +656,7 @@ static void attend(float *o, const float *qh, const float *kc, const float *vc, 
             max = block_max;
         }
         denom += K->exp_shift(s, max, (size_t)nb);
-        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vc + ROW(j), (size_t)head_dim);
-#undef ROW
+        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vb + (size_t)j * stride, (size_t)head_dim);
     }
     for (int d = 0; d < head_dim; d++) o[d] /= denom;
 }
