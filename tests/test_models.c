@@ -18,6 +18,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "support/fixture_util.h"
+#include "support/st_writer.h"
 
 static const char *const fixtures[] = {
     "llama-gqa-tied", "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama3-mqa-untied",
@@ -312,6 +313,45 @@ static void test_window_ring(void **state)
     }
 }
 
+/* Gemma3ForConditionalGeneration as transformers >= 4.52 saves it: the text model's tensors under
+ * model.language_model.* instead of language_model.model.* (the same weights, so HF's logits). */
+static void test_gemma3_mm_new_layout(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "gemma3-mm");
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", ex.dir);
+    llm_st *st = NULL;
+    assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+    size_t n = llm_st_count(st);
+    stw_tensor *t = calloc(n, sizeof *t);
+    char (*names)[160] = calloc(n, sizeof *names), (*shapes)[64] = calloc(n, sizeof *shapes);
+    assert_true(t && names && shapes);
+    for (size_t i = 0; i < n; i++) {
+        const llm_st_tensor *s = llm_st_at(st, i);
+        const char *old = "language_model.model.";
+        if (strncmp(s->name, old, strlen(old)) == 0)
+            snprintf(names[i], sizeof names[i], "model.language_model.%s", s->name + strlen(old));
+        else
+            snprintf(names[i], sizeof names[i], "%s", s->name);
+        int len = snprintf(shapes[i], sizeof shapes[i], "[");
+        for (int d = 0; d < s->ndim; d++)
+            len += snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
+        snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "]");
+        t[i] = (stw_tensor){names[i], s->dtype_name, shapes[i], s->data, s->nbytes};
+    }
+    size_t bytes_len = 0;
+    unsigned char *bytes = stw_tensors(t, (int)n, NULL, &bytes_len);
+    char *dir = fixture_copy(ex.dir, NULL, NULL);
+    assert_int_equal(stw_write(dir, "model.safetensors", bytes, bytes_len), 0);
+    expect_hf_logits(dir, &ex);
+    fixture_rmdir(dir);
+    free(bytes), free(t), free(names), free(shapes);
+    llm_st_close(st);
+    fixture_free_expected(&ex);
+}
+
 /* LongRoPE switching to its long factors in the middle of a generation (original_max_position_embeddings 30: the
  * prompt's calls on the short ones, the decode steps from position 30 on the long ones), on every device as on cpu,
  * step for step: a device that records a step must see the table change (transformers recomputes the whole sequence
@@ -423,7 +463,7 @@ int main(void)
         cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
         cmocka_unit_test(test_window_ring),        cmocka_unit_test(test_load_progress),
-        cmocka_unit_test(test_longrope_switch),
+        cmocka_unit_test(test_longrope_switch),    cmocka_unit_test(test_gemma3_mm_new_layout),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);
