@@ -236,7 +236,9 @@ static void test_slices_and_strings(void **state) {
            "2 -1 2 Hello World"},
           {"{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}{{ 'aB'.capitalize() }}{{ '-'.join(['a', 'b']) }}{{ '{}+{}'.format(1, 'x') }}",
            "ABabAba-b1+x"},
-          {"{{ 'é'.upper() }} {{ \"it's\" }} {{ [\"it's\", 'a\"b', '\\n'] }}", "É it's [\"it's\", 'a\"b', '\\n']"});
+          {"{{ 'é'.upper() }} {{ \"it's\" }} {{ [\"it's\", 'a\"b', '\\n'] }}", "É it's [\"it's\", 'a\"b', '\\n']"},
+          {"{{ (1, 2, 1).count(1) }} {{ [1, 2].index(2) }} {{ 'Ab'.isupper() }}{{ 'AB'.isupper() }}{{ '1'.islower() }}",
+           "2 1 FalseTrueFalse"});
 }
 
 static void test_filters(void **state) {
@@ -267,6 +269,12 @@ static void test_filters(void **state) {
            "{{ [1, none, true, 1.5] | tojson }}|{{ {'a': 1} | tojson(separators=(',', ':')) }}",
            "{\"a\": 1, \"b\": [1, 2]}|\"é日本\\\"\\\\\"|{\"a\": [1, 2], \"b\": 1}|[1, null, true, 1.5]|{\"a\":1}"},
           {"{{ d | tojson(indent=2) }}", "{\n  \"a\": 1,\n  \"b\": [\n    1,\n    2\n  ]\n}"},
+          /* what select, map, unique and reverse give is a generator: always true, printed as such, used up */
+          {"{{ 'y' if [] | select else 'n' }} {{ [] | select | list }} {{ [1, 2] | map('string') | join }} "
+           "{{ 0.5 | round }} {{ 2.675 | round(2) }} {{ 3 | round }} {{ 'a-b c_d é1' | wordcount }}",
+           "y [] 12 0.0 2.67 3 4"},
+          {"{% set g = [1, 2, 3] | select %}{{ g | first }}{{ g | list }}{{ g | list }}|{{ [1, 2] | reverse | list }}",
+           "1[2, 3][]|[2, 1]"},
           {"{% filter upper %}abc {{ s }}{% endfilter %}", "ABC HELLO WORLD"});
 }
 
@@ -372,6 +380,7 @@ static void test_undefined_and_errors(void **state) {
     check_error("{% if true %}never closed", NULL, "expected 'endif'");
     check_error("{{ 1 +* 2 }}", NULL, "line 1: unexpected '*'");
     check_error("{{ 'abc' }", NULL, "unexpected '}'");
+    check_error("{{ messages[] }}", NULL, "expected an expression, got ']'");
     check_error("{{ 'abc }}", NULL, "unexpected end of string");
     check_error("{% frobnicate %}", NULL, "unknown tag 'frobnicate'");
     check_error("{{ x | frobnicate }}", NULL, "No filter named 'frobnicate'");

@@ -160,9 +160,10 @@ static bool has_method(jv obj, const char *name, size_t len) {
                                  "clear", NULL};
     static const char *LIST[] = {"index", "count", "copy", "append", "extend", "insert", "pop", "remove", "clear",
                                  "sort", "reverse", NULL};
-    const char **names = obj.k == JV_STR ? STR : obj.k == JV_DICT ? DICT : obj.k == JV_LIST ? LIST : NULL;
+    const char **names = obj.k == JV_STR ? STR : obj.k == JV_DICT ? DICT : obj.k == JV_LIST && !obj.l->gen ? LIST : NULL;
     if (obj.k == JV_LOOP) return name_is(name, len, "cycle");
-    if (obj.k == JV_LIST && obj.l->tuple) names = (const char *[]){"index", "count", NULL};
+    static const char *TUPLE[] = {"index", "count", NULL};
+    if (obj.k == JV_LIST && obj.l->tuple) names = TUPLE;
     for (size_t i = 0; names && names[i]; i++)
         if (name_is(name, len, names[i])) return true;
     return false;
@@ -223,7 +224,7 @@ int jj_getitem(jctx *c, jv obj, jv key, jv *out) {
             *out = jv_retain(*v);
             return 0;
         }
-    } else if ((obj.k == JV_LIST || obj.k == JV_STR) && (key.k == JV_INT || key.k == JV_BOOL)) {
+    } else if (((obj.k == JV_LIST && !obj.l->gen) || obj.k == JV_STR) && (key.k == JV_INT || key.k == JV_BOOL)) {
         int64_t i = key.k == JV_INT ? key.i : key.b;
         size_t n = obj.k == JV_LIST ? obj.l->n : ju_count(obj.s->data, obj.s->len);
         if (i < 0) i += (int64_t)n;
@@ -271,6 +272,8 @@ static int slice_indices(jctx *c, jv start, jv stop, jv step, size_t n, int64_t 
 
 static int do_slice(jctx *c, jv obj, jv start, jv stop, jv step, jv *out) {
     if (obj.k == JV_UNDEF) return jj_fail_undef(c, obj);
+    if (obj.k == JV_LIST && obj.l->gen) /* jinja2: a failed subscript is Undefined */
+        return jv_undef_msg(out, "'generator object' has no attribute 'slice'") ? 0 : oom(c);
     if (obj.k != JV_LIST && obj.k != JV_STR) return jj_fail(c, "'%s' object is not subscriptable", jv_type_name(obj));
     bool ascii = true;
     size_t n;
@@ -366,7 +369,7 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
             if (!jbuf_take(&s, out)) return oom(c);
             out->safe = safe;
             return 0;
-        } else if (a.k == JV_LIST && b.k == JV_LIST && a.l->tuple == b.l->tuple) {
+        } else if (a.k == JV_LIST && b.k == JV_LIST && a.l->tuple == b.l->tuple && !a.l->gen && !b.l->gen) {
             if (!jv_list(out, a.l->n + b.l->n)) return oom(c);
             out->l->tuple = a.l->tuple;
             for (size_t i = 0; i < a.l->n; i++) jv_list_push(out->l, jv_retain(a.l->items[i]));
@@ -385,8 +388,10 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
             if (__builtin_mul_overflow(x, y, &r)) return jj_fail(c, "integer overflow");
             *out = jv_int(r);
         } else if (is_num(a) && is_num(b)) *out = jv_float(to_f(a) * to_f(b));
-        else if ((a.k == JV_STR || a.k == JV_LIST) && (b.k == JV_INT || b.k == JV_BOOL)) return repeat(c, a, y, out);
-        else if ((b.k == JV_STR || b.k == JV_LIST) && (a.k == JV_INT || a.k == JV_BOOL)) return repeat(c, b, x, out);
+        else if ((a.k == JV_STR || (a.k == JV_LIST && !a.l->gen)) && (b.k == JV_INT || b.k == JV_BOOL))
+            return repeat(c, a, y, out);
+        else if ((b.k == JV_STR || (b.k == JV_LIST && !b.l->gen)) && (a.k == JV_INT || a.k == JV_BOOL))
+            return repeat(c, b, x, out);
         else return type_error(c, "*", a, b);
         return 0;
     case '/':
@@ -440,7 +445,9 @@ static int compare(jctx *c, int op, jv a, jv b, bool *out) {
             if (a.k != JV_STR) return jj_fail(c, "'in <string>' requires string as left operand, not %s", jv_type_name(a));
             found = a.s->len == 0 || (a.s->len <= b.s->len && ju_find(b.s->data, b.s->len, a.s->data, a.s->len));
         } else if (b.k == JV_LIST) {
-            for (size_t i = 0; i < b.l->n && !found; i++) found = jv_equal(a, b.l->items[i]);
+            size_t i = b.l->gen ? b.l->gen_pos : 0;
+            for (; i < b.l->n && !found; i++) found = jv_equal(a, b.l->items[i]);
+            if (b.l->gen) b.l->gen_pos = i; /* `in` uses up a generator as far as the match */
         } else if (b.k == JV_DICT || b.k == JV_NS) found = jv_dict_get(b.d, a) != NULL;
         else if (b.k != JV_UNDEF) return jj_fail(c, "argument of type '%s' is not iterable", jv_type_name(b));
         *out = op == CMP_IN ? found : !found;
@@ -943,6 +950,12 @@ int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, j
 int jj_iterate(jctx *c, jv v, jv *out) {
     switch (v.k) {
     case JV_LIST:
+        if (v.l->gen) { /* what is left of a generator, which iterating uses up */
+            if (!jv_list(out, v.l->n - v.l->gen_pos)) return oom(c);
+            for (size_t i = v.l->gen_pos; i < v.l->n; i++) jv_list_push(out->l, jv_retain(v.l->items[i]));
+            v.l->gen_pos = v.l->n;
+            return 0;
+        }
         *out = jv_retain(v);
         return 0;
     case JV_UNDEF: return jv_list(out, 0) ? 0 : oom(c);

@@ -64,6 +64,10 @@ struct jstr {
 struct jlist {
     size_t rc, n, cap;
     bool tuple;
+    /* A generator: what jinja2's select, reject, selectattr, rejectattr, map, unique, items and reverse filters
+     * return. Always true, no len(), no subscripts, and used up by iterating: items[gen_pos..n) are left. */
+    bool gen;
+    size_t gen_pos;
     jv *items;
 };
 

@@ -493,6 +493,11 @@ static jnode *parse_subscript(parser *P, jnode *obj, int line) {
         fail(P, "tuple subscripts are not supported");
         return NULL;
     }
+    if (!slice && !parts[0]) {
+        char b[64];
+        fail(P, "expected an expression, got %s", describe(cur(P), b, sizeof b));
+        return NULL;
+    }
     expect_op(P, "]");
     jnode *n = node(P, slice ? N_SLICE : N_ITEM, line);
     if (!n) return NULL;

@@ -226,7 +226,7 @@ bool jv_truthy(jv v) {
     case JV_INT: return v.i != 0;
     case JV_FLOAT: return v.f != 0;
     case JV_STR: return v.s->len > 0;
-    case JV_LIST: return v.l->n > 0;
+    case JV_LIST: return v.l->gen || v.l->n > 0;
     case JV_DICT: return v.d->n > 0;
     default: return true;
     }
@@ -246,6 +246,7 @@ bool jv_equal(jv a, jv b) {
     case JV_NONE: return true;
     case JV_STR: return a.s->len == b.s->len && !memcmp(a.s->data, b.s->data, a.s->len);
     case JV_LIST:
+        if (a.l->gen || b.l->gen) return a.l == b.l;
         if (a.l->n != b.l->n || a.l->tuple != b.l->tuple) return false;
         for (size_t i = 0; i < a.l->n; i++)
             if (!jv_equal(a.l->items[i], b.l->items[i])) return false;
@@ -279,7 +280,7 @@ int jv_compare(jv a, jv b) {
         if (c) return c < 0 ? -1 : 1;
         return (a.s->len > b.s->len) - (a.s->len < b.s->len);
     }
-    if (a.k == JV_LIST && b.k == JV_LIST) {
+    if (a.k == JV_LIST && b.k == JV_LIST && !a.l->gen && !b.l->gen) {
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
             if (jv_equal(a.l->items[i], b.l->items[i])) continue;
             return jv_compare(a.l->items[i], b.l->items[i]);
@@ -297,7 +298,7 @@ const char *jv_type_name(jv v) {
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.l->tuple ? "tuple" : "list";
+    case JV_LIST: return v.l->gen ? "generator" : v.l->tuple ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_FUNC: return "function";
@@ -513,8 +514,9 @@ static bool write_dict_repr(jbuf *b, const jdict *d) {
 bool jv_write_repr(jbuf *b, jv v) {
     switch (v.k) {
     case JV_STR: return write_str_repr(b, v.s->data, v.s->len);
-    case JV_UNDEF: return true;
+    case JV_UNDEF: return jbuf_putz(b, "Undefined");
     case JV_LIST: {
+        if (v.l->gen) return jbuf_putz(b, "<generator object>");
         bool ok = jbuf_putz(b, v.l->tuple ? "(" : "[");
         for (size_t i = 0; i < v.l->n && ok; i++) {
             if (i) ok = jbuf_putz(b, ", ");
@@ -624,6 +626,10 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
         break;
     case JV_STR: ok = write_json_str(b, v.s->data, v.s->len, ascii); break;
     case JV_LIST:
+        if (v.l->gen) {
+            snprintf(err, err_len, "tojson: Object of type generator is not JSON serializable");
+            return -1;
+        }
         if (!v.l->n) {
             ok = jbuf_putz(b, "[]");
             break;
