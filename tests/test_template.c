@@ -427,6 +427,8 @@ static void test_hostile(void **state) {
     check_error("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", NULL, "macro calls nested deeper than");
     check_error("{{ 2 ** 100 }}", NULL, "integer overflow");
     check_error("{{ 99999999999999999999999 }}", NULL, "too large");
+    check_error("{{ 1.0000000000000000000000000000000000000000000000000000000000000000000001 }}", NULL,
+                "number literal too long");
     /* seeded random fragments of template syntax: parse and render must never crash */
     static const char *FRAG[] = {"{{", "}}", "{%", "%}", "{#", "#}", " if ", " for ", " in ", "x", "'s'", "(", ")",
                                  "[", "]", "{", "}", "|", "-", "+", ".", ",", "=", "endif", "endfor", "set", "1",
