@@ -119,44 +119,61 @@ static void test_fixtures(void **state) {
     assert_int_equal(n_failed, 0);
 }
 
-/* The start-up cost: parse + render of the largest fixture template for a 3-turn conversation (printed, never
- * asserted). */
-static void test_fixture_speed(void **state) {
-    (void)state;
-    const char *name = "openai-gpt-oss-120b";
-    char path[512], err[512];
-    snprintf(path, sizeof path, FIXTURES "/%s.jinja", name);
-    size_t len;
-    char *src = fixture_read_file(path, &len);
-    json_t *vars = json_pack("{s:[{s:s,s:s},{s:s,s:s},{s:s,s:s}],s:b,s:s,s:s,s:n,s:n}", "messages", "role", "user",
-                             "content", "Hi there", "role", "assistant", "content", "Hello! How can I help?", "role",
-                             "user", "content", "Tell me a joke.", "add_generation_prompt", 1, "bos_token",
-                             "<|startoftext|>", "eos_token", "<|return|>", "tools", "documents");
-    assert_non_null(vars);
-    enum { REPEAT = 21 };
-    double t[REPEAT];
-    for (int i = 0; i < REPEAT; i++) {
-        struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        llm_template *tm = NULL;
-        char *out = NULL;
-        assert_int_equal(llm_template_parse(&tm, src, len, err, sizeof err), 0);
-        assert_int_equal(llm_template_render(tm, vars, NOW, &out, NULL, err, sizeof err), 0);
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
-        free(out);
-        llm_template_free(tm);
-    }
-    for (int i = 1; i < REPEAT; i++)
+/* The start-up cost: parse, then render of a 3-turn conversation, for the largest fixture template and for
+ * Llama 3.1's and Qwen3's; medians printed, never asserted. */
+static double median(double *t, int n) {
+    for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
             double x = t[j];
             t[j] = t[j - 1];
             t[j - 1] = x;
         }
-    fprintf(stderr, "  %s (%zu bytes): parse + render of 3 turns, median %.0f us over %d runs\n", name, len,
-            t[REPEAT / 2], REPEAT);
-    json_decref(vars);
-    free(src);
+    return t[n / 2];
+}
+
+static double since_us(const struct timespec *a) {
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a->tv_sec) * 1e6 + (double)(b.tv_nsec - a->tv_nsec) / 1e3;
+}
+
+static void test_fixture_speed(void **state) {
+    (void)state;
+    static const char *NAMES[] = {"openai-gpt-oss-120b", "meta-llama-Llama-3.1-8B-Instruct", "Qwen-Qwen3-0.6B"};
+    for (size_t k = 0; k < sizeof NAMES / sizeof NAMES[0]; k++) {
+        char path[512], err[512];
+        snprintf(path, sizeof path, FIXTURES "/%s.jinja", NAMES[k]);
+        size_t len;
+        char *src = fixture_read_file(path, &len);
+        json_t *vars = json_pack("{s:[{s:s,s:s},{s:s,s:s},{s:s,s:s}],s:b,s:s,s:s,s:n,s:n}", "messages", "role",
+                                 "user", "content", "Hi there", "role", "assistant", "content",
+                                 "Hello! How can I help?", "role", "user", "content", "Tell me a joke.",
+                                 "add_generation_prompt", 1, "bos_token", "<s>", "eos_token", "</s>", "tools",
+                                 "documents");
+        assert_non_null(vars);
+        enum { REPEAT = 21 };
+        double tp[REPEAT], tr[REPEAT], tt[REPEAT];
+        size_t out_len = 0;
+        for (int i = 0; i < REPEAT; i++) {
+            struct timespec a, b;
+            llm_template *tm = NULL;
+            char *out = NULL;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            assert_int_equal(llm_template_parse(&tm, src, len, err, sizeof err), 0);
+            tp[i] = since_us(&a);
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            assert_int_equal(llm_template_render(tm, vars, NOW, &out, &out_len, err, sizeof err), 0);
+            tr[i] = since_us(&b);
+            tt[i] = since_us(&a);
+            free(out);
+            llm_template_free(tm);
+        }
+        fprintf(stderr, "  %s (%zu bytes of template, %zu of prompt): parse %.0f us + render %.0f us = %.0f us "
+                        "(medians of %d)\n",
+                NAMES[k], len, out_len, median(tp, REPEAT), median(tr, REPEAT), median(tt, REPEAT), REPEAT);
+        json_decref(vars);
+        free(src);
+    }
 }
 
 /* ---- units: each template against what jinja2 (as transformers sets it up) renders ---- */
@@ -411,7 +428,8 @@ static void test_hostile(void **state) {
         check_error(src, NULL, "nesting deeper than");
     }
     /* long and infinite-ish loops, huge output, runaway recursion */
-    check_error("{% for i in range(100000000) %}{% endfor %}", NULL, "range() of more than");
+    check_error("{% for i in range(100001) %}{% endfor %}", NULL,
+                "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     check_error("{% for i in range(5000) %}{% for j in range(5000) %}{% endfor %}{% endfor %}", NULL,
                 "more than 10000000 loop iterations");
     check_error("{% set s = namespace(x='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}"

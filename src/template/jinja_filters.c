@@ -275,7 +275,8 @@ static int do_range(jctx *c, const argv_t *a, jv *out) {
     if (step == 0) return jj_fail(c, "range() arg 3 must not be zero");
     double count = ceil(((double)stop - (double)start) / (double)step);
     if (count < 0) count = 0;
-    if (count > JJ_MAX_ITERATIONS) return jj_fail(c, "range() of more than %d items", JJ_MAX_ITERATIONS);
+    if (count > JJ_MAX_RANGE)
+        return jj_fail(c, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", JJ_MAX_RANGE);
     if (!jv_list(out, (size_t)count)) return oom(c);
     for (int64_t i = 0; i < (int64_t)count; i++) jv_list_push(out->l, jv_int(start + i * step));
     return 0;

@@ -15,7 +15,8 @@
 #define JJ_MAX_DEPTH 200                  /* nesting of blocks and expressions, at parse and at render */
 #define JJ_MAX_CALL_DEPTH 64              /* macro calls inside macro calls */
 #define JJ_MAX_OUTPUT ((size_t)64 << 20)  /* bytes of output, and of any one string or list */
-#define JJ_MAX_ITERATIONS 10000000        /* loop iterations and range() length over one render */
+#define JJ_MAX_ITERATIONS 10000000        /* loop iterations over one render */
+#define JJ_MAX_RANGE 100000               /* range() length: jinja2's sandbox MAX_RANGE */
 #define JJ_MAX_ITEMS 10000000             /* items of one list or dict */
 #define JJ_MAX_WORK ((size_t)1 << 30)     /* bytes of the strings and lists expressions make over one render */
 
