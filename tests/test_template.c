@@ -334,6 +334,10 @@ static void test_loops(void **state) {
           {"{% for k in d %}{{ k }}{% endfor %}", "ab"},
           {"{% for m in messages if m.role == 'assistant' %}{{ m.content }}{{ loop.length }}{% endfor %}", "yo1"},
           {"{% for m in [] %}x{% else %}empty{% endfor %}", "empty"},
+          /* jinja2 runs else unless an iteration reached the end of the body */
+          {"{% for i in 'ab' %}{% break %}{% else %}else{% endfor %}|{% for i in 'ab' %}{% if i == 'a' %}{% continue %}"
+           "{% endif %}{{ i }}{% else %}else{% endfor %}",
+           "else|b"},
           {"{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}{% if i == 1 %}{% continue %}{% endif %}{{ i }}"
            "{% endfor %}",
            "02"},
@@ -353,6 +357,9 @@ static void test_set_macro_namespace(void **state) {
            "4False"},
           {"{% set x %}block {{ 1 }}{% endset %}{{ x | upper }}", "BLOCK 1"},
           {"{% set x | trim %}  padded  {% endset %}[{{ x }}]", "[padded]"},
+          /* set and filter blocks have a scope of their own */
+          {"{% set a %}{% set b = 1 %}x{% endset %}[{{ b }}]{% filter upper %}{% set b = 1 %}x{% endfilter %}[{{ b }}]",
+           "[]X[]"},
           {"{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set t = (3, 4) %}{% set c, e = t %}{{ c + e }}", "127"},
           {"{% macro f(a, b=2) %}[{{ a }}-{{ b }}]{% endmacro %}{{ f(1) }}{{ f(1, b=5) }}{{ f(b=3, a=4) }}",
            "[1-2][1-5][4-3]"},
@@ -409,6 +416,13 @@ static void test_undefined_and_errors(void **state) {
     check_error("{{ [1].append(2) }}", NULL, "access to attribute 'append' of 'list' object is unsafe.");
     check_error("{% set ns = namespace() %}{% set ns._x = 1 %}", NULL, "underscore-prefixed");
     check_error("{% set x = 1 %}{% set x.y = 2 %}", NULL, "non-namespace");
+    check_error("{% if true %}{% break %}{% endif %}", NULL, "line 1: 'break' outside loop");
+    check_error("{% for i in [1] %}{% macro m() %}{% continue %}{% endmacro %}{% endfor %}", NULL,
+                "'continue' not properly in loop");
+    check_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", NULL, "macro 'm' takes not more than 1 argument(s)");
+    check_error("{% macro m(a) %}{% endmacro %}{{ m(b=2) }}", NULL, "macro 'm' takes no keyword argument 'b'");
+    check_error("{% macro m(a) %}{% endmacro %}{% call m(1) %}x{% endcall %}", NULL,
+                "macro 'm' was invoked with two values for the special caller argument");
     check_error("{{ raise_exception('two\nlines') }}", NULL, "two lines");
     check_error("{{ 1 'two\nlines' }}", NULL, "expected end of print statement, got 'two lines'");
 }

@@ -769,6 +769,18 @@ static int capture(jctx *c, jnode *const *stmts, size_t n, jv *out) {
     return jbuf_take(&buf, out) ? 0 : oom(c);
 }
 
+/* A set or filter block's body: a scope of its own (jinja2's inner frame); a break or continue inside drops the
+ * text (*dropped). */
+static int capture_block(jctx *c, const jnode *n, jv *out, bool *dropped) {
+    jscope *outer = c->scope;
+    if (scope_push(c, outer)) return -1;
+    int r = capture(c, n->args, n->n_args, out);
+    scope_pop(c, outer);
+    *dropped = !r && c->flow != FLOW_NORMAL;
+    if (*dropped) jv_release(*out);
+    return r;
+}
+
 static int render_for(jctx *c, const jnode *n) {
     jv seq, items;
     if (eval(c, n->b, &seq)) return -1;
@@ -802,6 +814,9 @@ static int render_for(jctx *c, const jnode *n) {
     L->rc = 1;
     L->items = items.l;
     jv loop = {.k = JV_LOOP, .loop = L};
+    /* jinja2 runs the else block unless some iteration reached the end of the body: one that ended in break or
+     * continue does not count */
+    bool completed = false;
     for (size_t i = 0; i < items.l->n && !r; i++) {
         if (++c->iterations > JJ_MAX_ITERATIONS) {
             r = jj_fail(c, "more than %d loop iterations", JJ_MAX_ITERATIONS);
@@ -813,6 +828,7 @@ static int render_for(jctx *c, const jnode *n) {
         if (!r) r = assign(c, n->a, jv_retain(items.l->items[i]));
         if (!r) r = render_list(c, n->args, n->n_args);
         scope_pop(c, outer);
+        if (!r && c->flow == FLOW_NORMAL) completed = true;
         if (c->flow == FLOW_BREAK) {
             c->flow = FLOW_NORMAL;
             break;
@@ -820,6 +836,7 @@ static int render_for(jctx *c, const jnode *n) {
         c->flow = FLOW_NORMAL;
     }
     jv_release(loop);
+    if (!r && !completed) r = render_list(c, n->body2, n->n_body2);
     return r;
 }
 
@@ -848,19 +865,26 @@ static int render(jctx *c, const jnode *n) {
         if (eval(c, n->b, &v)) return -1;
         c->line = n->line;
         return assign(c, n->a, v);
-    case N_SET_BLOCK:
-        if (capture(c, n->args, n->n_args, &v)) return -1;
+    case N_SET_BLOCK: {
+        bool dropped;
+        if (capture_block(c, n, &v, &dropped)) return -1;
+        if (dropped) return 0;
         if (n->c) {
             jv f;
             if (apply_chain(c, n->c, v, &f)) return -1;
             v = f;
         }
         return assign(c, n->a, v);
-    case N_FILTER_BLOCK:
-        if (capture(c, n->args, n->n_args, &v) || apply_chain(c, n->c, v, &v)) return -1;
+    }
+    case N_FILTER_BLOCK: {
+        bool dropped;
+        if (capture_block(c, n, &v, &dropped)) return -1;
+        if (dropped) return 0;
+        if (apply_chain(c, n->c, v, &v)) return -1;
         r = write_value(c, v);
         jv_release(v);
         return r;
+    }
     case N_MACRO: {
         if (make_func(c, JF_MACRO, &v)) return -1;
         v.fn->macro = n;
@@ -903,6 +927,19 @@ int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, j
     const jnode *mn = m->macro;
     if (!m->scope || !m->scope->s) return jj_fail(c, "macro called after the scope it was defined in ended");
     if (c->calls >= JJ_MAX_CALL_DEPTH) return jj_fail(c, "macro calls nested deeper than %d", JJ_MAX_CALL_DEPTH);
+    /* jinja2's Macro.__call__: extra arguments only where the body names varargs or kwargs */
+    const char *name = mn->kind == N_MACRO ? mn->name : "caller";
+    int name_len = mn->kind == N_MACRO ? (int)mn->name_len : 6;
+    if (n_args > mn->n_kw && !mn->uses_varargs)
+        return jj_fail(c, "macro '%.*s' takes not more than %zu argument(s)", name_len, name, mn->n_kw);
+    if (caller.k == JV_FUNC && !mn->uses_caller && !mn->uses_kwargs)
+        return jj_fail(c, "macro '%.*s' was invoked with two values for the special caller argument. This is most "
+                          "likely a bug.", name_len, name);
+    for (size_t i = 0; i < n_kw && !mn->uses_kwargs; i++) {
+        bool param = false;
+        for (size_t k = 0; k < mn->n_kw; k++) param |= !strcmp(mn->kw[k], kw[i]);
+        if (!param) return jj_fail(c, "macro '%.*s' takes no keyword argument '%s'", name_len, name, kw[i]);
+    }
     jscope *saved = c->scope;
     int saved_flow = c->flow;
     if (scope_push(c, m->scope->s)) return -1;
@@ -934,11 +971,20 @@ int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, j
         else if (!jv_undef_msg(&v, "parameter '%s' was not provided", mn->kw[k])) r = oom(c);
         if (!r) r = set_var(c, mn->kw[k], strlen(mn->kw[k]), v);
     }
+    /* caller: the call block's, else Undefined where the body names it; a body taking kwargs but not caller gets
+     * it in kwargs */
+    if (!r && caller.k == JV_FUNC && !mn->uses_caller) {
+        jv k;
+        if (!jv_strz(&k, "caller") || !jv_dict_set(extra_kw.d, k, jv_retain(caller))) r = oom(c);
+    } else if (!r && caller.k == JV_FUNC) r = set_var(c, "caller", 6, jv_retain(caller));
+    else if (!r && mn->uses_caller) {
+        jv none;
+        r = jv_undef_msg(&none, "No caller defined") ? set_var(c, "caller", 6, none) : oom(c);
+    }
     if (!r) r = set_var(c, "varargs", 7, varargs);
     else if (have_va) jv_release(varargs);
     if (!r) r = set_var(c, "kwargs", 6, extra_kw);
     else if (have_kw) jv_release(extra_kw);
-    if (!r && caller.k == JV_FUNC) r = set_var(c, "caller", 6, jv_retain(caller));
     c->flow = FLOW_NORMAL;
     if (!r) r = capture(c, mn->args, mn->n_args, out);
     c->flow = saved_flow;

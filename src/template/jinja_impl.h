@@ -242,7 +242,9 @@ struct jnode {
     jnode **body2;
     size_t n_body2;
     int *ops; /* N_COMPARE */
-    bool caller_used; /* N_MACRO: whether its body names `caller` */
+    /* N_MACRO and N_CALL_BLOCK: whether the body names caller, varargs, kwargs (jinja2 then accepts a caller,
+     * extra positional or extra keyword arguments; otherwise they are errors) */
+    bool uses_caller, uses_varargs, uses_kwargs;
 };
 
 struct llm_template {
