@@ -92,3 +92,37 @@ int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len
     *ids = out;
     return (int)n;
 }
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+size_t llm_cli_unescape(char *s)
+{
+    size_t out = 0;
+    for (size_t in = 0; s[in]; in++) {
+        if (s[in] != '\\' || !s[in + 1]) {
+            s[out++] = s[in];
+            continue;
+        }
+        const char c = s[++in];
+        if (c == 'x' && hex_digit(s[in + 1]) >= 0 && hex_digit(s[in + 2]) >= 0) { /* s[in + 2] read past a digit */
+            s[out++] = (char)(hex_digit(s[in + 1]) * 16 + hex_digit(s[in + 2]));
+            in += 2;
+            continue;
+        }
+        switch (c) {
+        case 'n': s[out++] = '\n'; break;
+        case 'r': s[out++] = '\r'; break;
+        case 't': s[out++] = '\t'; break;
+        case '0': s[out++] = '\0'; break;
+        case '\'': case '"': case '\\': s[out++] = c; break;
+        default: /* not an escape: kept as written */
+            s[out++] = '\\';
+            s[out++] = c;
+        }
+    }
+    s[out] = '\0';
+    return out;
+}

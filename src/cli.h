@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 int llm_cmd_generate(int argc, char **argv);
+int llm_cmd_chat(int argc, char **argv);
+int llm_cmd_template(int argc, char **argv);
 int llm_cmd_tokenize(int argc, char **argv);
 int llm_cmd_bench(int argc, char **argv);
 int llm_cmd_compare(int argc, char **argv);
@@ -32,5 +34,9 @@ bool llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, str
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
 /* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
 char *llm_cli_read_file(const char *path, size_t *len);
+/* -e: the escapes of llama.cpp's string_process_escapes, in place: \n \r \t \' \" \\ and \xHH (two hex digits),
+ * plus \0 (a NUL byte). Any other backslash, a trailing one included, stays as written. Returns the new length
+ * (which counts NUL bytes written; s is NUL-terminated there too). */
+size_t llm_cli_unescape(char *s);
 
 #endif

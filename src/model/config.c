@@ -63,14 +63,21 @@ static bool get_bool(const json_t *obj, const char *key, bool def)
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
 
-/* eos_token_id may be an integer or a list of them. */
+static bool has_eos(const llm_config *c, json_int_t id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == id) return true;
+    return false;
+}
+
+/* eos_token_id may be an integer or a list of them; ids already in c->eos_token_ids are not repeated. */
 static int read_eos(const json_t *obj, llm_config *c, const char *file, char *err, size_t err_len)
 {
     const json_t *v = json_object_get(obj, "eos_token_id");
     if (!v || json_is_null(v)) return 0;
-    c->n_eos = 0;
     if (json_is_integer(v)) {
-        c->eos_token_ids[c->n_eos++] = (int)json_integer_value(v);
+        if (!has_eos(c, json_integer_value(v)) && c->n_eos < LLM_MAX_EOS)
+            c->eos_token_ids[c->n_eos++] = (int)json_integer_value(v);
     } else if (json_is_array(v)) {
         size_t i;
         const json_t *e;
@@ -80,7 +87,7 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
                          file, LLM_MAX_EOS);
                 return -1;
             }
-            c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
+            if (!has_eos(c, json_integer_value(e))) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
         }
     } else {
         snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of integers", file);
@@ -248,7 +255,7 @@ int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len)
     json_decref(root);
     if (rc) return -1;
 
-    /* generation_config.json, when present, decides the ids generation stops at, as transformers' generate does. */
+    /* generation_config.json's end ids join config.json's (an instruct model's end of turn is often only there). */
     err[0] = '\0';
     root = load_json(dir, "generation_config.json", false, path, sizeof path, err, err_len);
     if (!root) return err[0] ? -1 : 0;

@@ -41,6 +41,8 @@ struct llm_st {
     st_entry *tensors;    /* sorted by name once opening is done */
     size_t n_tensors;
     size_t held_bytes;
+    llm_progress_fn progress; /* while opening; NULL = quiet */
+    void *progress_user;
 };
 
 /* Every dtype of the safetensors spec with its size in bits, so that tensors we cannot compute with are still
@@ -258,10 +260,14 @@ static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
     return 0;
 }
 
-/* Takes the compressed bytes of f and leaves the decompressed file in f->bytes. */
-static int st_decompress(st_file *f, const unsigned char *src, size_t n, char *err, size_t err_len)
+/* Takes the compressed bytes of f and leaves the decompressed file in f->bytes, telling st's progress callback (st
+ * may be NULL) how much of the input is through. */
+static int st_decompress(st_file *f, const unsigned char *src, size_t n, const llm_st *st, char *err,
+                         size_t err_len)
 {
     if (n == 0) return fail(err, err_len, "%s: file is empty, expected zstd data", f->label);
+    char what[300];
+    snprintf(what, sizeof what, "decompressing %s", f->label);
     /* The frame's content size is a hint only: a corrupt frame can claim anything, so it is capped at a ratio no
      * weight file reaches, and the loop grows the buffer when the hint falls short. */
     unsigned long long hint = ZSTD_getFrameContentSize(src, n);
@@ -276,13 +282,20 @@ static int st_decompress(st_file *f, const unsigned char *src, size_t n, char *e
         fail(err, err_len, "%s: out of memory for %zu decompressed bytes", f->label, cap);
         goto done;
     }
-    ZSTD_inBuffer in = {src, n, 0};
+    /* The input goes in 16 MB at a time, so that progress sees it move. */
+    const size_t chunk = (size_t)16 << 20;
+    ZSTD_inBuffer in = {src, n < chunk ? n : chunk, 0};
     ZSTD_outBuffer out = {buf, cap, 0};
     for (;;) {
         size_t ret = ZSTD_decompressStream(dctx, &out, &in);
         if (ZSTD_isError(ret)) {
             fail(err, err_len, "%s: corrupt zstd data: %s", f->label, ZSTD_getErrorName(ret));
             goto done;
+        }
+        if (in.pos == in.size && in.size < n) {
+            in.size = n - in.size > chunk ? in.size + chunk : n;
+            if (st && st->progress) st->progress(st->progress_user, what, in.pos, n);
+            continue;
         }
         if (ret == 0 && in.pos == in.size) break; /* the last frame is complete */
         if (out.pos == out.size) {
@@ -302,6 +315,7 @@ static int st_decompress(st_file *f, const unsigned char *src, size_t n, char *e
     buf = NULL;
     rc = 0;
 done:
+    if (st && st->progress) st->progress(st->progress_user, what, n, n);
     free(buf);
     ZSTD_freeDCtx(dctx);
     return rc;
@@ -346,7 +360,7 @@ static int st_load(llm_st *st, const char *path, char *err, size_t err_len)
     }
     close(fd);
     if (st_ends_with(path, ".zst")) {
-        int rc = st_decompress(f, map, size, err, err_len);
+        int rc = st_decompress(f, map, size, st, err, err_len);
         if (map) munmap(map, size);
         if (rc) return -1;
     } else {
@@ -494,9 +508,16 @@ static int st_open_dir(llm_st *st, const char *dir, char *err, size_t err_len)
 
 int llm_st_open(llm_st **out, const char *path, char *err, size_t err_len)
 {
+    return llm_st_open_progress(out, path, NULL, NULL, err, err_len);
+}
+
+int llm_st_open_progress(llm_st **out, const char *path, llm_progress_fn progress, void *user, char *err,
+                         size_t err_len)
+{
     *out = NULL;
     llm_st *st = calloc(1, sizeof *st);
     if (!st) return fail(err, err_len, "%s: out of memory", path);
+    st->progress = progress, st->progress_user = user;
     struct stat sb;
     int rc;
     if (stat(path, &sb) != 0) rc = fail(err, err_len, "%s: %s", path, strerror(errno));
@@ -517,7 +538,7 @@ int llm_st_open_memory(llm_st **out, const void *bytes, size_t len, const char *
     st_file *f = st ? st_add_file(st, label) : NULL;
     int rc = -1;
     if (!f) fail(err, err_len, "%s: out of memory", label);
-    else if (st_ends_with(label, ".zst")) rc = st_decompress(f, bytes, len, err, err_len);
+    else if (st_ends_with(label, ".zst")) rc = st_decompress(f, bytes, len, NULL, err, err_len);
     else if (!(f->bytes = malloc(len ? len : 1))) fail(err, err_len, "%s: out of memory copying %zu bytes", label, len);
     else {
         if (len) memcpy(f->bytes, bytes, len);
