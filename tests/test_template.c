@@ -292,7 +292,10 @@ static void test_filters(void **state) {
            "y [] 12 0.0 2.67 3 4"},
           {"{% set g = [1, 2, 3] | select %}{{ g | first }}{{ g | list }}{{ g | list }}|{{ [1, 2] | reverse | list }}",
            "1[2, 3][]|[2, 1]"},
-          {"{% filter upper %}abc {{ s }}{% endfilter %}", "ABC HELLO WORLD"});
+          {"{% filter upper %}abc {{ s }}{% endfilter %}", "ABC HELLO WORLD"},
+          {"{{ '%s=%d, %.2f %r %%' % ('a', 3, 2.5, 'q') }} {{ '%05d|%-3s|' % (42, 'x') }} {{ '%s and %s' | format(1, [2]) }}",
+           "a=3, 2.50 'q' % 00042|x  | 1 and [2]"},
+          {"{{ ('%s' % ('x' * 600)) | length }}", "600"});
 }
 
 static void test_tests(void **state) {

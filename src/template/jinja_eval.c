@@ -401,7 +401,7 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return 0;
     case 'F':
     case '%':
-        if (op == '%' && a.k == JV_STR) return jj_fail(c, "printf-style string formatting is not supported");
+        if (op == '%' && a.k == JV_STR) return jj_printf(c, a.s, b, out);
         if (!is_num(a) || !is_num(b)) return type_error(c, op == 'F' ? "//" : "%", a, b);
         if (to_f(b) == 0) return jj_fail(c, op == 'F' ? "integer division or modulo by zero" : "modulo by zero");
         if (ints) {
@@ -448,7 +448,11 @@ static int compare(jctx *c, int op, jv a, jv b, bool *out) {
             size_t i = b.l->gen ? b.l->gen_pos : 0;
             for (; i < b.l->n && !found; i++) found = jv_equal(a, b.l->items[i]);
             if (b.l->gen) b.l->gen_pos = i; /* `in` uses up a generator as far as the match */
-        } else if (b.k == JV_DICT || b.k == JV_NS) found = jv_dict_get(b.d, a) != NULL;
+        } else if (b.k == JV_DICT || b.k == JV_NS) {
+            if (a.k == JV_LIST || a.k == JV_DICT || a.k == JV_NS)
+                return jj_fail(c, "unhashable type: '%s'", jv_type_name(a));
+            found = jv_dict_get(b.d, a) != NULL;
+        }
         else if (b.k != JV_UNDEF) return jj_fail(c, "argument of type '%s' is not iterable", jv_type_name(b));
         *out = op == CMP_IN ? found : !found;
         return 0;

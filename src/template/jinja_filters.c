@@ -559,6 +559,66 @@ int jj_call(jctx *c, jv fn, jv *args, size_t n_args, const char **kw, jv *kwargs
     }
 }
 
+/* ---- printf-style formatting ---- */
+
+int jj_printf(jctx *c, const jstr *fmt, jv args, jv *out) {
+    /* Python treats anything with __getitem__ but a tuple or str (a dict, a list) as a mapping here */
+    bool several = args.k == JV_LIST && args.l->tuple, mapping = args.k == JV_DICT || (args.k == JV_LIST && !several);
+    size_t n = several ? args.l->n : 1, used = 0;
+    jbuf b = {0};
+    for (size_t i = 0; i < fmt->len; i++) {
+        char ch = fmt->data[i];
+        if (ch != '%') {
+            jbuf_put(&b, &ch, 1);
+            continue;
+        }
+        /* %[flags][width][.precision]type */
+        char spec[32] = "%";
+        size_t k = 1, j = i + 1;
+        while (j < fmt->len && strchr("-+ 0#", fmt->data[j]) && k < 8) spec[k++] = fmt->data[j++];
+        while (j < fmt->len && fmt->data[j] >= '0' && fmt->data[j] <= '9' && k < 16) spec[k++] = fmt->data[j++];
+        if (j < fmt->len && fmt->data[j] == '.') {
+            spec[k++] = fmt->data[j++];
+            while (j < fmt->len && fmt->data[j] >= '0' && fmt->data[j] <= '9' && k < 24) spec[k++] = fmt->data[j++];
+        }
+        if (j >= fmt->len) return free(b.data), jj_fail(c, "incomplete format");
+        char type = fmt->data[j];
+        i = j;
+        if (type == '%') {
+            jbuf_put(&b, "%", 1);
+            continue;
+        }
+        if (!strchr("srdif", type)) return free(b.data), jj_fail(c, "unsupported format character '%c'", type);
+        if (used >= n) return free(b.data), jj_fail(c, "not enough arguments for format string");
+        jv v = several ? args.l->items[used] : args;
+        used++;
+        if (type == 's' || type == 'r') {
+            jbuf t = {0};
+            if (type == 's') jv_write_str(&t, v);
+            else jv_write_repr(&t, v);
+            spec[k++] = 's';
+            spec[k] = 0;
+            jbuf_printf(&b, spec, t.data ? t.data : "");
+            free(t.data);
+        } else if (v.k == JV_INT || v.k == JV_BOOL || v.k == JV_FLOAT) {
+            double f = v.k == JV_FLOAT ? v.f : v.k == JV_INT ? (double)v.i : v.b;
+            if (type == 'f') {
+                spec[k++] = 'f';
+                spec[k] = 0;
+                jbuf_printf(&b, spec, f);
+            } else {
+                spec[k++] = 'l';
+                spec[k++] = 'l';
+                spec[k++] = 'd';
+                spec[k] = 0;
+                jbuf_printf(&b, spec, v.k == JV_FLOAT ? (long long)f : v.k == JV_INT ? (long long)v.i : (long long)v.b);
+            }
+        } else return free(b.data), jj_fail(c, "%%%c format: a real number is required, not %s", type, jv_type_name(v));
+    }
+    if (used < n && (several || !mapping)) return free(b.data), jj_fail(c, "not all arguments converted during string formatting");
+    return jbuf_take(&b, out) ? 0 : oom(c);
+}
+
 /* ---- tests ---- */
 
 static int64_t to_int(jv v) { return v.k == JV_INT ? v.i : v.b; }
@@ -976,6 +1036,7 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
         jv_release(items);
         return jbuf_take(&b, out) ? 0 : oom(c);
     }
+    if ((IS("int") || IS("float")) && v.k == JV_UNDEF) return jj_fail_undef(c, v);
     if (IS("int")) {
         int64_t def;
         if (!int_arg(&a, 1, "default", 0, &def)) return jj_fail(c, "int: default must be an integer");
@@ -1162,9 +1223,16 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
         *out = acc;
         return 0;
     }
-    if (IS("format")) {
-        if (v.k != JV_STR) return jj_fail(c, "format needs a string");
-        return jj_fail(c, "printf-style format filter is not supported");
+    if (IS("format")) { /* jinja2: str(value) % (kwargs or args) */
+        jv s, t;
+        if (n_kw) return jj_fail(c, "format with %%(name)s keywords is not supported");
+        if (!jj_str(v, &s) || !jv_list(&t, n_args)) return oom(c);
+        t.l->tuple = true;
+        for (size_t i = 1; i < n_args; i++) jv_list_push(t.l, jv_retain(args[i]));
+        int r = jj_printf(c, s.s, t, out);
+        jv_release(t);
+        jv_release(s);
+        return r;
     }
     if (IS("attr")) {
         if (n_args < 2 || args[1].k != JV_STR) return jj_fail(c, "attr needs a name");

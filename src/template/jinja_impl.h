@@ -303,6 +303,8 @@ int jj_method(jctx *c, jv self, const char *name, size_t name_len, jv *args, siz
 int jj_getattr(jctx *c, jv obj, const char *name, size_t len, jv *out);
 int jj_getitem(jctx *c, jv obj, jv key, jv *out);
 bool jj_str(jv v, jv *out); /* str(v) as a string value */
+/* Python's `fmt % args` (%s %r %d %i %f %% with width and precision; a tuple gives several arguments). */
+int jj_printf(jctx *c, const jstr *fmt, jv args, jv *out);
 bool jj_escape(jv v, jv *out); /* markupsafe.escape: str(v) with & < > " ' as entities, marked safe */
 int jj_iterate(jctx *c, jv v, jv *out_list); /* what a for loop sees: a list of items */
 /* caller: the caller of a call block (JV_FUNC), or None */

@@ -336,12 +336,21 @@ bool jbuf_putz(jbuf *b, const char *s) { return jbuf_put(b, s, strlen(s)); }
 
 bool jbuf_printf(jbuf *b, const char *fmt, ...) {
     char tmp[512];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return false;
-    return jbuf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    bool ok = n >= 0;
+    if (ok && (size_t)n < sizeof tmp) ok = jbuf_put(b, tmp, (size_t)n);
+    else if (ok) { /* a long %s */
+        char *big = (size_t)n <= JJ_MAX_OUTPUT ? malloc((size_t)n + 1) : NULL;
+        ok = big && vsnprintf(big, (size_t)n + 1, fmt, again) == n && jbuf_put(b, big, (size_t)n);
+        free(big);
+        if (!ok) b->failed = true;
+    }
+    va_end(again);
+    return ok;
 }
 
 bool jbuf_take(jbuf *b, jv *out) {
