@@ -160,10 +160,12 @@ static bool has_method(jv obj, const char *name, size_t len) {
                                  "clear", NULL};
     static const char *LIST[] = {"index", "count", "copy", "append", "extend", "insert", "pop", "remove", "clear",
                                  "sort", "reverse", NULL};
-    const char **names = obj.k == JV_STR ? STR : obj.k == JV_DICT ? DICT : obj.k == JV_LIST && !obj.l->gen ? LIST : NULL;
-    if (obj.k == JV_LOOP) return name_is(name, len, "cycle");
     static const char *TUPLE[] = {"index", "count", NULL};
-    if (obj.k == JV_LIST && obj.l->tuple) names = TUPLE;
+    const char **names = NULL;
+    if (obj.k == JV_LOOP) return name_is(name, len, "cycle");
+    if (obj.k == JV_STR) names = STR;
+    else if (obj.k == JV_DICT) names = DICT;
+    else if (obj.k == JV_LIST && !obj.l->gen) names = obj.l->tuple ? TUPLE : LIST;
     for (size_t i = 0; names && names[i]; i++)
         if (name_is(name, len, names[i])) return true;
     return false;
@@ -323,7 +325,8 @@ static int type_error(jctx *c, const char *op, jv a, jv b) {
 static int repeat(jctx *c, jv seq, int64_t times, jv *out) {
     if (times < 0) times = 0;
     size_t n = seq.k == JV_STR ? seq.s->len : seq.l->n;
-    if (n && (uint64_t)times > JJ_MAX_OUTPUT / n) return jj_fail(c, "sequence repeated past %zu MiB", JJ_MAX_OUTPUT >> 20);
+    if (n && (uint64_t)times > JJ_MAX_OUTPUT / n)
+        return jj_fail(c, "sequence repeated past %zu MiB", JJ_MAX_OUTPUT >> 20);
     if (seq.k == JV_STR) {
         jbuf b = {0};
         for (int64_t i = 0; i < times; i++) jbuf_put(&b, seq.s->data, n);
@@ -442,7 +445,8 @@ static int compare(jctx *c, int op, jv a, jv b, bool *out) {
     case CMP_NOTIN: {
         bool found = false;
         if (b.k == JV_STR) {
-            if (a.k != JV_STR) return jj_fail(c, "'in <string>' requires string as left operand, not %s", jv_type_name(a));
+            if (a.k != JV_STR)
+                return jj_fail(c, "'in <string>' requires string as left operand, not %s", jv_type_name(a));
             found = a.s->len == 0 || (a.s->len <= b.s->len && ju_find(b.s->data, b.s->len, a.s->data, a.s->len));
         } else if (b.k == JV_LIST) {
             size_t i = b.l->gen ? b.l->gen_pos : 0;

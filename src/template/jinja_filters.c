@@ -292,7 +292,8 @@ static int fill_dict(jctx *c, jv d, const argv_t *a, bool ns) {
         } else if (src.k == JV_LIST) {
             for (size_t i = 0; i < src.l->n; i++) {
                 jv p = src.l->items[i];
-                if (p.k != JV_LIST || p.l->n != 2) return jj_fail(c, "dictionary update sequence element has wrong length");
+                if (p.k != JV_LIST || p.l->n != 2)
+                    return jj_fail(c, "dictionary update sequence element has wrong length");
                 if (!jv_dict_set(d.d, jv_retain(p.l->items[0]), jv_retain(p.l->items[1]))) return oom(c);
             }
         } else return jj_fail(c, "'%s' object is not iterable", jv_type_name(src));
@@ -615,7 +616,10 @@ int jj_printf(jctx *c, const jstr *fmt, jv args, jv *out) {
             }
         } else return free(b.data), jj_fail(c, "%%%c format: a real number is required, not %s", type, jv_type_name(v));
     }
-    if (used < n && (several || !mapping)) return free(b.data), jj_fail(c, "not all arguments converted during string formatting");
+    if (used < n && (several || !mapping)) {
+        free(b.data);
+        return jj_fail(c, "not all arguments converted during string formatting");
+    }
     return jbuf_take(&b, out) ? 0 : oom(c);
 }
 

@@ -180,7 +180,8 @@ static int lex_string(lexer *L) {
             if (e >= '0' && e <= '7') {
                 uint32_t cp = 0;
                 size_t d = 0;
-                while (d < 3 && k + d < n && s[k + d] >= '0' && s[k + d] <= '7') cp = cp * 8 + (uint32_t)(s[k + d++] - '0');
+                for (; d < 3 && k + d < n && s[k + d] >= '0' && s[k + d] <= '7'; d++)
+                    cp = cp * 8 + (uint32_t)(s[k + d] - '0');
                 k += d - 1;
                 o += ju_encode(cp, out + o);
             } else {

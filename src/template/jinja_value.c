@@ -580,7 +580,8 @@ static bool write_json_str(jbuf *b, const char *s, size_t len, bool ascii) {
             size_t n = ju_decode(s + i, len - i, &cp);
             ok = jbuf_put(b, s + run, i - run);
             if (cp >= 0x10000)
-                ok = ok && jbuf_printf(b, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
+                ok = ok && jbuf_printf(b, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+                                       0xDC00 + ((cp - 0x10000) & 0x3FF));
             else ok = ok && jbuf_printf(b, "\\u%04x", cp);
             i += n - 1;
             run = i + 1;
@@ -647,7 +648,8 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
         for (size_t i = 0; i < v.l->n && ok; i++) {
             if (i) ok = jbuf_putz(b, sep_item);
             ok = ok && newline_indent(b, indent, depth + 1);
-            if (ok && jv_write_json(b, v.l->items[i], indent, sep_item, sep_key, sort_keys, ascii, depth + 1, err, err_len))
+            if (ok && jv_write_json(b, v.l->items[i], indent, sep_item, sep_key, sort_keys, ascii, depth + 1, err,
+                                    err_len))
                 return -1;
         }
         ok = ok && newline_indent(b, indent, depth) && jbuf_putz(b, "]");
