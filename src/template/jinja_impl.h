@@ -222,7 +222,7 @@ typedef enum {
     N_COND,     /* b if a else c (c may be NULL) */
     N_LIST,     /* args */
     N_TUPLE,    /* args */
-    N_DICT,     /* kwargs: keys (as nodes in args), values in kwargs */
+    N_DICT,     /* args: the keys, kwargs: the values (n_args of each) */
 } jnode_kind;
 
 enum { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };

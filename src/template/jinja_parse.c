@@ -1,6 +1,23 @@
 /* The template grammar, top to bottom as jinja2's Parser has it: statements (if, for, set, macro, call, filter,
  * break, continue, generation), then expressions from the conditional down to primaries, postfixes, filters and
- * tests. Builds the tree of jinja_impl.h. Not here: tokens (jinja_lex.c), meaning (jinja_eval.c). */
+ * tests. Builds the tree of jinja_impl.h. Not here: tokens (jinja_lex.c), meaning (jinja_eval.c).
+ *
+ *   body      = { text | "{{" tuple "}}" | "{%" statement "%}" }
+ *   statement = "if" tuple body { "elif" tuple body } [ "else" body ] "endif"
+ *             | "for" target "in" tuple(no cond) [ "if" expr ] body [ "else" body ] "endfor"
+ *             | "set" target "=" tuple | "set" target [ "|" filters ] body "endset"
+ *             | "macro" name "(" params ")" body "endmacro" | "call" [ "(" params ")" ] call body "endcall"
+ *             | "filter" filters body "endfilter" | "generation" body "endgeneration" | "break" | "continue"
+ *   tuple     = expr { "," expr } [ "," ]                 (one expr alone is itself)
+ *   expr      = or { "if" or [ "else" expr ] }
+ *   or        = and { "or" and }          and  = not { "and" not }          not = "not" not | compare
+ *   compare   = math1 { ("==" | "!=" | "<" | "<=" | ">" | ">=" | "in" | "not" "in") math1 }
+ *   math1     = concat { ("+" | "-") concat }            concat = math2 { "~" math2 }
+ *   math2     = pow { ("*" | "/" | "//" | "%") pow }     pow    = unary { "**" unary }
+ *   unary     = ("-" | "+") unary(no filters) | primary postfix { "|" filter | "is" ["not"] test | call }
+ *   primary   = name | string { string } | int | float | "(" tuple ")" | "[" list "]" | "{" dict "}"
+ *   postfix   = { "." name | "." int | "[" expr | slice "]" | "(" args ")" }
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
