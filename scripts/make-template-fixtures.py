@@ -71,7 +71,6 @@ TOKENS = [
     ("HuggingFaceTB", {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}),
     ("openai-gpt-oss", {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"}),
     ("openchat", {"bos_token": "<s>", "eos_token": "<|end_of_turn|>"}),
-    ("eachadea-vicuna", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("bofenghuang", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("yandex", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("ByteDance", {"bos_token": "<seed:bos>", "eos_token": "<seed:eos>"}),
