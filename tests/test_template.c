@@ -222,6 +222,8 @@ static void check_pairs(const pair *p, size_t n) {
 static void test_expressions(void **state) {
     (void)state;
     CHECK({"{{ 1 + 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 4 / 2 }} {{ 2 ** 10 }}", "3 3 -4 2 3.5 2.0 1024"},
+          {"{{ (-1) ** 3 }} {{ (-2) ** 5 }} {{ 3 ** 0 }} {{ 2 ** 62 }} {{ (-1) ** 1000000000000 }} {{ 2 ** -1 }}",
+           "-1 -32 1 4611686018427387904 1 0.5"},
           {"{{ 1.5 + 1 }} {{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1e15 }} {{ 3.5e-5 }} {{ 1 / 3 }}",
            "2.5 0.30000000000000004 1e+20 1000000000000000.0 3.5e-05 0.3333333333333333"},
           {"{{ 'a' ~ 1 ~ none ~ true }}|{{ 'ab' + 'cd' }}|{{ 'ab' * 3 }}|{{ [1] + [2] }}", "a1NoneTrue|abcd|ababab|[1, 2]"},
@@ -416,6 +418,8 @@ static void test_undefined_and_errors(void **state) {
     check_error("{{ 1 / 0 }}", NULL, "division by zero");
     check_error("{{ 'a' + 1 }}", NULL, "unsupported operand type(s) for +: 'str' and 'int'");
     check_error("{{ 'a' < 1 }}", NULL, "'<' not supported between instances of 'str' and 'int'");
+    check_error("{{ [1] < (1, 2) }}", NULL, "'<' not supported between instances of 'list' and 'tuple'");
+    check_error("{{ 0 ** -1 }}", NULL, "0.0 cannot be raised to a negative power");
     check_error("{{ [1].append(2) }}", NULL, "access to attribute 'append' of 'list' object is unsafe.");
     check_error("{% set ns = namespace() %}{% set ns._x = 1 %}", NULL, "underscore-prefixed");
     check_error("{% set x = 1 %}{% set x.y = 2 %}", NULL, "non-namespace");

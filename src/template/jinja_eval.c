@@ -424,14 +424,15 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return 0;
     case 'P':
         if (!is_num(a) || !is_num(b)) return type_error(c, "**", a, b);
-        if (ints && y >= 0) {
-            int64_t acc = 1;
-            for (int64_t i = 0; i < y; i++) {
-                if (__builtin_mul_overflow(acc, x, &acc)) return jj_fail(c, "integer overflow");
-                if (acc == 0 || acc == 1) break;
+        if (ints && y >= 0) { /* by squaring; where a square overflows, so does the result */
+            int64_t acc = 1, base = x;
+            for (uint64_t e = (uint64_t)y; e; e >>= 1) {
+                if ((e & 1) && __builtin_mul_overflow(acc, base, &acc)) return jj_fail(c, "integer overflow");
+                if (e > 1 && __builtin_mul_overflow(base, base, &base)) return jj_fail(c, "integer overflow");
             }
             *out = jv_int(acc);
-        } else *out = jv_float(pow(to_f(a), to_f(b)));
+        } else if (to_f(a) == 0 && to_f(b) < 0) return jj_fail(c, "0.0 cannot be raised to a negative power");
+        else *out = jv_float(pow(to_f(a), to_f(b)));
         return 0;
     }
     return jj_fail(c, "unknown operator");

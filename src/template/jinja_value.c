@@ -280,7 +280,7 @@ int jv_compare(jv a, jv b) {
         if (c) return c < 0 ? -1 : 1;
         return (a.s->len > b.s->len) - (a.s->len < b.s->len);
     }
-    if (a.k == JV_LIST && b.k == JV_LIST && !a.l->gen && !b.l->gen) {
+    if (a.k == JV_LIST && b.k == JV_LIST && !a.l->gen && !b.l->gen && a.l->tuple == b.l->tuple) {
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
             if (jv_equal(a.l->items[i], b.l->items[i])) continue;
             return jv_compare(a.l->items[i], b.l->items[i]);
