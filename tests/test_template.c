@@ -416,7 +416,8 @@ static void test_undefined_and_errors(void **state) {
     check_error("{{ 1 is frobnicate }}", NULL, "No test named 'frobnicate'");
     check_error("{# open comment", NULL, "Missing end of comment tag");
     check_error("{{ 1 / 0 }}", NULL, "division by zero");
-    check_error("{{ 'a' + 1 }}", NULL, "unsupported operand type(s) for +: 'str' and 'int'");
+    check_error("{{ 'a' + 1 }}", NULL, "can only concatenate str (not \"int\") to str");
+    check_error("{{ 1 + 'a' }}", NULL, "unsupported operand type(s) for +: 'int' and 'str'");
     check_error("{{ 'a' < 1 }}", NULL, "'<' not supported between instances of 'str' and 'int'");
     check_error("{{ [1] < (1, 2) }}", NULL, "'<' not supported between instances of 'list' and 'tuple'");
     check_error("{{ 0 ** -1 }}", NULL, "0.0 cannot be raised to a negative power");

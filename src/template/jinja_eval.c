@@ -319,6 +319,10 @@ static int64_t to_i(jv v) { return v.k == JV_INT ? v.i : v.b; }
 static int type_error(jctx *c, const char *op, jv a, jv b) {
     if (a.k == JV_UNDEF) return jj_fail_undef(c, a);
     if (b.k == JV_UNDEF) return jj_fail_undef(c, b);
+    /* Python's words when a str, list or tuple is on the left of + */
+    if (op[0] == '+' && (a.k == JV_STR || (a.k == JV_LIST && !a.l->gen)))
+        return jj_fail(c, "can only concatenate %s (not \"%s\") to %s", jv_type_name(a), jv_type_name(b),
+                       jv_type_name(a));
     return jj_fail(c, "unsupported operand type(s) for %s: '%s' and '%s'", op, jv_type_name(a), jv_type_name(b));
 }
 
