@@ -80,7 +80,7 @@ struct jdict {
 typedef struct jhandle jhandle;
 typedef struct jnode jnode;
 
-typedef enum { JF_RANGE, JF_DICT, JF_NAMESPACE, JF_RAISE, JF_STRFTIME, JF_MACRO, JF_METHOD, JF_CYCLE } jfunc_kind;
+typedef enum { JF_RANGE, JF_DICT, JF_NAMESPACE, JF_RAISE, JF_STRFTIME, JF_MACRO, JF_METHOD } jfunc_kind;
 
 struct jfunc {
     size_t rc;
@@ -290,7 +290,7 @@ typedef struct {
 
 /* Records the first error as "chat template: line N: message"; returns -1. */
 int jj_fail(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Records a message as is (raise_exception). */
+/* Records a message as is, newlines made spaces (raise_exception). */
 int jj_fail_raw(jctx *c, const char *msg, size_t len);
 int jj_fail_undef(jctx *c, jv v);
 
@@ -306,7 +306,9 @@ bool jj_str(jv v, jv *out); /* str(v) as a string value */
 /* Python's `fmt % args` (%s %r %d %i %f %% with width and precision; a tuple gives several arguments). */
 int jj_printf(jctx *c, const jstr *fmt, jv args, jv *out);
 bool jj_escape(jv v, jv *out); /* markupsafe.escape: str(v) with & < > " ' as entities, marked safe */
-int jj_iterate(jctx *c, jv v, jv *out_list); /* what a for loop sees: a list of items */
+/* What a for loop sees: a list of items (a dict's keys, a string's characters, what is left of a generator, which this
+ * uses up; none for Undefined). */
+int jj_iterate(jctx *c, jv v, jv *out_list);
 /* caller: the caller of a call block (JV_FUNC), or None */
 int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, jv *kwargs, size_t n_kw, jv *out,
                   jv caller);
