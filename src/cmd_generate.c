@@ -84,6 +84,15 @@ int llm_cmd_generate(int argc, char **argv)
         snprintf(err, sizeof err, "-n %d: expected a count of tokens >= 0", want);
         goto fail;
     }
+    /* Every user number is checked here, before anything is loaded: none is silently replaced by a default. */
+    if ((ctx->count && llm_cli_check_count(ctx->ival[0], "-c", 0, 1 << 24, "a context size (0: the default)", err,
+                                           sizeof err)) ||
+        (batch->count && llm_cli_check_count(batch->ival[0], "-b", 1, 1 << 24, "a batch size", err, sizeof err)) ||
+        (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) ||
+        llm_cli_check_sampling(temp->count ? temp->dval[0] : 0.8, top_k->count ? top_k->ival[0] : 40,
+                               top_p->count ? top_p->dval[0] : 0.95, min_p->count ? min_p->dval[0] : 0.05, err,
+                               sizeof err))
+        goto fail;
     const char *dev_name = device->count ? device->sval[0] : NULL; /* NULL: $LLM_RUN_DEVICE or auto */
     llm_load_options lo = {.device = dev_name, .threads = threads->count ? threads->ival[0] : 0, .pins = pins,
                            .n_pins = op_device->count, .log = stderr};
@@ -104,14 +113,9 @@ int llm_cmd_generate(int argc, char **argv)
             prompt_text = strdup(prompt->sval[0]);
             len = prompt_text ? strlen(prompt_text) : 0;
         } else if (prompt_file->count) {
-            prompt_text = llm_cli_read_file(prompt_file->filename[0], &len);
-            if (!prompt_text) {
-                snprintf(err, sizeof err, "%s: cannot read the prompt file: %s", prompt_file->filename[0],
-                         strerror(errno));
-                goto fail;
-            }
+            if (llm_cli_read_prompt(prompt_file->filename[0], &prompt_text, &len, err, sizeof err)) goto fail;
         } else if (!isatty(STDIN_FILENO)) {
-            prompt_text = llm_cli_read_file("-", &len);
+            if (llm_cli_read_prompt("-", &prompt_text, &len, err, sizeof err)) goto fail;
         } else {
             snprintf(err, sizeof err, "no prompt: give -p TEXT, -f FILE, --tokens IDS or pipe text to stdin");
             goto fail;
@@ -127,6 +131,11 @@ int llm_cmd_generate(int argc, char **argv)
             goto fail;
         }
         if (llm_tokenizer_load(&tok, model.dir, err, sizeof err)) goto fail;
+        if (llm_tokenizer_vocab_size(tok) > (size_t)c->vocab_size) { /* found here, not at the first step */
+            snprintf(err, sizeof err, "%.400s/tokenizer.json: its ids reach %zu, past config.json's vocab_size %d (a "
+                     "tokenizer of another model?)", model.dir, llm_tokenizer_vocab_size(tok) - 1, c->vocab_size);
+            goto fail;
+        }
         size_t n_ids = 0;
         if (llm_tokenizer_encode(tok, prompt_text, len, true, &ids, &n_ids, err, sizeof err)) goto fail;
         n_prompt = (int)n_ids;
@@ -153,7 +162,7 @@ int llm_cmd_generate(int argc, char **argv)
         snprintf(err, sizeof err, "the prompt is %d tokens, longer than the context of %d (-c)", n_prompt, state.ctx);
         goto fail;
     }
-    if (n_prompt + want > state.ctx) {
+    if (want > state.ctx - n_prompt) { /* n_prompt + want could overflow */
         snprintf(err, sizeof err, "-n %d goes past the context: %d prompt tokens + %d > %d (raise -c or lower -n)",
                  want, n_prompt, want, state.ctx);
         goto fail;
@@ -227,7 +236,7 @@ int llm_cmd_generate(int argc, char **argv)
     goto done;
 
 fail:
-    fprintf(stderr, "llm-run: %s\n", err);
+    llm_cli_error(err);
 done:
     llm_profile_stop(prof);
     llm_sampler_free(&sampler);
