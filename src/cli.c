@@ -35,17 +35,19 @@ bool llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, str
         return false;
     }
     if (n_errors) {
-        /* argtable writes a line per error: the first one, with the hint, is the one line of the error. */
+        /* The first of argtable's errors, with the hint, is the one line (an argument's own newlines become '?'). */
         char *msg = NULL, line[1024];
         size_t msg_len = 0;
         FILE *m = open_memstream(&msg, &msg_len);
         if (m) {
-            arg_print_errors(m, end, "");
+            struct arg_hdr *parent = end->count > 0 ? end->parent[0] : NULL;
+            if (parent && parent->errorfn) parent->errorfn(parent, m, end->error[0], end->argval[0], "");
             fclose(m);
         }
-        const char *first = msg ? msg : "bad arguments";
+        const char *first = msg && msg[0] ? msg : "bad arguments";
         while (*first == ':' || *first == ' ') first++;
-        size_t n = strcspn(first, "\n");
+        size_t n = strlen(first);
+        while (n > 0 && first[n - 1] == '\n') n--;
         snprintf(line, sizeof line, "%.*s (see %s --help)", (int)(n < 900 ? n : 900), first, cmd);
         llm_cli_error(line);
         free(msg);

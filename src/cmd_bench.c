@@ -344,12 +344,10 @@ int llm_cmd_bench(int argc, char **argv)
     for (int i = 0; i < plan.n_n; i++) if (plan.n[i]) plan.n[kept++] = plan.n[i];
     plan.n_n = kept;
     /* Bounded as the -p and -n lists are, so that depth + n and every position stay far from INT_MAX. */
-    if (plan.reps < 1 || plan.reps > MAX_REPS || plan.batch < 1 || plan.batch > 1 << 24 || plan.depth < 0 ||
-        plan.depth > 1 << 24) {
-        snprintf(err, sizeof err, "bench: expected 1 <= -r <= %d, 1 <= -b <= %d and 0 <= --tg-after <= %d", MAX_REPS,
-                 1 << 24, 1 << 24);
+    if (llm_cli_check_count(plan.reps, "-r", 1, MAX_REPS, "a count of repetitions", err, sizeof err) ||
+        llm_cli_check_count(plan.batch, "-b", 1, 1 << 24, "a batch size", err, sizeof err) ||
+        llm_cli_check_count(plan.depth, "--tg-after", 0, 1 << 24, "a prompt length", err, sizeof err))
         goto fail;
-    }
     for (int i = 0; i < (threads->count ? n_threads : 0); i++)
         if (llm_cli_check_threads(thread_list[i], "-t", err, sizeof err)) goto fail;
     if (plan.n_p + plan.n_n == 0) {

@@ -63,10 +63,12 @@ int llm_cmd_compare(int argc, char **argv)
     opt.trace_tol = trace_tol->count ? trace_tol->dval[0] : opt.tol;
     int n = positions->count ? positions->ival[0] : 128;
     /* Bounded like a context (2^24 positions), so that n + n_generate cannot overflow an int. */
-    if (opt.chunk < 1 || opt.chunk > 1 << 24 || opt.n_generate < 0 || opt.n_generate > 1 << 24 || n < 1 ||
-        n > 1 << 24 || !(opt.tol >= 0 && opt.tol <= HUGE_VAL) || !(opt.trace_tol >= 0 && opt.trace_tol <= HUGE_VAL)) {
-        snprintf(err, sizeof err, "compare: expected 1 <= -b <= %d, 0 <= -n <= %d, 1 <= -p <= %d and tolerances >= 0",
-                 1 << 24, 1 << 24, 1 << 24);
+    if (llm_cli_check_count(opt.chunk, "-b", 1, 1 << 24, "a batch size", err, sizeof err) ||
+        llm_cli_check_count(opt.n_generate, "-n", 0, 1 << 24, "a count of tokens", err, sizeof err) ||
+        llm_cli_check_count(n, "-p", 1, 1 << 24, "a count of positions", err, sizeof err))
+        goto fail;
+    if (!(opt.tol >= 0 && opt.tol <= HUGE_VAL) || !(opt.trace_tol >= 0 && opt.trace_tol <= HUGE_VAL)) {
+        snprintf(err, sizeof err, "compare: expected tolerances >= 0");
         goto fail;
     }
     if (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) goto fail;
