@@ -79,22 +79,6 @@ int llm_cli_check_count(long long value, const char *flag, long long min, long l
     return -1;
 }
 
-int llm_cli_check_sampling(double temp, int top_k, double top_p, double min_p, char *err, size_t err_len)
-{
-    /* NaN fails every comparison, so each test is written as the range it must be in. */
-    if (!(temp >= 0.0 && temp <= 1e4))
-        snprintf(err, err_len, "--temp %g: expected a finite temperature from 0 (greedy) to 10000", temp);
-    else if (top_k < 0)
-        snprintf(err, err_len, "--top-k %d: expected a count >= 0 (0 = off)", top_k);
-    else if (!(top_p >= 0.0 && top_p <= 1.0))
-        snprintf(err, err_len, "--top-p %g: expected a probability from 0 to 1", top_p);
-    else if (!(min_p >= 0.0 && min_p <= 1.0))
-        snprintf(err, err_len, "--min-p %g: expected a probability from 0 to 1", min_p);
-    else
-        return 0;
-    return -1;
-}
-
 int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len)
 {
     return llm_stream_read(path, strcmp(path, "-") ? path : "stdin", LLM_PROMPT_MAX_BYTES, text, len, err, err_len);
@@ -103,6 +87,7 @@ int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, s
 char *llm_cli_read_file(const char *path, size_t *len)
 {
     char *text, err[512];
+    errno = 0;
     if (llm_cli_read_prompt(path, &text, len, err, sizeof err) == 0) return text;
     if (!errno) errno = EFBIG;
     return NULL;
@@ -139,4 +124,38 @@ int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len
     }
     *ids = out;
     return (int)n;
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+size_t llm_cli_unescape(char *s)
+{
+    size_t out = 0;
+    for (size_t in = 0; s[in]; in++) {
+        if (s[in] != '\\' || !s[in + 1]) {
+            s[out++] = s[in];
+            continue;
+        }
+        const char c = s[++in];
+        if (c == 'x' && hex_digit(s[in + 1]) >= 0 && hex_digit(s[in + 2]) >= 0) { /* s[in + 2] read past a digit */
+            s[out++] = (char)(hex_digit(s[in + 1]) * 16 + hex_digit(s[in + 2]));
+            in += 2;
+            continue;
+        }
+        switch (c) {
+        case 'n': s[out++] = '\n'; break;
+        case 'r': s[out++] = '\r'; break;
+        case 't': s[out++] = '\t'; break;
+        case '0': s[out++] = '\0'; break;
+        case '\'': case '"': case '\\': s[out++] = c; break;
+        default: /* not an escape: kept as written */
+            s[out++] = '\\';
+            s[out++] = c;
+        }
+    }
+    s[out] = '\0';
+    return out;
 }

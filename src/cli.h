@@ -33,12 +33,11 @@ void llm_cli_error(const char *msg);
 
 /* The checks every command makes on user numbers, each 0 or -1 with one line in err naming the option:
  * a thread count from 1 to llm_cli_max_threads() (4 x the online CPUs: more only costs stack and scratch);
- * a count in [min, max] (what: "a context size"); sampling parameters finite and in range. */
+ * a count in [min, max] (what: "a context size"). */
 int llm_cli_max_threads(void);
 int llm_cli_check_threads(int threads, const char *flag, char *err, size_t err_len);
 int llm_cli_check_count(long long value, const char *flag, long long min, long long max, const char *what, char *err,
                         size_t err_len);
-int llm_cli_check_sampling(double temp, int top_k, double top_p, double min_p, char *err, size_t err_len);
 
 /* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
@@ -47,5 +46,9 @@ int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len
 int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len);
 /* The same, NULL with errno set on failure (EFBIG past the cap). */
 char *llm_cli_read_file(const char *path, size_t *len);
+/* -e: the escapes of llama.cpp's string_process_escapes, in place: \n \r \t \' \" \\ and \xHH (two hex digits),
+ * plus \0 (a NUL byte). Any other backslash, a trailing one included, stays as written. Returns the new length
+ * (which counts NUL bytes written; s is NUL-terminated there too). */
+size_t llm_cli_unescape(char *s);
 
 #endif

@@ -84,14 +84,12 @@ int llm_cmd_generate(int argc, char **argv)
         snprintf(err, sizeof err, "-n %d: expected a count of tokens >= 0", want);
         goto fail;
     }
-    /* Every user number is checked here, before anything is loaded: none is silently replaced by a default. */
+    /* Sizes are checked here, before anything is loaded (sampling parameters by llm_sampler_init): none is silently
+     * replaced by a default. */
     if ((ctx->count && llm_cli_check_count(ctx->ival[0], "-c", 0, 1 << 24, "a context size (0: the default)", err,
                                            sizeof err)) ||
         (batch->count && llm_cli_check_count(batch->ival[0], "-b", 1, 1 << 24, "a batch size", err, sizeof err)) ||
-        (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) ||
-        llm_cli_check_sampling(temp->count ? temp->dval[0] : 0.8, top_k->count ? top_k->ival[0] : 40,
-                               top_p->count ? top_p->dval[0] : 0.95, min_p->count ? min_p->dval[0] : 0.05, err,
-                               sizeof err))
+        (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)))
         goto fail;
     const char *dev_name = device->count ? device->sval[0] : NULL; /* NULL: $LLM_RUN_DEVICE or auto */
     llm_load_options lo = {.device = dev_name, .threads = threads->count ? threads->ival[0] : 0, .pins = pins,
@@ -168,12 +166,13 @@ int llm_cmd_generate(int argc, char **argv)
         goto fail;
     }
     uint64_t rng_seed = seed->count ? (uint64_t)(uint32_t)seed->ival[0] : (uint64_t)time(NULL) ^ (uint64_t)getpid();
-    if (llm_sampler_init(&sampler, c->vocab_size, temp->count ? (float)temp->dval[0] : 0.8f,
-                         top_k->count ? top_k->ival[0] : 40, top_p->count ? (float)top_p->dval[0] : 0.95f,
-                         min_p->count ? (float)min_p->dval[0] : 0.05f, rng_seed)) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
-    }
+    llm_sampling_params sp = llm_sampling_defaults();
+    if (temp->count) sp.temp = (float)temp->dval[0];
+    if (top_k->count) sp.top_k = top_k->ival[0];
+    if (top_p->count) sp.top_p = (float)top_p->dval[0];
+    if (min_p->count) sp.min_p = (float)min_p->dval[0];
+    sp.seed = rng_seed;
+    if (llm_sampler_init(&sampler, c->vocab_size, &sp, err, sizeof err)) goto fail;
 
     const float *logits = NULL;
     bool profiling = profile->count || profile_json->count;

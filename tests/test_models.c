@@ -6,6 +6,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -243,6 +244,38 @@ static void test_context_limits(void **state)
     fixture_free_expected(&ex);
 }
 
+/* Loading reports the weights' bytes as it places them (llm_load_options.progress): from 0, growing, a layer at a
+ * time, the last report done == total. */
+typedef struct { int calls; size_t first, last, total; bool grew; } load_log;
+
+static void log_load(void *user, const char *what, size_t done, size_t total)
+{
+    load_log *log = user;
+    assert_string_equal(what, "loading weights to cpu");
+    if (log->calls == 0) log->first = done;
+    log->grew &= log->calls == 0 || done >= log->last;
+    log->calls++, log->last = done, log->total = total;
+}
+
+static void test_load_progress(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    llm_model m;
+    load_log log = {.grew = true};
+    llm_load_options lo = {.device = "cpu", .progress = log_load, .progress_user = &log};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), 0);
+    assert_true(log.calls >= m.config.num_hidden_layers + 2);
+    assert_true(log.grew);
+    assert_int_equal(log.first, 0);
+    assert_int_equal(log.last, log.total);
+    assert_true(log.total >= m.weight_bytes);
+    llm_model_free(&m);
+    fixture_free_expected(&ex);
+}
+
 int main(void)
 {
     static case_t cases[N_FIXTURES * 8];
@@ -265,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_other_layouts),
         cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
+        cmocka_unit_test(test_load_progress),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);

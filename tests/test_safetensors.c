@@ -3,6 +3,7 @@
  * and randomly damaged files never crash it. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -389,6 +390,55 @@ static void test_bad_lengths(void **state)
     expect_fail(path_in(dir, "absent.safetensors"), "absent.safetensors", "No such file");
 }
 
+/* Decompression reports its progress: input larger than one 16 MB chunk, so several reports, growing, the last one
+ * done == total; the same file cut short is still found truncated. */
+typedef struct { int calls; size_t last, total; bool grew, ended; } progress_log;
+
+static void log_progress(void *user, const char *what, size_t done, size_t total)
+{
+    progress_log *log = user;
+    assert_non_null(strstr(what, "decompressing big.safetensors.zst"));
+    log->grew &= log->calls == 0 || done >= log->last;
+    log->calls++, log->last = done, log->total = total;
+    log->ended = done == total;
+}
+
+static void test_zst_progress(void **state)
+{
+    const char *dir = *state;
+    const size_t big = (size_t)40 << 20;
+    unsigned char *data = malloc(big);
+    assert_non_null(data);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < big; i++) x ^= x << 13, x ^= x >> 7, x ^= x << 17, data[i] = (unsigned char)x;
+    char shape[32];
+    snprintf(shape, sizeof shape, "[%zu]", big);
+    const stw_tensor t = {"big", "U8", shape, data, big};
+    size_t len, zlen;
+    unsigned char *plain = stw_tensors(&t, 1, NULL, &len);
+    unsigned char *z = stw_zstd(plain, len, &zlen);
+    assert_true(zlen > (size_t)32 << 20);
+    assert_int_equal(stw_write(dir, "big.safetensors.zst", z, zlen), 0);
+    progress_log log = {.grew = true};
+    llm_st *st = NULL;
+    char err[512] = "";
+    if (llm_st_open_progress(&st, path_in(dir, "big.safetensors.zst"), log_progress, &log, err, sizeof err))
+        fail_msg("%s", err);
+    assert_true(log.calls >= 3);
+    assert_true(log.grew && log.ended);
+    assert_int_equal(log.total, zlen);
+    assert_memory_equal(llm_st_find(st, "big")->data, data, big);
+    llm_st_close(st);
+    assert_int_equal(stw_write(dir, "big.safetensors.zst", z, zlen - (size_t)(5 << 20)), 0);
+    log = (progress_log){.grew = true};
+    assert_int_equal(llm_st_open_progress(&st, path_in(dir, "big.safetensors.zst"), log_progress, &log, err,
+                                          sizeof err),
+                     -1);
+    assert_non_null(strstr(err, "truncated"));
+    assert_true(log.ended); /* a failed step ends too, so a bar is erased */
+    free(data), free(plain), free(z);
+}
+
 static void test_bad_zstd(void **state)
 {
     const char *dir = *state;
@@ -545,6 +595,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_headers, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_bad_lengths, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_bad_zstd, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_zst_progress, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_bad_folders, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_random_damage, setup_dir, teardown_dir),
     };

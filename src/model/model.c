@@ -139,7 +139,9 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     llm_model_dir(path, m->dir, sizeof m->dir);
     llm_config *c = &m->config;
     if (llm_config_load(c, m->dir, err, err_len)) return -1;
-    if (llm_st_open(&m->st, path, err, err_len)) return -1;
+    llm_progress_fn progress = opt ? opt->progress : NULL;
+    void *progress_user = opt ? opt->progress_user : NULL;
+    if (llm_st_open_progress(&m->st, path, progress, progress_user, err, err_len)) return -1;
 
     const llm_st_tensor *embed = llm_st_find(m->st, "model.embed_tokens.weight");
     if (!embed) {
@@ -165,6 +167,12 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
                          opt ? opt->log : NULL, err, err_len))
         goto fail;
 
+    /* The weights' bytes, reported a layer at a time against every tensor in the checkpoint. */
+    char placing[96];
+    snprintf(placing, sizeof placing, "loading weights to %s", dev->name);
+    size_t all_bytes = 0;
+    for (size_t i = 0; i < llm_st_count(m->st); i++) all_bytes += llm_st_at(m->st, i)->nbytes;
+    if (progress) progress(progress_user, placing, 0, all_bytes);
     size_t hidden = (size_t)c->hidden_size, vocab = (size_t)c->vocab_size;
     if (load_weight(m, &m->embed_tokens, "model.embed_tokens.weight", vocab, hidden, "vocab_size, hidden_size", err,
                     err_len))
@@ -174,8 +182,10 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         snprintf(err, err_len, "out of memory for %d layers", c->num_hidden_layers);
         goto fail;
     }
-    for (int l = 0; l < c->num_hidden_layers; l++)
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (progress) progress(progress_user, placing, m->weight_bytes, all_bytes);
         if (load_layer(m, l, err, err_len)) goto fail;
+    }
     if (load_weight(m, &m->norm, "model.norm.weight", 0, hidden, "hidden_size", err, err_len)) goto fail;
     if (c->tie_word_embeddings)
         m->lm_head = m->embed_tokens;
@@ -191,6 +201,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     }
     if (dev->sync() || dev->status(err, err_len)) goto fail;
+    if (progress) progress(progress_user, placing, all_bytes, all_bytes);
 
     /* Weights copied to a device that owns its memory no longer need the mapped file. */
     if (!dev->host_memory) {

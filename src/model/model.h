@@ -54,6 +54,8 @@ typedef struct {
     int n_pins;
     FILE *log;               /* device choice and fallbacks are printed here; NULL = quiet */
     const llm_device *device_override; /* when not NULL, this device instead of `device` (tests, llm-run compare) */
+    llm_progress_fn progress;          /* decompression and placing the weights reported here; NULL = quiet */
+    void *progress_user;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */

@@ -43,6 +43,8 @@ struct llm_st {
     st_entry *tensors;    /* sorted by name once opening is done */
     size_t n_tensors;
     size_t held_bytes;
+    llm_progress_fn progress; /* while opening; NULL = quiet */
+    void *progress_user;
 };
 
 /* The safetensors library's own limit on the JSON header (HeaderTooLarge): a larger length is not a header. */
@@ -272,25 +274,35 @@ static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
     return 0;
 }
 
-/* A zstd stream being decompressed: the input and whether its last frame has ended. */
+/* A zstd stream being decompressed: the input, fed 16 MB at a time so that progress sees it move, and whether its
+ * last frame has ended. */
 typedef struct {
     ZSTD_DCtx *d;
     ZSTD_inBuffer in;
+    size_t total;         /* bytes of input in all */
     bool finished;
+    const llm_st *st;     /* for its progress callback; may be NULL */
+    const char *what;
 } st_zstream;
 
 /* Decompresses into dst[*have .. want), stopping early only where the data ends. 0, or -1 with err. */
 static int st_zread(st_zstream *z, unsigned char *dst, size_t want, size_t *have, const char *L, char *err,
                     size_t err_len)
 {
+    const size_t chunk = (size_t)16 << 20;
     ZSTD_outBuffer out = {dst, want, *have};
     while (out.pos < out.size && !z->finished) {
         size_t in_before = z->in.pos, out_before = out.pos;
         size_t ret = ZSTD_decompressStream(z->d, &out, &z->in);
         if (ZSTD_isError(ret)) return fail(err, err_len, "%s: corrupt zstd data: %s", L, ZSTD_getErrorName(ret));
-        if (ret == 0 && z->in.pos == z->in.size) z->finished = true; /* the last frame is complete */
-        else if (z->in.pos == in_before && out.pos == out_before)
+        if (z->in.pos == z->in.size && z->in.size < z->total) {
+            z->in.size = z->total - z->in.size > chunk ? z->in.size + chunk : z->total;
+            if (z->st && z->st->progress) z->st->progress(z->st->progress_user, z->what, z->in.pos, z->total);
+        } else if (ret == 0 && z->in.pos == z->in.size) {
+            z->finished = true; /* the last frame is complete */
+        } else if (z->in.pos == in_before && out.pos == out_before) {
             return fail(err, err_len, "%s: zstd data ends inside a frame (truncated file?)", L);
+        }
     }
     *have = out.pos;
     return 0;
@@ -319,15 +331,20 @@ static bool st_data_extent(const unsigned char *header, size_t n, size_t *extent
     return true;
 }
 
-/* Takes the compressed bytes of f and leaves the decompressed file in f->bytes. Nothing the frame claims is
- * trusted: the 8-byte length and the header are decompressed first, and the file may grow only to the size that
- * header describes (8 + header + the furthest data_offsets end), checked against the memory available before it is
- * allocated. A file whose header does not parse stops there, and st_parse says what is wrong with it. */
-static int st_decompress(st_file *f, const unsigned char *src, size_t n, char *err, size_t err_len)
+/* Takes the compressed bytes of f and leaves the decompressed file in f->bytes, telling st's progress callback (st
+ * may be NULL) how much of the input is through. Nothing the frame claims is trusted: the 8-byte length and the
+ * header are decompressed first, and the file may grow only to the size that header describes (8 + header + the
+ * furthest data_offsets end), checked against the memory available before it is allocated. A file whose header does
+ * not parse stops there, and st_parse says what is wrong with it. */
+static int st_decompress(st_file *f, const unsigned char *src, size_t n, const llm_st *st, char *err,
+                         size_t err_len)
 {
     const char *L = f->label;
     if (n == 0) return fail(err, err_len, "%s: file is empty, expected zstd data", L);
-    st_zstream z = {ZSTD_createDCtx(), {src, n, 0}, false};
+    char what[300];
+    snprintf(what, sizeof what, "decompressing %s", L);
+    const size_t chunk = (size_t)16 << 20;
+    st_zstream z = {ZSTD_createDCtx(), {src, n < chunk ? n : chunk, 0}, n, false, st, what};
     unsigned char *buf = malloc(8);
     size_t have = 0;
     int rc = -1;
@@ -387,6 +404,7 @@ static int st_decompress(st_file *f, const unsigned char *src, size_t n, char *e
     buf = NULL;
     rc = 0;
 done:
+    if (st && st->progress) st->progress(st->progress_user, what, n, n);
     free(buf);
     ZSTD_freeDCtx(z.d);
     return rc;
@@ -426,7 +444,7 @@ static int st_load(llm_st *st, const char *path, char *err, size_t err_len)
     }
     close(fd);
     if (st_ends_with(path, ".zst")) {
-        int rc = st_decompress(f, map, size, err, err_len);
+        int rc = st_decompress(f, map, size, st, err, err_len);
         if (map) munmap(map, size);
         if (rc) return -1;
     } else {
@@ -598,9 +616,16 @@ static int st_open_dir(llm_st *st, const char *dir, char *err, size_t err_len)
 
 int llm_st_open(llm_st **out, const char *path, char *err, size_t err_len)
 {
+    return llm_st_open_progress(out, path, NULL, NULL, err, err_len);
+}
+
+int llm_st_open_progress(llm_st **out, const char *path, llm_progress_fn progress, void *user, char *err,
+                         size_t err_len)
+{
     *out = NULL;
     llm_st *st = calloc(1, sizeof *st);
     if (!st) return fail(err, err_len, "%s: out of memory", path);
+    st->progress = progress, st->progress_user = user;
     struct stat sb;
     int rc;
     if (stat(path, &sb) != 0) rc = fail(err, err_len, "%s: %s", path, strerror(errno));
@@ -621,7 +646,7 @@ int llm_st_open_memory(llm_st **out, const void *bytes, size_t len, const char *
     st_file *f = st ? st_add_file(st, label) : NULL;
     int rc = -1;
     if (!f) fail(err, err_len, "%s: out of memory", label);
-    else if (st_ends_with(label, ".zst")) rc = st_decompress(f, bytes, len, err, err_len);
+    else if (st_ends_with(label, ".zst")) rc = st_decompress(f, bytes, len, NULL, err, err_len);
     else if (!(f->bytes = malloc(len ? len : 1))) fail(err, err_len, "%s: out of memory copying %zu bytes", label, len);
     else {
         if (len) memcpy(f->bytes, bytes, len);

@@ -32,6 +32,13 @@ typedef struct llm_st llm_st; /* opaque */
  * when NAME is there too). Returns 0, or -1 with one line "<file>: <problem>" in err. */
 int llm_st_open(llm_st **out, const char *path, char *err, size_t err_len);
 
+/* Reports that done of total bytes of a slow step named `what` ("decompressing model.safetensors.zst") are
+ * through; done == total ends the step. Called often: the callee decides what to draw and when. */
+typedef void (*llm_progress_fn)(void *user, const char *what, size_t done, size_t total);
+/* llm_st_open, reporting the decompression of .zst files to progress (NULL: nothing). */
+int llm_st_open_progress(llm_st **out, const char *path, llm_progress_fn progress, void *user, char *err,
+                         size_t err_len);
+
 /* The same checks on a file already in memory (tests, fuzzing). The bytes are copied; `label` names the file in
  * messages and decides the format: a label ending in ".zst" means zstd-compressed safetensors. */
 int llm_st_open_memory(llm_st **out, const void *bytes, size_t len, const char *label, char *err, size_t err_len);
