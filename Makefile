@@ -11,7 +11,7 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 LLM_CUDA ?= $(if $(NVCC),1,0)
 WERROR  ?= $(if $(CI),-Werror,)
 
-PKGS    := jansson libpcre2-8 libzstd openblas argtable2 libutf8proc
+PKGS    := jansson libpcre2-8 libzstd openblas argtable2 libutf8proc libedit
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -19,7 +19,7 @@ CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -fopenmp -lm
 
-SRC     := $(wildcard src/*.c src/model/*.c src/ops/*.c src/devices/*.c)
+SRC     := $(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c)
 LIB_SRC := $(filter-out src/main.c,$(SRC))
 CU_SRC  := $(wildcard src/devices/cuda/*.cu)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))

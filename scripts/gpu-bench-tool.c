@@ -16,6 +16,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "session.h"
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -274,17 +275,18 @@ static int cmd_bench(const char *path, bool profile)
     const llm_config *c = &m.config;
     char err[1024] = "";
     int pp = 512, tg = 128;
-    llm_state s;
-    if (llm_state_init(&s, &m, 1024, pp, false, err, sizeof err)) return die(err);
+    llm_session s;
+    llm_session_options so = {.ctx = 1024, .batch = pp};
+    if (llm_session_init(&s, &m, &so, err, sizeof err)) return die(err);
     int32_t *tokens = malloc((size_t)pp * sizeof *tokens);
     for (int i = 0; i < pp; i++) tokens[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
-    const float *logits;
     bool quick = getenv("LLM_BENCH_QUICK") != NULL; /* for ncu: few steps */
     double ttimes[7];
     int reps = quick ? 1 : 7;
     for (int r = quick ? -1 : -3; r < reps; r++) { /* three warm-ups, as llm-run bench (src/cmd_bench.c) */
         double a = llm_host_now_s();
-        if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
+        llm_session_rewind(&s, 0);
+        if (llm_session_feed(&s, tokens, pp, err, sizeof err)) return die(err);
         if (r >= 0) ttimes[r] = llm_host_now_s() - a;
     }
     double pp_s = median(ttimes, reps);
@@ -296,8 +298,9 @@ static int cmd_bench(const char *path, bool profile)
     const char *want_tg = getenv("LLM_BENCH_TG");
     for (int r = want_tg && strcmp(want_tg, "0") == 0 ? 5 : quick ? 3 : -1; r < 5; r++) {
         double a = llm_host_now_s();
+        llm_session_rewind(&s, pp);
         for (int i = 0; i < tg; i++) {
-            if (llm_forward(&m, &s, &tok, 1, pp + i, &logits, err, sizeof err)) return die(err);
+            if (llm_session_feed(&s, &tok, 1, err, sizeof err)) return die(err);
             tok = (int32_t)((tok * 31 + i) % c->vocab_size);
         }
         if (r >= 0) runs[r] = llm_host_now_s() - a;
@@ -329,20 +332,22 @@ static int cmd_bench(const char *path, bool profile)
     if (profile) {
         /* one decode step and one prefill, op by op */
         profile_start(&m);
+        llm_session_rewind(&s, pp);
         double a = llm_host_now_s();
-        if (llm_forward(&m, &s, &tok, 1, pp, &logits, err, sizeof err)) return die(err);
+        if (llm_session_feed(&s, &tok, 1, err, sizeof err)) return die(err);
         double step = llm_host_now_s() - a;
         profile_print("one decode step at position 512", step * 1e3);
         profile_stop(&m);
         profile_start(&m);
+        llm_session_rewind(&s, 0);
         a = llm_host_now_s();
-        if (llm_forward(&m, &s, tokens, pp, 0, &logits, err, sizeof err)) return die(err);
+        if (llm_session_feed(&s, tokens, pp, err, sizeof err)) return die(err);
         step = llm_host_now_s() - a;
         profile_print("prefill of 512 tokens", step * 1e3);
         profile_stop(&m);
     }
     free(tokens);
-    llm_state_free(&s, &m);
+    llm_session_free(&s);
     llm_model_free(&m);
     return 0;
 }
@@ -415,23 +420,23 @@ static int cmd_compare(const char *path, const char *ref_path)
     if (load(&m, path)) return 1;
     int vocab = m.config.vocab_size;
     char err[1024] = "";
-    const float *logits;
     /* the batch path (one forward of n tokens, cuBLAS) and the decode path (n one-token steps, GEMV, graphs) */
     for (int mode = 0; mode < 2; mode++) {
-        llm_state s;
-        if (llm_state_init(&s, &m, n, mode == 0 ? n : 1, mode == 0, err, sizeof err)) return die(err);
+        llm_session s;
+        llm_session_options so = {.ctx = n, .batch = mode == 0 ? n : 1, .all_logits = mode == 0};
+        if (llm_session_init(&s, &m, &so, err, sizeof err)) return die(err);
         int agree = 0, near_ties = 0;
         if (mode == 0) {
-            if (llm_forward(&m, &s, tokens, n, 0, &logits, err, sizeof err)) return die(err);
+            if (llm_session_feed(&s, tokens, n, err, sizeof err)) return die(err);
             for (int i = 0; i < n; i++) {
-                int a = llm_argmax(logits + (size_t)i * vocab, vocab);
+                int a = llm_argmax(s.logits + (size_t)i * vocab, vocab);
                 agree += a == ref[i];
                 near_ties += a != ref[i] && margin[i] < 1e-3f;
             }
         } else {
             for (int i = 0; i < n; i++) {
-                if (llm_forward(&m, &s, tokens + i, 1, i, &logits, err, sizeof err)) return die(err);
-                int a = llm_argmax(logits, vocab);
+                if (llm_session_feed(&s, tokens + i, 1, err, sizeof err)) return die(err);
+                int a = llm_argmax(s.logits, vocab);
                 agree += a == ref[i];
                 near_ties += a != ref[i] && margin[i] < 1e-3f;
             }
@@ -440,7 +445,7 @@ static int cmd_compare(const char *path, const char *ref_path)
                "1e-3)\n", mode == 0 ? "one 512-token batch" : "512 one-token steps", agree, n, 100.0 * agree / n,
                near_ties);
         printf("COMPARE mode=%s agree=%d n=%d\n", mode == 0 ? "batch" : "decode", agree, n);
-        llm_state_free(&s, &m);
+        llm_session_free(&s);
     }
     llm_model_free(&m);
     free(tokens), free(ref), free(margin);

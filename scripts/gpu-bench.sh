@@ -28,7 +28,7 @@ MAKEVARS=()
 if [ -n "${LLM_DEPS_DIR:-}" ]; then
     d=$LLM_DEPS_DIR
     MAKEVARS=("PKG_CFLAGS=-I$d/include -I$d/include/openblas"
-              "PKG_LIBS=-L$d/lib -Wl,-rpath,$d/lib -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc")
+              "PKG_LIBS=-L$d/lib -Wl,-rpath,$d/lib -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc -ledit")
     export LIBRARY_PATH="$d/lib${LIBRARY_PATH:+:$LIBRARY_PATH}" LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
@@ -42,7 +42,8 @@ if has build; then
         $( [ -f tests/test_ops.c ] && echo build/tests/test_ops ) >"$OUT/build.log" 2>&1 ||
         grep -E "error|Error" "$OUT/build.log" | head -20 | tee -a "$summary"
     [ -x build/tests/test_cuda ] || { tail -30 "$OUT/build.log"; echo "build failed" | tee -a "$summary"; exit 1; }
-    objs=$(find build/obj -name '*.o' ! -path build/obj/main.o | sort)
+    # The library without the commands (main.o and cmd_*.o: the tool needs none, and chat's libedit stays out).
+    objs=$(find build/obj -name '*.o' ! -path build/obj/main.o ! -path 'build/obj/cmd_*.o' | sort)
     libs="${MAKEVARS[*]:+-L$LLM_DEPS_DIR/lib} $(pkg-config --libs jansson libpcre2-8 libzstd openblas argtable2 \
         libutf8proc 2>/dev/null || echo -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc)"
     cc -std=c11 -D_DEFAULT_SOURCE -O2 -Wall -Wextra -Isrc -I"$CUDA_HOME/include" -o build/gpu-bench-tool \

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential pkg-config libjansson-dev libpcre2-dev libzstd-dev libopenblas-openmp-dev
-          libargtable2-dev libutf8proc-dev libcmocka-dev)
+          libargtable2-dev libutf8proc-dev libcmocka-dev libedit-dev)
 # `install-deps.sh bench`: also what the benchmarks' checkpoint generator needs.
 [ "${1:-}" = bench ] && packages+=(python3 python3-numpy)
 missing=()

@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 int llm_cmd_generate(int argc, char **argv);
+int llm_cmd_chat(int argc, char **argv);
+int llm_cmd_template(int argc, char **argv);
 int llm_cmd_tokenize(int argc, char **argv);
 int llm_cmd_bench(int argc, char **argv);
 int llm_cmd_compare(int argc, char **argv);

@@ -13,6 +13,7 @@
 #include "devices/host.h"
 #include "compare.h"
 #include "profile.h"
+#include "session.h"
 
 #define MAX_LIST 16 /* values in a list option (-p, -n, -t, --device) */
 #define MAX_REPS 64
@@ -76,22 +77,18 @@ static void row_stats(bench_row *r)
 }
 
 /* The prompt ids[0..n) at positions 0.. in batches: what pp times, and how tg reaches its depth. */
-static int run_prompt(llm_model *m, llm_state *s, const int32_t *ids, int n, char *err, size_t err_len)
+static int run_prompt(llm_session *s, const int32_t *ids, int n, char *err, size_t err_len)
 {
-    const float *logits;
-    for (int pos = 0; pos < n; pos += s->max_batch) {
-        int b = n - pos < s->max_batch ? n - pos : s->max_batch;
-        if (llm_forward(m, s, ids + pos, b, pos, &logits, err, err_len)) return -1;
-    }
-    return 0;
+    llm_session_rewind(s, 0);
+    return llm_session_feed(s, ids, n, err, err_len);
 }
 
 /* n single-token steps at positions depth, depth+1, ... (the cache below depth already filled). */
-static int run_gen(llm_model *m, llm_state *s, const int32_t *ids, int n, int depth, char *err, size_t err_len)
+static int run_gen(llm_session *s, const int32_t *ids, int n, int depth, char *err, size_t err_len)
 {
-    const float *logits;
+    llm_session_rewind(s, depth);
     for (int i = 0; i < n; i++)
-        if (llm_forward(m, s, ids + i, 1, depth + i, &logits, err, err_len)) return -1;
+        if (llm_session_feed(s, ids + i, 1, err, err_len)) return -1;
     return 0;
 }
 
@@ -228,7 +225,7 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
     int ctx = 1;
     for (int i = 0; i < plan->n_p; i++) ctx = plan->p[i] > ctx ? plan->p[i] : ctx;
     for (int i = 0; i < plan->n_n; i++) ctx = plan->depth + plan->n[i] > ctx ? plan->depth + plan->n[i] : ctx;
-    llm_state s = {0};
+    llm_session s = {0};
     int32_t *ids = malloc((size_t)ctx * sizeof *ids);
     if (!ids) {
         snprintf(err, err_len, "out of memory for %d token ids", ctx);
@@ -236,7 +233,8 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
     }
     llm_compare_synthetic_tokens(plan->seed, m->config.vocab_size, ctx, ids);
     int rc = -1;
-    if (llm_state_init(&s, m, ctx, plan->batch, false, err, err_len)) goto done;
+    llm_session_options so = {.ctx = ctx, .batch = plan->batch};
+    if (llm_session_init(&s, m, &so, err, err_len)) goto done;
 
     bench_row proto = {.device = m->rt.dev->name, .threads = threads, .reps = plan->reps};
     m->rt.dev->describe(proto.describe, sizeof proto.describe);
@@ -251,16 +249,16 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
          * records it the second, and its next replay carries a one-time cost (about 10 ms on an H100, whatever
          * the step; cause not found), which is not the throughput this row reports. */
         for (int w = 0; w < 3; w++)
-            if (run_prompt(m, &s, ids, plan->p[i], err, err_len)) goto done;
+            if (run_prompt(&s, ids, plan->p[i], err, err_len)) goto done;
         for (int k = 0; k < plan->reps; k++) {
             double t0 = llm_host_now_s();
-            if (run_prompt(m, &s, ids, plan->p[i], err, err_len)) goto done;
+            if (run_prompt(&s, ids, plan->p[i], err, err_len)) goto done;
             r->samples[k] = plan->p[i] / (llm_host_now_s() - t0);
         }
         row_stats(r);
     }
     /* The rows below the depth are written once; tg steps only write the rows above it. */
-    if (plan->n_n && plan->depth && run_prompt(m, &s, ids, plan->depth, err, err_len)) goto done;
+    if (plan->n_n && plan->depth && run_prompt(&s, ids, plan->depth, err, err_len)) goto done;
     for (int i = 0; i < plan->n_n; i++) {
         bench_row *r = &rows[(*n_rows)++];
         int n = plan->n[i];
@@ -276,17 +274,17 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
         r->bytes_per_token =
             0.5 * (llm_profile_decode_bytes(m, plan->depth + 1) + llm_profile_decode_bytes(m, plan->depth + n));
         /* A few steps warm up (and let a device that records steps record one and replay it). */
-        if (run_gen(m, &s, ids, n < 4 ? n : 4, plan->depth, err, err_len)) goto done;
+        if (run_gen(&s, ids, n < 4 ? n : 4, plan->depth, err, err_len)) goto done;
         for (int k = 0; k < plan->reps; k++) {
             double t0 = llm_host_now_s();
-            if (run_gen(m, &s, ids, n, plan->depth, err, err_len)) goto done;
+            if (run_gen(&s, ids, n, plan->depth, err, err_len)) goto done;
             r->samples[k] = n / (llm_host_now_s() - t0);
         }
         row_stats(r);
     }
     rc = 0;
 done:
-    llm_state_free(&s, m);
+    llm_session_free(&s);
     free(ids);
     return rc;
 }

@@ -1,6 +1,6 @@
 /* `llm-run tokenize`: prints the ids of a text the way llama.cpp's llama-tokenize does (one `id -> 'piece'` line
  * per token, or a bare [1, 2, 3] list with --ids), and with --bench measures encode and decode speed.
- * Not here: the tokenizer itself (src/model/tokenizer.c); main.c dispatches `tokenize` to llm_cmd_tokenize. */
+ * Not here: the tokenizer itself (src/tokenizer/tokenizer.c); main.c dispatches `tokenize` to llm_cmd_tokenize. */
 #include <argtable2.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include "cli.h"
 #include "devices/host.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 /* One line on stderr, "llm-run: <message>"; returns 1, the command's failure status. */
 static int say(const char *fmt, ...) {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/sampler.h"
+#include "session.h"
 
 /* The op that writes each trace point of forward.c. */
 static const struct {
@@ -237,16 +238,15 @@ int llm_compare_run(llm_model *ref, llm_model *dev, const int32_t *tokens, int n
         return -1;
     }
 
-    llm_state sr = {0}, sd = {0};
+    llm_session sr = {0}, sd = {0};
     tracer t = {.res = res, .trace_tol = opt->trace_tol};
     llm_trace_fn saved_fn[2] = {ref->trace, dev->trace};
     void *saved_user[2] = {ref->trace_user, dev->trace_user};
     int rc = -1;
     double kl_sum = 0.0;
     /* Logits at every position: each chunk's comparison needs them all, not only the last. */
-    if (llm_state_init(&sr, ref, n + n_gen, chunk, true, err, err_len) ||
-        llm_state_init(&sd, dev, n + n_gen, chunk, true, err, err_len))
-        goto done;
+    llm_session_options so = {.ctx = n + n_gen, .batch = chunk, .all_logits = true};
+    if (llm_session_init(&sr, ref, &so, err, err_len) || llm_session_init(&sd, dev, &so, err, err_len)) goto done;
 
     const float *lr = NULL, *ld = NULL;
     int last_rows = 0;
@@ -256,12 +256,14 @@ int llm_compare_run(llm_model *ref, llm_model *dev, const int32_t *tokens, int n
         t.keeping = true, t.m = ref, t.n_kept = 0;
         ref->trace = on_trace, ref->trace_user = &t;
         dev->trace = NULL;
-        if (llm_forward(ref, &sr, tokens + pos, nn, pos, &lr, err, err_len)) goto done;
+        if (llm_session_feed(&sr, tokens + pos, nn, err, err_len)) goto done;
+        lr = sr.logits;
         if (t.failed) goto traced_fail;
         t.keeping = false, t.m = dev, t.next = 0;
         ref->trace = NULL;
         dev->trace = on_trace, dev->trace_user = &t;
-        if (llm_forward(dev, &sd, tokens + pos, nn, pos, &ld, err, err_len)) goto done;
+        if (llm_session_feed(&sd, tokens + pos, nn, err, err_len)) goto done;
+        ld = sd.logits;
         if (t.failed) goto traced_fail;
         if (t.next != t.n_kept) {
             snprintf(err, err_len, "compare: %s traced %d points at positions %d..%d, the reference %d",
@@ -284,8 +286,8 @@ int llm_compare_run(llm_model *ref, llm_model *dev, const int32_t *tokens, int n
         }
         res->greedy_agree++;
         if (i + 1 == n_gen) break;
-        if (llm_forward(ref, &sr, &a, 1, n + i, &la, err, err_len)) goto done;
-        if (llm_forward(dev, &sd, &a, 1, n + i, &lb, err, err_len)) goto done;
+        if (llm_session_feed(&sr, &a, 1, err, err_len) || llm_session_feed(&sd, &a, 1, err, err_len)) goto done;
+        la = sr.logits, lb = sd.logits;
         compare_logits(res, la, lb, 1, vocab, &kl_sum);
     }
 
@@ -300,8 +302,8 @@ traced_fail:
 done:
     ref->trace = saved_fn[0], ref->trace_user = saved_user[0];
     dev->trace = saved_fn[1], dev->trace_user = saved_user[1];
-    llm_state_free(&sr, ref);
-    llm_state_free(&sd, dev);
+    llm_session_free(&sr);
+    llm_session_free(&sd);
     tracer_free(&t);
     if (rc) llm_compare_result_free(res);
     return rc;

@@ -9,6 +9,8 @@ static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
 } commands[] = {
+    {"chat", llm_cmd_chat},
+    {"template", llm_cmd_template},
     {"tokenize", llm_cmd_tokenize},
     {"bench", llm_cmd_bench},
     {"compare", llm_cmd_compare},

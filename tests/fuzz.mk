@@ -7,7 +7,7 @@ PKGS    := jansson libpcre2-8 libzstd openblas argtable2 libutf8proc
 FLAGS   := -std=c11 -D_DEFAULT_SOURCE -O1 -g -fopenmp -Isrc $(shell pkg-config --cflags $(PKGS))
 SAN     := -fsanitize=fuzzer-no-link,address,undefined
 LIBS    := $(shell pkg-config --libs $(PKGS)) -fopenmp -lm
-SRC     := $(filter-out src/main.c src/cmd_%.c,$(wildcard src/*.c src/model/*.c src/ops/*.c src/devices/*.c))
+SRC     := $(filter-out src/main.c src/cmd_%.c,$(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c))
 OBJ     := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC))
 TARGETS := $(patsubst tests/%.c,build/fuzz/%,$(wildcard tests/fuzz_*.c))
 
@@ -15,7 +15,8 @@ TARGETS := $(patsubst tests/%.c,build/fuzz/%,$(wildcard tests/fuzz_*.c))
 all: $(TARGETS)
 	@for t in $(TARGETS); do \
 		name=$$(basename $$t); mkdir -p build/fuzz/corpus-$$name; \
-		cp tests/fixtures/fuzz/$$name/* build/fuzz/corpus-$$name/; \
+		cp tests/fixtures/fuzz/$$name/* build/fuzz/corpus-$$name/ 2>/dev/null; \
+		if [ $$name = fuzz_template ]; then cp tests/fixtures/templates/*.jinja build/fuzz/corpus-$$name/; fi; \
 		echo "fuzzing $$name for $(FUZZ_SECONDS) s"; \
 		$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$name || exit 1; \
 	done

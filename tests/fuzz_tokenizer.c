@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 static const char *FAMILIES[] = {"llama3", "gpt2", "qwen2", "llama2", "mistral", "metaspace-always", "split-a",
                                  "split-b", "variants"};

@@ -552,6 +552,9 @@ static void s_gen_bos_1e30(void)
 }
 static void s_gen_unused_1e30(void) { put_text("m/generation_config.json", "{\"bos_token_id\": 0, \"max_length\": 1000000000000000019884624838656}"); }
 static void s_gen_fifo(void) { put_fifo("m/generation_config.json"); }
+static void s_jinja_fifo(void) { put_fifo("m/chat_template.jinja"); }
+static void s_jinja_zero(void) { put_link("m/chat_template.jinja", "/dev/zero"); }
+static void s_jinja_huge(void) { put_sparse("m/chat_template.jinja", (off_t)200 << 20); }
 
 /* the Hugging Face cache: snapshots/HASH/NAME -> ../../blobs/SHA */
 static void hf_cache_from(const char *src_dir, const char *const *names, int n)
@@ -674,6 +677,9 @@ static const hostile_case cases[] = {
     {"generation_config eos_token_id 2^32+2", s_gen_eos_wrap, NULL, "generation_config.json", "4294967298 is outside the vocabulary", 1, NULL},
     {"generation_config bos_token_id 1e30", s_gen_bos_1e30, "tokenize {M} -p hi", "generation_config.json", "\"bos_token_id\" 1e+30 is not a token id", 1, NULL},
     {"generation_config.json is a FIFO", s_gen_fifo, NULL, "generation_config.json", "is a FIFO", 1, NULL},
+    {"chat_template.jinja is a FIFO", s_jinja_fifo, NULL, "chat_template.jinja", "is a FIFO", 1, NULL},
+    {"chat_template.jinja links to /dev/zero", s_jinja_zero, NULL, "chat_template.jinja", "is a device", 1, NULL},
+    {"chat_template.jinja of 200 MB", s_jinja_huge, NULL, "chat_template.jinja", "more than the 16777216", 1, NULL},
     {"generation_config.json with a 1e30 integer in an unused key loads", s_gen_unused_1e30, NULL, NULL, NULL, 0, NULL},
     {"config.json with a 1e30 integer in an unused key loads", s_cfg_unused_1e30, NULL, NULL, NULL, 0, NULL},
     {"Hugging Face cache layout loads", s_hf_cache, "{R}/hub/snapshots/0123abcd -p hi -n 2 --device cpu", NULL, NULL, 0, NULL},

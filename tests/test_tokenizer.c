@@ -16,7 +16,7 @@
 #include <jansson.h>
 
 #include "cli.h"
-#include "model/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "support/fixture_util.h"
 #include "support/st_writer.h"
 

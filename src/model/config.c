@@ -55,20 +55,21 @@ static bool get_bool(const json_t *obj, const char *key, bool def)
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
 
-/* eos_token_id may be an integer or a list of them. */
+static bool has_eos(const llm_config *c, json_int_t id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == id) return true;
+    return false;
+}
+
+/* eos_token_id may be an integer or a list of them; ids already in c->eos_token_ids are not repeated. */
 static int read_eos(const json_t *obj, llm_config *c, const char *file, char *err, size_t err_len)
 {
     const json_t *v = json_object_get(obj, "eos_token_id");
     if (!v || json_is_null(v)) return 0;
-    c->n_eos = 0;
     /* Each id is checked against the vocabulary as the 64-bit number written, before it becomes an int. */
     const json_t *one = v;
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
-    if (json_is_array(v) && n > LLM_MAX_EOS) {
-        snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers", file,
-                 LLM_MAX_EOS);
-        return -1;
-    }
     for (size_t i = 0; i < n; i++) {
         if (json_is_array(v)) one = json_array_get(v, i);
         int64_t id;
@@ -80,6 +81,13 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
         if (!llm_json_int_value(one, 0, c->vocab_size - 1, &id)) {
             snprintf(err, err_len, "%s: eos_token_id %.17g is outside the vocabulary (%d)", file,
                      json_number_value(one), c->vocab_size);
+            return -1;
+        }
+        if (has_eos(c, id)) continue;
+        if (c->n_eos == LLM_MAX_EOS) {
+            if (!json_is_array(v)) return 0; /* a single id past a full list: kept out, as before */
+            snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers", file,
+                     LLM_MAX_EOS);
             return -1;
         }
         c->eos_token_ids[c->n_eos++] = (int)id;
@@ -243,7 +251,7 @@ int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len)
     json_decref(root);
     if (rc) return -1;
 
-    /* generation_config.json, when present, decides the ids generation stops at, as transformers' generate does. */
+    /* generation_config.json's end ids join config.json's (an instruct model's end of turn is often only there). */
     err[0] = '\0';
     root = load_json(dir, "generation_config.json", false, path, sizeof path, err, err_len);
     if (!root) return err[0] ? -1 : 0;

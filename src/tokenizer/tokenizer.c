@@ -282,6 +282,11 @@ bool llm_tokenizer_is_eos(const llm_tokenizer *t, int32_t id) {
     return false;
 }
 
+const int32_t *llm_tokenizer_eos_ids(const llm_tokenizer *t, size_t *n) {
+    *n = t->n_eos;
+    return t->eos_ids;
+}
+
 const char *llm_tokenizer_chat_template(const llm_tokenizer *t) {
     return t->chat_template;
 }

@@ -53,6 +53,7 @@ int32_t llm_tokenizer_token_id(const llm_tokenizer *t, const char *piece);
  * (eos_token and every generation_config eos_token_id), the chat template text (NULL when none). */
 int32_t llm_tokenizer_bos_id(const llm_tokenizer *t);
 bool llm_tokenizer_is_eos(const llm_tokenizer *t, int32_t id);
+const int32_t *llm_tokenizer_eos_ids(const llm_tokenizer *t, size_t *n); /* every id is_eos accepts */
 const char *llm_tokenizer_chat_template(const llm_tokenizer *t);
 
 /* Offset of the first byte that is not well-formed UTF-8 (overlongs, surrogates and values past U+10FFFF
