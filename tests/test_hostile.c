@@ -552,6 +552,16 @@ static void s_gen_bos_1e30(void)
 }
 static void s_gen_unused_1e30(void) { put_text("m/generation_config.json", "{\"bos_token_id\": 0, \"max_length\": 1000000000000000019884624838656}"); }
 static void s_gen_fifo(void) { put_fifo("m/generation_config.json"); }
+static void put_chat_template(void)
+{
+    put_text("m/chat_template.jinja", "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                                      "{% if add_generation_prompt %}assistant:{% endif %}");
+}
+static void s_chat_ok(void)
+{
+    put_chat_template();
+    put_text("in.txt", "hello\n");
+}
 static void s_jinja_fifo(void) { put_fifo("m/chat_template.jinja"); }
 static void s_jinja_zero(void) { put_link("m/chat_template.jinja", "/dev/zero"); }
 static void s_jinja_huge(void) { put_sparse("m/chat_template.jinja", (off_t)200 << 20); }
@@ -687,6 +697,8 @@ static const hostile_case cases[] = {
     /* prompts */
     {"-f /dev/zero", s_none, "{M} -f /dev/zero --device cpu", "/dev/zero", "more than the 67108864 bytes a prompt may hold", 1, NULL},
     {"stdin from /dev/zero", s_none, "{M} --device cpu < /dev/zero", "stdin", "more than the 67108864 bytes", 1, NULL},
+    {"chat < /dev/zero", put_chat_template, "chat {M} --device cpu -n 2 < /dev/zero", "stdin", "a line longer than the 67108864 bytes", 1, NULL},
+    {"chat with a template and a piped line runs", s_chat_ok, "chat {M} --device cpu -n 2 < {R}/in.txt", NULL, NULL, 0, NULL},
     {"tokenize -f /dev/zero", s_none, "tokenize {M} -f /dev/zero", "/dev/zero", "more than the 67108864 bytes", 1, NULL},
     {"-f a folder", s_none, "{M} -f {R} --device cpu", "llm-hostile", "is a directory", 1, NULL},
     {"-f a missing file", s_none, "{M} -f {R}/nothing.txt --device cpu", "nothing.txt", "cannot open", 1, NULL},
