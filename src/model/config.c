@@ -5,32 +5,24 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "files.h"
 
 /* An integer field in [lo, hi]; absent is an error unless a default is given (has_default). */
 static int get_int(const json_t *obj, const char *key, long long lo, long long hi, bool has_default, int def, int *out,
                    const char *file, char *err, size_t err_len)
 {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        if (has_default) {
-            *out = def;
-            return 0;
-        }
+    int64_t x;
+    int rc = llm_json_int(obj, key, lo, hi, &x, file, err, err_len); /* range-checked before it is narrowed */
+    if (rc < 0) return -1;
+    if (rc == 1 && !has_default) {
         snprintf(err, err_len, "%s: missing \"%s\"", file, key);
         return -1;
     }
-    if (!json_is_integer(v)) {
-        snprintf(err, err_len, "%s: \"%s\" must be an integer", file, key);
-        return -1;
-    }
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        snprintf(err, err_len, "%s: \"%s\" is %lld, expected %lld..%lld", file, key, x, lo, hi);
-        return -1;
-    }
-    *out = (int)x;
+    *out = rc == 1 ? def : (int)x;
     return 0;
 }
 
@@ -73,30 +65,31 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
 {
     const json_t *v = json_object_get(obj, "eos_token_id");
     if (!v || json_is_null(v)) return 0;
-    if (json_is_integer(v)) {
-        if (!has_eos(c, json_integer_value(v)) && c->n_eos < LLM_MAX_EOS)
-            c->eos_token_ids[c->n_eos++] = (int)json_integer_value(v);
-    } else if (json_is_array(v)) {
-        size_t i;
-        const json_t *e;
-        json_array_foreach(v, i, e) {
-            if (!json_is_integer(e) || c->n_eos == LLM_MAX_EOS) {
-                snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers",
-                         file, LLM_MAX_EOS);
-                return -1;
-            }
-            if (!has_eos(c, json_integer_value(e))) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
-        }
-    } else {
-        snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of integers", file);
-        return -1;
-    }
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size) {
-            snprintf(err, err_len, "%s: eos_token_id %d is outside the vocabulary (%d)", file, c->eos_token_ids[i],
-                     c->vocab_size);
+    /* Each id is checked against the vocabulary as the 64-bit number written, before it becomes an int. */
+    const json_t *one = v;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        if (json_is_array(v)) one = json_array_get(v, i);
+        int64_t id;
+        if (!json_is_number(one)) {
+            snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of integers, found %s", file,
+                     llm_json_kind(one));
             return -1;
         }
+        if (!llm_json_int_value(one, 0, c->vocab_size - 1, &id)) {
+            snprintf(err, err_len, "%s: eos_token_id %.17g is outside the vocabulary (%d)", file,
+                     json_number_value(one), c->vocab_size);
+            return -1;
+        }
+        if (has_eos(c, id)) continue;
+        if (c->n_eos == LLM_MAX_EOS) {
+            if (!json_is_array(v)) return 0; /* a single id past a full list: kept out, as before */
+            snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers", file,
+                     LLM_MAX_EOS);
+            return -1;
+        }
+        c->eos_token_ids[c->n_eos++] = (int)id;
+    }
     return 0;
 }
 
@@ -146,8 +139,13 @@ static int read_rope(const json_t *root, llm_config *c, const char *file, char *
         snprintf(err, err_len, "%s: \"rope_scaling\" must be an object or null", file);
         return -1;
     }
-    const json_t *type = json_object_get(scaling, "rope_type");
-    if (!type) type = json_object_get(scaling, "type");
+    const char *type_key = json_object_get(scaling, "rope_type") ? "rope_type" : "type";
+    const json_t *type = json_object_get(scaling, type_key);
+    if (type && !json_is_null(type) && !json_is_string(type)) {
+        snprintf(err, err_len, "%s: rope scaling \"%s\" must be a string, found %s", file, type_key,
+                 llm_json_kind(type));
+        return -1;
+    }
     const char *t = json_is_string(type) ? json_string_value(type) : "default";
     if (strcmp(t, "default") == 0) return 0;
     if (get_real(scaling, "factor", 1e-3, 1e6, 1.0, &c->rope_scaling.factor, file, err, err_len)) return -1;
@@ -172,8 +170,9 @@ static int read_rope(const json_t *root, llm_config *c, const char *file, char *
         c->rope_scaling.rope_type = LLM_ROPE_LONGROPE;
         return read_longrope(root, scaling, c, file, err, err_len);
     }
+    char shown[80];
     snprintf(err, err_len, "%s: rope scaling type \"%s\" is not supported (supported: default, linear, llama3, "
-             "longrope)", file, t);
+             "longrope)", file, llm_escape(shown, sizeof shown, t, strlen(t), 64));
     return -1;
 }
 
@@ -225,20 +224,9 @@ static json_t *load_json(const char *dir, const char *name, bool required, char 
                          size_t err_len)
 {
     snprintf(path, path_len, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (required) snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    json_error_t je;
-    json_t *root = json_loadf(f, 0, &je);
-    fclose(f);
-    if (!root) {
-        snprintf(err, err_len, "%s: malformed JSON at line %d: %s", path, je.line, je.text);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        snprintf(err, err_len, "%s: expected a JSON object", path);
+    json_t *root = llm_json_load(path, 0, required, err, err_len);
+    if (root && !json_is_object(root)) {
+        snprintf(err, err_len, "%s: expected a JSON object, found %s", path, llm_json_kind(root));
         json_decref(root);
         return NULL;
     }
@@ -252,14 +240,20 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
     const json_t *act = json_object_get(root, "hidden_activation");
     const char *act_key = "hidden_activation";
     if (!act || json_is_null(act)) act = json_object_get(root, "hidden_act"), act_key = "hidden_act";
-    const char *a = json_is_string(act) ? json_string_value(act) : act ? "?" : "silu";
+    if (act && !json_is_string(act)) {
+        snprintf(err, err_len, "%s: %s must be a string (supported: silu, gelu_pytorch_tanh), found %s", file, act_key,
+                 llm_json_kind(act));
+        return -1;
+    }
+    const char *a = act ? json_string_value(act) : "silu";
     if (strcmp(a, "silu") == 0) {
         c->hidden_act = LLM_ACT_SILU;
     } else if (strcmp(a, "gelu_pytorch_tanh") == 0) {
         c->hidden_act = LLM_ACT_GELU_TANH;
     } else {
+        char shown[96];
         snprintf(err, err_len, "%s: %s \"%s\" is not supported (supported: silu, gelu_pytorch_tanh)", file, act_key,
-                 a);
+                 llm_escape(shown, sizeof shown, a, json_string_length(act), 80));
         return -1;
     }
     if (get_real(root, "query_pre_attn_scalar", 1e-6, 1e9, 0.0, &c->query_pre_attn_scalar, file, err, err_len) ||
@@ -270,8 +264,8 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
     /* The window: sliding_window (null: none; Qwen's only with use_sliding_window), on the layers that layer_types
      * names sliding_attention, else on those the family's rule picks. */
     int sw = 0;
-    if (get_int(root, "sliding_window", 0, 1 << 30, true, 0, &sw, file, err, err_len)) return -1;
-    if (f->windows == LLM_WINDOWS_FROM_LAYER && !get_bool(root, "use_sliding_window", false)) sw = 0;
+    bool wanted = f->windows != LLM_WINDOWS_FROM_LAYER || get_bool(root, "use_sliding_window", false);
+    if (wanted && get_int(root, "sliding_window", 0, INT32_MAX, true, 0, &sw, file, err, err_len)) return -1;
     c->sliding_window = sw;
     if (sw == 0) return 0;
     int L = c->num_hidden_layers, pattern = 6, from = L;
@@ -286,8 +280,9 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
             const json_t *t = json_array_get(types, (size_t)l);
             const char *name = json_is_string(t) ? json_string_value(t) : "?";
             if (strcmp(name, "sliding_attention") != 0 && strcmp(name, "full_attention") != 0) {
+                char shown[96];
                 snprintf(err, err_len, "%s: layer_types[%d] \"%s\" is not supported (supported: full_attention, "
-                         "sliding_attention)", file, l, name);
+                         "sliding_attention)", file, l, llm_escape(shown, sizeof shown, name, strlen(name), 80));
                 return -1;
             }
             c->layer_sliding[l] = strcmp(name, "sliding_attention") == 0;
@@ -319,11 +314,13 @@ static int read_config(const json_t *root, llm_config *c, const char *file, char
         snprintf(err, err_len, "%s: missing \"architectures\" (supported: %s)", file, llm_family_names());
         return -1;
     }
+    char shown[96];
     snprintf(c->architecture, sizeof c->architecture, "%s", json_string_value(arch));
     c->family = llm_family_find(json_string_value(arch));
     if (!c->family) {
         snprintf(err, err_len, "%s: architecture \"%s\" is not supported (supported: %s)", file,
-                 json_string_value(arch), llm_family_names());
+                 llm_escape(shown, sizeof shown, json_string_value(arch), json_string_length(arch), 80),
+                 llm_family_names());
         return -1;
     }
     const json_t *text = root;
@@ -393,7 +390,8 @@ static int read_model_config(const json_t *root, llm_config *c, const char *file
 
     const json_t *dt = json_object_get(root, "dtype");
     if (!json_is_string(dt)) dt = json_object_get(root, "torch_dtype");
-    snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_is_string(dt) ? json_string_value(dt) : "?");
+    llm_escape(c->torch_dtype, sizeof c->torch_dtype, json_is_string(dt) ? json_string_value(dt) : "?",
+               json_is_string(dt) ? json_string_length(dt) : 1, sizeof c->torch_dtype - 1);
     return 0;
 }
 

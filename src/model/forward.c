@@ -14,6 +14,28 @@ static int layer_rows(const llm_state *s, const llm_config *c, int l)
     return s->window && c->layer_sliding[l] ? s->window_rows : s->ctx;
 }
 
+struct state_buf {
+    void **buf;
+    size_t bytes;
+};
+
+/* The run state is sized by numbers from config.json and the command line: checked against the device's free memory
+ * before anything is allocated (an allocation that the kernel overcommits would only fail when first touched). */
+static int state_fits(const llm_device *dev, const struct state_buf *bufs, size_t n, size_t kv_bytes, int ctx,
+                      int max_batch, char *err, size_t err_len)
+{
+    size_t need = 0; /* no overflow: config.json's bounds keep every buffer below 2^58 bytes */
+    for (size_t i = 0; i < n; i++) need += *bufs[i].buf ? 0 : bufs[i].bytes;
+    llm_device_memory mem = {0};
+    dev->memory(&mem);
+    if (mem.free == 0 || need <= mem.free) return 0;
+    snprintf(err, err_len, "%s: the run state needs %.2f GiB (KV cache %.2f GiB for a context of %d, activations for a "
+             "batch of %d), but %.2f GiB is free: lower -c%s", dev->name, (double)need / 1073741824.0,
+             (double)kv_bytes / 1073741824.0, ctx, max_batch, (double)mem.free / 1073741824.0,
+             kv_bytes < need / 2 ? " or -b" : "");
+    return -1;
+}
+
 int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, bool all_logits, char *err,
                    size_t err_len)
 {
@@ -50,7 +72,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         s->logits = s->host_logits;
         s->logits_shared = s->logits_pinned = true;
     }
-    struct { void **buf; size_t bytes; } bufs[] = {
+    struct state_buf bufs[] = {
         {(void **)&s->x, B * hidden * sizeof(float)},     {(void **)&s->xb, B * hidden * sizeof(float)},
         {(void **)&s->q, B * q_dim * sizeof(float)},      {(void **)&s->att, B * q_dim * sizeof(float)},
         {(void **)&s->k, B * kv_dim * sizeof(float)},     {(void **)&s->v, B * kv_dim * sizeof(float)},
@@ -59,6 +81,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->key_cache, cache * sizeof(float)},  {(void **)&s->value_cache, cache * sizeof(float)},
         {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
     };
+    if (state_fits(dev, bufs, sizeof bufs / sizeof *bufs, cache * 2 * sizeof(float), ctx, max_batch, err, err_len)) {
+        llm_state_free(s, m);
+        return -1;
+    }
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (*bufs[i].buf) continue; /* the shared logits */
         *bufs[i].buf = dev->alloc(bufs[i].bytes);
