@@ -160,9 +160,12 @@ int llm_chat_template_render(const llm_chat_template *ct, const json_t *messages
             return -1;
         }
     }
+    /* transformers passes tools and documents as None when there are none: `tools is defined` holds, `tools` is
+     * falsy, and a template that iterates them anyway raises, as there. */
     json_t *vars = json_copy(ct->vars); /* shallow: the map's strings are shared, not copied */
     if (!vars || json_object_set(vars, "messages", (json_t *)messages) ||
-        json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt))) {
+        json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) ||
+        json_object_set_new(vars, "tools", json_null()) || json_object_set_new(vars, "documents", json_null())) {
         json_decref(vars);
         snprintf(err, err_len, "out of memory");
         return -1;
