@@ -129,18 +129,18 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
             LLM_CUDA_PERSIST=0 build/llm-run bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "$MODELS/$s" 2>&1 |
                 grep -E '^\| [a-z]' | tee -a "$OUT/bench.log"
         done
-        # where a decode step's time goes (docs/cuda-notes.md): the persistent step phase by phase, and the
+        # where a decode step's time goes (dev/cuda/notes.md): the persistent step phase by phase, and the
         # kernel-per-op step kernel by kernel
         for s in $SHAPES; do
             [ -d "$MODELS/$s" ] || continue
             echo "persistent step, $s:" >>"$OUT/bench.log"
             LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE="$OUT/step-trace-$s.txt" build/llm-run bench --device cuda -p 0 -n 8 \
                 --tg-after 512 -r 1 "$MODELS/$s" >/dev/null 2>&1 &&
-                python3 scripts/cuda-step-trace.py "$OUT/step-trace-$s.txt" >>"$OUT/bench.log"
+                python3 dev/cuda/cuda-step-trace.py "$OUT/step-trace-$s.txt" >>"$OUT/bench.log"
             rm -f "$OUT/step-trace-$s.txt"
             echo "kernel-per-op step, $s:" >>"$OUT/bench.log"
             LLM_CUDA_TIMELINE="$OUT/timeline-$s.txt" build/llm-run bench --device cuda -p 0 -n 16 --tg-after 512 -r 1 \
-                "$MODELS/$s" >/dev/null 2>&1 && python3 scripts/cuda-timeline.py "$OUT/timeline-$s.txt" >>"$OUT/bench.log"
+                "$MODELS/$s" >/dev/null 2>&1 && python3 dev/cuda/cuda-timeline.py "$OUT/timeline-$s.txt" >>"$OUT/bench.log"
         done
     fi
     {
@@ -151,7 +151,7 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
         echo
         echo "copy bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
         echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles, the persistent step's phases"
-        echo "(scripts/cuda-step-trace.py) and the kernel-per-op step's timeline (scripts/cuda-timeline.py) in"
+        echo "(dev/cuda/cuda-step-trace.py) and the kernel-per-op step's timeline (dev/cuda/cuda-timeline.py) in"
         echo "$OUT/bench.log"
     } | tee -a "$summary"
 fi

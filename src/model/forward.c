@@ -154,7 +154,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
         s->host_ids[i] = tokens[i];
         s->host_ids[n + i] = pos + i;
     }
-    /* One upload for both: on cuda each is a copy the host waits for, ~1.9 us a token (docs/cuda-notes.md, version
+    /* One upload for both: on cuda each is a copy the host waits for, ~1.9 us a token (dev/cuda/notes.md, version
      * 108). The positions follow the n tokens, so a step's two pointers depend on n alone, as a recorded step needs. */
     const int32_t *step_tokens = s->step_ids, *positions = s->step_ids + n;
     if (dev->upload(s->step_ids, s->host_ids, 2 * (size_t)n * sizeof(int32_t)) != 0) {

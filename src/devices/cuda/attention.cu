@@ -94,7 +94,7 @@ __device__ __forceinline__ void cluster_publish()
 
 /* The first `valid` (>= 1) of NR cache rows into the running softmax of the lane's head (its lpg lanes hold the same
  * m and l) at once: their scores reduced side by side, one new maximum, one rescale of the running sums. Taking the
- * rows one by one chained NR maxima and rescales: Llama-2-7B decode +0.5 % (docs/cuda-notes.md, version 42). */
+ * rows one by one chained NR maxima and rescales: Llama-2-7B decode +0.5 % (dev/cuda/notes.md, version 42). */
 template <int DPL, int NR>
 __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (&k)[NR][DPL],
                                             const float (&v)[NR][DPL], int valid, float &m, float &l,
@@ -144,7 +144,7 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
  * memory, and the splits through distributed shared memory, each writing a slice of the output.
  * At most 80 registers a thread up to 8 floats a lane: a 512-thread block then leaves room for one 80-register GEMV
  * block of the o product beside it, which loads its weights during attention. At 96 (a measuring build) it did
- * not fit, and TinyLlama decode lost 1.3 %, Llama-3.2-1B 3 % (docs/cuda-notes.md, version 49). */
+ * not fit, and TinyLlama decode lost 1.3 %, Llama-3.2-1B 3 % (dev/cuda/notes.md, version 49). */
 template <int DPL, int W>
 __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid_constant__ attn_args a)
 {
@@ -282,7 +282,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
      * (remote stores, no round trip), one barrier publishes them, and each merges its own slice of the heads'
      * outputs from its own shared memory. Reading the others' states remotely took two round trips and a second
      * barrier (so that no split exits while read): with the weights below, TinyLlama decode +1.9 %, Llama-3.2-1B
-     * +1.0 % (docs/cuda-notes.md, version 45). */
+     * +1.0 % (dev/cuda/notes.md, version 45). */
     __shared__ float in_m[DEC_MAX_SPLITS][DEC_MAX_HEADS], in_l[DEC_MAX_SPLITS][DEC_MAX_HEADS];
     __shared__ float in_acc[DEC_MAX_HEADS * 64 + DEC_MAX_SPLITS]; /* G * hd <= 32 lanes * 16 floats */
     __shared__ float w_split[DEC_MAX_HEADS][DEC_MAX_SPLITS], den[DEC_MAX_HEADS];

@@ -198,7 +198,7 @@ __device__ __forceinline__ void finish_unit(const llm_cuda_gemv &job, int unit, 
  * very first ones before waiting on the previous kernel. Partial sums meet in shared memory; one thread per unit
  * adds them in a fixed order and runs the epilogue. VEC: rows are whole 16-byte chunks (cols * sizeof(WT) % 16 == 0,
  * 16-byte aligned); else one element at a time, without the pipelining. Blocks per SM: 3 with one chunk per lane, 2
- * with two (80 and up to 128 registers), the optimum measured (docs/cuda-notes.md, version 29); the bound keeps a
+ * with two (80 and up to 128 registers), the optimum measured (dev/cuda/notes.md, version 29); the bound keeps a
  * change elsewhere in the kernel from costing a block. */
 template <typename WT, bool VEC, int CPL>
 __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
@@ -304,7 +304,7 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     /* Two chunks per row and lane when a row has more than one step's worth of them (4096 bf16 columns and up) and
      * its last step is as full with two as with one; shorter rows would leave the second slot idle, and the
      * registers it costs lower occupancy. TinyLlama's down product (704 chunks a row: 3 steps of 256 use 92 % of the
-     * load slots, 2 of 512 use 69 %) decodes 1.1 % faster on one chunk (docs/cuda-notes.md, version 52). */
+     * load slots, 2 of 512 use 69 %) decodes 1.1 % faster on one chunk (dev/cuda/notes.md, version 52). */
     const int chunks = (int)(job->cols * sizeof(WT) / 16);
     auto slots = [&](int c) { return (chunks + c * GEMV_THREADS - 1) / (c * GEMV_THREADS) * (c * GEMV_THREADS); };
     int cpl = llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : chunks > GEMV_THREADS && slots(2) <= slots(1) ? 2 : 1;

@@ -1,6 +1,6 @@
 /* Hopper's shared-memory barriers, asynchronous copies and relaxed polls, a warp's reduction of 8 sums at once, and
  * the hand-off of tile sums from consumer warps to a signaller warp built on them, as the persistent step (step.cu)
- * and the GEMV (gemv.cu) use them and the measurements in scripts/ (stream-probe.cu, persistent-probe.cu) probed
+ * and the GEMV (gemv.cu) use them and the measurements in dev/cuda/ (stream-probe.cu, persistent-probe.cu) probed
  * them. Self-contained, so the scripts can include it without the rest of the device. */
 #ifndef LLM_CUDA_HOPPER_CUH
 #define LLM_CUDA_HOPPER_CUH
@@ -83,7 +83,7 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
 
 /* An L2 policy that evicts these lines first: for what is read once a step. The weights go through L2 at 2 GB a
  * token (TinyLlama), and under the default policy they evict what the next step reads again, the KV cache above all
- * (docs/cuda-notes.md, version 99). */
+ * (dev/cuda/notes.md, version 99). */
 __device__ __forceinline__ uint64_t l2_evict_first()
 {
     uint64_t policy;
@@ -139,7 +139,7 @@ __device__ __forceinline__ float ld_relaxed1(const float *p)
 
 /* The sums over a warp's 32 lanes of 8 values at once: lane l returns the total of v[(l >> 2) & 7]. Each round
  * gives the partner lane the half of the values it keeps the other half of, so 4 + 2 + 1 + 1 + 1 shuffles instead of
- * 8 x 5 (docs/cuda-notes.md, version 77). */
+ * 8 x 5 (dev/cuda/notes.md, version 77). */
 __device__ __forceinline__ float warp_sum8(const float (&v)[8], int lane)
 {
     const bool hi16 = lane & 16, hi8 = lane & 8, hi4 = lane & 4;

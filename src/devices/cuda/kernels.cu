@@ -18,7 +18,7 @@ template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return _
 template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
 /* A row's loads all in flight before its stores: one at a time, a decode step's lookup took 3.3 us
- * (docs/cuda-notes.md, version 84). */
+ * (dev/cuda/notes.md, version 84). */
 template <typename T>
 __global__ void embed_kernel(float *out, const T *table, const int32_t *tokens, int dim, float scale)
 {

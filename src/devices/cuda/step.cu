@@ -1,8 +1,8 @@
-/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; docs/cuda-notes.md, versions 58-63).
+/* A one-token step as one persistent kernel (LLM_CUDA_PERSIST; dev/cuda/notes.md, versions 58-63).
  *
  * Why: batch-1 decode streams every weight once per token, and with one kernel per fused op (five a layer) each
  * kernel's first blocks wait for the last blocks of the one before, so the memory idles at every edge
- * (docs/cuda-notes.md: TinyLlama's layer takes 47 us for 30 us of bytes). Here device.cu records what it would have
+ * (dev/cuda/notes.md: TinyLlama's layer takes 47 us for 30 us of bytes). Here device.cu records what it would have
  * launched for a one-token step (its fused GEMVs and attentions, llm_cuda_step_op) and this file runs the record
  * as one launch, one block per SM, in which the weights never stop streaming:
  *
@@ -220,7 +220,7 @@ __device__ __forceinline__ int kv_per_stage(int head_dim)
 /* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once pos >= scale *
  * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o product,
  * a cost at every position; fewer splits make longer items, a cost growing with the position. On TinyLlama the best
- * count grew as the square root of the position, and scale 49 picks it at every depth measured (docs/cuda-notes.md,
+ * count grew as the square root of the position, and scale 49 picks it at every depth measured (dev/cuda/notes.md,
  * versions 91 and 95). Every block computes the same count from the position, so it may change from one step to the
  * next. */
 __device__ __forceinline__ int splits_at(int most, int scale, int pos)
@@ -248,14 +248,14 @@ __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, 
 /* Run by the whole producer warp. A weight stage is 8 row chunks of 4 KB, each a bulk copy by one lane. An attention
  * stage is up to 64 rows of the K cache and the same of V, 256 bytes each (TinyLlama) and 1 KB apart: lane 0 copies
  * them as boxes of 32 rows of a 2-D tensor, one request a box. A bulk copy a row paid the copy engine's time per
- * request, about 19 ns an SM (docs/cuda-notes.md, version 59), and 16 bytes a lane (cp.async) took the producer
+ * request, about 19 ns an SM (dev/cuda/notes.md, version 59), and 16 bytes a lane (cp.async) took the producer
  * 2.3 us a stage of issuing, through the pipe the consumers' shared-memory loads use (version 111).
  *
  * A product's first ring of stages goes one stage at a time: each waits for the one before to land. Those are the
  * copies every block issues at once around an edge; with all six of a block's in flight (25 MB on the GPU) the
  * products after the edge ended later and less evenly (TinyLlama's gate/up: its blocks done 15.2-19.0 us after the
  * o product, against 14.1-16.8), and one stage at a time throughout starved the long phases (Llama-2-7B -6 %).
- * Attention's KV rows are not held back: its items wait for them (docs/cuda-notes.md, version 60). */
+ * Attention's KV rows are not held back: its items wait for them (dev/cuda/notes.md, version 60). */
 __device__ void produce(const step_program &prog, const step_phase *phases, char *ring, uint64_t *full,
                         uint64_t *empty, int pos, int splits)
 {
@@ -331,7 +331,7 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
  * one (a hidden size over 4,096) from the block's own room in P.wide, where each thread stores its columns as it
  * stages them. Held in shared memory, the whole input took the room of a ring stage or two (22.5 KB for TinyLlama's
  * down product, 44 KB for Llama-2-7B's); 24 or 48 values a thread in registers spilled, and TinyLlama decoded 5 %
- * slower than with 16 (docs/cuda-notes.md, version 119). */
+ * slower than with 16 (dev/cuda/notes.md, version 119). */
 template <int VPT> __device__ __forceinline__ int group_col(int i, int ct)
 {
     return i / (VPT / 4) * CONSUMERS * VPT + ct * VPT + i % (VPT / 4) * 4;
@@ -350,8 +350,8 @@ template <int VPT> __device__ __forceinline__ int groups_below(int cols, int ct)
  * Staging polls in rounds: each round reloads every value of the thread still EMPTY, those loads in flight together.
  * A consumer starts staging before most of its input is written, so its first loads mostly come back EMPTY; polled
  * one value after another, each would then cost a round trip of its own after the last write (the o product's edge
- * 5.0 -> 4.4 us, attention 7.2 -> 6.3; docs/cuda-notes.md, version 61). stage_partials and consume_item poll the
- * same way in loops of their own: one template for all of them measured 7 % slower (docs/cuda-notes.md, the
+ * 5.0 -> 4.4 us, attention 7.2 -> 6.3; dev/cuda/notes.md, version 61). stage_partials and consume_item poll the
+ * same way in loops of their own: one template for all of them measured 7 % slower (dev/cuda/notes.md, the
  * thirteenth pass's review). */
 template <int VPT> __device__ void stage_plain(float4 (&xin)[X_GROUPS], const step_src &x, int cols, int ct)
 {
@@ -377,7 +377,7 @@ template <int VPT> __device__ void stage_plain(float4 (&xin)[X_GROUPS], const st
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
  * combine_group loads every split's (m, l) and output values for the 4 columns at c, polling in rounds. HD: the head
  * size where it is 64 or 128 (0: any), so that a column's head and place in it are shifts rather than divisions on
- * the o product's edge (with consume_item's, +0.4 to +0.8 %, docs/cuda-notes.md version 112). */
+ * the o product's edge (with consume_item's, +0.4 to +0.8 %, dev/cuda/notes.md version 112). */
 template <int HD> __device__ __forceinline__ float4 combine_group(const step_src &x, int cols, int c, int S)
 {
     const int hd = HD ? HD : x.head_dim, H = cols / hd, stride = hd + 4;
@@ -420,7 +420,7 @@ template <int HD> __device__ __forceinline__ float4 combine_group(const step_src
 
 /* The thread's held groups of attention's combined output, a group a round: with two rounds' loads in flight (2,048
  * columns, TinyLlama's 32 heads of 64 at once) the o product's edge was 1.2 us longer, and Llama-3.2-1B decoded 1 %
- * slower (docs/cuda-notes.md, version 70). */
+ * slower (dev/cuda/notes.md, version 70). */
 template <int HD, int VPT>
 __device__ void stage_partials(float4 (&xin)[X_GROUPS], const step_src &x, int cols, int ct, int S)
 {
@@ -537,13 +537,13 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
         }
     }
     /* the warps go on to the product together: left to drift apart from here, TinyLlama decoded 8 % slower
-     * (docs/cuda-notes.md, version 119) */
+     * (dev/cuda/notes.md, version 119) */
     consumers_sync();
 }
 
 /* The phase's first stage of this block, taken from the ring into registers before its input is staged: its slot
  * is free again while the block waits on the input, so the stream runs one stage further ahead through every edge
- * (TinyLlama +2 %, docs/cuda-notes.md version 69; two stages, in the 168 registers a thread of a 320-thread block
+ * (TinyLlama +2 %, dev/cuda/notes.md version 69; two stages, in the 168 registers a thread of a 320-thread block
  * may have, measured level on TinyLlama and 0.7 % slower on Llama-2-7B). The block has a unit in the phase. */
 __device__ __forceinline__ void hold_stage(const step_program &prog, const char *ring, uint64_t *full, uint64_t *empty,
                                            uint4 (&held)[ROWS], int &it, int ct)
@@ -657,7 +657,7 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
             if (lane + 32 * k < hd) acc[k] += ej * v[lane + 32 * k];
     };
     /* a full run unrolled, so the shuffles do not wait on each other: the run after a stage lands is on the step's
-     * critical path (TinyLlama +0.9 %, docs/cuda-notes.md version 100) */
+     * critical path (TinyLlama +0.9 %, dev/cuda/notes.md version 100) */
     if (n == 32) {
 #pragma unroll
         for (int j = 0; j < 32; j++) take(j);
@@ -705,7 +705,7 @@ __device__ __forceinline__ void own_row(const float *qs, const float *k, const f
 /* One attention item: query head h, split s (HD as stage_partials'). The 8 warps take turns over runs of 32 cached
  * positions from the ring (no block barrier per stage); the one whose turn is next also takes this token's own row
  * in the last split. The warps then merge in the room of the item's last stage, which they free only once merged
- * (in shared memory of its own the merge took a ring stage's room, docs/cuda-notes.md version 119), and the head's
+ * (in shared memory of its own the merge took a ring stage's room, dev/cuda/notes.md version 119), and the head's
  * partial (max, sum, 0, 0, output) goes to the arena. qs: room for hd floats. */
 template <int HD>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
@@ -743,7 +743,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     }
     /* This token's own k and v (the last split's) are polled for only now, by the warp that takes them: they are
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
-     * (docs/cuda-notes.md, version 63). */
+     * (dev/cuda/notes.md, version 63). */
     if (last && run % WARPS == warp) own_row<HD>(qs, k, v, k_flagged, v_flagged, hd, m, l, acc, lane);
     auto write_record = [&] {
 #pragma unroll
@@ -769,7 +769,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         return;
     }
     /* Lane w < WARPS takes warp w's max and sum, so the weights exp(m_w - M) come at once: merged one warp after
-     * another, each merge waited on the one before's exp (TinyLlama +1.3 %, docs/cuda-notes.md version 101). */
+     * another, each merge waited on the one before's exp (TinyLlama +1.3 %, dev/cuda/notes.md version 101). */
     const float mw = lane < WARPS ? merge[lane * (hd + 2)] : -INFINITY;
     float M = mw;
 #pragma unroll
@@ -843,12 +843,12 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
 /* The signaller's tiles in order, across phases: the next one's epilogue inputs are loaded while this one's sums are
  * awaited and written, so no round trip to memory sits between two tiles. Except after a phase's last tile: its rows
  * are what the next phase waits for, so they are written first, and the next phase's first sums come an edge later
- * anyway (TinyLlama +1 to +2 %, docs/cuda-notes.md version 82).
+ * anyway (TinyLlama +1 to +2 %, dev/cuda/notes.md version 82).
  *
  * Its phases' fields come from shared memory: tab[0] and tab[1] hold the phase of the tile being finished and of the
  * next one, and the GEMV phase after that is loaded into registers as soon as the next one is entered, long before it
  * is needed. Read from the table in global memory, the fields cost the signaller about a microsecond a tile under the
- * stream's load, more than the consumers take for one, so gate/up ended 4-5 us after its last dots (docs/cuda-notes.md,
+ * stream's load, more than the consumers take for one, so gate/up ended 4-5 us after its last dots (dev/cuda/notes.md,
  * version 62). */
 constexpr int PHASE_WORDS = sizeof(step_phase) / 8;
 static_assert(sizeof(step_phase) % 8 == 0 && PHASE_WORDS <= 64, "a phase is two 8-byte words a lane");
@@ -930,7 +930,7 @@ __device__ void signal(const step_program &prog, const step_phase *phases, tile_
 }
 
 /* A copy out by the last block, every load of a thread in flight before its stores: a load at a time was a round
- * trip each, 3.7 us at the end of TinyLlama's step for its 2,048-value residual (docs/cuda-notes.md, version 84). */
+ * trip each, 3.7 us at the end of TinyLlama's step for its 2,048-value residual (dev/cuda/notes.md, version 84). */
 __device__ void copy_out(const step_copy &C, int tid)
 {
     constexpr int BATCH = 8;
@@ -968,7 +968,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     const int splits = splits_at(prog.most_splits, prog.split_scale, pos); /* this step's, the same on every block */
     /* The arena's half this step uses, filled with EMPTY by the step before (or when the table was uploaded), and
      * its phases, which point into it: a fill of its own before every step was a node of the graph, about 2 us of
-     * the GPU's idle time between steps (docs/cuda-notes.md, version 113). */
+     * the GPU's idle time between steps (dev/cuda/notes.md, version 113). */
     const unsigned step = *prog.steps;
     const int half = step & 1;
     const step_phase *phases = prog.phases + half * prog.n_phases;
@@ -1344,7 +1344,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
 }
 
 /* LLM_CUDA_STEP_TRACE: the step's stamps appended to the file, in ns from the step's first ("step PHASES BLOCKS", then
- * a line per phase: its index, kind and three stamps per block, -1 where none); scripts/cuda-step-trace.py sums them
+ * a line per phase: its index, kind and three stamps per block, -1 where none); dev/cuda/cuda-step-trace.py sums them
  * up. Waits for the step: measurements only. */
 static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
 {

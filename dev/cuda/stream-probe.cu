@@ -1,6 +1,6 @@
 // How fast can one block per SM stream weights into shared memory? A measurement, not part of llm-run.
 //
-// docs/cuda-notes.md, version 28: a GEMV whose blocks streamed their weights through a shared-memory ring
+// dev/cuda/notes.md, version 28: a GEMV whose blocks streamed their weights through a shared-memory ring
 // (cp.async.bulk or cp.async) moved only ~10 GB/s per block, so "keep the memory busy across kernel boundaries
 // with deep shared-memory prefetch" (what a persistent decode kernel needs) looked closed. This probe takes the
 // GEMV out of the question: each block reads its own contiguous slice of a 2 GiB buffer and sums it, with
@@ -10,7 +10,7 @@
 //          and thread 0 refills it after a block barrier; 1 or 2 blocks per SM.
 // Prints GB/s (bytes read / time, median of 5) per variant. The buffer holds zeros; PROBE_RANDOM=1, random bytes.
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/stream-probe scripts/stream-probe.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/stream-probe dev/cuda/stream-probe.cu
 //   /tmp/stream-probe
 #include "cuda-probe.cuh"
 

@@ -1,5 +1,5 @@
 // Can one persistent kernel stream a decode step's weights at the memory bandwidth through its dependencies?
-// A measurement for the next step of docs/cuda-notes.md ("what would close it"), not part of llm-run.
+// A measurement for the next step of dev/cuda/notes.md ("what would close it"), not part of llm-run.
 //
 // The chain of a TinyLlama-shaped layer's products, 22 layers, one launch: q/k/v (2560 x 2048), o (2048 x 2048),
 // gate/up (11264 x 2048), down (2048 x 5632), each reading the whole output of the one before (x 2048 -> 2560 ->
@@ -20,10 +20,10 @@
 // counters, no fences), PROBE_RELEASE=1 (count in with a release add and poll with acquire loads instead of a fence,
 // an atomic and volatile polls), PROBE_ZERO_WEIGHTS=1 (zeros instead of random weights) and PROBE_NO_COOP=1 (a plain
 // launch), PROBE_ROTATE=1 (each product's tiles dealt on from the block where the product before left off), variants
-// docs/cuda-notes.md (versions 54 and 57) measured. Each waiting configuration is checked: layer
+// dev/cuda/notes.md (versions 54 and 57) measured. Each waiting configuration is checked: layer
 // 0's q/k/v and o against the host, and no NaN in any output (a value read before it was written shows as one).
 //
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe scripts/persistent-probe.cu
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/persistent-probe dev/cuda/persistent-probe.cu
 //   /tmp/persistent-probe
 #include <cmath>
 

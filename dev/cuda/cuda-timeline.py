@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Summarise a decode step's timeline written by the cuda device (LLM_CUDA_TIMELINE=FILE, docs/cuda-notes.md).
+"""Summarise a decode step's timeline written by the cuda device (LLM_CUDA_TIMELINE=FILE, dev/cuda/notes.md).
 
     LLM_CUDA_TIMELINE=/tmp/tl.txt build/llm-run bench --device cuda -p 0 -n 16 --tg-after 512 -r 1 MODEL
-    scripts/cuda-timeline.py /tmp/tl.txt
+    dev/cuda/cuda-timeline.py /tmp/tl.txt
 
 The file holds the last step's kernels in launch order, each with the first and last block start, return from the
 wait on the kernel before, and block end (microseconds from the step's first block start). Per kind of kernel

@@ -1,4 +1,4 @@
-// What the stand-alone measurements scripts/stream-probe.cu and scripts/persistent-probe.cu share: a check on every
+// What the stand-alone measurements dev/cuda/stream-probe.cu and dev/cuda/persistent-probe.cu share: a check on every
 // CUDA call, the shared-memory barrier, bulk-copy and poll instructions their rings use (the device's own,
 // src/devices/cuda/hopper.cuh), and the median time of a launch. Not part of llm-run.
 #pragma once
@@ -11,7 +11,7 @@
 
 #include <cuda_runtime.h>
 
-#include "../src/devices/cuda/hopper.cuh"
+#include "../../src/devices/cuda/hopper.cuh"
 
 #define CHECK(call)                                                                                                \
     do {                                                                                                           \

@@ -8,7 +8,7 @@ steps in the file, in us:
   work    last row written (attention: last item done) minus the last block's input ready
 Use with LLM_CUDA_GRAPHS=0 (a captured or replayed step is not traced):
   LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/t.txt llm-run bench --device cuda -p 0 -n 8 MODEL
-  scripts/cuda-step-trace.py /tmp/t.txt [phases per layer, default 5]
+  dev/cuda/cuda-step-trace.py /tmp/t.txt [phases per layer, default 5]
 """
 import statistics
 import sys
