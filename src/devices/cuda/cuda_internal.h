@@ -21,7 +21,7 @@ struct llm_cuda_ctx {
     bool pdl;            /* launch the decode kernels with programmatic dependent launch */
     int pdl_early;       /* ... and let the next kernel launch: 2 when this one starts, 1 once it has waited for
                             the one before, 0 at its exit */
-    /* the kernels' settings, read from the environment when the device opens (docs/cuda-notes.md, "Settings") */
+    /* the kernels' settings, from the environment as device.cu's cuda_settings_read found it when the device opened */
     bool attn_simt;      /* LLM_CUDA_ATTN=simt: batches on the f32 SIMT attention kernel */
     int dec_heads;       /* LLM_CUDA_DEC_HEADS: the most query heads one decode-attention block serves */
     int dec_warps;       /* LLM_CUDA_DEC_WARPS: 8 or 16 warps per decode-attention block; 0: by heads per block */

@@ -2,16 +2,8 @@
  * accounting, the sticky error, timers, CUDA-graph record/replay of a step, the cuBLAS path for token batches, and
  * the op table with its fusion of neighbouring ops (see "Fusion" and "owed sums" below), and the record of a
  * one-token step for the persistent kernel (see recording()). Kernels live in kernels.cu, gemv.cu, attention.cu and
- * step.cu. Environment (docs/cuda-notes.md has the measurements behind each default):
- * LLM_CUDA_GRAPHS=0 (no graph replay), LLM_CUDA_FUSE=0 (every op its own launch), LLM_CUDA_SYNC=1 (sync after every op
- * so an error names its op), LLM_CUDA_GEMM=fast (one bf16/f16 product for batches instead of the split that keeps f32
- * accuracy), LLM_CUDA_OWE=0 (the split's two products summed in place, no owed sums), LLM_CUDA_PDL=0 (no
- * programmatic dependent launch), LLM_CUDA_PDL_EARLY=0|1|2 (when the next kernel may launch); for the kernels'
- * launchers (llm_cuda): LLM_CUDA_ATTN=simt, LLM_CUDA_DEC_HEADS, LLM_CUDA_DEC_WARPS, LLM_CUDA_ATTN_WINDOW_KB and
- * LLM_CUDA_GEMV_CPL; LLM_CUDA_PERSIST=0 (a one-token step as a kernel per fused op, not one persistent kernel,
- * step.cu) with LLM_CUDA_PERSIST_SPLITS and LLM_CUDA_STEP_TRACE=FILE. All are read when the device opens.
- * LLM_CUDA_TIMELINE=FILE writes when each decode kernel's blocks started, waited and ended in the last step
- * (scripts/cuda-timeline.py reads it).
+ * step.cu. Environment: every LLM_CUDA_* variable is read in one place, cuda_settings_read, whose comment lists
+ * them (users' and measurements'); docs/cuda-design.md has the same table.
  * Not here: what the ops compute (src/ops/ops.h). */
 #include <cublas_v2.h>
 #include <math.h>
@@ -73,6 +65,14 @@ typedef struct {
     bool live;
 } owed_t;
 
+/* Every LLM_CUDA_* variable the device reads, as cuda_settings_read leaves it (see there for the table). */
+typedef struct {
+    bool graphs, fuse, sync_each, pdl, persist, gemm_fast, owe, attn_simt;
+    int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
+    const char *step_trace; /* NULL when unset or empty */
+    const char *timeline;   /* NULL when unset or empty */
+} cuda_settings;
+
 static struct {
     bool initialized;
     cudaDeviceProp prop;
@@ -83,7 +83,10 @@ static struct {
     char error[512];
     char last_op[48];
     int ops_since_sync;
-    /* settings (environment, read at init) */
+    /* the environment as read at init (cuda_settings_read); the fields below start from it */
+    cuda_settings set;
+    /* settings in force: use_graphs and persist are turned off for good when a capture or a persistent launch
+     * fails */
     bool use_graphs, fuse, sync_each, gemm_accurate, owe;
     /* accounting */
     size_t allocated;
@@ -583,6 +586,68 @@ static int env_int(const char *name, int fallback)
     return v && *v ? atoi(v) : fallback;
 }
 
+/* The environment, all of it: every LLM_CUDA_* variable the device reads is read here, once, when it opens
+ * (cuda_init). Flags: unset or empty keeps the default; 0, off, no or false is off; anything else on. Numbers: atoi.
+ * dev/cuda/notes.md ("Settings", and the version named) has the measurements behind each default.
+ *
+ *   for users
+ *   LLM_CUDA_GEMM=fast          batches in one bf16/f16 product (about 1e-3 relative) instead of the split f32 two
+ *   LLM_CUDA_SYNC=1             sync after every op, so a fault names its op (turns graphs off)
+ *   LLM_CUDA_GRAPHS=0           no CUDA-graph record/replay of a step
+ *   LLM_CUDA_PERSIST=0          a one-token step as a kernel per fused op, not one persistent kernel (step.cu)
+ *   measurements only (the defaults are the measured best; see the notebook)
+ *   LLM_CUDA_FUSE=0             every op its own launch (no fusion, no owed sums, no persistent step)
+ *   LLM_CUDA_OWE=0              the split's two products summed in place, no sums owed to the next op
+ *   LLM_CUDA_PDL=0              no programmatic dependent launch
+ *   LLM_CUDA_PDL_EARLY=0|1|2    when the next kernel may launch: at exit / after its wait / at its start (2)
+ *   LLM_CUDA_ATTN=simt          batch attention on the f32 SIMT kernel, not the 3xTF32 tensor-core one
+ *   LLM_CUDA_DEC_HEADS=N        the most query heads one decode-attention block serves (4; below 1: 4)
+ *   LLM_CUDA_DEC_WARPS=8|16     warps per decode-attention block (anything else: by heads per block)
+ *   LLM_CUDA_ATTN_WINDOW_KB=N   decode attention's staging window per block (32)
+ *   LLM_CUDA_GEMV_CPL=1|2       chunks per lane in every GEMV (0: by row length; any other non-zero: 2)
+ *   LLM_CUDA_PERSIST_SPLITS=N   the most KV splits per head of the persistent step's attention (4)
+ *   LLM_CUDA_PERSIST_SPLIT_SCALE=N  how fast those splits grow with the position (49; clamped to 0..2^24)
+ *   LLM_CUDA_PERSIST_STAGES=N   at most N ring stages in the persistent step (0: all that fit; tests use it)
+ *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
+ *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py) */
+static void cuda_settings_read(cuda_settings *s)
+{
+    s->graphs = env_flag("LLM_CUDA_GRAPHS", true);
+    s->fuse = env_flag("LLM_CUDA_FUSE", true);
+    s->sync_each = env_flag("LLM_CUDA_SYNC", false);
+    s->pdl = env_flag("LLM_CUDA_PDL", true);
+    /* The next kernel may launch as soon as this one starts (early trigger): its blocks take SMs as ours leave
+     * and start their weight loads during our tail. Measured on an H100, decode over triggering at exit:
+     * TinyLlama +19 %, Llama-2-7B +7 % (dev/cuda/notes.md, version 23). */
+    s->pdl_early = env_int("LLM_CUDA_PDL_EARLY", 2);
+    {
+        const char *attn = getenv("LLM_CUDA_ATTN");
+        s->attn_simt = attn && strcmp(attn, "simt") == 0;
+    }
+    s->dec_heads = env_int("LLM_CUDA_DEC_HEADS", 4);
+    if (s->dec_heads < 1) s->dec_heads = 4;
+    s->dec_warps = env_int("LLM_CUDA_DEC_WARPS", 0);
+    if (s->dec_warps != 8 && s->dec_warps != 16) s->dec_warps = 0;
+    s->attn_window_kb = env_int("LLM_CUDA_ATTN_WINDOW_KB", 32);
+    s->gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
+    if (s->gemv_cpl) s->gemv_cpl = s->gemv_cpl == 1 ? 1 : 2;
+    s->persist = env_flag("LLM_CUDA_PERSIST", true);
+    s->persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
+    s->persist_split_scale = env_int("LLM_CUDA_PERSIST_SPLIT_SCALE", 49);
+    if (s->persist_split_scale < 0) s->persist_split_scale = 0;
+    if (s->persist_split_scale > 1 << 24) s->persist_split_scale = 1 << 24; /* (splits_at's products fit) */
+    s->persist_stages = env_int("LLM_CUDA_PERSIST_STAGES", 0);
+    s->step_trace = getenv("LLM_CUDA_STEP_TRACE");
+    if (s->step_trace && !*s->step_trace) s->step_trace = NULL;
+    {
+        const char *mode = getenv("LLM_CUDA_GEMM");
+        s->gemm_fast = mode && strcmp(mode, "fast") == 0;
+    }
+    s->owe = env_flag("LLM_CUDA_OWE", true);
+    s->timeline = getenv("LLM_CUDA_TIMELINE");
+    if (s->timeline && !*s->timeline) s->timeline = NULL;
+}
+
 static void cuda_release(void);
 
 static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
@@ -621,46 +686,31 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
             return -1;
         }
     }
-    g.use_graphs = env_flag("LLM_CUDA_GRAPHS", true);
-    g.fuse = env_flag("LLM_CUDA_FUSE", true);
-    g.sync_each = env_flag("LLM_CUDA_SYNC", false);
-    llm_cuda.pdl = env_flag("LLM_CUDA_PDL", true);
-    /* The next kernel may launch as soon as this one starts (early trigger): its blocks take SMs as ours leave
-     * and start their weight loads during our tail. Measured on an H100, decode over triggering at exit:
-     * TinyLlama +19 %, Llama-2-7B +7 % (docs/cuda-notes.md, version 23). LLM_CUDA_PDL_EARLY=0: at exit; 1: after
-     * this kernel's own wait. */
-    llm_cuda.pdl_early = env_int("LLM_CUDA_PDL_EARLY", 2);
-    {
-        const char *attn = getenv("LLM_CUDA_ATTN");
-        llm_cuda.attn_simt = attn && strcmp(attn, "simt") == 0;
-    }
-    llm_cuda.dec_heads = env_int("LLM_CUDA_DEC_HEADS", 4);
-    if (llm_cuda.dec_heads < 1) llm_cuda.dec_heads = 4;
-    llm_cuda.dec_warps = env_int("LLM_CUDA_DEC_WARPS", 0);
-    if (llm_cuda.dec_warps != 8 && llm_cuda.dec_warps != 16) llm_cuda.dec_warps = 0;
-    llm_cuda.attn_window_kb = env_int("LLM_CUDA_ATTN_WINDOW_KB", 32);
-    llm_cuda.gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
-    if (llm_cuda.gemv_cpl) llm_cuda.gemv_cpl = llm_cuda.gemv_cpl == 1 ? 1 : 2;
+    cuda_settings_read(&g.set);
+    g.use_graphs = g.set.graphs;
+    g.fuse = g.set.fuse;
+    g.sync_each = g.set.sync_each;
+    llm_cuda.pdl = g.set.pdl;
+    llm_cuda.pdl_early = g.set.pdl_early;
+    llm_cuda.attn_simt = g.set.attn_simt;
+    llm_cuda.dec_heads = g.set.dec_heads;
+    llm_cuda.dec_warps = g.set.dec_warps;
+    llm_cuda.attn_window_kb = g.set.attn_window_kb;
+    llm_cuda.gemv_cpl = g.set.gemv_cpl;
     /* the persistent step needs bulk copies with mbarrier transactions (Hopper and later) and every block resident
      * at once (a cooperative launch: they wait on each other's data) */
-    g.persist = env_flag("LLM_CUDA_PERSIST", true) && g.prop.major >= 9 && g.prop.cooperativeLaunch;
-    llm_cuda.persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
-    llm_cuda.persist_split_scale = env_int("LLM_CUDA_PERSIST_SPLIT_SCALE", 49);
-    if (llm_cuda.persist_split_scale < 0) llm_cuda.persist_split_scale = 0;
-    if (llm_cuda.persist_split_scale > 1 << 24) llm_cuda.persist_split_scale = 1 << 24; /* (splits_at's products fit) */
-    llm_cuda.persist_stages = env_int("LLM_CUDA_PERSIST_STAGES", 0);
-    llm_cuda.step_trace = getenv("LLM_CUDA_STEP_TRACE");
-    if (llm_cuda.step_trace && !*llm_cuda.step_trace) llm_cuda.step_trace = NULL;
+    g.persist = g.set.persist && g.prop.major >= 9 && g.prop.cooperativeLaunch;
+    llm_cuda.persist_splits = g.set.persist_splits;
+    llm_cuda.persist_split_scale = g.set.persist_split_scale;
+    llm_cuda.persist_stages = g.set.persist_stages;
+    llm_cuda.step_trace = g.set.step_trace;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0;
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (g.sync_each) g.use_graphs = false;
+    g.gemm_accurate = !g.set.gemm_fast;
+    g.owe = g.fuse && g.set.owe;
     {
-        const char *mode = getenv("LLM_CUDA_GEMM");
-        g.gemm_accurate = !(mode && strcmp(mode, "fast") == 0);
-    }
-    g.owe = g.fuse && env_flag("LLM_CUDA_OWE", true);
-    {
-        const char *path = getenv("LLM_CUDA_TIMELINE");
+        const char *path = g.set.timeline;
         tl.next = 0, tl.recs = NULL;
         if (path && *path && snprintf(tl.path, sizeof tl.path, "%s", path) < (int)sizeof tl.path &&
             cudaMalloc(&tl.recs, sizeof(llm_cuda_tl) * TL_MAX * LLM_CUDA_TL_FIELDS) != cudaSuccess) {
@@ -832,7 +882,7 @@ static void *cuda_host_alloc(size_t bytes)
 
 /* Page-locked host memory the kernels write directly: the persistent step's head writes a step's logits there over
  * PCIe as its rows are done, so they need no download, which cost ~18 us of a TinyLlama step's ~1 ms
- * (docs/cuda-notes.md, version 65; launch_gemv says why the GEMV kernel does not). With unified addressing the
+ * (dev/cuda/notes.md, version 65; launch_gemv says why the GEMV kernel does not). With unified addressing the
  * device sees it at the host's address; anything else is refused (NULL: the caller downloads). */
 static void *cuda_shared_alloc(size_t bytes)
 {
@@ -1124,7 +1174,7 @@ static void notice(const char *what)
 
 /* A GEMV launched on its own. One whose rows go to shared host memory (the logits) writes a scratch buffer, and the
  * copy engine moves it: the GEMV's epilogue writes its rows one 4-byte store at a time, in pairs far apart, which over
- * PCIe cost Llama-3.2-1B's kernel-per-op step ~55 us (docs/cuda-notes.md, version 65). */
+ * PCIe cost Llama-3.2-1B's kernel-per-op step ~55 us (dev/cuda/notes.md, version 65). */
 static void launch_gemv(llm_cuda_gemv *job, const char *name)
 {
     float *host = job->n_mats == 1 && in_shared(job->mats[0].out) ? job->mats[0].out : NULL;
