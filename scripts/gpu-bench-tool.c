@@ -101,7 +101,7 @@ static int cmd_peak(void)
 
 /* ---- gemm: the split-f32 batch product's variants at one token batch, per weight shape ---- */
 
-/* c (rows x tokens) = W^T . x + beta * c, bf16 inputs, f32 accumulation: the product device.cu's gemm() runs. */
+/* c (rows x tokens) = W^T . x + beta * c, bf16 inputs, f32 accumulation: the product prefill.cu's gemm() runs. */
 static cublasStatus_t bf16_product(cublasHandle_t blas, int rows, int tokens, int cols, const void *w, const void *x,
                                    float beta, float *c)
 {

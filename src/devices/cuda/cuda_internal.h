@@ -1,5 +1,5 @@
 /* Internal to the cuda device (the .cu files beside it): the shared context, error recording, device helpers used
- * by several kernels, and the launchers each .cu file provides to device.cu.
+ * by several kernels, and the launchers each kernel file provides to the host files (device.cu, ops.cu, prefill.cu).
  * Not a public interface: the rest of llm-run sees only `llm_device_cuda` (device.cu). */
 #ifndef LLM_CUDA_INTERNAL_H
 #define LLM_CUDA_INTERNAL_H
@@ -45,13 +45,13 @@ bool llm_cuda_ok(cudaError_t e, const char *op);
 /* After every launch: a bad configuration shows here; faults inside the kernel show at the next sync. */
 #define LLM_CUDA_LAUNCHED(op) llm_cuda_ok(cudaGetLastError(), (op))
 
-/* A scratch buffer owned by the device, grown on demand (never inside a captured step: see device.cu).
+/* A scratch buffer owned by the device, grown on demand (never inside a captured step: see memory.cu).
  * Zeroed when (re)allocated. NULL after recording an error. */
-#define LLM_CUDA_OWED_MAX 8 /* batched products whose hi + lo sum may be owed at once (device.cu) */
+#define LLM_CUDA_OWED_MAX 8 /* batched products whose hi + lo sum may be owed at once (prefill.cu) */
 enum {
     LLM_CUDA_SCRATCH_SPLIT,
     LLM_CUDA_SCRATCH_STEP, /* step.cu: the persistent step's table and arena */
-    LLM_CUDA_SCRATCH_LOGITS, /* a GEMV's rows on their way to shared host memory (device.cu) */
+    LLM_CUDA_SCRATCH_LOGITS, /* a GEMV's rows on their way to shared host memory (ops.cu) */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
 };
@@ -83,7 +83,7 @@ static inline cudaLaunchConfig_t llm_cuda_launch_config(dim3 grid, dim3 block, s
 /* Timeline of a step (LLM_CUDA_TIMELINE=FILE, measurements only): each decode GEMV and attention launch gets a record
  * of six stamps of the global timer (ns), all kept with atomicMax so one memset zeroes them: the first and last block
  * start, the first and last return from the wait on the kernel before, the first and last block end (a first is
- * stored as ~t). NULL when off. device.cu hands out the records and writes them out when the device closes. */
+ * stored as ~t). NULL when off. memory.cu hands out the records and writes them out when the device closes. */
 typedef unsigned long long llm_cuda_tl;
 enum { LLM_CUDA_TL_START, LLM_CUDA_TL_WAITED, LLM_CUDA_TL_END, LLM_CUDA_TL_FIELDS = 6 };
 llm_cuda_tl *llm_cuda_tl_record(const char *what, int cols);
@@ -218,7 +218,7 @@ typedef struct {
     int dtype;     /* LLM_DTYPE_BF16 or LLM_DTYPE_F16 */
 } llm_cuda_halves;
 
-/* An f32 input that may still be the two halves of a batched product (device.cu, gemm): its value is hi[i] + lo[i],
+/* An f32 input that may still be the two halves of a batched product (prefill.cu, gemm): its value is hi[i] + lo[i],
  * or hi[i] alone when lo is NULL. */
 typedef struct {
     const float *hi, *lo;
@@ -320,7 +320,7 @@ void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_c
 /* ---- step.cu: a one-token step's GEMVs and attentions as one persistent kernel ---- */
 enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION };
 
-/* What device.cu would have launched, in order: a GEMV job as for llm_cuda_gemv_launch (mats filled), or the
+/* What ops.cu would have launched, in order: a GEMV job as for llm_cuda_gemv_launch (mats filled), or the
  * attention op of one token (n = 1). */
 typedef struct {
     int kind;

@@ -1,7 +1,7 @@
 /* The cuda device's kernels for what some model families add to a Llama layer: rmsnorm in Gemma's (1 + w) form,
  * the tanh-GELU gate, soft-capping, and attention with a scale of its own, a soft-cap or a sliding window. Each is a
  * plain kernel per op, correct first: the fused and persistent paths (gemv.cu, attention.cu, step.cu) take Llama's
- * shapes only, and device.cu says once which fusion a model loses to these. Not here: what the ops compute (ops.h). */
+ * shapes only, and ops.cu says once which fusion a model loses to these. Not here: what the ops compute (ops.h). */
 #include "cuda_internal.h"
 
 static unsigned blocks_for(size_t count, int threads)

@@ -2,8 +2,8 @@
  * block in shared memory, the 8 warps of a block split the columns of 8 rows with 16-byte weight loads (8 or 16 in
  * flight per lane, the next ones issued before the current sums are reduced), f32 accumulation, and a persistent
  * grid sized to the device. One launch may cover up to three matrices
- * that share x (q/k/v, gate/up) and fuse the neighbouring ops device.cu hands it: an rmsnorm prologue and a rope
- * (+ KV store), residual-add or swiglu epilogue. Not here: batches of tokens (cuBLAS, device.cu). */
+ * that share x (q/k/v, gate/up) and fuse the neighbouring ops ops.cu hands it: an rmsnorm prologue and a rope
+ * (+ KV store), residual-add or swiglu epilogue. Not here: batches of tokens (cuBLAS, prefill.cu). */
 
 #include "cuda_internal.h"
 #include "hopper.cuh"

@@ -54,7 +54,7 @@ void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, 
 }
 
 /* v = hi + lo + (error of about 2^-16 |v| for bf16, 2^-22 |v| for f16), as the bits of two 16-bit values: two
- * 16-bit products summed in f32 give nearly f32 accuracy from the 16-bit tensor cores (see device.cu, gemm). */
+ * 16-bit products summed in f32 give nearly f32 accuracy from the 16-bit tensor cores (see prefill.cu, gemm). */
 __device__ __forceinline__ void halves_of(float v, int dtype, uint16_t &hi, uint16_t &lo)
 {
     if (dtype == LLM_DTYPE_F16) {

@@ -2,7 +2,7 @@
  *
  * Why: batch-1 decode streams every weight once per token, and with one kernel per fused op (five a layer) each
  * kernel's first blocks wait for the last blocks of the one before, so the memory idles at every edge
- * (dev/cuda/notes.md: TinyLlama's layer takes 47 us for 30 us of bytes). Here device.cu records what it would have
+ * (dev/cuda/notes.md: TinyLlama's layer takes 47 us for 30 us of bytes). Here ops.cu records what it would have
  * launched for a one-token step (its fused GEMVs and attentions, llm_cuda_step_op) and this file runs the record
  * as one launch, one block per SM, in which the weights never stop streaming:
  *
@@ -29,7 +29,7 @@
  *
  * Every op still computes what src/ops/ops.h says; the order of f32 sums differs from the GEMV and attention kernels
  * (tests/test_cuda.c checks both against the reference). Anything the kernel cannot take (a shape it
- * does not tile, a read of part of a buffer) makes llm_cuda_step_launch refuse, and device.cu launches the ops one by
+ * does not tile, a read of part of a buffer) makes llm_cuda_step_launch refuse, and ops.cu launches the ops one by
  * one as before. */
 #include <algorithm>
 

@@ -1,0 +1,193 @@
+/* What the cuda device's host files (device.cu, ops.cu, graphs.cu, prefill.cu, memory.cu) share: the device's state
+ * (g), the step's timeline (tl), the timer events, and the functions one of them defines for the others.
+ * Not for the kernels' files: they see only cuda_internal.h. */
+#ifndef LLM_CUDA_DEVICE_INTERNAL_CUH
+#define LLM_CUDA_DEVICE_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda_internal.h"
+
+#define GRAPH_SLOTS 8
+#define SHARED_MAX 4 /* cuda_shared_alloc's buffers at once (one a run state) */
+#define PROG_MAX 1024 /* recorded ops of a persistent step (5 a layer and the head: 200 layers) */
+#define CUBLAS_WORKSPACE ((size_t)32 << 20)
+
+typedef struct {
+    llm_weight w, bias;
+    bool has_bias;
+    float *out;
+} pend_mat;
+
+/* Fusion. With LLM_CUDA_FUSE on, an op that can merge with the ones after it is not launched at once but kept
+ * here: rmsnorm waits for a one-token matmul reading its output (normalising in the GEMV's prologue); up to three
+ * one-token matmuls on the same input share one GEMV launch; rope (q, k), the KV store of attention, a residual add
+ * or swiglu after them become the GEMV's epilogue. A residual add waits for the rmsnorm of its sum (batches: one
+ * pass over the rows). Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
+ * pending first, so every op still computes what ops.h says, in order. Batch products also skip work: see gemm's
+ * split of x, which a norm or swiglu before them may have written on the way. */
+enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD };
+
+typedef struct {
+    int kind;
+    bool logits;
+    /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
+     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid,
+     * add_y). */
+    llm_cuda_gemv job;
+    llm_weight norm_w;
+    int dim;
+    pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
+    size_t count;       /* PEND_ADD's value count */
+    llm_cuda_src add_y; /* PEND_ADD's y, or the halves of a sum owed to it */
+} pending_t;
+
+typedef struct {
+    int n, seen;
+    cudaGraphExec_t exec;
+} graph_slot;
+
+/* A batched product's output whose sum is owed (see gemm): dst (count values) is hi[i] + hi[count + i], in scratch
+ * slot LLM_CUDA_SCRATCH_OWED + its index. A slot stays keyed to its dst while not live, so a step's products land
+ * in the same slots each time it runs (no scratch growth while a step is captured). */
+typedef struct {
+    float *dst;
+    size_t count;
+    float *hi;
+    bool live;
+} owed_t;
+
+/* Every LLM_CUDA_* variable the device reads, as cuda_settings_read leaves it (see there for the table). */
+typedef struct {
+    bool graphs, fuse, sync_each, pdl, persist, gemm_fast, owe, attn_simt;
+    int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
+    const char *step_trace; /* NULL when unset or empty */
+    const char *timeline;   /* NULL when unset or empty */
+} cuda_settings;
+
+struct cuda_state {
+    bool initialized;
+    cudaDeviceProp prop;
+    cublasHandle_t blas;
+    void *workspace;
+    /* sticky error */
+    bool failed;
+    char error[512];
+    char last_op[48];
+    int ops_since_sync;
+    /* the environment as read at init (cuda_settings_read); the fields below start from it */
+    cuda_settings set;
+    /* settings in force: use_graphs and persist are turned off for good when a capture or a persistent launch
+     * fails */
+    bool use_graphs, fuse, sync_each, gemm_accurate, owe;
+    /* accounting */
+    size_t allocated;
+    struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];
+    struct { void *p; size_t bytes; } shared[SHARED_MAX]; /* cuda_shared_alloc's (host memory the kernels write) */
+    /* graphs */
+    graph_slot graphs[GRAPH_SLOTS];
+    int next_evict;
+    bool capturing, replaying;
+    int slot;
+    pending_t pend;
+    /* the persistent step (step.cu): a one-token step's GEMVs and attentions, recorded instead of launched */
+    bool persist;
+    int step_tokens;          /* between step_begin and step_end: the step's tokens; else 0 */
+    llm_cuda_step_op *prog;   /* PROG_MAX of them */
+    int prog_n;
+    size_t persisted;         /* persistent launches issued (a replayed graph's are not counted) */
+    /* the last split of a batch (see gemm): of x (count values), into these halves */
+    struct { const float *x; size_t count; llm_cuda_halves halves; } split;
+    llm_dtype batch_dtype; /* of the last batched product's weights */
+    owed_t owed[LLM_CUDA_OWED_MAX];
+    int owed_evict;        /* the slot to take next when all are keyed */
+    bool last_batched;     /* the last product was of a batch (cuBLAS), not one token (GEMV) */
+};
+
+#define TL_MAX 512
+
+/* LLM_CUDA_TIMELINE (measurements only): the last step's kernel stamps (memory.cu) */
+struct cuda_timeline {
+    char path[256];
+    llm_cuda_tl *recs; /* TL_MAX records of LLM_CUDA_TL_FIELDS stamps, zeroed as each step starts */
+    int next;
+    char what[TL_MAX][16];
+    int cols[TL_MAX];
+};
+
+/* Defined once, in device.cu; every file names them as before (g, tl, timer_events). */
+extern cuda_state llm_cuda_state;
+extern cuda_timeline llm_cuda_timeline;
+extern cudaEvent_t llm_cuda_timer_events[LLM_TIMER_SLOTS];
+static cuda_state &g = llm_cuda_state;
+static cuda_timeline &tl = llm_cuda_timeline;
+static cudaEvent_t (&timer_events)[LLM_TIMER_SLOTS] = llm_cuda_timer_events;
+
+/* ops.cu */
+bool recording(void);
+void flush_pending(void);
+void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
+void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);
+void op_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n);
+void op_logits(float *out, const float *x, const llm_weight *w, int n);
+void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+    int n_kv_heads, int head_dim, int rot_dim, float scale);
+void op_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+    const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+    const llm_attention_params *p);
+void op_glu(float *out, const float *gate, const float *up, size_t count, llm_act act);
+void op_add(float *x, const float *y, size_t count);
+void op_softcap(float *x, float cap, size_t count);
+bool cuda_supports(llm_op op, llm_dtype dtype);
+
+/* graphs.cu */
+void abandon_capture(void);
+void invalidate_graphs(void);
+int cuda_step_begin(int n_tokens);
+void cuda_step_end(void);
+
+/* prefill.cu */
+void forget_split(void);
+void remember_split(const float *x, size_t count, const llm_cuda_halves *h);
+const llm_cuda_halves *halves_for(size_t count, llm_dtype dtype, bool batch, llm_cuda_halves *h,
+    const char *op);
+bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes);
+bool owed_overlaps(const owed_t *o, const void *p, size_t bytes);
+void settle(const void *p, size_t bytes);
+void settle_all(void);
+void written(const void *p, size_t bytes);
+bool owed_partly(const void *p, size_t bytes);
+bool owed_any(const void *p, size_t bytes);
+llm_cuda_src settled(const float *p, size_t count);
+llm_cuda_src src_of(const float *p, size_t count);
+bool src_overlaps(llm_cuda_src s, size_t count, const void *p, size_t bytes);
+void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
+    const char *op);
+
+/* memory.cu */
+bool blas_ok(cublasStatus_t st, const char *op);
+void after_op(const char *name);
+void tl_clear(void);
+void tl_write(void);
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *p);
+int cuda_upload(void *dst, const void *src, size_t bytes);
+int cuda_download(void *dst, const void *src, size_t bytes);
+void *cuda_host_alloc(size_t bytes);
+void *cuda_shared_alloc(size_t bytes);
+bool in_shared(const void *p);
+void cuda_host_free(void *p);
+int cuda_sync(void);
+int cuda_status(char *err, size_t err_len);
+void cuda_memory(llm_device_memory *out);
+int cuda_weight_load(llm_weight *w, const void *host, llm_dtype dtype, size_t rows, size_t cols);
+void cuda_weight_free(llm_weight *w);
+void cuda_timer_mark(int slot);
+double cuda_timer_elapsed_ms(int from, int to);
+double cuda_measure_bandwidth(void);
+
+#endif

@@ -1,0 +1,477 @@
+/* The cuda device's op table: each op of ops.h launched, held back to fuse with the ops after it (the pending op,
+ * recognised from forward.c's order and buffers), or recorded for the persistent step (step.cu); the family notices.
+ * Not here: the kernels (kernels.cu, gemv.cu, attention.cu, family.cu), batches' products (prefill.cu). */
+#include "device_internal.cuh"
+
+/* ---------- the op table ---------- */
+
+static bool op_usable(void) { return g.initialized && !g.failed; }
+
+static const char *const NOTE_NORM_OF_PRODUCT =
+    "rmsnorm of a product's output (q/k norm, post-attention or post-FFN norm): the product's epilogue (rope and the "
+    "KV store, residual add) is not fused; the norm runs as its own kernel";
+static const char *const NOTE_NORM_OFFSET =
+    "rmsnorm in the (1 + w) form (Gemma): its own kernel, not fused into the next product's prologue or with the "
+    "residual add before it";
+static const char *const NOTE_ROPE =
+    "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
+    "product's epilogue";
+static const char *const NOTE_ATTENTION =
+    "attention with a sliding window, a soft-cap or its own scale: its own kernel, a block a (token, head) (no "
+    "split-KV decode, no tensor-core prefill, not in the persistent step)";
+static const char *const NOTE_GELU = "glu with tanh-GELU (GeGLU): its own kernel, not the gate/up product's epilogue";
+static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
+
+/* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
+ * measures the kernel-per-op step). */
+bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs; }
+
+/* What a model's layers cost the fusions and the persistent step, said once each (stderr): a layer this device does
+ * not fuse runs its ops as kernels of their own, never silently slower. */
+#define NOTICES 16
+static const char *noticed[NOTICES];
+
+static void say_once(const char *what)
+{
+    int i = 0;
+    for (; i < NOTICES && noticed[i]; i++)
+        if (noticed[i] == what) return;
+    if (i < NOTICES) noticed[i] = what;
+    fprintf(stderr, "cuda: %s\n", what);
+}
+
+static const char *const NOTE_PERSIST =
+    "the persistent decode step runs in pieces, cut at each op named above (a launch a piece)";
+
+static void notice(const char *what)
+{
+    say_once(what);
+    if (recording()) say_once(NOTE_PERSIST);
+}
+
+/* A GEMV launched on its own. One whose rows go to shared host memory (the logits) writes a scratch buffer, and the
+ * copy engine moves it: the GEMV's epilogue writes its rows one 4-byte store at a time, in pairs far apart, which over
+ * PCIe cost Llama-3.2-1B's kernel-per-op step ~55 us (dev/cuda/notes.md, version 65). */
+static void launch_gemv(llm_cuda_gemv *job, const char *name)
+{
+    float *host = job->n_mats == 1 && in_shared(job->mats[0].out) ? job->mats[0].out : NULL;
+    if (!host) {
+        llm_cuda_gemv_launch(job, name);
+        return;
+    }
+    size_t bytes = (size_t)job->mats[0].rows * sizeof(float);
+    float *rows = (float *)llm_cuda_scratch(LLM_CUDA_SCRATCH_LOGITS, bytes, name);
+    if (!rows) return;
+    llm_cuda_gemv staged = *job;
+    staged.mats[0].out = rows;
+    llm_cuda_gemv_launch(&staged, name);
+    LLM_CUDA_CHECK(name, cudaMemcpyAsync(host, rows, bytes, cudaMemcpyDeviceToHost, llm_cuda.stream));
+}
+
+/* Launch what is recorded: as one persistent kernel when step.cu takes it (two ops or more: one alone runs as
+ * fast on its own kernel, and the profiler times ops one by one), else each op as it would have launched. */
+static void issue_program(void)
+{
+    int n = g.prog_n;
+    if (n == 0) return;
+    g.prog_n = 0; /* taken: anything the launch below flushes finds nothing recorded */
+    if (n >= 2) {
+        int ran = llm_cuda_step_launch(g.prog, n, g.capturing);
+        if (ran == LLM_CUDA_STEP_UNAVAILABLE) g.persist = false; /* not tried again: kernel per op from now */
+        if (ran == LLM_CUDA_STEP_RAN || ran == LLM_CUDA_STEP_RAN_NEW_TABLE) {
+            if (ran == LLM_CUDA_STEP_RAN_NEW_TABLE) invalidate_graphs();
+            g.persisted++;
+            after_op("decode step");
+            return;
+        }
+        if (g.failed) return;
+    }
+    for (int i = 0; i < n; i++) {
+        llm_cuda_step_op *o = &g.prog[i];
+        if (o->kind == LLM_CUDA_STEP_GEMV)
+            launch_gemv(&o->gemv, o->name);
+        else
+            llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
+                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, o->stored);
+        after_op(o->name);
+    }
+}
+
+static llm_cuda_step_op *record_op(int kind, const char *name)
+{
+    if (g.prog_n == PROG_MAX) issue_program();
+    llm_cuda_step_op *o = &g.prog[g.prog_n++];
+    memset(o, 0, sizeof *o);
+    o->kind = kind;
+    snprintf(o->name, sizeof o->name, "%s", name);
+    return o;
+}
+
+/* The pending op, launched (or recorded into a persistent step: then it is not issued yet; flush_pending issues). */
+static void retire_pending(void)
+{
+    pending_t *P = &g.pend;
+    if (P->kind == PEND_NONE) return;
+    int kind = P->kind;
+    P->kind = PEND_NONE;
+    forget_split();
+    if (kind != PEND_GEMV || !recording()) issue_program(); /* what was recorded runs before this */
+    if (kind == PEND_ADD) {
+        llm_cuda_add(P->job.resid, P->job.resid, P->add_y, P->count, "add");
+        after_op("add");
+        return;
+    }
+    if (kind == PEND_NORM) {
+        llm_cuda_rmsnorm(P->job.norm_out, P->job.norm_src, &P->norm_w, 1, P->dim, P->job.eps, NULL);
+        after_op("rmsnorm");
+        return;
+    }
+    llm_cuda_gemv job = P->job;
+    for (int m = 0; m < job.n_mats; m++) {
+        const pend_mat *M = &P->mats[m];
+        job.mats[m].w = M->w.data;
+        job.mats[m].rows = (int)M->w.rows;
+        job.mats[m].out = M->out;
+        job.mats[m].bias = M->has_bias ? M->bias.data : NULL;
+        job.mats[m].bias_dtype = M->bias.dtype;
+        job.mats[m].rope = job.epi == LLM_CUDA_EPI_ROPE && m < 2;
+    }
+    if (job.norm_src) job.norm_w = P->norm_w.data, job.norm_dtype = P->norm_w.dtype;
+    char name[48];
+    const char *what = P->logits ? "logits" : "matmul";
+    const char *epi = job.epi == LLM_CUDA_EPI_ROPE ? (job.k_cache ? "+rope+kv" : "+rope")
+                      : job.epi == LLM_CUDA_EPI_ADD ? "+add" : job.epi == LLM_CUDA_EPI_SWIGLU ? "+swiglu" : "";
+    const char *norm = job.norm_src ? "rmsnorm+" : "";
+    if (job.n_mats > 1)
+        snprintf(name, sizeof name, "%s%s x%d%s", norm, what, job.n_mats, epi);
+    else
+        snprintf(name, sizeof name, "%s%s%s", norm, what, epi);
+    if (recording()) {
+        record_op(LLM_CUDA_STEP_GEMV, name)->gemv = job;
+        return;
+    }
+    launch_gemv(&job, name);
+    after_op(name);
+}
+
+/* Everything pending or recorded, launched in order. */
+void flush_pending(void)
+{
+    retire_pending();
+    issue_program();
+}
+
+void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
+{
+    if (!op_usable()) return;
+    forget_split();
+    flush_pending();
+    written(out, (size_t)n * table->cols * sizeof(float));
+    llm_cuda_embed(out, table, tokens, n, scale);
+    after_op("embed");
+}
+
+/* Normalising what a pending product writes (q/k norms, post norms): the product cannot take its epilogue. */
+static bool norms_pending_output(const float *x)
+{
+    const pending_t *P = &g.pend;
+    if (P->kind != PEND_GEMV) return false;
+    for (int m = 0; m < P->job.n_mats; m++)
+        if (P->mats[m].out == x) return true;
+    return false;
+}
+
+/* Gemma's (1 + w) norm: a kernel of its own after everything before it. */
+static void rmsnorm_offset(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps,
+                           float offset)
+{
+    notice(NOTE_NORM_OFFSET);
+    if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
+    flush_pending();
+    size_t all = (size_t)n * dim * sizeof(float);
+    settle(x, all);
+    written(out, all);
+    llm_cuda_rmsnorm_offset(out, x, weight, n, dim, eps, offset);
+    after_op("rmsnorm");
+}
+
+void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
+{
+    if (!op_usable()) return;
+    forget_split();
+    if (offset != 0.0f) {
+        rmsnorm_offset(out, x, weight, n, dim, eps, offset);
+        return;
+    }
+    if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
+    pending_t *P = &g.pend;
+    size_t all = (size_t)n * dim * sizeof(float);
+    if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
+        !overlaps(out, all, x, all) && !src_overlaps(P->add_y, P->count, out, all) && !owed_any(x, all) &&
+        !owed_partly(out, all)) {
+        P->kind = PEND_NONE;
+        written(out, all);
+        llm_cuda_halves h;
+        const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "add+rmsnorm");
+        llm_cuda_add_rmsnorm(out, P->job.resid, P->add_y, weight, n, dim, eps, halves);
+        if (halves) remember_split(out, (size_t)n * dim, halves);
+        after_op("add+rmsnorm");
+        return;
+    }
+    retire_pending();
+    settle(x, all);
+    written(out, all);
+    size_t bytes = (size_t)dim * sizeof(float);
+    /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
+    if (g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim) && !overlaps(out, bytes, x, bytes)) {
+        pending_t *P = &g.pend;
+        P->kind = PEND_NORM;
+        P->job.norm_out = out, P->job.norm_src = x, P->norm_w = *weight, P->dim = dim, P->job.eps = eps;
+        return;
+    }
+    issue_program();
+    llm_cuda_halves h;
+    const llm_cuda_halves *halves = halves_for((size_t)n * dim, weight->dtype, n > 1, &h, "rmsnorm");
+    llm_cuda_rmsnorm(out, x, weight, n, dim, eps, halves);
+    if (halves) remember_split(out, (size_t)n * dim, halves);
+    after_op("rmsnorm");
+}
+
+/* Make the pending work a GEMV over x (cols) with no matrices yet and no epilogue; the prologue (job.norm_src and
+ * what goes with it) is the caller's. */
+static void pend_gemv(const float *x, int cols, llm_dtype dtype)
+{
+    pending_t *P = &g.pend;
+    llm_cuda_gemv job = {};
+    job.norm_src = P->job.norm_src, job.norm_out = P->job.norm_out, job.eps = P->job.eps;
+    job.x = x, job.cols = cols, job.dtype = dtype, job.epi = LLM_CUDA_EPI_NONE;
+    P->job = job;
+    P->kind = PEND_GEMV;
+}
+
+static void pend_add_mat(float *out, const llm_weight *w, const llm_weight *bias, bool logits)
+{
+    pending_t *P = &g.pend;
+    pend_mat *M = &P->mats[P->job.n_mats++];
+    M->w = *w, M->out = out, M->has_bias = bias != NULL;
+    if (bias) M->bias = *bias;
+    P->logits = logits;
+}
+
+/* Add a one-token product to the pending GEMV when it reads the same input; false when it cannot join. */
+static bool pend_append(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
+{
+    pending_t *P = &g.pend;
+    size_t out_bytes = w->rows * sizeof(float), in_bytes = w->cols * sizeof(float);
+    if (P->kind == PEND_NORM) {
+        if (x != P->job.norm_out || w->cols != (size_t)P->dim) return false;
+        if (overlaps(out, out_bytes, P->job.norm_src, in_bytes) || overlaps(out, out_bytes, P->job.norm_out, in_bytes))
+            return false;
+        pend_gemv(P->job.norm_out, P->dim, w->dtype);
+    } else if (P->kind == PEND_GEMV) {
+        if (P->job.epi != LLM_CUDA_EPI_NONE || P->job.n_mats == LLM_CUDA_GEMV_MATS || x != P->job.x ||
+            w->cols != (size_t)P->job.cols || w->dtype != P->job.dtype || P->logits != logits)
+            return false;
+        if (overlaps(out, out_bytes, P->job.x, in_bytes) ||
+            (P->job.norm_src && overlaps(out, out_bytes, P->job.norm_src, in_bytes)))
+            return false;
+        for (int m = 0; m < P->job.n_mats; m++)
+            if (overlaps(out, out_bytes, P->mats[m].out, P->mats[m].w.rows * sizeof(float))) return false;
+    } else {
+        return false;
+    }
+    pend_add_mat(out, w, bias, logits);
+    return true;
+}
+
+static void one_token_product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
+{
+    if (g.fuse && pend_append(out, x, w, bias, logits)) return;
+    retire_pending();
+    g.pend.job.norm_src = NULL; /* no prologue */
+    pend_gemv(x, (int)w->cols, w->dtype);
+    pend_add_mat(out, w, bias, logits);
+    if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) retire_pending();
+}
+
+/* matmul and logits: one token through the (fusable) GEMV, a batch through cuBLAS. */
+static void product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool logits)
+{
+    if (!op_usable()) return;
+    settle(x, (size_t)n * w->cols * sizeof(float));
+    written(out, (size_t)n * w->rows * sizeof(float));
+    g.last_batched = !(n == 1 && llm_cuda_gemv_fits(w->cols));
+    if (!g.last_batched) {
+        one_token_product(out, x, w, bias, logits);
+        return;
+    }
+    const char *op = logits ? "logits" : "matmul";
+    flush_pending();
+    gemm(out, x, w, bias, n, !logits, op);
+    after_op(op);
+}
+
+void op_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    product(out, x, w, bias, n, false);
+}
+
+void op_logits(float *out, const float *x, const llm_weight *w, int n) { product(out, x, w, NULL, n, true); }
+
+void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
+                    int n_kv_heads, int head_dim, int rot_dim, float scale)
+{
+    if (!op_usable()) return;
+    forget_split();
+    pending_t *P = &g.pend;
+    bool whole = rot_dim == head_dim && scale == 1.0f;
+    if (!whole) notice(NOTE_ROPE);
+    if (g.fuse && whole && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
+        P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
+        P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
+        head_dim % 2 == 0) {
+        P->job.epi = LLM_CUDA_EPI_ROPE;
+        P->job.positions = positions, P->job.inv_freq = inv_freq, P->job.head_dim = head_dim;
+        return;
+    }
+    flush_pending();
+    size_t q_count = (size_t)n * n_heads * head_dim, k_count = (size_t)n * n_kv_heads * head_dim;
+    if (rot_dim != head_dim) { /* the kernel leaves the rest of each head: it must hold the settled values */
+        settle(q, q_count * sizeof(float));
+        settle(k, k_count * sizeof(float));
+    }
+    llm_cuda_src q_src = src_of(q, q_count), k_src = src_of(k, k_count);
+    written(q, q_count * sizeof(float));
+    written(k, k_count * sizeof(float));
+    llm_cuda_rope(q, k, q_src, k_src, positions, inv_freq, n, n_heads, n_kv_heads, head_dim, rot_dim, scale);
+    after_op("rope");
+}
+
+void op_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                         const llm_attention_params *p)
+{
+    if (!op_usable()) return;
+    forget_split();
+    pending_t *P = &g.pend;
+    bool stored = false;
+    size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    /* The split-KV, tensor-core and persistent kernels compute Llama's attention: 1/sqrt(head_dim), no more. */
+    bool llama = p->window == 0 && p->softcap == 0.0f && p->scale == 1.0f / sqrtf((float)head_dim);
+    if (!llama && !llm_cuda_attention_params_fits(head_dim)) {
+        llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
+                      "(at most %d)", head_dim, 1024);
+        return;
+    }
+    /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first (Llama's
+     * attention only: a windowed layer's cache may be a ring, its row positions[0] % ctx). */
+    if (g.fuse && llama && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
+        P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->job.positions == positions &&
+        P->mats[1].w.rows == kv_dim) {
+        P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
+        stored = true;
+    }
+    if (llama && n == 1 && recording()) {
+        retire_pending(); /* the q/k/v GEMV joins the record before its attention */
+        llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
+        o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
+        o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
+        o->ctx = ctx, o->stored = stored;
+        return;
+    }
+    flush_pending();
+    /* A batch's k and v only go through the KV store, which adds owed halves; one token's are read as f32. */
+    size_t kv_count = (size_t)n * kv_dim;
+    llm_cuda_src k_src = n > 1 ? src_of(k, kv_count) : settled(k, kv_count);
+    llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
+    settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
+    written(out, (size_t)n * n_heads * head_dim * sizeof(float));
+    if (!llama) {
+        notice(NOTE_ATTENTION);
+        llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
+                                  ctx, p, stored);
+    } else {
+        llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
+                           stored);
+    }
+    after_op("attention");
+}
+
+void op_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
+{
+    if (!op_usable()) return;
+    forget_split();
+    pending_t *P = &g.pend;
+    if (act != LLM_ACT_SILU) {
+        notice(NOTE_GELU);
+        flush_pending();
+        llm_cuda_src gate_src = src_of(gate, count), up_src = src_of(up, count);
+        written(out, count * sizeof(float));
+        llm_cuda_geglu(out, gate_src, up_src, count);
+        after_op("glu");
+        return;
+    }
+    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
+        P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
+        count == P->mats[0].w.rows) {
+        P->job.epi = LLM_CUDA_EPI_SWIGLU;
+        retire_pending();
+        return;
+    }
+    flush_pending();
+    llm_cuda_src gate_src = src_of(gate, count), up_src = src_of(up, count);
+    written(out, count * sizeof(float));
+    /* After batched gate/up products, the down product of the same dtype reads out next. */
+    llm_cuda_halves h;
+    const llm_cuda_halves *halves = halves_for(count, g.batch_dtype, g.last_batched, &h, "swiglu");
+    llm_cuda_swiglu(out, gate_src, up_src, count, halves);
+    if (halves) remember_split(out, count, halves);
+    after_op("swiglu");
+}
+
+void op_add(float *x, const float *y, size_t count)
+{
+    if (!op_usable()) return;
+    forget_split();
+    pending_t *P = &g.pend;
+    size_t bytes = count * sizeof(float);
+    /* resid must not be read by the GEMV itself (its input, or the prologue's source). */
+    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 1 &&
+        P->mats[0].out == y && count == P->mats[0].w.rows && !overlaps(x, bytes, y, bytes) &&
+        !overlaps(x, bytes, P->job.x, (size_t)P->job.cols * sizeof(float)) &&
+        !(P->job.norm_src && overlaps(x, bytes, P->job.norm_src, (size_t)P->job.cols * sizeof(float))) &&
+        !owed_any(x, bytes)) {
+        P->job.epi = LLM_CUDA_EPI_ADD;
+        P->job.resid = x;
+        retire_pending();
+        return;
+    }
+    flush_pending();
+    llm_cuda_src y_src = src_of(y, count);
+    settle(x, bytes); /* x is read and written whole */
+    if (g.fuse) {
+        P->kind = PEND_ADD;
+        P->job.resid = x, P->count = count, P->add_y = y_src;
+        return;
+    }
+    llm_cuda_add(x, x, y_src, count, "add");
+    after_op("add");
+}
+
+void op_softcap(float *x, float cap, size_t count)
+{
+    if (!op_usable()) return;
+    forget_split();
+    notice(NOTE_SOFTCAP);
+    flush_pending();
+    settle(x, count * sizeof(float));
+    written(x, count * sizeof(float));
+    llm_cuda_softcap(x, cap, count);
+    after_op("softcap");
+}
+
+bool cuda_supports(llm_op op, llm_dtype dtype)
+{
+    (void)op;
+    return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;
+}

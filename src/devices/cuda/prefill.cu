@@ -1,0 +1,208 @@
+/* Batches of tokens: the cuBLAS products with the activation split into 16-bit halves, and the sums a product may
+ * owe to the op after it. Not here: one-token products (gemv.cu through ops.cu), attention (attention.cu). */
+#include "device_internal.cuh"
+
+/* Anything that may write device memory other than a batched product's output makes the last split stale. */
+void forget_split(void) { g.split.x = NULL; }
+
+/* The buffers for count values of a batch as 16-bit halves of dtype (hi + lo, or hi alone with LLM_CUDA_GEMM=fast).
+ * One scratch slot: a new split overwrites the last. */
+static bool split_buffers(size_t count, llm_dtype dtype, llm_cuda_halves *h, const char *op)
+{
+    char *hi = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_SPLIT, count * 2 * (g.gemm_accurate ? 2 : 1), op);
+    h->hi = hi, h->lo = hi && g.gemm_accurate ? hi + count * 2 : NULL, h->dtype = dtype;
+    return hi != NULL;
+}
+
+static bool split_ready(const float *x, size_t count, const llm_cuda_halves *h)
+{
+    return g.split.x == x && g.split.count == count && g.split.halves.hi == h->hi && g.split.halves.lo == h->lo &&
+           g.split.halves.dtype == h->dtype;
+}
+
+void remember_split(const float *x, size_t count, const llm_cuda_halves *h)
+{
+    g.split.x = x, g.split.count = count, g.split.halves = *h;
+}
+
+/* Halves for an op's output that batched products will read next (a norm's, swiglu's), written by the op on the
+ * way, or NULL: fusion off, not a batch (a single token's GEMV reads f32), or weights not 16-bit. */
+const llm_cuda_halves *halves_for(size_t count, llm_dtype dtype, bool batch, llm_cuda_halves *h,
+                                         const char *op)
+{
+    if (!g.fuse || !batch || (dtype != LLM_DTYPE_BF16 && dtype != LLM_DTYPE_F16)) return NULL;
+    return split_buffers(count, dtype, h, op) ? h : NULL;
+}
+
+bool overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
+/* ---------- owed sums ----------
+ * In the accurate mode a batched product runs as one cuBLAS product of 2n tokens (x's hi and lo halves side by
+ * side), 9-30 % faster than two of n (gpu-bench-tool gemm), and leaves its two f32 halves in scratch: the sum
+ * out = hi + lo is owed. The ops that read such outputs in a Llama layer (rope, the KV store, swiglu, the residual
+ * add) take the halves directly; any other reader, a download or a partial overwrite settles the sum into out
+ * first, a whole overwrite cancels it, and a step ends with nothing owed (a replayed step skips the ops, so it must
+ * leave what they would). */
+
+
+bool owed_overlaps(const owed_t *o, const void *p, size_t bytes)
+{
+    return o->live && overlaps(o->dst, o->count * sizeof(float), p, bytes);
+}
+
+static void settle_one(owed_t *o)
+{
+    flush_pending(); /* ops issued before this read stay before it */
+    forget_split();
+    o->live = false;
+    llm_cuda_add(o->dst, o->hi, llm_cuda_plain(o->hi + o->count), o->count, "settle owed sum");
+}
+
+/* Before a read of [p, p + bytes) by anything that takes plain f32: the owed sums there, written out. */
+void settle(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (owed_overlaps(&g.owed[i], p, bytes)) settle_one(&g.owed[i]);
+}
+
+void settle_all(void)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (g.owed[i].live) settle_one(&g.owed[i]);
+}
+
+static bool covers(const void *p, size_t bytes, const owed_t *o)
+{
+    return (uintptr_t)p <= (uintptr_t)o->dst &&
+           (uintptr_t)(o->dst + o->count) <= (uintptr_t)p + bytes;
+}
+
+/* Before a write of [p, p + bytes): sums it replaces whole are not owed any more; ones it writes in part are settled
+ * first, so the rest of them stays right. */
+void written(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++) {
+        owed_t *o = &g.owed[i];
+        if (!owed_overlaps(o, p, bytes)) continue;
+        if (covers(p, bytes, o))
+            o->live = false;
+        else
+            settle_one(o);
+    }
+}
+
+/* Would written(p, bytes) or settle(p, bytes) launch anything? (Fusions that hold an op back must not.) */
+bool owed_partly(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (owed_overlaps(&g.owed[i], p, bytes) && !covers(p, bytes, &g.owed[i])) return true;
+    return false;
+}
+
+bool owed_any(const void *p, size_t bytes)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++)
+        if (owed_overlaps(&g.owed[i], p, bytes)) return true;
+    return false;
+}
+
+/* An input of count values at p for an op that reads plain f32: what is owed there settled first. */
+llm_cuda_src settled(const float *p, size_t count)
+{
+    settle(p, count * sizeof(float));
+    return llm_cuda_plain(p);
+}
+
+/* An input of count values at p for an op that can add the halves itself: those of the sum owed to exactly p, or
+ * p alone (anything else owed there settled first). */
+llm_cuda_src src_of(const float *p, size_t count)
+{
+    for (int i = 0; i < LLM_CUDA_OWED_MAX; i++) {
+        const owed_t *o = &g.owed[i];
+        if (o->live && o->dst == p && o->count == count) return llm_cuda_src{o->hi, o->hi + count};
+    }
+    return settled(p, count);
+}
+
+bool src_overlaps(llm_cuda_src s, size_t count, const void *p, size_t bytes)
+{
+    size_t b = count * sizeof(float);
+    return overlaps(s.hi, b, p, bytes) || (s.lo && overlaps(s.lo, b, p, bytes));
+}
+
+/* The slot for a sum owed to out (count values), its buffer sized; NULL after recording an error. out's own record
+ * is not live (the caller has called written() on it). */
+static owed_t *owe_slot(float *out, size_t count, const char *op)
+{
+    int pick = -1;
+    for (int i = 0; i < LLM_CUDA_OWED_MAX && pick < 0; i++)
+        if (g.owed[i].dst == out) pick = i;
+    for (int i = 0; i < LLM_CUDA_OWED_MAX && pick < 0; i++)
+        if (!g.owed[i].dst) pick = i;
+    if (pick < 0) {
+        pick = g.owed_evict;
+        g.owed_evict = (g.owed_evict + 1) % LLM_CUDA_OWED_MAX;
+        if (g.owed[pick].live) settle_one(&g.owed[pick]);
+    }
+    float *buf = (float *)llm_cuda_scratch(LLM_CUDA_SCRATCH_OWED + pick, count * 2 * sizeof(float), op);
+    if (!buf) return NULL;
+    owed_t *o = &g.owed[pick];
+    o->dst = out, o->count = count, o->hi = buf, o->live = false;
+    return o;
+}
+
+/* ---------- batched products through cuBLAS ---------- */
+
+/* c (rows x tokens) = W^T . x_half (cols x tokens, 16-bit in w's dtype) + beta * c, accumulated in f32. */
+static bool half_product(const llm_weight *w, int tokens, const void *x_half, float beta, float *c, const char *op)
+{
+    cudaDataType t = w->dtype == LLM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const float one = 1.0f;
+    int rows = (int)w->rows, cols = (int)w->cols;
+    return blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w->data, t, cols, x_half, t,
+                                cols, &beta, c, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   op);
+}
+
+/* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
+ * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
+ * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast uses hi alone
+ * (about 2^-9). may_owe: the two products may run as one over 2n tokens, their sum owed to out (see "owed sums"). */
+void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
+                 const char *op)
+{
+    int rows = (int)w->rows, cols = (int)w->cols;
+    const float one = 1.0f, zero = 0.0f;
+    if (w->dtype == LLM_DTYPE_F32) {
+        blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, CUDA_R_32F, cols, x,
+                             CUDA_R_32F, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F_PEDANTIC,
+                             CUBLAS_GEMM_DEFAULT), op);
+    } else {
+        size_t count = (size_t)n * cols;
+        llm_cuda_halves h;
+        if (!split_buffers(count, w->dtype, &h, op)) return;
+        g.batch_dtype = w->dtype;
+        /* q, k and v (gate and up) multiply the same x, split once; a norm or swiglu before may have split it. */
+        if (!split_ready(x, count, &h)) {
+            llm_cuda_split(&h, x, count, op);
+            remember_split(x, count, &h);
+        }
+        /* The halves lie side by side (split_buffers makes every split): X's columns 0..n-1 are hi, n..2n-1 lo. */
+        if (h.lo && may_owe && g.owe) {
+            size_t out_count = (size_t)n * rows;
+            owed_t *o = owe_slot(out, out_count, op);
+            if (!o || !half_product(w, 2 * n, h.hi, 0.0f, o->hi, op)) return;
+            if (bias) llm_cuda_add_bias(o->hi, bias, n, (size_t)rows, op);
+            o->live = true;
+            return;
+        }
+        if (!half_product(w, n, h.hi, 0.0f, out, op)) return;
+        if (h.lo) half_product(w, n, h.lo, 1.0f, out, op);
+    }
+    if (bias) llm_cuda_add_bias(out, bias, n, (size_t)rows, op);
+    if (overlaps(out, (size_t)n * rows * sizeof(float), x, (size_t)n * cols * sizeof(float))) forget_split();
+}
