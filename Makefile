@@ -19,7 +19,7 @@ CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -fopenmp -lm
 
-SRC     := $(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c)
+SRC     := $(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c src/quant/*.c)
 LIB_SRC := $(filter-out src/main.c,$(SRC))
 CU_SRC  := $(wildcard src/devices/cuda/*.cu)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
