@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "quant/quant.h"
+#include "quant/quant_dot.h"
 #include "support/fixture_util.h"
 
 #define FIXTURE "tests/fixtures/quant/rows.bin"
@@ -129,11 +130,146 @@ static void test_traits(void **state)
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, SIZE_MAX / 2, 64), 0); /* overflow */
 }
 
+/* ---- quantized products ---- */
+
+static uint64_t rng_state = 31;
+static float rng_unit(void) /* uniform on [-1, 1) */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (float)(((z ^ (z >> 31)) >> 40) * (1.0 / 8388608.0) - 1.0);
+}
+
+/* The activations as the fast product sees them (quant_dot.h): each block of B values replaced by the nearest point
+ * of its grid, d = max|x| / 127 apart. Written here from that definition, not taken from the code under test. */
+static void grid_activations(float *xg, float *err, const float *x, size_t cols, size_t B)
+{
+    for (size_t b = 0; b < cols / B; b++) {
+        float amax = 0.0f;
+        for (size_t j = 0; j < B; j++) amax = fmaxf(amax, fabsf(x[b * B + j]));
+        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (size_t j = 0; j < B; j++) {
+            xg[b * B + j] = d * rintf(x[b * B + j] * id);
+            err[b * B + j] = d / 2 * 1.001f; /* half a step, with room for the rounding of d and id */
+        }
+    }
+}
+
+typedef struct {
+    size_t rows, cols, n;
+} shape;
+
+/* Model-like and awkward shapes: odd block counts, rows not a multiple of the 4-row tile, positions not a multiple
+ * of the position tile, TinyLlama's 2048 and 5632, a prefill batch. */
+static const shape shapes[] = {
+    {1, 32, 1},    {3, 64, 1},    {5, 96, 3},     {7, 256, 1},     {8, 512, 5},     {6, 1280, 2},
+    {33, 2048, 1}, {17, 768, 9},  {64, 5632, 1},  {100, 2048, 7},  {256, 2048, 16}, {2, 256, 4},
+};
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MAX_COST 3e6
+#else
+#define MAX_COST 1e9
+#endif
+
+/* One format, one kernel set, one shape. Two checks per output element:
+ * - against the reference computed on the gridded activations: the same sums up to f32 rounding, both sides
+ *   within K eps sum|w x| (the classic bound for a sum of K products, eps = 2^-24), so twice that;
+ * - against the reference on the true activations: the above plus the activations' quantization error, at most
+ *   sum_c |w_rc| err_c (err_c half a grid step).
+ * Returns ||out - reference|| / ||reference|| (2-norms), or -1 when the case is not supported. */
+static double check_product(const llm_quant_kernels *k, llm_quant_type t, shape s, uint64_t seed, int *bad)
+{
+    rng_state = seed; /* every kernel set sees the same data */
+    const llm_quant_traits *q = llm_quant_traits_of(t);
+    if (!llm_quant_supported(k, t, s.cols)) return -1;
+    size_t wbytes = llm_quant_matrix_bytes(t, s.rows, s.cols), B = t == LLM_QUANT_Q4_K ? LLM_QK_K : 32;
+    float *wf = malloc(s.rows * s.cols * sizeof *wf), *x = malloc(s.n * s.cols * sizeof *x);
+    float *xg = malloc(s.n * s.cols * sizeof *xg), *err = malloc(s.n * s.cols * sizeof *err);
+    float *ref = malloc(s.n * s.rows * sizeof *ref), *refg = malloc(s.n * s.rows * sizeof *refg);
+    float *got = malloc(s.n * s.rows * sizeof *got);
+    unsigned char *w = malloc(wbytes);
+    size_t scratch_bytes = llm_quant_scratch_bytes(t, s.cols, s.n);
+    void *scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
+    assert_true(wf && x && xg && err && ref && refg && got && w && scratch && scratch_bytes);
+    for (size_t i = 0; i < s.rows * s.cols; i++) wf[i] = rng_unit() * 0.05f + (i % 7 == 0 ? 0.01f : 0.0f);
+    for (size_t i = 0; i < s.n * s.cols; i++) x[i] = rng_unit() * (i % 97 == 0 ? 20.0f : 1.0f); /* outliers */
+    q->quantize(w, wf, s.rows * s.cols);
+    q->dequantize(wf, w, s.rows * s.cols); /* wf now holds the weights exactly as stored */
+    for (size_t i = 0; i < s.n; i++) grid_activations(xg + i * s.cols, err + i * s.cols, x + i * s.cols, s.cols, B);
+    llm_quant_matmul_ref(ref, x, w, t, s.rows, s.cols, s.n);
+    llm_quant_matmul_ref(refg, xg, w, t, s.rows, s.cols, s.n);
+    for (size_t i = 0; i < s.n * s.rows; i++) got[i] = NAN;
+    llm_quant_matmul(k, got, x, w, t, s.rows, s.cols, s.n, scratch, 2);
+    double eps = 1.0 / 16777216.0, diff2 = 0, ref2 = 0;
+    for (size_t i = 0; i < s.n; i++)
+        for (size_t r = 0; r < s.rows; r++) {
+            double abs_wx = 0, abs_w_err = 0;
+            for (size_t c = 0; c < s.cols; c++) {
+                double wv = fabs(wf[r * s.cols + c]);
+                abs_wx += wv * fmax(fabs(x[i * s.cols + c]), fabs(xg[i * s.cols + c]));
+                abs_w_err += wv * err[i * s.cols + c];
+            }
+            double rounding = 2.0 * (double)s.cols * eps * abs_wx;
+            double g = got[i * s.rows + r], e_grid = fabs(g - refg[i * s.rows + r]), e = fabs(g - ref[i * s.rows + r]);
+            if (!(e_grid <= rounding) || !(e <= rounding + abs_w_err)) {
+                if (*bad < 5)
+                    print_error("%s %s %zux%zu n=%zu: out[%zu, %zu] = %.7g, reference %.7g (gridded x: %.7g), "
+                                "bounds %.3g / %.3g\n", k->name, q->name, s.rows, s.cols, s.n, i, r, g,
+                                (double)ref[i * s.rows + r], (double)refg[i * s.rows + r], rounding,
+                                rounding + abs_w_err);
+                (*bad)++;
+            }
+            diff2 += e * e;
+            ref2 += (double)ref[i * s.rows + r] * ref[i * s.rows + r];
+        }
+    free(wf), free(x), free(xg), free(err), free(ref), free(refg), free(got), free(w), free(scratch);
+    return ref2 > 0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+}
+
+static void test_products(void **state)
+{
+    (void)state;
+    const char *sets[] = {"avx512-vnni", "avx2", "portable"};
+    int bad = 0, passed = 0;
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const llm_quant_kernels *k = llm_quant_kernels_pick(sets[si]);
+        if (!k) {
+            print_message("%-12s not supported by this CPU\n", sets[si]);
+            continue;
+        }
+        for (int t = LLM_QUANT_Q8_0; t <= LLM_QUANT_Q4_K; t++) {
+            double worst = 0;
+            int cases = 0, unsupported = 0;
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+                shape s = shapes[i];
+                if ((double)s.rows * s.cols * s.n > MAX_COST) continue;
+                double e = check_product(k, (llm_quant_type)t, s, 1000 + i, &bad);
+                if (e < 0) unsupported++;
+                else cases++, worst = fmax(worst, e);
+            }
+            passed += cases;
+            print_message("%-12s %s: %d shapes, relative error (2-norm) at most %.2e (%d shapes not supported: cols not a "
+                          "multiple of the block)\n", k->name, llm_quant_traits_of((llm_quant_type)t)->name, cases,
+                          worst, unsupported);
+        }
+    }
+    assert_int_equal(bad, 0);
+    assert_true(passed > 0); /* an unsupported case is never a pass: something must have run */
+    const llm_quant_kernels *best = llm_quant_kernels_pick(NULL);
+    assert_non_null(best);
+    print_message("this CPU's kernels: %s\n", best->name);
+    assert_false(llm_quant_supported(best, LLM_QUANT_Q8_K, 256)); /* an activation format, never weights */
+    assert_false(llm_quant_supported(best, LLM_QUANT_Q4_K, 96));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits),
         cmocka_unit_test(test_matches_llama_cpp),
+        cmocka_unit_test(test_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
