@@ -103,3 +103,8 @@ clean:
 	rm -rf build
 
 -include $(shell find build -name '*.d' 2>/dev/null)
+
+# Lab programs (dev/): not part of `make test`.
+build/dev/bench_quant: dev/quant/bench_matmul.c $(OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(OBJ) $(LDLIBS)

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "quant/quant.h"
+#include "ops/dtype.h"
 #include "quant/quant_dot.h"
 #include "support/fixture_util.h"
 
@@ -128,6 +129,31 @@ static void test_traits(void **state)
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q4_K, 2, 512), 2 * 2 * 144);
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, 3, 48), 0);           /* not a whole block */
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, SIZE_MAX / 2, 64), 0); /* overflow */
+}
+
+/* A BF16 matrix quantized on load equals the reference quantizer on its rows converted to f32, whatever the threads. */
+static void test_matrix_from_bf16(void **state)
+{
+    (void)state;
+    enum { ROWS = 37, COLS = 512 };
+    uint16_t *bf = malloc(ROWS * COLS * sizeof *bf);
+    float *f = malloc(ROWS * COLS * sizeof *f);
+    assert_true(bf && f);
+    for (size_t i = 0; i < ROWS * COLS; i++) {
+        bf[i] = llm_f32_to_bf16(sinf((float)i * 0.37f) * 0.1f);
+        f[i] = llm_bf16_to_f32(bf[i]);
+    }
+    for (int t = LLM_QUANT_Q8_0; t <= LLM_QUANT_Q4_K; t++) {
+        size_t bytes = llm_quant_matrix_bytes((llm_quant_type)t, ROWS, COLS);
+        unsigned char *a = malloc(bytes), *b = malloc(bytes);
+        assert_true(a && b);
+        assert_int_equal(llm_quant_matrix(a, bf, LLM_DTYPE_BF16, (llm_quant_type)t, ROWS, COLS, 2), 0);
+        llm_quant_traits_of((llm_quant_type)t)->quantize(b, f, ROWS * COLS);
+        assert_memory_equal(a, b, bytes);
+        assert_int_not_equal(llm_quant_matrix(a, bf, LLM_DTYPE_BF16, (llm_quant_type)t, ROWS, 48, 1), 0);
+        free(a), free(b);
+    }
+    free(bf), free(f);
 }
 
 /* ---- quantized products ---- */
@@ -269,6 +295,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits),
         cmocka_unit_test(test_matches_llama_cpp),
+        cmocka_unit_test(test_matrix_from_bf16),
         cmocka_unit_test(test_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

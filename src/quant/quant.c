@@ -4,6 +4,7 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -14,6 +15,15 @@
  * and x86-64 evaluates f32 in f32.) */
 static inline int round_even(float v) { return (int)((v + 12582912.0f) - 12582912.0f); }
 
+/* roundf (ties away from zero) for |v| < 2^23, inline: a - i is exact there. libm's roundf is a call per value. */
+static inline int round_away(float v)
+{
+    float a = fabsf(v);
+    int i = (int)a;
+    if (a - (float)i >= 0.5f) i++;
+    return v < 0 ? -i : i;
+}
+
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* ---- Q8_0 ---- */
@@ -23,11 +33,11 @@ static void quantize_q8_0(void *dst, const float *x, size_t n)
     llm_block_q8_0 *y = dst;
     for (size_t b = 0; b < n / LLM_QK8_0; b++, x += LLM_QK8_0) {
         float amax = 0.0f;
-        for (int j = 0; j < LLM_QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < LLM_QK8_0; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[b].d = llm_f32_to_f16(d);
-        for (int j = 0; j < LLM_QK8_0; j++) y[b].qs[j] = (int8_t)roundf(x[j] * id); /* ties away from zero */
+        for (int j = 0; j < LLM_QK8_0; j++) y[b].qs[j] = (int8_t)round_away(x[j] * id);
     }
 }
 
@@ -107,9 +117,9 @@ static float fit_sub_block(const float *x, const float *w, uint8_t *L, float *ne
     for (int step = 0; step <= NSTEP; step++) {
         iscale = (-1.0f + 0.1f * step + NMAX) / (max - min);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < N; i++) {
-            int l = clampi(round_even(iscale * (x[i] - min)), 0, NMAX);
-            cand[i] = (uint8_t)l;
+        for (int i = 0; i < N; i++) cand[i] = (uint8_t)clampi(round_even(iscale * (x[i] - min)), 0, NMAX);
+        for (int i = 0; i < N; i++) { /* in order, as ggml sums */
+            float l = cand[i];
             sum_l += w[i] * l;
             sum_l2 += w[i] * l * l;
             sum_xl += w[i] * l * x[i];
@@ -277,4 +287,30 @@ double llm_quant_bits_per_weight(llm_quant_type t)
 {
     const llm_quant_traits *q = llm_quant_traits_of(t);
     return q ? 8.0 * (double)q->block_bytes / (double)q->block : 0.0;
+}
+
+int llm_quant_matrix(void *dst, const void *src, llm_dtype dtype, llm_quant_type t, size_t rows, size_t cols, int threads)
+{
+    const llm_quant_traits *q = llm_quant_traits_of(t);
+    size_t row_bytes = llm_quant_matrix_bytes(t, 1, cols);
+    if (!q || !row_bytes || (unsigned)dtype >= LLM_DTYPE_COUNT) return -1;
+    size_t esz = llm_dtype_size(dtype);
+    int failed = 0;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+        float *row = malloc(cols * sizeof *row);
+        if (!row) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 16)
+        for (size_t r = 0; r < rows; r++) {
+            if (!row) continue;
+            const unsigned char *s = (const unsigned char *)src + r * cols * esz;
+            for (size_t c = 0; c < cols; c++) row[c] = llm_dtype_load(s, dtype, c);
+            q->quantize((unsigned char *)dst + r * row_bytes, row, cols);
+        }
+        free(row);
+    }
+    return failed ? -1 : 0;
 }

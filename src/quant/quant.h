@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../ops/dtype.h"
+
 typedef enum { LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K, LLM_QUANT_Q8_K, LLM_QUANT_COUNT } llm_quant_type;
 
 #define LLM_QK8_0 32
@@ -62,6 +64,11 @@ int llm_quant_from_name(const char *name, llm_quant_type *t);  /* "q8_0", "Q4_K"
 
 /* Bytes of a (rows, cols) matrix in format t: 0 when cols is not a multiple of the block or the size overflows. */
 size_t llm_quant_matrix_bytes(llm_quant_type t, size_t rows, size_t cols);
+
+/* Quantize a (rows, cols) matrix stored in `dtype` (F32, F16 or BF16, converted exactly to f32 first)
+ * into dst (llm_quant_matrix_bytes(t, rows, cols) bytes), rows split between `threads` OpenMP threads.
+ * 0 on success; -1 when cols is not a multiple of the block or a row buffer cannot be allocated. */
+int llm_quant_matrix(void *dst, const void *src, llm_dtype dtype, llm_quant_type t, size_t rows, size_t cols, int threads);
 
 /* Bits per weight: 8.5 for Q8_0, 4.5 for Q4_0 and Q4_K. */
 double llm_quant_bits_per_weight(llm_quant_type t);
