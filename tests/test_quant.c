@@ -254,6 +254,30 @@ static double check_product(const llm_quant_kernels *k, llm_quant_type t, shape 
     return ref2 > 0 ? sqrt(diff2 / ref2) : sqrt(diff2);
 }
 
+/* Every kernel set quantizes activations to the same bytes as the portable one (the layout of quant_impl.h). */
+static void test_activation_bytes(void **state)
+{
+    (void)state;
+    enum { COLS = 1536 };
+    const llm_quant_kernels *portable = llm_quant_kernels_pick("portable"), *k = llm_quant_kernels_pick(NULL);
+    assert_non_null(portable);
+    assert_non_null(k);
+    float x[COLS];
+    rng_state = 7;
+    for (size_t i = 0; i < COLS; i++) x[i] = rng_unit() * (i % 61 == 0 ? 30.0f : 1.0f) * (i < 256 ? 0.0f : 1.0f);
+    for (llm_quant_type t = LLM_QUANT_Q8_0; t <= LLM_QUANT_Q4_K; t++) {
+        size_t bytes = llm_quant_scratch_bytes(t, COLS, 1), B = t == LLM_QUANT_Q4_K ? LLM_QK_K : 32;
+        unsigned char *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
+        assert_true(a && b);
+        memset(a, 0, bytes), memset(b, 0, bytes);
+        portable->quantize_x(a, x, COLS, B);
+        k->quantize_x(b, x, COLS, B);
+        print_message("%s activations in blocks of %zu: %s agrees with portable\n", k->name, B, k->name);
+        assert_memory_equal(a, b, bytes);
+        free(a), free(b);
+    }
+}
+
 static void test_products(void **state)
 {
     (void)state;
@@ -296,6 +320,7 @@ int main(void)
         cmocka_unit_test(test_traits),
         cmocka_unit_test(test_matches_llama_cpp),
         cmocka_unit_test(test_matrix_from_bf16),
+        cmocka_unit_test(test_activation_bytes),
         cmocka_unit_test(test_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -40,7 +40,7 @@ static size_t xq_stride(llm_quant_type t, size_t cols)
 
 /* Blocks of B values to d = max|x| / 127 and qs = round(x / d) (ties to even, as llama.cpp's vector quantizers);
  * plain loops that the compiler vectorises, cheap beside the product (n * cols against rows * cols). */
-static void quantize_activations(unsigned char *xq, const float *x, size_t cols, size_t B)
+void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, size_t B)
 {
     int8_t *qs = (int8_t *)xq;
     float *d = (float *)(xq + cols);
@@ -49,7 +49,7 @@ static void quantize_activations(unsigned char *xq, const float *x, size_t cols,
     for (size_t b = 0; b < cols / B; b++) {
         const float *xb = x + b * B;
         float amax = 0.0f;
-        for (size_t j = 0; j < B; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        for (size_t j = 0; j < B; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax; /* not fmaxf: a call */
         float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         d[b] = db;
         for (size_t j = 0; j < B; j++) qs[b * B + j] = (int8_t)round_even(xb[j] * id);
@@ -137,6 +137,7 @@ PORTABLE_TILE(tile_q4_K_c, dot_q4_K)
 static const llm_quant_kernels kernels_c = {
     .name = "portable",
     .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_c, [LLM_QUANT_Q4_0] = tile_q4_0_c, [LLM_QUANT_Q4_K] = tile_q4_K_c},
+    .quantize_x = llm_quant_x_portable,
 };
 
 /* ---- choice and driver ---- */
@@ -188,7 +189,7 @@ void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, co
 #pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) quantize_activations(xq + i * stride, x + i * cols, cols, B);
+        for (size_t i = 0; i < n; i++) k->quantize_x(xq + i * stride, x + i * cols, cols, B);
         /* each thread takes whole tiles of 4 rows; within one, every position reuses the rows from cache */
         size_t tiles = (rows + TILE - 1) / TILE;
 #pragma omp for schedule(static)

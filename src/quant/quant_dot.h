@@ -21,6 +21,8 @@ typedef void (*llm_quant_tile_fn)(float *out, size_t ldo, const unsigned char *w
 typedef struct {
     const char *name;                       /* "avx512-vnni", "avx2", "portable" */
     llm_quant_tile_fn tile[LLM_QUANT_COUNT]; /* NULL: this weight format has no fast product here */
+    /* One position's activations into the layout of quant_impl.h, blocks of B = 32 or 256. */
+    void (*quantize_x)(unsigned char *xq, const float *x, size_t cols, size_t B);
 } llm_quant_kernels;
 
 /* The best kernels this CPU runs (cpuid), or the named ones ("avx512-vnni", "avx2", "portable") when the CPU has

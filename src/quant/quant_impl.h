@@ -23,6 +23,9 @@ static inline const int16_t *xq_bsums(const unsigned char *xq, size_t cols)
     return (const int16_t *)(xq + cols + cols / LLM_QK_K * 4);
 }
 
+/* The portable activation quantizer (quant_dot.c): every set's quantize_x computes the same bytes. */
+void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, size_t B);
+
 extern const llm_quant_kernels llm_quant_kernels_avx2, llm_quant_kernels_avx512vnni;
 
 #endif

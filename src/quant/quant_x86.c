@@ -207,6 +207,7 @@ DISPATCH(AVX2, tile_q4_K_avx2, tile_q4_K_avx2_n, 2)
 const llm_quant_kernels llm_quant_kernels_avx2 = {
     .name = "avx2",
     .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_avx2, [LLM_QUANT_Q4_0] = tile_q4_0_avx2, [LLM_QUANT_Q4_K] = tile_q4_K_avx2},
+    .quantize_x = llm_quant_x_portable,
 };
 
 /* ============================================ AVX-512 VNNI ============================================ */
@@ -364,11 +365,102 @@ V512 INLINE void tile_q4_K_512_n(float *out, size_t ldo, const uint8_t *w, size_
         for (int p = 0; p < NP; p++) out[(size_t)p * ldo + r] = _mm512_reduce_add_ps(acc[r][p]);
 }
 
-DISPATCH(V512, tile_q8_0_512, tile_32_512, 4, 0)
-DISPATCH(V512, tile_q4_0_512, tile_32_512, 4, 1)
+/* Four rows in one register: the 16-byte quarters of a block from rows r0..r3 side by side, and the activations'
+ * quarter broadcast to all four; vpdpbusd then sums each row's products in its own four lanes, so one multiply by
+ * [d_r0 x4, d_r1 x4, ...] * d_x scales four rows at once and the weight scales are read as four values, not as a
+ * vector per row. Q4_0: a block is one 16-byte run of nibbles (low: values 0..15, high: 16..31); Q8_0: two 16-byte
+ * runs. The end sums lanes 4r..4r+3 into out[r]. nr == 4, np <= 4. */
+V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
+                                size_t cols, const int NP, const int Q4)
+{
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+    const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0), nb = cols / 32;
+    const int K = Q4 ? 8 : 128;
+    const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const uint8_t *w1 = w + rb, *w2 = w + 2 * rb, *w3 = w + 3 * rb;
+    for (size_t b = 0; b < nb; b++) {
+        size_t o = b * bb;
+        __m512i lo, hi;
+#define QUARTERS(OFF)                                                                                                 \
+    _mm512_inserti32x4(                                                                                               \
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w + o + OFF))), \
+                                              _mm_loadu_si128((const __m128i *)(w1 + o + OFF)), 1),                    \
+                           _mm_loadu_si128((const __m128i *)(w2 + o + OFF)), 2),                                      \
+        _mm_loadu_si128((const __m128i *)(w3 + o + OFF)), 3)
+        if (Q4) {
+            __m512i q = QUARTERS(2);
+            lo = _mm512_and_si512(q, m4);
+            hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        } else {
+            lo = _mm512_xor_si512(QUARTERS(2), flip);
+            hi = _mm512_xor_si512(QUARTERS(18), flip);
+        }
+#undef QUARTERS
+        uint16_t d0, d1, d2, d3;
+        memcpy(&d0, w + o, 2), memcpy(&d1, w1 + o, 2), memcpy(&d2, w2 + o, 2), memcpy(&d3, w3 + o, 2);
+        __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)d0, (short)d1, (short)d2, (short)d3, 0, 0, 0, 0));
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const uint8_t *x = xq + (size_t)p * st;
+            __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32 * b)));
+            __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32 * b + 16)));
+            __m512i s = _mm512_maskz_set1_epi32(0x1111, -K * xq_sum(x, cols)[b]);
+            s = _mm512_dpbusd_epi32(s, lo, alo);
+            s = _mm512_dpbusd_epi32(s, hi, ahi);
+            __m512 scale = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(xq_d(x, cols)[b]))));
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[p]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) {
+        __m512 t = _mm512_add_ps(acc[p], _mm512_permute_ps(acc[p], 0x4e)); /* lanes (0+2, 1+3) of each quad */
+        t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
+        _mm_storeu_ps(out + (size_t)p * ldo, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+    }
+}
+
+/* Four-row tiles through the lane-per-row kernel above, the rest through the row-at-a-time one. */
+V512 INLINE void tile_32_512_any(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
+                                 size_t cols, const int NR, const int NP, const int Q4)
+{
+    if (NR == 4) tile_32_512_x4(out, ldo, w, rb, xq, st, cols, NP, Q4);
+    else tile_32_512(out, ldo, w, rb, xq, st, cols, NR, NP, Q4);
+}
+
+DISPATCH(V512, tile_q8_0_512, tile_32_512_any, 4, 0)
+DISPATCH(V512, tile_q4_0_512, tile_32_512_any, 4, 1)
 DISPATCH(V512, tile_q4_K_512, tile_q4_K_512_n, 2)
+
+/* The activations, 32 values a step: the same bytes as llm_quant_x_portable (max|x| / 127, the product by
+ * 127 / max|x| rounded to nearest even by vcvtps2dq under the default rounding mode). */
+V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, size_t B)
+{
+    int8_t *qs = (int8_t *)xq;
+    float *d = (float *)(xq + cols);
+    int32_t *sum = (int32_t *)(xq + cols + cols / 32 * 4);
+    int16_t *bsums = (int16_t *)(xq + cols + cols / LLM_QK_K * 4);
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    for (size_t b = 0; b < cols / B; b++) {
+        __m512 m = _mm512_setzero_ps();
+        for (size_t j = 0; j < B; j += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + b * B + j)));
+        float amax = _mm512_reduce_max_ps(m);
+        d[b] = amax / 127.0f;
+        __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        for (size_t j = 0; j < B; j += 16) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * B + j), id));
+            _mm_storeu_si128((__m128i *)(qs + b * B + j), _mm512_cvtepi32_epi8(q));
+            if (B == LLM_QK_K) bsums[(b * B + j) / 16] = (int16_t)_mm512_reduce_add_epi32(q);
+            else if (j == 0) sum[b] = _mm512_reduce_add_epi32(q);
+            else sum[b] += _mm512_reduce_add_epi32(q);
+        }
+    }
+}
 
 const llm_quant_kernels llm_quant_kernels_avx512vnni = {
     .name = "avx512-vnni",
     .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_512, [LLM_QUANT_Q4_0] = tile_q4_0_512, [LLM_QUANT_Q4_K] = tile_q4_K_512},
+    .quantize_x = quantize_x_512,
 };
