@@ -174,7 +174,7 @@ size_t llm_quant_scratch_bytes(llm_quant_type t, size_t cols, size_t n)
     return n && s > SIZE_MAX / n ? 0 : s * n;
 }
 
-enum { TILE = 4 };
+enum { TILE = 8 }; /* rows a tile; positions a tile: 4 */
 
 void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, const void *w, llm_quant_type t,
                       size_t rows, size_t cols, size_t n, void *scratch, int threads)
@@ -190,14 +190,14 @@ void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, co
     {
 #pragma omp for schedule(static)
         for (size_t i = 0; i < n; i++) k->quantize_x(xq + i * stride, x + i * cols, cols, B);
-        /* each thread takes whole tiles of 4 rows; within one, every position reuses the rows from cache */
+        /* each thread takes whole tiles of 8 rows; within one, every position reuses the rows from cache */
         size_t tiles = (rows + TILE - 1) / TILE;
 #pragma omp for schedule(static)
         for (size_t rt = 0; rt < tiles; rt++) {
             size_t r = rt * TILE;
             int nr = (int)(rows - r < TILE ? rows - r : TILE);
-            for (size_t i = 0; i < n; i += TILE) {
-                int np = (int)(n - i < TILE ? n - i : TILE);
+            for (size_t i = 0; i < n; i += 4) {
+                int np = (int)(n - i < 4 ? n - i : 4);
                 tile(out + i * rows + r, rows, (const unsigned char *)w + r * row_bytes, row_bytes, xq + i * stride,
                      stride, cols, nr, np);
             }

@@ -14,7 +14,7 @@
 void llm_quant_matmul_ref(float *out, const float *x, const void *w, llm_quant_type t, size_t rows, size_t cols,
                           size_t n);
 
-/* Kernels for one instruction set. `tile` computes an (up to 4 rows) x (up to 4 positions) tile of the product
+/* Kernels for one instruction set. `tile` computes an (up to 8 rows) x (up to 4 positions) tile of the product
  * from weights in format t and activations already quantized by llm_quant_matmul (see quant_dot.c for the layout). */
 typedef void (*llm_quant_tile_fn)(float *out, size_t ldo, const unsigned char *w, size_t row_bytes,
                                   const unsigned char *xq, size_t xq_stride, size_t cols, int nr, int np);

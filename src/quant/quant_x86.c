@@ -369,69 +369,94 @@ V512 INLINE void tile_q4_K_512_n(float *out, size_t ldo, const uint8_t *w, size_
  * quarter broadcast to all four; vpdpbusd then sums each row's products in its own four lanes, so one multiply by
  * [d_r0 x4, d_r1 x4, ...] * d_x scales four rows at once and the weight scales are read as four values, not as a
  * vector per row. Q4_0: a block is one 16-byte run of nibbles (low: values 0..15, high: 16..31); Q8_0: two 16-byte
- * runs. The end sums lanes 4r..4r+3 into out[r]. nr == 4, np <= 4. */
+ * runs. G groups of four rows (G = 1, 2) share each position's activation loads. The end sums lanes 4r..4r+3 into
+ * out[r]. nr == 4 G, np <= 4. */
 V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
-                                size_t cols, const int NP, const int Q4)
+                                size_t cols, const int G, const int NP, const int Q4)
 {
-    __m512 acc[4];
+    __m512 acc[2][4];
+#pragma GCC unroll 2
+    for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+        for (int p = 0; p < NP; p++) acc[g][p] = _mm512_setzero_ps();
     const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0), nb = cols / 32;
     const int K = Q4 ? 8 : 128;
     const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const uint8_t *w1 = w + rb, *w2 = w + 2 * rb, *w3 = w + 3 * rb;
     for (size_t b = 0; b < nb; b++) {
         size_t o = b * bb;
-        __m512i lo, hi;
+        __m512i lo[2], hi[2];
+        __m512 dw[2];
+#pragma GCC unroll 2
+        for (int g = 0; g < G; g++) {
+            const uint8_t *w0 = w + (size_t)(4 * g) * rb + o, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
 #define QUARTERS(OFF)                                                                                                 \
-    _mm512_inserti32x4(                                                                                               \
-        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w + o + OFF))), \
-                                              _mm_loadu_si128((const __m128i *)(w1 + o + OFF)), 1),                    \
-                           _mm_loadu_si128((const __m128i *)(w2 + o + OFF)), 2),                                      \
-        _mm_loadu_si128((const __m128i *)(w3 + o + OFF)), 3)
-        if (Q4) {
-            __m512i q = QUARTERS(2);
-            lo = _mm512_and_si512(q, m4);
-            hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-        } else {
-            lo = _mm512_xor_si512(QUARTERS(2), flip);
-            hi = _mm512_xor_si512(QUARTERS(18), flip);
-        }
+    _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(                                  \
+                                                                 _mm_loadu_si128((const __m128i *)(w0 + OFF))),       \
+                                                             _mm_loadu_si128((const __m128i *)(w1 + OFF)), 1),         \
+                                          _mm_loadu_si128((const __m128i *)(w2 + OFF)), 2),                           \
+                       _mm_loadu_si128((const __m128i *)(w3 + OFF)), 3)
+            if (Q4) {
+                __m512i q = QUARTERS(2);
+                lo[g] = _mm512_and_si512(q, m4);
+                hi[g] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            } else {
+                lo[g] = _mm512_xor_si512(QUARTERS(2), flip);
+                hi[g] = _mm512_xor_si512(QUARTERS(18), flip);
+            }
 #undef QUARTERS
-        uint16_t d0, d1, d2, d3;
-        memcpy(&d0, w + o, 2), memcpy(&d1, w1 + o, 2), memcpy(&d2, w2 + o, 2), memcpy(&d3, w3 + o, 2);
-        __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)d0, (short)d1, (short)d2, (short)d3, 0, 0, 0, 0));
+            uint16_t d0, d1, d2, d3;
+            memcpy(&d0, w0, 2), memcpy(&d1, w1, 2), memcpy(&d2, w2, 2), memcpy(&d3, w3, 2);
+            __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)d0, (short)d1, (short)d2, (short)d3, 0, 0, 0, 0));
+            dw[g] = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(d4));
+        }
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
             const uint8_t *x = xq + (size_t)p * st;
             __m512i alo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32 * b)));
             __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32 * b + 16)));
-            __m512i s = _mm512_maskz_set1_epi32(0x1111, -K * xq_sum(x, cols)[b]);
-            s = _mm512_dpbusd_epi32(s, lo, alo);
-            s = _mm512_dpbusd_epi32(s, hi, ahi);
-            __m512 scale = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_set1_ps(xq_d(x, cols)[b]))));
-            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[p]);
+            __m512i off = _mm512_maskz_set1_epi32(0x1111, -K * xq_sum(x, cols)[b]);
+            __m512 da = _mm512_set1_ps(xq_d(x, cols)[b]);
+#pragma GCC unroll 2
+            for (int g = 0; g < G; g++) {
+                __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, lo[g], alo), hi[g], ahi);
+                acc[g][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[g], da), acc[g][p]);
+            }
         }
     }
+#pragma GCC unroll 2
+    for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; p++) {
-        __m512 t = _mm512_add_ps(acc[p], _mm512_permute_ps(acc[p], 0x4e)); /* lanes (0+2, 1+3) of each quad */
-        t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
-        _mm_storeu_ps(out + (size_t)p * ldo, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+        for (int p = 0; p < NP; p++) {
+            __m512 t = _mm512_add_ps(acc[g][p], _mm512_permute_ps(acc[g][p], 0x4e)); /* lanes (0+2, 1+3) of a quad */
+            t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
+            _mm_storeu_ps(out + (size_t)p * ldo + 4 * g, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+        }
+}
+
+/* Tiles of up to 8 rows x 4 positions: groups of four rows through the kernel above (constant sizes, so the
+ * accumulators stay in registers), the last rows through the row-at-a-time one. */
+#define DISPATCH_32_512(NAME, Q4)                                                                                     \
+    V512 static void NAME(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,         \
+                          size_t st, size_t cols, int nr, int np)                                                     \
+    {                                                                                                                 \
+        for (int p = 0; p < np; p++) {                                                                                \
+            float *o = out + (size_t)p * ldo;                                                                         \
+            const unsigned char *x = xq + (size_t)p * st;                                                             \
+            int n = np - p, r = 0;                                                                                    \
+            if (n == 4 && nr == 8) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 2, 4, Q4), r = 8;                       \
+            else if (n == 4 && nr >= 4) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 1, 4, Q4), r = 4;                  \
+            else if (nr == 8) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 2, 1, Q4), r = 8, n = 1;                     \
+            else if (nr >= 4) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 1, 1, Q4), r = 4, n = 1;                     \
+            else n = 1;                                                                                               \
+            for (; r < nr; r++)                                                                                       \
+                if (n == 4) tile_32_512(o + r, ldo, w + (size_t)r * rb, rb, x, st, cols, 1, 4, Q4);                   \
+                else tile_32_512(o + r, ldo, w + (size_t)r * rb, rb, x, st, cols, 1, 1, Q4);                          \
+            if (n == 4) p += 3;                                                                                       \
+        }                                                                                                             \
     }
-}
-
-/* Four-row tiles through the lane-per-row kernel above, the rest through the row-at-a-time one. */
-V512 INLINE void tile_32_512_any(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
-                                 size_t cols, const int NR, const int NP, const int Q4)
-{
-    if (NR == 4) tile_32_512_x4(out, ldo, w, rb, xq, st, cols, NP, Q4);
-    else tile_32_512(out, ldo, w, rb, xq, st, cols, NR, NP, Q4);
-}
-
-DISPATCH(V512, tile_q8_0_512, tile_32_512_any, 4, 0)
-DISPATCH(V512, tile_q4_0_512, tile_32_512_any, 4, 1)
+DISPATCH_32_512(tile_q8_0_512, 0)
+DISPATCH_32_512(tile_q4_0_512, 1)
 DISPATCH(V512, tile_q4_K_512, tile_q4_K_512_n, 2)
 
 /* The activations, 32 values a step: the same bytes as llm_quant_x_portable (max|x| / 127, the product by
