@@ -53,9 +53,11 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
         for (int p = 0; p < NP; p++) acc[r][p] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0);
+    const char *next = (const char *)w + (size_t)NR * rb; /* the next rows into L2, as tile_32_512_x4 explains */
     for (size_t b = 0; b < cols / 32; b++) {
         __m256i wq[4];
         float dw[4];
+        for (size_t off = b * NR * bb; off < (b + 1) * NR * bb; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * rb + b * bb;
@@ -103,8 +105,11 @@ AVX2 INLINE void tile_q4_K_avx2_n(float *out, size_t ldo, const uint8_t *w, size
 #pragma GCC unroll 2
         for (int p = 0; p < NP; p++) acc[r][p] = _mm256_setzero_ps(), macc[r][p] = 0.0f;
     const __m256i m4 = _mm256_set1_epi8(15);
+    const char *next = (const char *)w + (size_t)NR * rb; /* the next rows into L2, as tile_32_512_x4 explains */
+    const size_t slice = (size_t)NR * sizeof(llm_block_q4_K);
     for (size_t b = 0; b < cols / LLM_QK_K; b++) {
         __m256i isum[4][2];
+        for (size_t off = b * slice; off < (b + 1) * slice; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
         __m128i mins_lo[4], mins_hi[4];
         float d[4], dmin[4];
         uint8_t sc[4][8];
@@ -306,7 +311,10 @@ V512 INLINE void tile_q4_K_512_n(float *out, size_t ldo, const uint8_t *w, size_
         _mm512_inserti64x4(_mm512_set1_epi16(5), _mm256_set1_epi16(7), 1),
     };
     const __m256i pairs = _mm256_setr_epi16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const char *next = (const char *)w + (size_t)NR * rb; /* the next rows into L2, as tile_32_512_x4 explains */
+    const size_t slice = (size_t)NR * sizeof(llm_block_q4_K);
     for (size_t b = 0; b < cols / LLM_QK_K; b++) {
+        for (size_t off = b * slice; off < (b + 1) * slice; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
         __m512i isum[4][2], sc[4];
         __m256i mins[4];
         float d[4], dmin[4];
@@ -383,10 +391,16 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
     const int K = Q4 ? 8 : 128;
     const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    /* The rows of a tile are read as 4 G streams at once, each too short (1-6 KB) for the hardware prefetcher to
+     * lock on before it ends, so the loads wait on memory. The next tile's rows (threads take consecutive tiles)
+     * are one contiguous span: it is asked for into L2 a slice per block, all of it by the end of this tile. */
+    const char *next = (const char *)w + (size_t)(4 * G) * rb;
+    const size_t slice = (size_t)(4 * G) * bb;
     for (size_t b = 0; b < nb; b++) {
         size_t o = b * bb;
         __m512i lo[2], hi[2];
         __m512 dw[2];
+        for (size_t off = b * slice; off < (b + 1) * slice; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
 #pragma GCC unroll 2
         for (int g = 0; g < G; g++) {
             const uint8_t *w0 = w + (size_t)(4 * g) * rb + o, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
