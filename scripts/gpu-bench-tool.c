@@ -180,31 +180,36 @@ static void mark_end(llm_op op, double bytes)
     if (prof_slot + 2 < MAX_MARKS) prof_slot += 2;
 }
 
-static void p_embed(float *o, const llm_weight *t, const int32_t *tk, int n)
+static void p_embed(float *o, const llm_weight *t, const int32_t *tk, int n, float sc)
 {
-    mark_begin(), prof_inner.embed(o, t, tk, n), mark_end(LLM_OP_EMBED, 0);
+    mark_begin(), prof_inner.embed(o, t, tk, n, sc), mark_end(LLM_OP_EMBED, 0);
 }
-static void p_rmsnorm(float *o, const float *x, const llm_weight *w, int n, int d, float e)
+static void p_rmsnorm(float *o, const float *x, const llm_weight *w, int n, int d, float e, float off)
 {
-    mark_begin(), prof_inner.rmsnorm(o, x, w, n, d, e), mark_end(LLM_OP_RMSNORM, 8.0 * n * d);
+    mark_begin(), prof_inner.rmsnorm(o, x, w, n, d, e, off), mark_end(LLM_OP_RMSNORM, 8.0 * n * d);
 }
 static void p_matmul(float *o, const float *x, const llm_weight *w, const llm_weight *b, int n)
 {
     mark_begin(), prof_inner.matmul(o, x, w, b, n);
     mark_end(LLM_OP_MATMUL, (double)w->rows * w->cols * llm_dtype_size(w->dtype));
 }
-static void p_rope(float *q, float *k, const int32_t *p, const float *f, int n, int h, int kh, int hd)
+static void p_rope(float *q, float *k, const int32_t *p, const float *f, int n, int h, int kh, int hd, int rd,
+                   float sc)
 {
-    mark_begin(), prof_inner.rope(q, k, p, f, n, h, kh, hd), mark_end(LLM_OP_ROPE, 0);
+    mark_begin(), prof_inner.rope(q, k, p, f, n, h, kh, hd, rd, sc), mark_end(LLM_OP_ROPE, 0);
 }
 static void p_attention(float *o, const float *q, const float *k, const float *v, float *kc, float *vc,
-                        const int32_t *p, int n, int h, int kh, int hd, int ctx)
+                        const int32_t *p, int n, int h, int kh, int hd, int ctx, const llm_attention_params *ap)
 {
-    mark_begin(), prof_inner.attention(o, q, k, v, kc, vc, p, n, h, kh, hd, ctx), mark_end(LLM_OP_ATTENTION, 0);
+    mark_begin(), prof_inner.attention(o, q, k, v, kc, vc, p, n, h, kh, hd, ctx, ap), mark_end(LLM_OP_ATTENTION, 0);
 }
-static void p_swiglu(float *o, const float *g, const float *u, size_t c)
+static void p_glu(float *o, const float *g, const float *u, size_t c, llm_act a)
 {
-    mark_begin(), prof_inner.swiglu(o, g, u, c), mark_end(LLM_OP_SWIGLU, 12.0 * c);
+    mark_begin(), prof_inner.glu(o, g, u, c, a), mark_end(LLM_OP_GLU, 12.0 * c);
+}
+static void p_softcap(float *x, float cap, size_t c)
+{
+    mark_begin(), prof_inner.softcap(x, cap, c), mark_end(LLM_OP_SOFTCAP, 8.0 * c);
 }
 static void p_add(float *x, const float *y, size_t c) { mark_begin(), prof_inner.add(x, y, c), mark_end(LLM_OP_ADD, 12.0 * c); }
 static void p_logits(float *o, const float *x, const llm_weight *w, int n)
@@ -246,7 +251,7 @@ static void profile_start(llm_model *m)
     prof_dev = m->rt.dev;
     prof_inner = m->rt.ops;
     prof_slot = 0;
-    llm_ops w = {p_embed, p_rmsnorm, p_matmul, p_rope, p_attention, p_swiglu, p_add, p_logits};
+    llm_ops w = {p_embed, p_rmsnorm, p_matmul, p_rope, p_attention, p_glu, p_add, p_logits, p_softcap};
     m->rt.ops = w;
 }
 

@@ -71,7 +71,6 @@ TOKENS = [
     ("HuggingFaceTB", {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}),
     ("openai-gpt-oss", {"bos_token": "<|startoftext|>", "eos_token": "<|return|>"}),
     ("openchat", {"bos_token": "<s>", "eos_token": "<|end_of_turn|>"}),
-    ("eachadea-vicuna", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("bofenghuang", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("yandex", {"bos_token": "<s>", "eos_token": "</s>"}),
     ("ByteDance", {"bos_token": "<seed:bos>", "eos_token": "<seed:eos>"}),
@@ -94,6 +93,13 @@ CONVERSATIONS = {
         {"role": "user", "content": TRICKY},
         {"role": "assistant", "content": "  Answer with spaces around  "},
         {"role": "user", "content": "Ça va? 😀 \\n is not a newline"},
+    ],
+    # only for templates that read tool_calls, with the tools below; the id has the 9 characters Mistral's want
+    "tool_call": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "abcDEF123", "type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+        {"role": "tool", "tool_call_id": "abcDEF123", "name": "get_weather", "content": "{\"temperature\": 21}"},
     ],
 }
 TOOLS = [
@@ -146,6 +152,8 @@ def main():
         tokens = tokens_for(name)
         cases = []
         for conv in CONVERSATIONS:
+            if conv == "tool_call":
+                continue
             for agp in (True, False):
                 case = {"conversation": conv, "add_generation_prompt": agp, "tools": False}
                 case.update(render(source, CONVERSATIONS[conv], agp, None, tokens))
@@ -153,6 +161,10 @@ def main():
         if "tools" in source:
             case = {"conversation": "user", "add_generation_prompt": True, "tools": True}
             case.update(render(source, CONVERSATIONS["user"], True, TOOLS, tokens))
+            cases.append(case)
+        if "tool_calls" in source:
+            case = {"conversation": "tool_call", "add_generation_prompt": True, "tools": True}
+            case.update(render(source, CONVERSATIONS["tool_call"], True, TOOLS, tokens))
             cases.append(case)
         templates.append({"name": name, "tokens": tokens, "cases": cases})
         n_cases += len(cases)

@@ -1,10 +1,22 @@
 /* What the subcommands share (cli.h). */
 #include <argtable2.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "model/files.h"
+
+void llm_cli_error(const char *msg)
+{
+    char line[2048];
+    snprintf(line, sizeof line, "%s", msg);
+    llm_message_one_line(line); /* whatever a file or an argument put in it, the error stays one line */
+    fprintf(stderr, "llm-run: %s\n", line);
+}
 
 bool llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, struct arg_end *end, const char *cmd,
                   const char *usage, int glossary_width, int *rc)
@@ -23,41 +35,62 @@ bool llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, str
         return false;
     }
     if (n_errors) {
-        arg_print_errors(stderr, end, cmd);
-        fprintf(stderr, "llm-run: see %s --help\n", cmd);
+        /* The first of argtable's errors, with the hint, is the one line (an argument's own newlines become '?'). */
+        char *msg = NULL, line[1024];
+        size_t msg_len = 0;
+        FILE *m = open_memstream(&msg, &msg_len);
+        if (m) {
+            struct arg_hdr *parent = end->count > 0 ? end->parent[0] : NULL;
+            if (parent && parent->errorfn) parent->errorfn(parent, m, end->error[0], end->argval[0], "");
+            fclose(m);
+        }
+        const char *first = msg && msg[0] ? msg : "bad arguments";
+        while (*first == ':' || *first == ' ') first++;
+        size_t n = strlen(first);
+        while (n > 0 && first[n - 1] == '\n') n--;
+        snprintf(line, sizeof line, "%.*s (see %s --help)", (int)(n < 900 ? n : 900), first, cmd);
+        llm_cli_error(line);
+        free(msg);
         return false;
     }
     return true;
 }
 
-/* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
+int llm_cli_max_threads(void)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    return cpus > 0 && cpus < 1024 ? 4 * (int)cpus : 4096;
+}
+
+int llm_cli_check_threads(int threads, const char *flag, char *err, size_t err_len)
+{
+    int max = llm_cli_max_threads();
+    if (threads >= 1 && threads <= max) return 0;
+    snprintf(err, err_len, "%s %d: expected a thread count from 1 to %d (4 x the %d CPUs here)", flag, threads, max,
+             max / 4);
+    return -1;
+}
+
+int llm_cli_check_count(long long value, const char *flag, long long min, long long max, const char *what, char *err,
+                        size_t err_len)
+{
+    if (value >= min && value <= max) return 0;
+    snprintf(err, err_len, "%s %lld: expected %s from %lld to %lld", flag, value, what, min, max);
+    return -1;
+}
+
+int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len)
+{
+    return llm_stream_read(path, strcmp(path, "-") ? path : "stdin", LLM_PROMPT_MAX_BYTES, text, len, err, err_len);
+}
+
 char *llm_cli_read_file(const char *path, size_t *len)
 {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = bigger;
-        cap *= 2;
-    }
-    int failed = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || failed) {
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
+    char *text, err[512];
+    errno = 0;
+    if (llm_cli_read_prompt(path, &text, len, err, sizeof err) == 0) return text;
+    if (!errno) errno = EFBIG;
+    return NULL;
 }
 
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)

@@ -23,16 +23,30 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads);
 /* The argtable handling each subcommand shares (cli.c, like everything below): argv parsed into table (whose --help
  * flag is help and whose error collector is end). true: run the command. false: stop, with *rc the exit code --
  * 0 after --help (usage, then the options' glossary with names in a column glossary_width wide, on stdout), left as
- * the caller's error code after bad arguments (argtable's errors and "llm-run: see CMD --help" on stderr, cmd being
- * how the user called it, "llm-run bench"). */
+ * the caller's error code after bad arguments (argtable's first error and "(see CMD --help)" as one line on stderr,
+ * cmd being how the user called it, "llm-run bench"). */
 struct arg_lit;
 struct arg_end;
 bool llm_cli_args(int argc, char **argv, void **table, struct arg_lit *help, struct arg_end *end, const char *cmd,
                   const char *usage, int glossary_width, int *rc);
 
+/* Prints "llm-run: <msg>" on stderr as one line: control bytes and invalid UTF-8 in msg become '?'. */
+void llm_cli_error(const char *msg);
+
+/* The checks every command makes on user numbers, each 0 or -1 with one line in err naming the option:
+ * a thread count from 1 to llm_cli_max_threads() (4 x the online CPUs: more only costs stack and scratch);
+ * a count in [min, max] (what: "a context size"). */
+int llm_cli_max_threads(void);
+int llm_cli_check_threads(int threads, const char *flag, char *err, size_t err_len);
+int llm_cli_check_count(long long value, const char *flag, long long min, long long max, const char *what, char *err,
+                        size_t err_len);
+
 /* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
-/* A whole file ("-": standard input) in a NUL-terminated malloc'd buffer; NULL with errno set on failure. */
+/* A prompt file ("-": standard input; a pipe is fine) in a NUL-terminated malloc'd buffer, at most
+ * LLM_PROMPT_MAX_BYTES. 0, or -1 with one line in err naming the file. */
+int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len);
+/* The same, NULL with errno set on failure (EFBIG past the cap). */
 char *llm_cli_read_file(const char *path, size_t *len);
 /* -e: the escapes of llama.cpp's string_process_escapes, in place: \n \r \t \' \" \\ and \xHH (two hex digits),
  * plus \0 (a NUL byte). Any other backslash, a trailing one included, stays as written. Returns the new length

@@ -58,6 +58,13 @@ const char *llm_gen_model_path(const llm_gen_flags *f)
 int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *err, size_t err_len)
 {
     memset(g, 0, sizeof *g);
+    /* Sizes are checked before anything is loaded (sampling parameters by llm_sampler_init): none is silently
+     * replaced by a default. */
+    if ((f->ctx->count && llm_cli_check_count(f->ctx->ival[0], "-c", 0, 1 << 24, "a context size (0: the default)",
+                                              err, err_len)) ||
+        (f->batch->count && llm_cli_check_count(f->batch->ival[0], "-b", 1, 1 << 24, "a batch size", err, err_len)) ||
+        (f->threads->count && llm_cli_check_threads(f->threads->ival[0], "-t", err, err_len)))
+        return -1;
     const char *path = llm_gen_model_path(f);
     llm_op_pin pins[LLM_GEN_MAX_PINS];
     for (int i = 0; i < f->op_device->count; i++)
@@ -82,6 +89,12 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
         if (llm_tokenizer_load(&g->tok, g->model.dir, err, err_len) ||
             llm_chat_template_load(&g->tmpl, g->model.dir, err, err_len))
             goto fail;
+        if (llm_tokenizer_vocab_size(g->tok) > (size_t)g->model.config.vocab_size) { /* found here, not at a step */
+            snprintf(err, err_len, "%.400s/tokenizer.json: its ids reach %zu, past config.json's vocab_size %d (a "
+                     "tokenizer of another model?)", g->model.dir, llm_tokenizer_vocab_size(g->tok) - 1,
+                     g->model.config.vocab_size);
+            goto fail;
+        }
     }
 
     llm_session_options *so = &g->so;

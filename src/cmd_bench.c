@@ -341,10 +341,13 @@ int llm_cmd_bench(int argc, char **argv)
     plan.n_p = kept, kept = 0;
     for (int i = 0; i < plan.n_n; i++) if (plan.n[i]) plan.n[kept++] = plan.n[i];
     plan.n_n = kept;
-    if (plan.reps < 1 || plan.reps > MAX_REPS || plan.batch < 1 || plan.depth < 0) {
-        snprintf(err, sizeof err, "bench: expected 1 <= -r <= %d, -b >= 1 and --tg-after >= 0", MAX_REPS);
+    /* Bounded as the -p and -n lists are, so that depth + n and every position stay far from INT_MAX. */
+    if (llm_cli_check_count(plan.reps, "-r", 1, MAX_REPS, "a count of repetitions", err, sizeof err) ||
+        llm_cli_check_count(plan.batch, "-b", 1, 1 << 24, "a batch size", err, sizeof err) ||
+        llm_cli_check_count(plan.depth, "--tg-after", 0, 1 << 24, "a prompt length", err, sizeof err))
         goto fail;
-    }
+    for (int i = 0; i < (threads->count ? n_threads : 0); i++)
+        if (llm_cli_check_threads(thread_list[i], "-t", err, sizeof err)) goto fail;
     if (plan.n_p + plan.n_n == 0) {
         snprintf(err, sizeof err, "bench: nothing to time (-p and -n are both 0)");
         goto fail;
@@ -398,7 +401,7 @@ int llm_cmd_bench(int argc, char **argv)
     goto done;
 
 fail:
-    fprintf(stderr, "llm-run: %s\n", err);
+    llm_cli_error(err);
 done:
     llm_model_free(&m);
     free(rows);

@@ -14,6 +14,7 @@
 #include <editline/readline.h>
 
 #include "cli.h"
+#include "model/files.h"
 #include "cli_gen.h"
 #include "session.h"
 
@@ -23,6 +24,32 @@ static void on_sigint(int sig)
 {
     (void)sig;
     interrupted = 1;
+}
+
+/* Set when a piped line passed LLM_PROMPT_MAX_BYTES (chat < /dev/zero would grow without bound otherwise). */
+static bool line_too_long;
+
+/* getline that gives up past LLM_PROMPT_MAX_BYTES (line_too_long set, -1 returned). */
+static ssize_t getline_capped(char **line, size_t *cap, FILE *in)
+{
+    size_t n = 0;
+    for (int c; (c = getc(in)) != EOF;) {
+        if (n + 2 > *cap) {
+            if (n >= LLM_PROMPT_MAX_BYTES) {
+                line_too_long = true;
+                return -1;
+            }
+            size_t want = *cap ? *cap * 2 : 256;
+            char *grown = realloc(*line, want);
+            if (!grown) return -1;
+            *line = grown, *cap = want;
+        }
+        (*line)[n++] = (char)c;
+        if (c == '\n') break;
+    }
+    if (n == 0) return -1;
+    (*line)[n] = 0;
+    return (ssize_t)n;
 }
 
 /* The next user line without its end of line (malloc'd), or NULL at the end of the input. */
@@ -38,12 +65,13 @@ static char *read_turn(bool tty)
         }
         char *line = NULL;
         size_t cap = 0;
-        ssize_t n = getline(&line, &cap, stdin);
+        ssize_t n = getline_capped(&line, &cap, stdin);
         if (n >= 0) {
             while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
             return line;
         }
         free(line);
+        if (line_too_long) return NULL;
         if (!(errno == EINTR && interrupted)) return NULL;
         clearerr(stdin);
     }
@@ -231,13 +259,17 @@ int llm_cmd_chat(int argc, char **argv)
         free(line), line = NULL;
     }
     if (tty && !line) printf("\n"); /* Ctrl-D: end the prompt's line */
+    if (line_too_long) {
+        snprintf(err, sizeof err, "stdin: a line longer than the %zu bytes a prompt may hold", LLM_PROMPT_MAX_BYTES);
+        goto fail;
+    }
     rc = 0;
     goto done;
 
 oom:
     snprintf(err, sizeof err, "out of memory");
 fail:
-    fprintf(stderr, "llm-run: %s\n", err);
+    llm_cli_error(err);
 done:
     if (handler) sigaction(SIGINT, &old_int, NULL);
     llm_session_free(&s);

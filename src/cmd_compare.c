@@ -1,6 +1,7 @@
 /* `llm-run compare MODEL --device X [--ref cpu]`: the same tokens through the model on two devices, every traced
  * buffer and the logits compared (src/compare.c does the work). Exit 0 within --tol, 1 beyond, 2 on error. */
 #include <argtable2.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,10 +62,16 @@ int llm_cmd_compare(int argc, char **argv)
     };
     opt.trace_tol = trace_tol->count ? trace_tol->dval[0] : opt.tol;
     int n = positions->count ? positions->ival[0] : 128;
-    if (opt.chunk < 1 || opt.n_generate < 0 || n < 1 || !(opt.tol >= 0) || !(opt.trace_tol >= 0)) {
-        snprintf(err, sizeof err, "compare: expected -b >= 1, -n >= 0, -p >= 1 and tolerances >= 0");
+    /* Bounded like a context (2^24 positions), so that n + n_generate cannot overflow an int. */
+    if (llm_cli_check_count(opt.chunk, "-b", 1, 1 << 24, "a batch size", err, sizeof err) ||
+        llm_cli_check_count(opt.n_generate, "-n", 0, 1 << 24, "a count of tokens", err, sizeof err) ||
+        llm_cli_check_count(n, "-p", 1, 1 << 24, "a count of positions", err, sizeof err))
+        goto fail;
+    if (!(opt.tol >= 0 && opt.tol <= HUGE_VAL) || !(opt.trace_tol >= 0 && opt.trace_tol <= HUGE_VAL)) {
+        snprintf(err, sizeof err, "compare: expected tolerances >= 0");
         goto fail;
     }
+    if (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) goto fail;
 
     const char *dev_name = device->count ? device->sval[0] : NULL; /* NULL: $LLM_RUN_DEVICE or auto */
     int n_threads = threads->count ? threads->ival[0] : 0;
@@ -108,7 +115,7 @@ int llm_cmd_compare(int argc, char **argv)
     goto done;
 
 fail:
-    fprintf(stderr, "llm-run: %s\n", err);
+    llm_cli_error(err);
 done:
     llm_compare_result_free(&res);
     llm_model_free(&dut);

@@ -45,6 +45,11 @@ static void print_ops(FILE *out, const llm_device *dev)
 
 int llm_cli_list_devices(FILE *out, bool measure, int threads)
 {
+    char err[256];
+    if (threads && llm_cli_check_threads(threads, "-t", err, sizeof err)) {
+        llm_cli_error(err); /* libgomp puts each thread's stack in memory: 100000 of them overflow it */
+        return 1;
+    }
     for (int i = 0; i < llm_device_known_count(); i++) {
         const llm_device *dev = NULL;
         const char *name = llm_device_known(i, &dev);
@@ -106,8 +111,9 @@ int llm_cmd_devices(int argc, char **argv)
         "Lists every device llm-run knows: whether it is usable here (and why not), what it is, its memory,\n"
         "and which ops it runs natively (the others come from the cpu reference).\n\n";
     if (!llm_cli_args(argc, argv, table, help, end, "llm-run devices", usage, 26, &rc)) goto done;
-    if (threads->count && threads->ival[0] < 1) {
-        fprintf(stderr, "llm-run: -t %d: expected a thread count >= 1\n", threads->ival[0]);
+    char err[256];
+    if (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) {
+        llm_cli_error(err);
         goto done;
     }
     rc = llm_cli_list_devices(stdout, measure->count > 0, threads->count ? threads->ival[0] : 0);

@@ -25,12 +25,9 @@ static char *read_prompt(struct arg_str *prompt, struct arg_file *file, bool esc
         text = strdup(prompt->sval[0]);
         *len = !text ? 0 : escapes ? llm_cli_unescape(text) : strlen(text);
     } else if (file->count) {
-        if (!(text = llm_cli_read_file(file->filename[0], len))) {
-            snprintf(err, err_len, "%s: cannot read the prompt file: %s", from, strerror(errno));
-            return NULL;
-        }
+        if (llm_cli_read_prompt(file->filename[0], &text, len, err, err_len)) return NULL; /* capped; no folder */
     } else if (!isatty(STDIN_FILENO)) {
-        text = llm_cli_read_file("-", len);
+        if (llm_cli_read_prompt("-", &text, len, err, err_len)) return NULL;
     } else {
         snprintf(err, err_len, "no prompt: give -p TEXT, -f FILE, --tokens IDS or pipe text to stdin");
         return NULL;
@@ -201,7 +198,7 @@ int llm_cmd_generate(int argc, char **argv)
     goto done;
 
 fail:
-    fprintf(stderr, "llm-run: %s\n", err);
+    llm_cli_error(err);
 done:
     llm_profile_stop(prof);
     llm_session_free(&s);

@@ -87,7 +87,7 @@ int llm_cmd_template(int argc, char **argv)
     goto done;
 
 fail:
-    fprintf(stderr, "llm-run: %s\n", err);
+    llm_cli_error(err);
 done:
     free(out_ids);
     llm_tokenizer_free(tok);

@@ -18,12 +18,12 @@
 
 /* One line on stderr, "llm-run: <message>"; returns 1, the command's failure status. */
 static int say(const char *fmt, ...) {
+    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "llm-run: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    llm_cli_error(line);
     return 1;
 }
 
@@ -123,14 +123,20 @@ int llm_cmd_tokenize(int argc, char **argv) {
         len = strlen(prompt->sval[0]);
         text = strdup(prompt->sval[0]);
     } else {
-        text = llm_cli_read_file(file->filename[0], &len);
-        if (!text) {
-            say("%s: cannot read: %s", file->filename[0], strerror(errno));
+        char err[512];
+        if (llm_cli_read_prompt(file->filename[0], &text, &len, err, sizeof err) != 0) {
+            say("%s", err);
             goto done;
         }
     }
     if (!text) {
         say("out of memory");
+        goto done;
+    }
+    /* As generation does: Hugging Face tokenizers take text, so bytes that are not UTF-8 are refused, not replaced. */
+    size_t bad_at = llm_utf8_invalid_at(text, len);
+    if (bad_at < len) {
+        say("%s: the text is not valid UTF-8 (byte %zu)", prompt->count ? "-p" : file->filename[0], bad_at);
         goto done;
     }
     struct stat sb;

@@ -18,7 +18,7 @@ static const struct {
     {"embed", LLM_OP_EMBED},        {"attn_norm", LLM_OP_RMSNORM}, {"q", LLM_OP_MATMUL},
     {"k", LLM_OP_MATMUL},           {"v", LLM_OP_MATMUL},          {"q_rope", LLM_OP_ROPE},
     {"attention", LLM_OP_ATTENTION}, {"attn_out", LLM_OP_MATMUL},  {"ffn_norm", LLM_OP_RMSNORM},
-    {"swiglu", LLM_OP_SWIGLU},      {"ffn_out", LLM_OP_MATMUL},    {"residual", LLM_OP_ADD},
+    {"glu", LLM_OP_GLU},      {"ffn_out", LLM_OP_MATMUL},    {"residual", LLM_OP_ADD},
     {"final_norm", LLM_OP_RMSNORM}, {"logits", LLM_OP_LOGITS},
 };
 

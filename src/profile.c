@@ -104,9 +104,9 @@ llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_hea
     return (llm_op_cost){bytes, 4.0 * q * seen};
 }
 
-llm_op_cost llm_profile_cost_swiglu(size_t count)
+llm_op_cost llm_profile_cost_glu(size_t count)
 {
-    /* gate and up read, out written; silu(g) * u as exp, add, divide, multiply. */
+    /* gate and up read, out written; silu(g) * u as exp, add, divide, multiply (tanh-GELU about as much). */
     return (llm_op_cost){3.0 * (double)count * F32, 4.0 * (double)count};
 }
 
@@ -156,17 +156,17 @@ static void call_end(int slot, llm_op op, llm_op_cost cost)
     calls[n_calls++] = (call_record){op, slot, cost};
 }
 
-static void p_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+static void p_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     int s = call_begin();
-    P.inner.embed(out, table, tokens, n);
+    P.inner.embed(out, table, tokens, n, scale);
     call_end(s, LLM_OP_EMBED, llm_profile_cost_embed(table->cols, table->dtype, n));
 }
 
-static void p_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+static void p_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
 {
     int s = call_begin();
-    P.inner.rmsnorm(out, x, weight, n, dim, eps);
+    P.inner.rmsnorm(out, x, weight, n, dim, eps, offset);
     call_end(s, LLM_OP_RMSNORM, llm_profile_cost_rmsnorm(n, dim, weight->dtype));
 }
 
@@ -179,27 +179,28 @@ static void p_matmul(float *out, const float *x, const llm_weight *w, const llm_
 }
 
 static void p_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                   int n_kv_heads, int head_dim)
+                   int n_kv_heads, int head_dim, int rot_dim, float scale)
 {
     int s = call_begin();
-    P.inner.rope(q, k, positions, inv_freq, n, n_heads, n_kv_heads, head_dim);
+    P.inner.rope(q, k, positions, inv_freq, n, n_heads, n_kv_heads, head_dim, rot_dim, scale);
     call_end(s, LLM_OP_ROPE, llm_profile_cost_rope(n, n_heads, n_kv_heads, head_dim));
 }
 
 static void p_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
-                        const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx)
+                        const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                        const llm_attention_params *p)
 {
     int s = call_begin();
-    P.inner.attention(out, q, k, v, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx);
+    P.inner.attention(out, q, k, v, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p);
     /* positions live on the device; llm_forward always passes pos .. pos+n-1, and step_begin was told pos. */
     call_end(s, LLM_OP_ATTENTION, llm_profile_cost_attention(n, step_pos, n_heads, n_kv_heads, head_dim));
 }
 
-static void p_swiglu(float *out, const float *gate, const float *up, size_t count)
+static void p_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     int s = call_begin();
-    P.inner.swiglu(out, gate, up, count);
-    call_end(s, LLM_OP_SWIGLU, llm_profile_cost_swiglu(count));
+    P.inner.glu(out, gate, up, count, act);
+    call_end(s, LLM_OP_GLU, llm_profile_cost_glu(count));
 }
 
 static void p_add(float *x, const float *y, size_t count)
@@ -216,9 +217,17 @@ static void p_logits(float *out, const float *x, const llm_weight *w, int n)
     call_end(s, LLM_OP_LOGITS, llm_profile_cost_matmul(w->rows, w->cols, w->dtype, false, w->dtype, n));
 }
 
+static void p_softcap(float *x, float cap, size_t count)
+{
+    int s = call_begin();
+    P.inner.softcap(x, cap, count);
+    call_end(s, LLM_OP_SOFTCAP, llm_profile_cost_add(count)); /* a read and a write a value, like add's half */
+}
+
 static const llm_ops wrappers = {
     .embed = p_embed, .rmsnorm = p_rmsnorm, .matmul = p_matmul, .rope = p_rope,
-    .attention = p_attention, .swiglu = p_swiglu, .add = p_add, .logits = p_logits,
+    .attention = p_attention, .glu = p_glu, .add = p_add, .logits = p_logits,
+    .softcap = p_softcap,
 };
 
 /* ---- lifetime and step hooks ---- */
@@ -296,8 +305,8 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
     add_weight(ws, &m->embed_tokens);
     for (int l = 0; l < m->config.num_hidden_layers; l++) {
         llm_weight *layer[LLM_LAYER_WEIGHTS];
-        llm_layer_weights(&m->layers[l], layer);
-        for (int i = 0; i < LLM_LAYER_WEIGHTS; i++) add_weight(ws, layer[i]);
+        int n = llm_layer_weights(&m->layers[l], layer);
+        for (int i = 0; i < n; i++) add_weight(ws, layer[i]);
     }
     add_weight(ws, &m->norm);
     if (!m->config.tie_word_embeddings) add_weight(ws, &m->lm_head);
@@ -458,8 +467,15 @@ void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state
     fmt_si((double)r.ws.params, "", a, sizeof a);
     fprintf(out, "; %s parameters, as stored)\n", a);
     fmt_si((double)r.kv, "B", a, sizeof a);
-    fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions x 2 x %d)\n", "KV cache", a, m->config.num_hidden_layers,
-            s ? s->ctx : 0, m->config.num_key_value_heads * m->config.head_dim);
+    int windowed = 0;
+    for (int l = 0; s && s->window && l < m->config.num_hidden_layers; l++) windowed += m->config.layer_sliding[l];
+    if (windowed && s->window_rows < s->ctx)
+        fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions, %d of them windowed rings of %d, x 2 x %d)\n",
+                "KV cache", a, m->config.num_hidden_layers, s->ctx, windowed, s->window_rows,
+                m->config.num_key_value_heads * m->config.head_dim);
+    else
+        fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions x 2 x %d)\n", "KV cache", a,
+                m->config.num_hidden_layers, s ? s->ctx : 0, m->config.num_key_value_heads * m->config.head_dim);
     fmt_si((double)r.scratch, "B", a, sizeof a);
     fprintf(out, "  %-12s %10s  (activations for batches of %d)\n", "scratch", a, s ? s->max_batch : 0);
     if (r.have_dm) {

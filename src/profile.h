@@ -29,7 +29,7 @@ llm_op_cost llm_profile_cost_matmul(size_t rows, size_t cols, llm_dtype w_dtype,
 llm_op_cost llm_profile_cost_rope(int n, int n_heads, int n_kv_heads, int head_dim);
 /* Tokens at positions pos .. pos+n-1 attend to the cache rows 0 .. their own position. */
 llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_heads, int head_dim);
-llm_op_cost llm_profile_cost_swiglu(size_t count);
+llm_op_cost llm_profile_cost_glu(size_t count);
 llm_op_cost llm_profile_cost_add(size_t count);
 
 typedef struct {

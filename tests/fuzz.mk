@@ -1,5 +1,6 @@
 # libFuzzer targets (make fuzz): every tests/fuzz_*.c linked with the library objects built by clang with
-# -fsanitize=fuzzer,address,undefined, each run for FUZZ_SECONDS on a corpus seeded from the fixtures.
+# -fsanitize=fuzzer,address,undefined, each run for FUZZ_SECONDS on a corpus seeded from tests/fixtures/fuzz/NAME/
+# (seeds under the 64 KB input limit, each under its own name, so that every one is seen whole).
 CLANG   ?= clang
 FUZZ_SECONDS ?= 30
 PKGS    := jansson libpcre2-8 libzstd openblas argtable2 libutf8proc
@@ -14,8 +15,7 @@ TARGETS := $(patsubst tests/%.c,build/fuzz/%,$(wildcard tests/fuzz_*.c))
 all: $(TARGETS)
 	@for t in $(TARGETS); do \
 		name=$$(basename $$t); mkdir -p build/fuzz/corpus-$$name; \
-		cp tests/fixtures/models/*/config.json tests/fixtures/models/llama-gqa-tied-bf16/model.safetensors \
-			build/fuzz/corpus-$$name/ 2>/dev/null; \
+		cp tests/fixtures/fuzz/$$name/* build/fuzz/corpus-$$name/ 2>/dev/null; \
 		if [ $$name = fuzz_template ]; then cp tests/fixtures/templates/*.jinja build/fuzz/corpus-$$name/; fi; \
 		echo "fuzzing $$name for $(FUZZ_SECONDS) s"; \
 		$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 build/fuzz/corpus-$$name || exit 1; \

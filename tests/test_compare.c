@@ -80,7 +80,7 @@ static void test_cpu_vs_blas(void **state)
         assert_true(res.kl_max < 1e-9);
         /* Every trace point of forward.c, in its order, with the op that writes it. */
         const char *points[] = {"embed", "attn_norm", "q", "k", "v", "q_rope", "attention", "attn_out",
-                                "ffn_norm", "swiglu", "ffn_out", "residual", "final_norm", "logits"};
+                                "ffn_norm", "glu", "ffn_out", "residual", "final_norm", "logits"};
         assert_int_equal(res.n_points, 14);
         for (int p = 0; p < 14; p++) assert_string_equal(res.point[p], points[p]);
         assert_string_equal(res.point_op[1], "rmsnorm");
@@ -123,9 +123,10 @@ static void test_same_device_exact(void **state)
 /* A device that is the cpu device except for an rmsnorm 1% off. */
 static llm_ops perturbed_ops;
 
-static void perturbed_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+static void perturbed_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps,
+                              float offset)
 {
-    llm_ref_ops.rmsnorm(out, x, weight, n, dim, eps);
+    llm_ref_ops.rmsnorm(out, x, weight, n, dim, eps, offset);
     for (size_t i = 0; i < (size_t)n * dim; i++) out[i] *= 1.01f;
 }
 

@@ -189,8 +189,8 @@ static void test_small_ops(void **state)
     float *dx = on_device(x, nd * 4), *dy = on_device(y, nd * 4), *dout = dev->alloc(nd * 4);
     assert_non_null(dout);
     for (int batch = 1; batch <= n; batch += n - 1) {
-        llm_ref_ops.rmsnorm(ref, x, &nw.host, batch, dim, 1e-5f);
-        dev->ops->rmsnorm(dout, dx, &nw.device, batch, dim, 1e-5f);
+        llm_ref_ops.rmsnorm(ref, x, &nw.host, batch, dim, 1e-5f, 0.0f);
+        dev->ops->rmsnorm(dout, dx, &nw.device, batch, dim, 1e-5f, 0.0f);
         float *got = from_device(dout, (size_t)batch * dim);
         /* one rounding per step, a different summation order for the mean square */
         assert_true(rel_error(got, ref, (size_t)batch * dim) < 1e-6);
@@ -198,13 +198,13 @@ static void test_small_ops(void **state)
     }
     int32_t tokens[7] = {0, 999, 5, 17, 500, 5, 42};
     int32_t *dtok = on_device(tokens, sizeof tokens);
-    llm_ref_ops.embed(ref, &table.host, tokens, n);
-    dev->ops->embed(dout, &table.device, dtok, n);
+    llm_ref_ops.embed(ref, &table.host, tokens, n, 1.0f);
+    dev->ops->embed(dout, &table.device, dtok, n, 1.0f);
     float *got = from_device(dout, nd);
     assert_memory_equal(got, ref, nd * sizeof *ref); /* a conversion, exact */
     free(got);
-    llm_ref_ops.swiglu(ref, x, y, nd);
-    dev->ops->swiglu(dout, dx, dy, nd);
+    llm_ref_ops.glu(ref, x, y, nd, LLM_ACT_SILU);
+    dev->ops->glu(dout, dx, dy, nd, LLM_ACT_SILU);
     got = from_device(dout, nd);
     assert_true(rel_error(got, ref, nd) < 1e-6); /* expf within 2 ulp */
     free(got);
@@ -231,8 +231,8 @@ static void test_rope(void **state)
     int32_t pos[5] = {0, 1, 777, 3998, 4095};
     float *dq = on_device(q, nq * 4), *dk = on_device(k, nk * 4), *df = on_device(inv_freq, sizeof inv_freq);
     int32_t *dp = on_device(pos, sizeof pos);
-    llm_ref_ops.rope(q, k, pos, inv_freq, n, heads, kv_heads, hd);
-    dev->ops->rope(dq, dk, dp, df, n, heads, kv_heads, hd);
+    llm_ref_ops.rope(q, k, pos, inv_freq, n, heads, kv_heads, hd, hd, 1.0f);
+    dev->ops->rope(dq, dk, dp, df, n, heads, kv_heads, hd, hd, 1.0f);
     float *gq = from_device(dq, nq), *gk = from_device(dk, nk);
     /* cosf/sinf of the same f32 angle: within a few ulp */
     print_message("rope: q %.2g, k %.2g\n", rel_error(gq, q, nq), rel_error(gk, k, nk));
@@ -267,8 +267,9 @@ static void run_attention(const attn_case *c)
     assert_non_null(dout);
     float *ref = malloc((size_t)c->n * q_dim * sizeof *ref);
     assert_non_null(ref);
-    llm_ref_ops.attention(ref, q, k, v, kc, vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx);
-    dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, c->n, c->heads, c->kv_heads, c->hd, c->ctx);
+    llm_attention_params ap = {1.0f / sqrtf((float)c->hd), 0.0f, 0};
+    llm_ref_ops.attention(ref, q, k, v, kc, vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
+    dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
     float *got = from_device(dout, (size_t)c->n * q_dim);
     float *got_kc = from_device(dkc, cache);
     double err = rel_error(got, ref, (size_t)c->n * q_dim);
@@ -337,6 +338,7 @@ static void run_fused_layer(int n)
     int32_t *d_pos = on_device(positions, N * sizeof *positions);
 
     const llm_ops *ops[2] = {&llm_ref_ops, dev->ops};
+    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0};
     for (int side = 0; side < 2; side++) {
         const llm_ops *o = ops[side];
         bool dv = side == 1;
@@ -350,22 +352,22 @@ static void run_fused_layer(int n)
         float *KC = dv ? d_kc : kc, *VC = dv ? d_vc : vc, *F = dv ? d_freq : inv_freq;
         float *DU = dv ? d_down_up : down_up;
         const int32_t *P = dv ? d_pos : positions;
-        o->rmsnorm(XB, X, w[0], n, dim, 1e-5f);
+        o->rmsnorm(XB, X, w[0], n, dim, 1e-5f, 0.0f);
         o->matmul(Q, XB, w[1], w[11], n);
         o->matmul(K, XB, w[2], NULL, n);
         o->matmul(V, XB, w[3], NULL, n);
-        o->rope(Q, K, P, F, n, heads, kv_heads, hd);
-        o->attention(ATT, Q, K, V, KC, VC, P, n, heads, kv_heads, hd, ctx);
+        o->rope(Q, K, P, F, n, heads, kv_heads, hd, hd, 1.0f);
+        o->attention(ATT, Q, K, V, KC, VC, P, n, heads, kv_heads, hd, ctx, &ap);
         o->matmul(XB, ATT, w[4], NULL, n);
         o->add(X, XB, N * dim);
-        o->rmsnorm(XB, X, w[5], n, dim, 1e-5f);
+        o->rmsnorm(XB, X, w[5], n, dim, 1e-5f, 0.0f);
         o->matmul(G, XB, w[6], NULL, n);
         o->matmul(U, XB, w[7], NULL, n);
-        o->swiglu(G, G, U, N * inter);
+        o->glu(G, G, U, N * inter, LLM_ACT_SILU);
         o->matmul(DU, U, w[8], NULL, n); /* not in a model: a product reading up, whose sum swiglu left owed */
         o->matmul(XB, G, w[8], NULL, n);
         o->add(X, XB, N * dim);
-        o->rmsnorm(XB + (N - 1) * dim, X + (N - 1) * dim, w[9], 1, dim, 1e-5f);
+        o->rmsnorm(XB + (N - 1) * dim, X + (N - 1) * dim, w[9], 1, dim, 1e-5f, 0.0f);
         o->logits(L, XB + (N - 1) * dim, w[10], 1);
     }
     struct { const char *name; float *host; float *device; size_t n; } checks[] = {
@@ -749,7 +751,8 @@ static void test_fault_names_the_op(void **state)
     float *kc = on_device(zeros, cache * 4), *vc = on_device(zeros, cache * 4), *out = dev->alloc(heads * hd * 4);
     int32_t bad = 1 << 30; /* far outside the cache */
     int32_t *pos = on_device(&bad, sizeof bad);
-    dev->ops->attention(out, q, k, k, kc, vc, pos, 1, heads, kv_heads, hd, ctx);
+    llm_attention_params ap = {0.25f, 0.0f, 0};
+    dev->ops->attention(out, q, k, k, kc, vc, pos, 1, heads, kv_heads, hd, ctx, &ap);
     assert_int_equal(dev->sync(), -1);
     char err[512] = "";
     assert_int_equal(dev->status(err, sizeof err), -1);

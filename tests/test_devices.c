@@ -413,7 +413,7 @@ static void test_devices_listing(void **state)
         assert_non_null(strstr(out, "blas   CPU, available: "));
         assert_non_null(strstr(out, "cpu    CPU, available: reference ops"));
         assert_non_null(strstr(out, "native ops (F32, F16 and BF16 weights unless noted): embed rmsnorm matmul rope "
-                                    "attention swiglu add logits\n"));
+                                    "attention glu add logits softcap\n"));
         cli_run_free(&r);
     }
 }

@@ -18,10 +18,13 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "support/fixture_util.h"
+#include "support/st_writer.h"
 
 static const char *const fixtures[] = {
     "llama-gqa-tied", "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama3-mqa-untied",
     "llama-linear-rope", "mistral-headdim", "qwen2-bias",
+    /* scripts/make-family-fixtures.py: each family's published config.json, cut small */
+    "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3-window", "phi3-longrope", "olmo2", "mistral-window",
 };
 #define N_FIXTURES (sizeof fixtures / sizeof *fixtures)
 
@@ -148,10 +151,10 @@ static void test_other_layouts(void **state)
 
 /* Load a copy of a fixture whose config.json was edited by `edit` (a JSON object merged over the original; a null
  * member deletes). Returns the error message; the load must fail. */
-static void expect_config_error(const char *edit, const char *fragment)
+static void expect_fixture_config_error(const char *fixture, const char *edit, const char *fragment)
 {
     fixture_expected ex;
-    fixture_load_expected(&ex, "llama-gqa-tied");
+    fixture_load_expected(&ex, fixture);
     char *dir = fixture_copy_edited(ex.dir, edit);
     llm_model m;
     llm_load_options lo = {.device = "cpu"};
@@ -161,6 +164,43 @@ static void expect_config_error(const char *edit, const char *fragment)
     assert_non_null(strstr(err, fragment));
     fixture_rmdir(dir);
     fixture_free_expected(&ex);
+}
+
+static void expect_config_error(const char *edit, const char *fragment)
+{
+    expect_fixture_config_error("llama-gqa-tied", edit, fragment);
+}
+
+/* What the families' descriptors and their config.json keys refuse, naming the key or tensor. */
+static void test_bad_family_configs(void **state)
+{
+    (void)state;
+    expect_config_error("{\"architectures\": [\"Phi3ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.self_attn.qkv_proj.weight'");
+    expect_config_error("{\"architectures\": [\"Qwen3ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
+    expect_config_error("{\"architectures\": [\"Olmo2ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.self_attn.q_norm.weight'");
+    expect_config_error("{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}",
+                        "Gemma3ForConditionalGeneration needs a \"text_config\" object");
+    expect_config_error("{\"architectures\": [\"Gemma2ForCausalLM\"]}",
+                        "missing tensor 'model.layers.0.pre_feedforward_layernorm.weight'");
+    expect_fixture_config_error("gemma2", "{\"hidden_activation\": \"gelu\"}",
+                                "hidden_activation \"gelu\" is not supported (supported: silu, gelu_pytorch_tanh)");
+    expect_fixture_config_error("gemma2", "{\"layer_types\": [\"sliding_attention\"]}",
+                                "\"layer_types\" lists 1 layers, num_hidden_layers is 2");
+    expect_fixture_config_error("gemma2", "{\"layer_types\": [\"sliding_attention\", \"chunked_attention\"]}",
+                                "layer_types[1] \"chunked_attention\" is not supported");
+    expect_fixture_config_error("gemma3", "{\"head_dim\": 16}",
+                                "tensor 'model.layers.0.self_attn.q_proj.weight' has shape [128, 64], config.json "
+                                "says [64, 64]");
+    expect_fixture_config_error("phi3-longrope",
+                                "{\"rope_parameters\": {\"rope_type\": \"longrope\", \"rope_theta\": 10000.0, "
+                                "\"partial_rotary_factor\": 0.75, \"short_factor\": [1.0, 1.0], "
+                                "\"long_factor\": [1.0, 1.0]}}",
+                                "longrope \"short_factor\" must be a list of 6 numbers");
+    expect_fixture_config_error("phi3-longrope", "{\"rope_parameters\": null, \"partial_rotary_factor\": 0.01}",
+                                "partial_rotary_factor 0.01 of head_dim 16 gives 0 rotated dimensions");
 }
 
 static void test_bad_configs(void **state)
@@ -194,7 +234,7 @@ static void test_missing_and_malformed_config(void **state)
     snprintf(path, sizeof path, "%s/config.json", dir);
     fixture_write_text(path, "{\"architectures\": [\"LlamaForCausalLM\"], ");
     assert_int_equal(llm_model_load(&m, dir, &lo, err, sizeof err), -1);
-    assert_non_null(strstr(err, "config.json: malformed JSON at line"));
+    assert_non_null(strstr(err, "config.json: not valid JSON at line"));
 
     remove(path);
     assert_int_equal(llm_model_load(&m, dir, &lo, err, sizeof err), -1);
@@ -241,6 +281,129 @@ static void test_context_limits(void **state)
     assert_non_null(strstr(err, "token id 512 is outside the vocabulary (512)"));
     llm_state_free(&s, &m);
     llm_model_free(&m);
+    fixture_free_expected(&ex);
+}
+
+/* A windowed model's context is not capped by its window, and its windowed layers keep a ring of window + batch - 1
+ * rows (test_greedy runs the rings past their end against HF: 56 positions through 14 rows). */
+static void test_window_ring(void **state)
+{
+    (void)state;
+    static const struct { const char *fixture; int windowed; } cases[] = {{"mistral-window", 2}, {"gemma3", 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        fixture_expected ex;
+        fixture_load_expected(&ex, cases[i].fixture);
+        llm_model m;
+        llm_load_options lo = {.device = "cpu"};
+        char err[1024] = "";
+        assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), 0);
+        assert_int_equal(m.config.sliding_window, 8);
+        llm_state s;
+        assert_int_equal(llm_state_init(&s, &m, 200, 7, false, err, sizeof err), 0);
+        assert_int_equal(s.ctx, 200);
+        assert_int_equal(s.window, 8);
+        assert_int_equal(s.window_rows, 8 + 7 - 1);
+        size_t kv_dim = (size_t)m.config.num_key_value_heads * m.config.head_dim;
+        size_t L = (size_t)m.config.num_hidden_layers;
+        size_t rows = (size_t)cases[i].windowed * 14 + (L - (size_t)cases[i].windowed) * 200;
+        assert_int_equal(s.kv_bytes, 2 * rows * kv_dim * sizeof(float));
+        llm_state_free(&s, &m);
+        llm_model_free(&m);
+        fixture_free_expected(&ex);
+    }
+}
+
+/* Gemma3ForConditionalGeneration as transformers >= 4.52 saves it: the text model's tensors under
+ * model.language_model.* instead of language_model.model.* (the same weights, so HF's logits). */
+static void test_gemma3_mm_new_layout(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "gemma3-mm");
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", ex.dir);
+    llm_st *st = NULL;
+    assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+    size_t n = llm_st_count(st);
+    stw_tensor *t = calloc(n, sizeof *t);
+    char (*names)[160] = calloc(n, sizeof *names), (*shapes)[64] = calloc(n, sizeof *shapes);
+    assert_true(t && names && shapes);
+    for (size_t i = 0; i < n; i++) {
+        const llm_st_tensor *s = llm_st_at(st, i);
+        const char *old = "language_model.model.";
+        if (strncmp(s->name, old, strlen(old)) == 0)
+            snprintf(names[i], sizeof names[i], "model.language_model.%s", s->name + strlen(old));
+        else
+            snprintf(names[i], sizeof names[i], "%s", s->name);
+        int len = snprintf(shapes[i], sizeof shapes[i], "[");
+        for (int d = 0; d < s->ndim; d++)
+            len += snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
+        snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "]");
+        t[i] = (stw_tensor){names[i], s->dtype_name, shapes[i], s->data, s->nbytes};
+    }
+    size_t bytes_len = 0;
+    unsigned char *bytes = stw_tensors(t, (int)n, NULL, &bytes_len);
+    char *dir = fixture_copy(ex.dir, NULL, NULL);
+    assert_int_equal(stw_write(dir, "model.safetensors", bytes, bytes_len), 0);
+    expect_hf_logits(dir, &ex);
+    fixture_rmdir(dir);
+    free(bytes), free(t), free(names), free(shapes);
+    llm_st_close(st);
+    fixture_free_expected(&ex);
+}
+
+/* LongRoPE switching to its long factors in the middle of a generation (original_max_position_embeddings 30: the
+ * prompt's calls on the short ones, the decode steps from position 30 on the long ones), on every device as on cpu,
+ * step for step: a device that records a step must see the table change (transformers recomputes the whole sequence
+ * instead, so there is no HF record of this). */
+static void run_switching(const char *dir, const char *device, float *logits_out, int steps)
+{
+    llm_model m;
+    llm_load_options lo = {.device = device};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, dir, &lo, err, sizeof err), 0);
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, &m, 64, 7, false, err, sizeof err), 0);
+    const float *logits = NULL;
+    int32_t tokens[64];
+    for (int i = 0; i < 64; i++) tokens[i] = (int32_t)((i * 37 + 11) % m.config.vocab_size);
+    int vocab = m.config.vocab_size;
+    for (int pos = 0, k = 0; pos < 24 + steps; k++) {
+        int n = pos < 24 ? (24 - pos < 7 ? 24 - pos : 7) : 1;
+        if (llm_forward(&m, &s, tokens + pos, n, pos, &logits, err, sizeof err)) print_error("%s\n", err);
+        memcpy(logits_out + (size_t)k * vocab, logits, (size_t)vocab * sizeof *logits);
+        pos += n;
+    }
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+}
+
+static void test_longrope_switch(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "phi3-longrope");
+    char *dir = fixture_copy_edited(ex.dir, "{\"rope_parameters\": null, \"rope_theta\": 10000.0, "
+                                    "\"partial_rotary_factor\": 0.75, \"original_max_position_embeddings\": 30, "
+                                    "\"rope_scaling\": {\"type\": \"longrope\", "
+                                    "\"short_factor\": [1.0, 1.05, 1.34, 1.99, 2.03, 2.08], "
+                                    "\"long_factor\": [1.08, 3.23, 24.46, 50.34, 62.71, 64.07]}}");
+    enum { STEPS = 16, CALLS = 4 + STEPS, VOCAB = 512 };
+    static float ref[CALLS * VOCAB], got[CALLS * VOCAB];
+    run_switching(dir, "cpu", ref, STEPS);
+    for (int d = 0; d < llm_device_count(); d++) {
+        const llm_device *dev = llm_device_at(d);
+        char why[256];
+        if (dev == llm_device_find("cpu") || !dev->probe(why, sizeof why)) continue;
+        run_switching(dir, dev->name, got, STEPS);
+        for (int k = 0; k < CALLS; k++) {
+            double rel = fixture_max_rel_error(got + (size_t)k * VOCAB, ref + (size_t)k * VOCAB, VOCAB);
+            if (!(rel <= LOGIT_TOL)) print_error("%s: call %d differs from cpu by %.3g\n", dev->name, k, rel);
+            assert_true(rel <= LOGIT_TOL);
+        }
+        print_message("LongRoPE switching at position 30: %s matches cpu over %d calls\n", dev->name, CALLS);
+    }
+    fixture_rmdir(dir);
     fixture_free_expected(&ex);
 }
 
@@ -296,9 +459,11 @@ int main(void)
         }
     const struct CMUnitTest fixed[] = {
         cmocka_unit_test(test_other_layouts),
-        cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_missing_and_malformed_config),
+        cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_bad_family_configs),
+        cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
-        cmocka_unit_test(test_load_progress),
+        cmocka_unit_test(test_window_ring),        cmocka_unit_test(test_load_progress),
+        cmocka_unit_test(test_longrope_switch),    cmocka_unit_test(test_gemma3_mm_new_layout),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);

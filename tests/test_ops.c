@@ -31,8 +31,10 @@
 #define TOL_EXACT 0.0
 /* rope: one libm cos/sin per angle on both sides, but a device may contract a*c - b*s into an FMA: a few ulp. */
 #define TOL_ROPE 1e-6
-/* swiglu: expf from libm versus a device's vectorised exp (≤ 2 ulp) and a division: a few ulp per element. */
-#define TOL_SWIGLU 2e-6
+/* glu: expf (SiLU) or tanhf (tanh-GELU) from libm versus a device's vectorised exp or its own tanh (≤ 2 ulp) and a
+ * division or two products: a few ulp per element. softcap: tanhf likewise, then one product. */
+#define TOL_GLU 2e-6
+#define TOL_SOFTCAP 2e-6
 /* Reductions of length K in f32 (rmsnorm's sum of squares, matmul's dot products): the reference sums left to
  * right, whose rounding error on random-sign terms grows like eps·sqrt(K) (eps = 6e-8), and a device may sum
  * in any order. 1e-6·sqrt(K) leaves a margin of about 16 over that: K = 64 allows 8e-6, K = 5632 allows 7.5e-5. */
@@ -219,16 +221,18 @@ static void test_embed(void **state)
             for (int i = 0; i < shapes[s].n; i++) tokens[i] = (int32_t)(rng_next() % shapes[s].vocab);
             tokens[0] = (int32_t)shapes[s].vocab - 1; /* the last row too */
             float *ref = malloc(count * sizeof *ref);
-            llm_ref_ops.embed(ref, &table, tokens, shapes[s].n);
+            /* Every other shape scaled as Gemma's embeddings are (sqrt(hidden) in bf16): one rounded product. */
+            float scale = s % 2 ? 25.25f : 1.0f;
+            llm_ref_ops.embed(ref, &table, tokens, shapes[s].n, scale);
 
             llm_weight dt = dev_weight(&table);
             int32_t *dtok = dev_copy(tokens, (size_t)shapes[s].n * sizeof *tokens);
             float *dout = dev_poisoned(count);
-            dev->ops->embed(dout, &dt, dtok, shapes[s].n);
+            dev->ops->embed(dout, &dt, dtok, shapes[s].n, scale);
             float *got = dev_fetch(dout, count);
             char what[128];
-            snprintf(what, sizeof what, "%s: embed vocab %zu dim %zu n %d %s", dev->name, shapes[s].vocab, dim,
-                     shapes[s].n, llm_dtype_name(dtypes[d]));
+            snprintf(what, sizeof what, "%s: embed vocab %zu dim %zu n %d scale %g %s", dev->name, shapes[s].vocab,
+                     dim, shapes[s].n, scale, llm_dtype_name(dtypes[d]));
             note(&st, compare(what, got, ref, count, TOL_EXACT), TOL_EXACT);
             dev->free(dout), dev->free(dtok), dev_weight_free(&dt);
             free(got), free(ref), free(tokens), free(table.data);
@@ -239,8 +243,11 @@ static void test_embed(void **state)
 static void test_rmsnorm(void **state)
 {
     (void)state;
+    /* Hidden sizes; then q/k norms: per head, n * heads rows of head_dim (Qwen3's 16 x 128 a token, Gemma 3's
+     * 4 x 256, a tiny 16), and over a whole projection (OLMo 2's 2048 a token). */
     static const struct { int dim, n; } shapes[] = {
         {64, 1}, {576, 7}, {576, 128}, {960, 3}, {2048, 1}, {2048, 128}, {4096, 7}, {5632, 2}, {8192, 1}, {133, 5},
+        {128, 16}, {128, 16 * 7}, {256, 4}, {16, 12}, {2048, 3},
     };
     op_stats st = {0};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
@@ -248,22 +255,25 @@ static void test_rmsnorm(void **state)
             if (!native(LLM_OP_RMSNORM, dtypes[d], &st)) continue;
             int dim = shapes[s].dim, n = shapes[s].n;
             size_t count = (size_t)n * dim;
-            llm_weight w = host_weight(dtypes[d], 1, (size_t)dim, 0.1f, 1.0f);
+            /* Every other case in Gemma's form, (1 + w) x^ with w near 0, as its checkpoints store it. */
+            float offset = (s + (size_t)d) % 2 ? 1.0f : 0.0f;
+            llm_weight w = host_weight(dtypes[d], 1, (size_t)dim, 0.1f, 1.0f - offset);
             float *x = random_floats(count, 3.0f);
             float *ref = malloc(count * sizeof *ref);
-            llm_ref_ops.rmsnorm(ref, x, &w, n, dim, 1e-5f);
+            llm_ref_ops.rmsnorm(ref, x, &w, n, dim, 1e-5f, offset);
             double tol = tol_reduction((size_t)dim);
 
             /* out != x, then in place (the spec allows out == x). */
             llm_weight dw = dev_weight(&w);
             float *dx = dev_copy(x, count * sizeof *x), *dout = dev_poisoned(count);
-            dev->ops->rmsnorm(dout, dx, &dw, n, dim, 1e-5f);
+            dev->ops->rmsnorm(dout, dx, &dw, n, dim, 1e-5f, offset);
             float *got = dev_fetch(dout, count);
             char what[128];
-            snprintf(what, sizeof what, "%s: rmsnorm dim %d n %d %s", dev->name, dim, n, llm_dtype_name(dtypes[d]));
+            snprintf(what, sizeof what, "%s: rmsnorm dim %d n %d offset %g %s", dev->name, dim, n, offset,
+                     llm_dtype_name(dtypes[d]));
             note(&st, compare(what, got, ref, count, tol), tol);
             free(got);
-            dev->ops->rmsnorm(dx, dx, &dw, n, dim, 1e-5f);
+            dev->ops->rmsnorm(dx, dx, &dw, n, dim, 1e-5f, offset);
             got = dev_fetch(dx, count);
             strncat(what, " in place", sizeof what - strlen(what) - 1);
             note(&st, compare(what, got, ref, count, tol), tol);
@@ -366,23 +376,28 @@ static void test_rope(void **state)
             float *q = random_floats(qc, 1.0f), *k = random_floats(kc, 1.0f);
             float inv_freq[256];
             float theta = h % 2 ? 500000.0f : 10000.0f;
-            for (int j = 0; j < hd / 2; j++) inv_freq[j] = 1.0f / powf(theta, (float)(2 * j) / (float)hd);
+            /* Some shapes rotate three quarters of a head with cos and sin scaled (Phi-4-mini's partial rotary and
+             * LongRoPE's attention factor). */
+            bool partial = h % 3 == 2;
+            int rot = partial ? hd * 3 / 4 : hd;
+            float scale = partial ? 1.5f : 1.0f;
+            for (int j = 0; j < rot / 2; j++) inv_freq[j] = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
             int32_t *pos = malloc((size_t)n * sizeof *pos);
             assert_non_null(pos);
             for (int i = 0; i < n; i++) pos[i] = batches[b].start + i;
 
             float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kc * sizeof *k);
             int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
-            float *dfreq = dev_copy(inv_freq, (size_t)(hd / 2) * sizeof *inv_freq);
-            dev->ops->rope(dq, dk, dpos, dfreq, n, heads, kvh, hd);
-            llm_ref_ops.rope(q, k, pos, inv_freq, n, heads, kvh, hd);
+            float *dfreq = dev_copy(inv_freq, (size_t)(rot / 2) * sizeof *inv_freq);
+            dev->ops->rope(dq, dk, dpos, dfreq, n, heads, kvh, hd, rot, scale);
+            llm_ref_ops.rope(q, k, pos, inv_freq, n, heads, kvh, hd, rot, scale);
             float *gq = dev_fetch(dq, qc), *gk = dev_fetch(dk, kc);
             char what[128];
-            snprintf(what, sizeof what, "%s: rope q heads %d x %d n %d from %d", dev->name, heads, hd, n,
-                     batches[b].start);
+            snprintf(what, sizeof what, "%s: rope q heads %d x %d (rotated %d, scale %g) n %d from %d", dev->name,
+                     heads, hd, rot, scale, n, batches[b].start);
             note(&st, compare(what, gq, q, qc, TOL_ROPE), TOL_ROPE);
-            snprintf(what, sizeof what, "%s: rope k heads %d x %d n %d from %d", dev->name, kvh, hd, n,
-                     batches[b].start);
+            snprintf(what, sizeof what, "%s: rope k heads %d x %d (rotated %d, scale %g) n %d from %d", dev->name,
+                     kvh, hd, rot, scale, n, batches[b].start);
             note(&st, compare(what, gk, k, kc, TOL_ROPE), TOL_ROPE);
             dev->free(dq), dev->free(dk), dev->free(dpos), dev->free(dfreq);
             free(gq), free(gk), free(q), free(k), free(pos);
@@ -398,14 +413,25 @@ static void test_attention(void **state)
     static const struct { int n, start, ctx; } batches[] = {
         {1, 0, 16}, {1, 1000, 1024}, {128, 0, 160}, {7, 500, 640}, {16, 77, 100},
     };
+    /* Each case three ways: Llama's (1/sqrt(head_dim), nothing else); Gemma 2's (query_pre_attn_scalar's scale,
+     * scores soft-capped at 5 so that the cap bends them); and a sliding window a third of the positions long, with
+     * the cache rows before every token's window poisoned (NaN) so that a device reading them is caught. */
+    enum { LLAMA, SOFTCAP, WINDOW, N_VARIANTS };
     op_stats st = {0};
     if (!native(LLM_OP_ATTENTION, LLM_DTYPE_F32, &st)) goto done;
     for (size_t h = 0; h < N_HEAD_SHAPES; h++)
-        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++)
+        for (int var = 0; var < N_VARIANTS; var++) {
             int n = batches[b].n, ctx = batches[b].ctx, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
                 kvh = head_shapes[h].kv_heads;
             int last = batches[b].start + n - 1;
-            if ((double)n * (last + 1) * heads * hd * 2 > MAX_COST) continue;
+            double cost = (double)n * (last + 1) * heads * hd * 2;
+            if (cost > MAX_COST || (var != LLAMA && cost > MAX_COST / 4)) continue;
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 0};
+            if (var == SOFTCAP) p.scale = 1.0f / sqrtf(144.0f), p.softcap = 5.0f;
+            if (var == WINDOW) p.window = (last + 1) / 3 + 1;
+            /* rows below the first token's window are never read */
+            int unread = var == WINDOW && batches[b].start + 1 > p.window ? batches[b].start + 1 - p.window : 0;
             size_t qc = (size_t)n * heads * hd, kvc = (size_t)n * kvh * hd, cc = (size_t)ctx * kvh * hd;
             /* q scaled by 3 so that the softmax is peaked, as trained models make it. */
             float *q = random_floats(qc, 3.0f), *k = random_floats(kvc, 1.0f), *v = random_floats(kvc, 1.0f);
@@ -413,6 +439,7 @@ static void test_attention(void **state)
              * reading beyond the causal limit is caught. */
             float *kcache = random_floats(cc, 1.0f), *vcache = random_floats(cc, 1.0f);
             for (size_t i = (size_t)(last + 1) * kvh * hd; i < cc; i++) kcache[i] = vcache[i] = NAN;
+            for (size_t i = 0; i < (size_t)unread * kvh * hd; i++) kcache[i] = vcache[i] = NAN;
             int32_t *pos = malloc((size_t)n * sizeof *pos);
             assert_non_null(pos);
             for (int i = 0; i < n; i++) pos[i] = batches[b].start + i;
@@ -422,22 +449,22 @@ static void test_attention(void **state)
             float *dkc = dev_copy(kcache, cc * sizeof *kcache), *dvc = dev_copy(vcache, cc * sizeof *vcache);
             int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
             float *dout = dev_poisoned(qc);
-            dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, n, heads, kvh, hd, ctx);
+            dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, n, heads, kvh, hd, ctx, &p);
             float *ref = malloc(qc * sizeof *ref);
-            llm_ref_ops.attention(ref, q, k, v, kcache, vcache, pos, n, heads, kvh, hd, ctx);
+            llm_ref_ops.attention(ref, q, k, v, kcache, vcache, pos, n, heads, kvh, hd, ctx, &p);
             float *got = dev_fetch(dout, qc), *gkc = dev_fetch(dkc, cc), *gvc = dev_fetch(dvc, cc);
 
             char what[160];
             double tol = tol_attention(hd, last + 1);
-            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d ctx %d", dev->name, heads, kvh,
-                     hd, n, batches[b].start, ctx);
+            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d ctx %d scale %.3g softcap %g "
+                     "window %d", dev->name, heads, kvh, hd, n, batches[b].start, ctx, p.scale, p.softcap, p.window);
             note(&st, compare(what, got, ref, qc, tol), tol);
             /* The caches: this call's rows stored exactly, every other row untouched. */
-            size_t filled = (size_t)(last + 1) * kvh * hd;
+            size_t filled = (size_t)(last + 1) * kvh * hd, from = (size_t)unread * kvh * hd;
             strncat(what, " k_cache", sizeof what - strlen(what) - 1);
-            note(&st, compare(what, gkc, kcache, filled, TOL_EXACT), TOL_EXACT);
+            note(&st, compare(what, gkc + from, kcache + from, filled - from, TOL_EXACT), TOL_EXACT);
             what[strlen(what) - 7] = 'v';
-            note(&st, compare(what, gvc, vcache, filled, TOL_EXACT), TOL_EXACT);
+            note(&st, compare(what, gvc + from, vcache + from, filled - from, TOL_EXACT), TOL_EXACT);
             for (size_t i = filled; i < cc; i++)
                 if (!isnan(gkc[i]) || !isnan(gvc[i])) fail_msg("%s: cache row %zu past the last position was written",
                                                                what, i / ((size_t)kvh * hd));
@@ -446,43 +473,119 @@ static void test_attention(void **state)
             free(got), free(gkc), free(gvc), free(ref), free(q), free(k), free(v), free(kcache), free(vcache);
             free(pos);
         }
+    /* A windowed layer's ring: a cache of window + n - 1 rows, position t at row t % ctx, filled as earlier calls
+     * left it. The reference on the ring must compute what it computes on a whole cache (bit for bit: the same
+     * values in the same order), and the device what the reference does. */
+    for (size_t h = 0; h < N_HEAD_SHAPES; h++)
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+            int n = batches[b].n, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
+                kvh = head_shapes[h].kv_heads, start = batches[b].start, last = start + n - 1;
+            if ((double)n * (last + 1) * heads * hd * 2 > MAX_COST / 4) continue;
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 5};
+            int full = last + 1, ring = p.window + n - 1;
+            size_t kvd = (size_t)kvh * hd, qc = (size_t)n * heads * hd, kvc = (size_t)n * kvd;
+            float *q = random_floats(qc, 3.0f), *k = random_floats(kvc, 1.0f), *v = random_floats(kvc, 1.0f);
+            float *kf = random_floats((size_t)full * kvd, 1.0f), *vf = random_floats((size_t)full * kvd, 1.0f);
+            float *kr = random_floats((size_t)ring * kvd, 1.0f), *vr = random_floats((size_t)ring * kvd, 1.0f);
+            for (size_t i = 0; i < (size_t)ring * kvd; i++) kr[i] = vr[i] = NAN;
+            for (int t = full - ring > 0 ? full - ring : 0; t < start; t++) {
+                memcpy(kr + (size_t)(t % ring) * kvd, kf + (size_t)t * kvd, kvd * sizeof *kr);
+                memcpy(vr + (size_t)(t % ring) * kvd, vf + (size_t)t * kvd, kvd * sizeof *vr);
+            }
+            int32_t *pos = malloc((size_t)n * sizeof *pos);
+            assert_non_null(pos);
+            for (int i = 0; i < n; i++) pos[i] = start + i;
+            float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kvc * sizeof *k),
+                  *dv = dev_copy(v, kvc * sizeof *v);
+            float *dkr = dev_copy(kr, (size_t)ring * kvd * sizeof *kr);
+            float *dvr = dev_copy(vr, (size_t)ring * kvd * sizeof *vr);
+            int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
+            float *dout = dev_poisoned(qc);
+            dev->ops->attention(dout, dq, dk, dv, dkr, dvr, dpos, n, heads, kvh, hd, ring, &p);
+            float *on_full = malloc(qc * sizeof *on_full), *on_ring = malloc(qc * sizeof *on_ring);
+            llm_ref_ops.attention(on_full, q, k, v, kf, vf, pos, n, heads, kvh, hd, full, &p);
+            llm_ref_ops.attention(on_ring, q, k, v, kr, vr, pos, n, heads, kvh, hd, ring, &p);
+            float *got = dev_fetch(dout, qc);
+            char what[160];
+            snprintf(what, sizeof what, "reference: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d "
+                     "rows vs a whole cache", heads, kvh, hd, n, start, ring);
+            compare(what, on_ring, on_full, qc, TOL_EXACT);
+            double tol = tol_attention(hd, p.window);
+            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d rows",
+                     dev->name, heads, kvh, hd, n, start, ring);
+            note(&st, compare(what, got, on_ring, qc, tol), tol);
+            dev->free(dq), dev->free(dk), dev->free(dv), dev->free(dkr), dev->free(dvr), dev->free(dpos);
+            dev->free(dout);
+            free(q), free(k), free(v), free(kf), free(vf), free(kr), free(vr), free(pos), free(on_full), free(on_ring);
+            free(got);
+        }
 done:
     report(LLM_OP_ATTENTION, &st);
 }
 
-static void test_swiglu(void **state)
+static void test_glu(void **state)
 {
     (void)state;
     static const size_t counts[] = {1, 7, 64, 1536 * 7, 5632 * 3 + 5, 8192 * 128, 49};
     op_stats st = {0};
-    if (!native(LLM_OP_SWIGLU, LLM_DTYPE_F32, &st)) goto done;
-    for (size_t s = 0; s < sizeof counts / sizeof *counts; s++) {
+    if (!native(LLM_OP_GLU, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t s = 0; s < sizeof counts / sizeof *counts; s++)
+    for (int a = 0; a < 2; a++) {
         size_t count = counts[s];
+        llm_act act = a ? LLM_ACT_GELU_TANH : LLM_ACT_SILU;
+        const char *name = a ? "gelu_tanh" : "silu";
         if ((double)count * 20 > MAX_COST) continue;
         float *gate = random_floats(count, 4.0f), *up = random_floats(count, 1.0f);
-        /* Saturated inputs: exp(-x) overflows to infinity for x < -88.7, and silu must still be finite. */
+        /* Saturated inputs: exp(-x) overflows to infinity for x < -88.7, and silu must still be finite (tanh
+         * saturates to +-1 and x^3 grows large: tanh-GELU too). */
         static const float extremes[] = {-100.0f, 100.0f, -88.0f, 88.0f, -20.0f, 20.0f, 0.0f};
         for (size_t i = 0; i < count && i < sizeof extremes / sizeof *extremes; i++) gate[count - 1 - i] = extremes[i];
         float *ref = malloc(count * sizeof *ref);
-        llm_ref_ops.swiglu(ref, gate, up, count);
+        llm_ref_ops.glu(ref, gate, up, count, act);
 
         float *dg = dev_copy(gate, count * sizeof *gate), *du = dev_copy(up, count * sizeof *up);
         float *dout = dev_poisoned(count);
         char what[96];
-        dev->ops->swiglu(dout, dg, du, count);
+        dev->ops->glu(dout, dg, du, count, act);
         float *got = dev_fetch(dout, count);
-        snprintf(what, sizeof what, "%s: swiglu count %zu", dev->name, count);
-        note(&st, compare(what, got, ref, count, TOL_SWIGLU), TOL_SWIGLU);
+        snprintf(what, sizeof what, "%s: glu %s count %zu", dev->name, name, count);
+        note(&st, compare(what, got, ref, count, TOL_GLU), TOL_GLU);
         free(got);
-        dev->ops->swiglu(dg, dg, du, count); /* out aliasing gate, as the forward pass calls it */
+        dev->ops->glu(dg, dg, du, count, act); /* out aliasing gate, as the forward pass calls it */
         got = dev_fetch(dg, count);
-        snprintf(what, sizeof what, "%s: swiglu count %zu in place", dev->name, count);
-        note(&st, compare(what, got, ref, count, TOL_SWIGLU), TOL_SWIGLU);
+        snprintf(what, sizeof what, "%s: glu %s count %zu in place", dev->name, name, count);
+        note(&st, compare(what, got, ref, count, TOL_GLU), TOL_GLU);
         dev->free(dg), dev->free(du), dev->free(dout);
         free(got), free(ref), free(gate), free(up);
     }
 done:
-    report(LLM_OP_SWIGLU, &st);
+    report(LLM_OP_GLU, &st);
+}
+
+static void test_softcap(void **state)
+{
+    (void)state;
+    /* Vocabulary-sized rows (Gemma 2's head: 256000 a position) and odd tails; caps of 30 and 8 around logits of
+     * either sign up to 4 times the cap, so that both the linear part and the saturation are crossed. */
+    static const size_t counts[] = {1, 7, 512, 256000, 3001 * 3};
+    op_stats st = {0};
+    if (!native(LLM_OP_SOFTCAP, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t s = 0; s < sizeof counts / sizeof *counts; s++) {
+        size_t count = counts[s];
+        float cap = s % 2 ? 8.0f : 30.0f;
+        float *x = random_floats(count, 2.3f * cap);
+        float *dx = dev_copy(x, count * sizeof *x);
+        dev->ops->softcap(dx, cap, count);
+        llm_ref_ops.softcap(x, cap, count);
+        float *got = dev_fetch(dx, count);
+        char what[96];
+        snprintf(what, sizeof what, "%s: softcap %g count %zu", dev->name, cap, count);
+        note(&st, compare(what, got, x, count, TOL_SOFTCAP), TOL_SOFTCAP);
+        dev->free(dx);
+        free(got), free(x);
+    }
+done:
+    report(LLM_OP_SOFTCAP, &st);
 }
 
 static void test_add(void **state)
@@ -573,7 +676,7 @@ static void with_device(void (*body)(void **), void **state)
     body(state);
 }
 
-#define OP_TESTS(X) X(embed) X(rmsnorm) X(matmul) X(rope) X(attention) X(swiglu) X(add) X(logits)
+#define OP_TESTS(X) X(embed) X(rmsnorm) X(matmul) X(rope) X(attention) X(glu) X(add) X(logits) X(softcap)
 #define WRAP(op) static void run_##op(void **state) { with_device(test_##op, state); }
 OP_TESTS(WRAP)
 #undef WRAP

@@ -77,7 +77,7 @@ static void test_costs_by_hand(void **state)
     /* 2 tokens at positions 5, 6: q 2 x 64 x 4; k, v 2 x 32 x 4 each, read and stored; cache rows 0..6 of k and v
      * (2 x 7 x 32 x 4); out 2 x 64 x 4; positions 2 x 4. Rows seen 6 + 7 = 13, 4 x 64 flops each. */
     expect_cost(llm_profile_cost_attention(2, 5, 4, 2, 16), 512 + 512 + 512 + 1792 + 512 + 8, 3328);
-    expect_cost(llm_profile_cost_swiglu(480), 5760, 1920);
+    expect_cost(llm_profile_cost_glu(480), 5760, 1920);
     expect_cost(llm_profile_cost_add(192), 2304, 192);
 }
 
@@ -161,7 +161,7 @@ static void test_profile_adds_up(void **state)
     /* Calls per step, from forward.c's shape of a layer. */
     const uint64_t per_step[LLM_OP_COUNT] = {
         [LLM_OP_EMBED] = 1, [LLM_OP_RMSNORM] = 2 * L + 1, [LLM_OP_MATMUL] = 7 * L, [LLM_OP_ROPE] = L,
-        [LLM_OP_ATTENTION] = L, [LLM_OP_SWIGLU] = L, [LLM_OP_ADD] = 2 * L, [LLM_OP_LOGITS] = 1,
+        [LLM_OP_ATTENTION] = L, [LLM_OP_GLU] = L, [LLM_OP_ADD] = 2 * L, [LLM_OP_LOGITS] = 1,
     };
     for (int op = 0; op < LLM_OP_COUNT; op++) {
         assert_int_equal(pre->ops[op].calls, per_step[op]);
@@ -268,7 +268,7 @@ static void test_json_report(void **state)
     assert_int_equal(json_integer_value(json_object_get(pre, "steps")), 2);
     assert_int_equal(json_integer_value(json_object_get(pre, "tokens")), 16);
     json_t *ops = json_object_get(pre, "ops");
-    assert_int_equal(json_array_size(ops), LLM_OP_COUNT);
+    assert_int_equal(json_array_size(ops), LLM_OP_COUNT - 1); /* every op a Llama calls: all but softcap */
     const char *fields[] = {"op", "device", "fallback", "calls", "total_ms", "pct_step", "mean_us", "bytes_per_call",
                             "flops_per_call", "gb_per_s", "gflop_per_s", "pct_peak_bandwidth"};
     size_t i;

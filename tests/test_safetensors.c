@@ -363,7 +363,7 @@ static void test_bad_headers(void **state)
          " \"b\": {\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [15, 16]}}", 16,
          "tensors 'a' [0, 16] and 'b' [15, 16] overlap"},
         /* An escaped newline in a name must not break the one-line message. */
-        {"{\"a\\nb\": {\"dtype\": \"Q\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'a?b': unknown dtype"},
+        {"{\"a\\nb\": {\"dtype\": \"Q\", \"shape\": [1], \"data_offsets\": [0, 4]}}", 4, "tensor 'a\\nb': unknown dtype"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t len;
@@ -386,7 +386,7 @@ static void test_bad_lengths(void **state)
                 "header length 123456 is beyond the end of the file (1024 bytes)");
     memset(file, 0xff, 8); /* 2^64 - 1: must not wrap when 8 is added */
     assert_int_equal(stw_write(dir, "model.safetensors", file, sizeof file), 0);
-    expect_fail(path_in(dir, "model.safetensors"), "model.safetensors", "header length 18446744073709551615 is beyond");
+    expect_fail(path_in(dir, "model.safetensors"), "model.safetensors", "not a safetensors file (its first 8 bytes give a header length over");
     expect_fail(path_in(dir, "absent.safetensors"), "absent.safetensors", "No such file");
 }
 

@@ -484,16 +484,18 @@ static void blas_memory(llm_device_memory *out)
 /* ---------------------------------------------------------------------------------------------------------------
  * Ops */
 
-static void blas_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+static void blas_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     size_t dim = table->cols, esz = llm_dtype_size(table->dtype);
     void (*convert)(float *, const void *, size_t) = K->to_f32[table->dtype];
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if ((size_t)n * dim >= PAR_MIN)
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         convert(out + (size_t)i * dim, (const char *)table->data + (size_t)tokens[i] * dim * esz, dim);
+        if (scale != 1.0f) K->scale(out + (size_t)i * dim, scale, dim);
+    }
 }
 
-static void blas_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+static void blas_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
 {
     size_t esz = llm_dtype_size(weight->dtype);
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if ((size_t)n * dim >= PAR_MIN)
@@ -507,7 +509,7 @@ static void blas_rmsnorm(float *out, const float *x, const llm_weight *weight, i
             int len = dim - c0 < 256 ? dim - c0 : 256;
             K->to_f32[weight->dtype](wbuf, (const char *)weight->data + (size_t)c0 * esz, (size_t)len);
 #pragma omp simd
-            for (int c = 0; c < len; c++) oi[c0 + c] = wbuf[c] * (xi[c0 + c] * scale);
+            for (int c = 0; c < len; c++) oi[c0 + c] = (offset + wbuf[c]) * (xi[c0 + c] * scale);
         }
     }
 }
@@ -587,9 +589,9 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
 static void blas_logits(float *out, const float *x, const llm_weight *w, int n) { blas_matmul(out, x, w, NULL, n); }
 
 /* Rotate the heads of one token, `half` pairs per head, with the cos/sin of its angles for pairs j0 .. j0+len. */
-static void rotate(float *x, int heads, int head_dim, int j0, int len, const float *c, const float *s)
+static void rotate(float *x, int heads, int head_dim, int rot_dim, int j0, int len, const float *c, const float *s)
 {
-    int half = head_dim / 2;
+    int half = rot_dim / 2;
     for (int h = 0; h < heads; h++) {
         float *lo = x + (size_t)h * head_dim + j0, *hi = lo + half;
 #pragma omp simd
@@ -602,9 +604,9 @@ static void rotate(float *x, int heads, int head_dim, int j0, int len, const flo
 }
 
 static void blas_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                      int n_kv_heads, int head_dim)
+                      int n_kv_heads, int head_dim, int rot_dim, float scale)
 {
-    int half = head_dim / 2;
+    int half = rot_dim / 2;
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if (n >= 8)
     for (int i = 0; i < n; i++) {
         /* One cos/sin per (token, pair) from libm, shared by all heads: the angles are large (position times
@@ -614,29 +616,35 @@ static void blas_rope(float *q, float *k, const int32_t *positions, const float 
             int len = half - j0 < 128 ? half - j0 : 128;
             for (int j = 0; j < len; j++) {
                 float angle = (float)positions[i] * inv_freq[j0 + j];
-                c[j] = cosf(angle);
-                s[j] = sinf(angle);
+                c[j] = cosf(angle) * scale;
+                s[j] = sinf(angle) * scale;
             }
-            rotate(q + (size_t)i * n_heads * head_dim, n_heads, head_dim, j0, len, c, s);
-            rotate(k + (size_t)i * n_kv_heads * head_dim, n_kv_heads, head_dim, j0, len, c, s);
+            rotate(q + (size_t)i * n_heads * head_dim, n_heads, head_dim, rot_dim, j0, len, c, s);
+            rotate(k + (size_t)i * n_kv_heads * head_dim, n_kv_heads, head_dim, rot_dim, j0, len, c, s);
         }
     }
 }
 
-/* One query head over cache rows 0 .. len-1 (row stride `stride` floats), softmax computed online a block of rows
- * at a time (running maximum and sum, accumulator rescaled when the maximum grows), so no buffer of len scores. */
+/* One query head over the cache rows of positions first .. len-1 (row t % ctx, row stride `stride` floats), softmax
+ * computed online a block of rows at a time (running maximum and sum, accumulator rescaled when the maximum grows),
+ * so no buffer of len scores. softcap > 0 caps each scaled score (tanhf from libm, as the reference). */
 #define ATT_BLOCK 256
-static void attend(float *o, const float *qh, const float *kc, const float *vc, size_t stride, int len, int head_dim,
-                   float scale)
+static void attend(float *o, const float *qh, const float *kc, const float *vc, size_t stride, int first, int len,
+                   int ctx, int head_dim, float scale, float softcap)
 {
     float s[ATT_BLOCK];
     float max = -INFINITY, denom = 0.0f;
     memset(o, 0, (size_t)head_dim * sizeof *o);
-    for (int t0 = 0; t0 < len; t0 += ATT_BLOCK) {
-        int nb = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
+    for (int t0 = first, nb; t0 < len; t0 += nb) {
+        /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
+        int r0 = t0 % ctx;
+        nb = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
+        if (nb > ctx - r0) nb = ctx - r0;
+        const float *kb = kc + (size_t)r0 * stride, *vb = vc + (size_t)r0 * stride;
         float block_max = -INFINITY;
         for (int j = 0; j < nb; j++) {
-            s[j] = K->dot[LLM_DTYPE_F32](kc + (size_t)(t0 + j) * stride, qh, (size_t)head_dim) * scale;
+            s[j] = K->dot[LLM_DTYPE_F32](kb + (size_t)j * stride, qh, (size_t)head_dim) * scale;
+            if (softcap > 0.0f) s[j] = softcap * tanhf(s[j] / softcap);
             if (s[j] > block_max) block_max = s[j];
         }
         if (block_max > max) {
@@ -648,23 +656,21 @@ static void attend(float *o, const float *qh, const float *kc, const float *vc, 
             max = block_max;
         }
         denom += K->exp_shift(s, max, (size_t)nb);
-        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vc + (size_t)(t0 + j) * stride, (size_t)head_dim);
+        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vb + (size_t)j * stride, (size_t)head_dim);
     }
     for (int d = 0; d < head_dim; d++) o[d] /= denom;
 }
 
 static void blas_attention(float *out, const float *q, const float *k, const float *v, float *k_cache,
                            float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
-                           int ctx)
+                           int ctx, const llm_attention_params *p)
 {
-    (void)ctx;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
     for (int i = 0; i < n; i++) {
-        memcpy(k_cache + (size_t)positions[i] * kv_dim, k + (size_t)i * kv_dim, kv_dim * sizeof(float));
-        memcpy(v_cache + (size_t)positions[i] * kv_dim, v + (size_t)i * kv_dim, kv_dim * sizeof(float));
+        memcpy(k_cache + (size_t)(positions[i] % ctx) * kv_dim, k + (size_t)i * kv_dim, kv_dim * sizeof(float));
+        memcpy(v_cache + (size_t)(positions[i] % ctx) * kv_dim, v + (size_t)i * kv_dim, kv_dim * sizeof(float));
     }
     int group = n_heads / n_kv_heads;
-    float scale = 1.0f / sqrtf((float)head_dim);
     int tasks = n * n_heads;
     /* Parallel over (position, head). Later positions attend to more rows: handing tasks out round-robin
      * (static, 1) gives every thread the same mix of short and long ones. */
@@ -673,22 +679,41 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
     for (int t = 0; t < tasks; t++) {
         int i = t / n_heads, h = t % n_heads;
         size_t kv_off = (size_t)(h / group) * head_dim;
+        int len = positions[i] + 1, first = p->window > 0 && len > p->window ? len - p->window : 0;
         attend(out + (size_t)t * head_dim, q + (size_t)t * head_dim, k_cache + kv_off, v_cache + kv_off, kv_dim,
-               positions[i] + 1, head_dim, scale);
+               first, len, ctx, head_dim, p->scale, p->softcap);
     }
 }
 
 /* Elementwise ops split into chunks of 16k elements, one region over them when there is enough work. */
 #define CHUNK 16384
 
-static void blas_swiglu(float *out, const float *gate, const float *up, size_t count)
+/* GeGLU's tanh-GELU with libm's tanhf, as the reference (the Gemma families are rarer; SwiGLU has the vector exp). */
+static void gelu_mul(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+static void blas_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     size_t chunks = (count + CHUNK - 1) / CHUNK;
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if (chunks > 1)
     for (size_t c = 0; c < chunks; c++) {
         size_t off = c * CHUNK, len = count - off < CHUNK ? count - off : CHUNK;
-        K->silu_mul(out + off, gate + off, up + off, len);
+        if (act == LLM_ACT_GELU_TANH)
+            gelu_mul(out + off, gate + off, up + off, len);
+        else
+            K->silu_mul(out + off, gate + off, up + off, len);
     }
+}
+
+static void blas_softcap(float *x, float cap, size_t count)
+{
+#pragma omp parallel for num_threads(blas_threads) schedule(static) if (count >= 4 * CHUNK)
+    for (size_t i = 0; i < count; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 static void blas_add(float *x, const float *y, size_t count)
@@ -713,9 +738,10 @@ static const llm_ops blas_ops = {
     .matmul = blas_matmul,
     .rope = blas_rope,
     .attention = blas_attention,
-    .swiglu = blas_swiglu,
+    .glu = blas_glu,
     .add = blas_add,
     .logits = blas_logits,
+    .softcap = blas_softcap,
 };
 
 static double blas_measure_bandwidth(void) { return llm_host_measure_bandwidth(blas_threads); }

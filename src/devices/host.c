@@ -2,6 +2,8 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_ISSET */
 #include "host.h"
 
+#include "../model/files.h"
+
 #include <omp.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -72,6 +74,8 @@ void llm_host_memory(llm_device_memory *out)
     long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     out->total = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
     out->free = avail > 0 && page > 0 ? (size_t)avail * (size_t)page : 0;
+    size_t available = llm_available_memory(); /* reclaimable cache counts as free; a cgroup or RLIMIT_AS bounds it */
+    if (available != SIZE_MAX) out->free = available;
     out->allocated = host_allocated;
 }
 

@@ -5,34 +5,24 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-static const char *const supported_architectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+#include "files.h"
 
 /* An integer field in [lo, hi]; absent is an error unless a default is given (has_default). */
 static int get_int(const json_t *obj, const char *key, long long lo, long long hi, bool has_default, int def, int *out,
                    const char *file, char *err, size_t err_len)
 {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        if (has_default) {
-            *out = def;
-            return 0;
-        }
+    int64_t x;
+    int rc = llm_json_int(obj, key, lo, hi, &x, file, err, err_len); /* range-checked before it is narrowed */
+    if (rc < 0) return -1;
+    if (rc == 1 && !has_default) {
         snprintf(err, err_len, "%s: missing \"%s\"", file, key);
         return -1;
     }
-    if (!json_is_integer(v)) {
-        snprintf(err, err_len, "%s: \"%s\" must be an integer", file, key);
-        return -1;
-    }
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        snprintf(err, err_len, "%s: \"%s\" is %lld, expected %lld..%lld", file, key, x, lo, hi);
-        return -1;
-    }
-    *out = (int)x;
+    *out = rc == 1 ? def : (int)x;
     return 0;
 }
 
@@ -75,40 +65,65 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
 {
     const json_t *v = json_object_get(obj, "eos_token_id");
     if (!v || json_is_null(v)) return 0;
-    if (json_is_integer(v)) {
-        if (!has_eos(c, json_integer_value(v)) && c->n_eos < LLM_MAX_EOS)
-            c->eos_token_ids[c->n_eos++] = (int)json_integer_value(v);
-    } else if (json_is_array(v)) {
-        size_t i;
-        const json_t *e;
-        json_array_foreach(v, i, e) {
-            if (!json_is_integer(e) || c->n_eos == LLM_MAX_EOS) {
-                snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers",
-                         file, LLM_MAX_EOS);
-                return -1;
-            }
-            if (!has_eos(c, json_integer_value(e))) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(e);
-        }
-    } else {
-        snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of integers", file);
-        return -1;
-    }
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size) {
-            snprintf(err, err_len, "%s: eos_token_id %d is outside the vocabulary (%d)", file, c->eos_token_ids[i],
-                     c->vocab_size);
+    /* Each id is checked against the vocabulary as the 64-bit number written, before it becomes an int. */
+    const json_t *one = v;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        if (json_is_array(v)) one = json_array_get(v, i);
+        int64_t id;
+        if (!json_is_number(one)) {
+            snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of integers, found %s", file,
+                     llm_json_kind(one));
             return -1;
         }
+        if (!llm_json_int_value(one, 0, c->vocab_size - 1, &id)) {
+            snprintf(err, err_len, "%s: eos_token_id %.17g is outside the vocabulary (%d)", file,
+                     json_number_value(one), c->vocab_size);
+            return -1;
+        }
+        if (has_eos(c, id)) continue;
+        if (c->n_eos == LLM_MAX_EOS) {
+            if (!json_is_array(v)) return 0; /* a single id past a full list: kept out, as before */
+            snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers", file,
+                     LLM_MAX_EOS);
+            return -1;
+        }
+        c->eos_token_ids[c->n_eos++] = (int)id;
+    }
     return 0;
 }
 
+static int read_longrope(const json_t *root, const json_t *scaling, llm_config *c, const char *file, char *err,
+                         size_t err_len);
+
 /* transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes rope_theta and rope_scaling
- * {type or rope_type, factor, ...} at the top level. */
+ * {type or rope_type, factor, ...} at the top level. 5.x gives models with two kinds of layers one rope_parameters
+ * each ({"full_attention": {...}, "sliding_attention": {...}}, Gemma 3); 4.x a top-level rope_local_base_freq for
+ * the windowed layers' base. */
 static int read_rope(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
 {
     const json_t *params = json_object_get(root, "rope_parameters");
     const json_t *scaling = json_object_get(root, "rope_scaling");
     const json_t *theta_from = root;
+    const json_t *local = json_object_get(root, "rope_local_base_freq") ? root : NULL;
+    const char *local_key = "rope_local_base_freq";
+    if (json_is_object(params) && json_is_object(json_object_get(params, "full_attention"))) {
+        local = json_object_get(params, "sliding_attention"), local_key = "rope_theta";
+        params = json_object_get(params, "full_attention");
+    }
+    if (local && get_real(local, local_key, 1.0, 1e12, 10000.0, &c->rope_local_base_freq, file, err, err_len))
+        return -1;
+    /* partial_rotary_factor: at the top level (4.x) or among the rope parameters (5.x) */
+    float partial = 1.0f;
+    const json_t *partial_from = json_is_object(params) && json_object_get(params, "partial_rotary_factor") ? params
+                                                                                                          : root;
+    if (get_real(partial_from, "partial_rotary_factor", 0.0, 1.0, 1.0, &partial, file, err, err_len)) return -1;
+    c->rotary_dim = (int)((float)c->head_dim * partial);
+    if (c->rotary_dim < 2 || c->rotary_dim % 2 || c->rotary_dim / 2 > LLM_MAX_ROPE_PAIRS) {
+        snprintf(err, err_len, "%s: partial_rotary_factor %g of head_dim %d gives %d rotated dimensions, expected an "
+                 "even number in 2..%d", file, partial, c->head_dim, c->rotary_dim, 2 * LLM_MAX_ROPE_PAIRS);
+        return -1;
+    }
     if (json_is_object(params)) {
         theta_from = json_object_get(params, "rope_theta") ? params : root;
         scaling = params;
@@ -124,8 +139,13 @@ static int read_rope(const json_t *root, llm_config *c, const char *file, char *
         snprintf(err, err_len, "%s: \"rope_scaling\" must be an object or null", file);
         return -1;
     }
-    const json_t *type = json_object_get(scaling, "rope_type");
-    if (!type) type = json_object_get(scaling, "type");
+    const char *type_key = json_object_get(scaling, "rope_type") ? "rope_type" : "type";
+    const json_t *type = json_object_get(scaling, type_key);
+    if (type && !json_is_null(type) && !json_is_string(type)) {
+        snprintf(err, err_len, "%s: rope scaling \"%s\" must be a string, found %s", file, type_key,
+                 llm_json_kind(type));
+        return -1;
+    }
     const char *t = json_is_string(type) ? json_string_value(type) : "default";
     if (strcmp(t, "default") == 0) return 0;
     if (get_real(scaling, "factor", 1e-3, 1e6, 1.0, &c->rope_scaling.factor, file, err, err_len)) return -1;
@@ -146,58 +166,192 @@ static int read_rope(const json_t *root, llm_config *c, const char *file, char *
         }
         return 0;
     }
-    snprintf(err, err_len, "%s: rope scaling type \"%s\" is not supported (supported: default, linear, llama3)", file, t);
+    if (strcmp(t, "longrope") == 0 || strcmp(t, "su") == 0) {
+        c->rope_scaling.rope_type = LLM_ROPE_LONGROPE;
+        return read_longrope(root, scaling, c, file, err, err_len);
+    }
+    char shown[80];
+    snprintf(err, err_len, "%s: rope scaling type \"%s\" is not supported (supported: default, linear, llama3, "
+             "longrope)", file, llm_escape(shown, sizeof shown, t, strlen(t), 64));
     return -1;
+}
+
+static int read_factors(const json_t *scaling, const char *key, float *out, int n, const char *file, char *err,
+                        size_t err_len)
+{
+    const json_t *list = json_object_get(scaling, key);
+    if (!json_is_array(list) || json_array_size(list) != (size_t)n) {
+        snprintf(err, err_len, "%s: longrope \"%s\" must be a list of %d numbers (rotary dimensions / 2)", file, key,
+                 n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const json_t *v = json_array_get(list, (size_t)i);
+        out[i] = json_is_number(v) ? (float)json_number_value(v) : 0.0f;
+        if (!(out[i] > 0.0f)) {
+            snprintf(err, err_len, "%s: longrope \"%s\"[%d] must be a positive number", file, key, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* transformers' _compute_longrope_parameters: Phi-3 states the pretrained context as original_max_position_embeddings
+ * (top level in 4.x, among the rope parameters in 5.x) and the factor is max_position_embeddings over it; the
+ * attention factor, unless given, is sqrt(1 + ln(factor) / ln(original)). */
+static int read_longrope(const json_t *root, const json_t *scaling, llm_config *c, const char *file, char *err,
+                         size_t err_len)
+{
+    int pairs = c->rotary_dim / 2, orig = 0;
+    const json_t *orig_from = json_object_get(scaling, "original_max_position_embeddings") ? scaling : root;
+    if (read_factors(scaling, "short_factor", c->rope_scaling.short_factor, pairs, file, err, err_len) ||
+        read_factors(scaling, "long_factor", c->rope_scaling.long_factor, pairs, file, err, err_len) ||
+        get_int(orig_from, "original_max_position_embeddings", 0, 1 << 24, true, 0, &orig, file, err, err_len) ||
+        get_real(scaling, "attention_factor", 0.0, 1e3, 0.0, &c->rope_scaling.attention_factor, file, err, err_len))
+        return -1;
+    double factor = c->rope_scaling.factor;
+    if (orig > 0)
+        factor = (double)c->max_position_embeddings / orig;
+    else
+        orig = c->max_position_embeddings;
+    c->rope_scaling.original_max_position_embeddings = orig;
+    if (c->rope_scaling.attention_factor == 0.0f)
+        c->rope_scaling.attention_factor = factor <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)orig));
+    return 0;
 }
 
 static json_t *load_json(const char *dir, const char *name, bool required, char *path, size_t path_len, char *err,
                          size_t err_len)
 {
     snprintf(path, path_len, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (required) snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    json_error_t je;
-    json_t *root = json_loadf(f, 0, &je);
-    fclose(f);
-    if (!root) {
-        snprintf(err, err_len, "%s: malformed JSON at line %d: %s", path, je.line, je.text);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        snprintf(err, err_len, "%s: expected a JSON object", path);
+    json_t *root = llm_json_load(path, 0, required, err, err_len);
+    if (root && !json_is_object(root)) {
+        snprintf(err, err_len, "%s: expected a JSON object, found %s", path, llm_json_kind(root));
         json_decref(root);
         return NULL;
     }
     return root;
 }
 
+/* The family's part of config.json (arch.h): activation, attention scale and soft-caps, which layers slide. */
+static int read_family(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
+{
+    const llm_family *f = c->family;
+    const json_t *act = json_object_get(root, "hidden_activation");
+    const char *act_key = "hidden_activation";
+    if (!act || json_is_null(act)) act = json_object_get(root, "hidden_act"), act_key = "hidden_act";
+    if (act && !json_is_string(act)) {
+        snprintf(err, err_len, "%s: %s must be a string (supported: silu, gelu_pytorch_tanh), found %s", file, act_key,
+                 llm_json_kind(act));
+        return -1;
+    }
+    const char *a = act ? json_string_value(act) : "silu";
+    if (strcmp(a, "silu") == 0) {
+        c->hidden_act = LLM_ACT_SILU;
+    } else if (strcmp(a, "gelu_pytorch_tanh") == 0) {
+        c->hidden_act = LLM_ACT_GELU_TANH;
+    } else {
+        char shown[96];
+        snprintf(err, err_len, "%s: %s \"%s\" is not supported (supported: silu, gelu_pytorch_tanh)", file, act_key,
+                 llm_escape(shown, sizeof shown, a, json_string_length(act), 80));
+        return -1;
+    }
+    if (get_real(root, "query_pre_attn_scalar", 1e-6, 1e9, 0.0, &c->query_pre_attn_scalar, file, err, err_len) ||
+        get_real(root, "attn_logit_softcapping", 1e-6, 1e9, 0.0, &c->attn_logit_softcapping, file, err, err_len) ||
+        get_real(root, "final_logit_softcapping", 1e-6, 1e9, 0.0, &c->final_logit_softcapping, file, err, err_len))
+        return -1;
+
+    /* The window: sliding_window (null: none; Qwen's only with use_sliding_window), on the layers that layer_types
+     * names sliding_attention, else on those the family's rule picks. */
+    int sw = 0;
+    bool wanted = f->windows != LLM_WINDOWS_FROM_LAYER || get_bool(root, "use_sliding_window", false);
+    if (wanted && get_int(root, "sliding_window", 0, INT32_MAX, true, 0, &sw, file, err, err_len)) return -1;
+    c->sliding_window = sw;
+    if (sw == 0) return 0;
+    int L = c->num_hidden_layers, pattern = 6, from = L;
+    const json_t *types = json_object_get(root, "layer_types");
+    if (json_is_array(types)) {
+        if (json_array_size(types) != (size_t)L) {
+            snprintf(err, err_len, "%s: \"layer_types\" lists %zu layers, num_hidden_layers is %d", file,
+                     json_array_size(types), L);
+            return -1;
+        }
+        for (int l = 0; l < L; l++) {
+            const json_t *t = json_array_get(types, (size_t)l);
+            const char *name = json_is_string(t) ? json_string_value(t) : "?";
+            if (strcmp(name, "sliding_attention") != 0 && strcmp(name, "full_attention") != 0) {
+                char shown[96];
+                snprintf(err, err_len, "%s: layer_types[%d] \"%s\" is not supported (supported: full_attention, "
+                         "sliding_attention)", file, l, llm_escape(shown, sizeof shown, name, strlen(name), 80));
+                return -1;
+            }
+            c->layer_sliding[l] = strcmp(name, "sliding_attention") == 0;
+        }
+        return 0;
+    }
+    const char *pattern_key = json_object_get(root, "sliding_window_pattern") ? "sliding_window_pattern"
+                                                                             : "_sliding_window_pattern";
+    if (get_int(root, pattern_key, 1, 1 << 20, true, 6, &pattern, file, err, err_len) ||
+        get_int(root, "max_window_layers", 0, 1 << 20, true, 28, &from, file, err, err_len))
+        return -1;
+    for (int l = 0; l < L; l++)
+        c->layer_sliding[l] = f->windows == LLM_WINDOWS_ALL         ? true
+                              : f->windows == LLM_WINDOWS_ALTERNATE ? (l + 1) % 2 != 0
+                              : f->windows == LLM_WINDOWS_PATTERN   ? (l + 1) % pattern != 0
+                                                                    : l >= from;
+    return 0;
+}
+
+static int read_model_config(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len);
+
+/* The architecture, and where the language model's config is: the top level, or a member (with the defaults
+ * transformers assumes for what it leaves out merged in). */
 static int read_config(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
 {
     const json_t *archs = json_object_get(root, "architectures");
     const json_t *arch = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
     if (!json_is_string(arch)) {
-        snprintf(err, err_len, "%s: missing \"architectures\" (supported: LlamaForCausalLM, MistralForCausalLM, "
-                 "Qwen2ForCausalLM)", file);
+        snprintf(err, err_len, "%s: missing \"architectures\" (supported: %s)", file, llm_family_names());
         return -1;
     }
+    char shown[96];
     snprintf(c->architecture, sizeof c->architecture, "%s", json_string_value(arch));
-    bool known = false;
-    for (size_t i = 0; i < sizeof supported_architectures / sizeof *supported_architectures; i++)
-        known |= strcmp(c->architecture, supported_architectures[i]) == 0;
-    if (!known) {
-        snprintf(err, err_len, "%s: architecture \"%s\" is not supported (supported: LlamaForCausalLM, "
-                 "MistralForCausalLM, Qwen2ForCausalLM)", file, json_string_value(arch));
+    c->family = llm_family_find(json_string_value(arch));
+    if (!c->family) {
+        snprintf(err, err_len, "%s: architecture \"%s\" is not supported (supported: %s)", file,
+                 llm_escape(shown, sizeof shown, json_string_value(arch), json_string_length(arch), 80),
+                 llm_family_names());
         return -1;
     }
-    const json_t *act = json_object_get(root, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        snprintf(err, err_len, "%s: hidden_act \"%s\" is not supported (only silu)",
-                 file, json_is_string(act) ? json_string_value(act) : "?");
-        return -1;
+    const json_t *text = root;
+    if (c->family->text_config) {
+        text = json_object_get(root, c->family->text_config);
+        if (!json_is_object(text)) {
+            snprintf(err, err_len, "%s: %s needs a \"%s\" object", file, c->architecture, c->family->text_config);
+            return -1;
+        }
     }
+    json_t *merged = NULL;
+    if (c->family->defaults) {
+        json_t *defaults = json_loads(c->family->defaults, 0, NULL);
+        merged = json_deep_copy(text);
+        if (!defaults || !merged || json_object_update_missing(merged, defaults)) {
+            snprintf(err, err_len, "%s: out of memory", file);
+            json_decref(defaults), json_decref(merged);
+            return -1;
+        }
+        json_decref(defaults);
+        text = merged;
+    }
+    int rc = read_model_config(text, c, file, err, err_len);
+    /* A multimodal config's end ids are at its top level too. */
+    if (rc == 0 && text != root) rc = read_eos(root, c, file, err, err_len);
+    json_decref(merged);
+    return rc;
+}
+
+static int read_model_config(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
+{
     if (get_bool(root, "mlp_bias", false)) {
         snprintf(err, err_len, "%s: mlp_bias is not supported", file);
         return -1;
@@ -217,7 +371,8 @@ static int read_config(const json_t *root, llm_config *c, const char *file, char
                 err_len) ||
         get_int(root, "bos_token_id", -1, 1 << 22, true, -1, &c->bos_token_id, file, err, err_len) ||
         get_real(root, "rms_norm_eps", 1e-12, 1.0, 1e-6, &c->rms_norm_eps, file, err, err_len) ||
-        read_rope(root, c, file, err, err_len) || read_eos(root, c, file, err, err_len))
+        read_rope(root, c, file, err, err_len) || read_eos(root, c, file, err, err_len) ||
+        read_family(root, c, file, err, err_len))
         return -1;
     if (c->head_dim % 2) {
         snprintf(err, err_len, "%s: head_dim %d must be even for rotary embeddings", file, c->head_dim);
@@ -229,19 +384,14 @@ static int read_config(const json_t *root, llm_config *c, const char *file, char
         return -1;
     }
     c->tie_word_embeddings = get_bool(root, "tie_word_embeddings", false);
-    bool qwen2 = strcmp(c->architecture, "Qwen2ForCausalLM") == 0;
     bool attention_bias = get_bool(root, "attention_bias", false);
-    c->qkv_bias = qwen2 || attention_bias;
-    c->o_bias = !qwen2 && attention_bias;
-
-    const json_t *sw = json_object_get(root, "sliding_window");
-    c->sliding_window = 0;
-    if (json_is_integer(sw) && (!qwen2 || get_bool(root, "use_sliding_window", false)))
-        c->sliding_window = (int)json_integer_value(sw);
+    c->qkv_bias = c->family->qkv_bias || attention_bias;
+    c->o_bias = !c->family->qkv_bias && attention_bias;
 
     const json_t *dt = json_object_get(root, "dtype");
     if (!json_is_string(dt)) dt = json_object_get(root, "torch_dtype");
-    snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_is_string(dt) ? json_string_value(dt) : "?");
+    llm_escape(c->torch_dtype, sizeof c->torch_dtype, json_is_string(dt) ? json_string_value(dt) : "?",
+               json_is_string(dt) ? json_string_length(dt) : 1, sizeof c->torch_dtype - 1);
     return 0;
 }
 
@@ -264,17 +414,26 @@ int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len)
     return rc;
 }
 
-void llm_config_inv_freq(const llm_config *c, float *inv_freq)
+void llm_config_inv_freq(const llm_config *c, llm_rope_table table, float *inv_freq)
 {
-    int half = c->head_dim / 2;
+    int half = c->rotary_dim / 2;
     float factor = c->rope_scaling.factor;
+    /* The windowed layers' own base rotates without scaling (transformers' local rotary embedding is "default"). */
+    bool local = table == LLM_ROPE_TABLE_LOCAL && c->rope_local_base_freq > 0.0f;
+    float theta = local ? c->rope_local_base_freq : c->rope_theta;
+    llm_rope_type type = local ? LLM_ROPE_DEFAULT : c->rope_scaling.rope_type;
     for (int j = 0; j < half; j++) {
-        /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in float32 */
-        float exponent = (float)(2 * j) / (float)c->head_dim;
-        float f = 1.0f / powf(c->rope_theta, exponent);
-        if (c->rope_scaling.rope_type == LLM_ROPE_LINEAR) {
+        /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in float32, dim the rotated part */
+        float exponent = (float)(2 * j) / (float)c->rotary_dim;
+        float f = 1.0f / powf(theta, exponent);
+        if (type == LLM_ROPE_LONGROPE) {
+            /* 1.0 / (ext_factors * base ** (...)): the long factors past original_max_position_embeddings */
+            const float *ext = table == LLM_ROPE_TABLE_LONG ? c->rope_scaling.long_factor
+                                                            : c->rope_scaling.short_factor;
+            f = 1.0f / (ext[j] * powf(theta, exponent));
+        } else if (type == LLM_ROPE_LINEAR) {
             f = f / factor;
-        } else if (c->rope_scaling.rope_type == LLM_ROPE_LLAMA3) {
+        } else if (type == LLM_ROPE_LLAMA3) {
             /* transformers' _compute_llama3_parameters: long wavelengths are slowed by factor, short ones kept,
              * the band between blended smoothly. */
             float old_ctx = (float)c->rope_scaling.original_max_position_embeddings;

@@ -6,12 +6,21 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef enum { LLM_ROPE_DEFAULT, LLM_ROPE_LINEAR, LLM_ROPE_LLAMA3 } llm_rope_type;
+#include "../ops/ops.h"
+#include "arch.h"
+
+typedef enum { LLM_ROPE_DEFAULT, LLM_ROPE_LINEAR, LLM_ROPE_LLAMA3, LLM_ROPE_LONGROPE } llm_rope_type;
+
+/* Which rotary table: the model's own; the windowed layers' own base (Gemma 3); LongRoPE's long factors. */
+typedef enum { LLM_ROPE_TABLE_GLOBAL, LLM_ROPE_TABLE_LOCAL, LLM_ROPE_TABLE_LONG } llm_rope_table;
 
 #define LLM_MAX_EOS 8
+#define LLM_MAX_LAYERS 1024
+#define LLM_MAX_ROPE_PAIRS 512
 
 typedef struct {
-    char architecture[64];    /* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM" */
+    char architecture[64];    /* "LlamaForCausalLM", ... (arch.c lists them) */
+    const llm_family *family; /* what the architecture's layers are made of (arch.h) */
     int hidden_size;
     int intermediate_size;
     int num_hidden_layers;
@@ -26,11 +35,22 @@ typedef struct {
         llm_rope_type rope_type;
         float factor, low_freq_factor, high_freq_factor;
         int original_max_position_embeddings;
+        /* longrope ("su"): per-pair factors (rotary_dim / 2 each), the short ones up to
+         * original_max_position_embeddings, and the factor cos and sin are multiplied by */
+        float short_factor[LLM_MAX_ROPE_PAIRS], long_factor[LLM_MAX_ROPE_PAIRS];
+        float attention_factor;
     } rope_scaling;
+    int rotary_dim;           /* the rotated part of a head: head_dim * partial_rotary_factor (even) */
+    float rope_local_base_freq; /* the windowed layers' rope_theta (Gemma 3); 0: they rotate like the others */
     bool tie_word_embeddings;
     bool qkv_bias;            /* Qwen2 always; Llama when attention_bias is set (which also biases o_proj) */
     bool o_bias;
     int sliding_window;       /* 0 when absent or disabled */
+    bool layer_sliding[LLM_MAX_LAYERS]; /* layer l attends to the last sliding_window positions only */
+    llm_act hidden_act;       /* hidden_activation, else hidden_act: silu or gelu_pytorch_tanh */
+    float query_pre_attn_scalar;   /* attention scores scaled by its -1/2 power; 0 when absent (head_dim's) */
+    float attn_logit_softcapping;  /* 0 when absent */
+    float final_logit_softcapping; /* 0 when absent */
     int bos_token_id;         /* -1 when absent */
     int eos_token_ids[LLM_MAX_EOS];
     int n_eos;
@@ -40,9 +60,9 @@ typedef struct {
 /* Read dir/config.json and, when present, dir/generation_config.json. 0 on success, else one line in err. */
 int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len);
 
-/* The rotary inverse frequencies for head_dim/2 pairs, scaled as rope_scaling says, computed in f32 the way
- * transformers computes them. */
-void llm_config_inv_freq(const llm_config *c, float *inv_freq);
+/* The rotary inverse frequencies for rotary_dim/2 pairs of one table, scaled as rope_scaling says, computed in f32
+ * the way transformers computes them. */
+void llm_config_inv_freq(const llm_config *c, llm_rope_table table, float *inv_freq);
 
 bool llm_config_is_eos(const llm_config *c, int token);
 

@@ -1,11 +1,40 @@
-/* The forward pass of a Llama-family decoder, read top to bottom, and the run state it works in.
- * Every numeric step goes through the op table (m->rt.ops) of the chosen device: this file never touches
- * activation memory itself, so the same code runs on every device. */
+/* The forward pass of a decoder, read top to bottom, and the run state it works in. One layer for every family: the
+ * family's data (arch.h, config.h) says which norms it has and where, the attention's scale, soft-cap and window,
+ * the activation. Every numeric step goes through the op table (m->rt.ops) of the chosen device: this file never
+ * touches activation memory itself, so the same code runs on every device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
+
+/* The cache rows of layer l: a windowed layer's ring, or the context. */
+static int layer_rows(const llm_state *s, const llm_config *c, int l)
+{
+    return s->window && c->layer_sliding[l] ? s->window_rows : s->ctx;
+}
+
+struct state_buf {
+    void **buf;
+    size_t bytes;
+};
+
+/* The run state is sized by numbers from config.json and the command line: checked against the device's free memory
+ * before anything is allocated (an allocation that the kernel overcommits would only fail when first touched). */
+static int state_fits(const llm_device *dev, const struct state_buf *bufs, size_t n, size_t kv_bytes, int ctx,
+                      int max_batch, char *err, size_t err_len)
+{
+    size_t need = 0; /* no overflow: config.json's bounds keep every buffer below 2^58 bytes */
+    for (size_t i = 0; i < n; i++) need += *bufs[i].buf ? 0 : bufs[i].bytes;
+    llm_device_memory mem = {0};
+    dev->memory(&mem);
+    if (mem.free == 0 || need <= mem.free) return 0;
+    snprintf(err, err_len, "%s: the run state needs %.2f GiB (KV cache %.2f GiB for a context of %d, activations for a "
+             "batch of %d), but %.2f GiB is free: lower -c%s", dev->name, (double)need / 1073741824.0,
+             (double)kv_bytes / 1073741824.0, ctx, max_batch, (double)mem.free / 1073741824.0,
+             kv_bytes < need / 2 ? " or -b" : "");
+    return -1;
+}
 
 int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, bool all_logits, char *err,
                    size_t err_len)
@@ -13,12 +42,12 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     memset(s, 0, sizeof *s);
     const llm_config *c = &m->config;
     const llm_device *dev = m->rt.dev;
+    /* Windowed layers attend to their last sliding_window positions; they do not cap the context. */
     int limit = c->max_position_embeddings;
-    if (c->sliding_window > 0 && c->sliding_window < limit) limit = c->sliding_window;
     if (ctx <= 0) ctx = limit < 4096 ? limit : 4096;
     if (ctx > limit) {
-        snprintf(err, err_len, "context size %d is larger than the model allows (%s %d)", ctx,
-                 limit == c->max_position_embeddings ? "max_position_embeddings" : "sliding_window", limit);
+        snprintf(err, err_len, "context size %d is larger than the model allows (max_position_embeddings %d)", ctx,
+                 limit);
         return -1;
     }
     if (max_batch <= 0) max_batch = 512;
@@ -26,11 +55,16 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     s->ctx = ctx;
     s->max_batch = max_batch;
     s->all_logits = all_logits;
+    /* A windowed layer's cache is a ring: a call of n <= max_batch tokens stores its rows and reads the window before
+     * each, window + n - 1 rows (ops.h, attention). A window as long as the context is no window. */
+    s->window = c->sliding_window < ctx ? c->sliding_window : 0;
+    s->window_rows = s->window && s->window + max_batch - 1 < ctx ? s->window + max_batch - 1 : ctx;
 
     size_t B = (size_t)max_batch, hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     size_t n_logits = all_logits ? B : 1, vocab = (size_t)c->vocab_size;
-    size_t cache = (size_t)c->num_hidden_layers * (size_t)ctx * kv_dim;
+    size_t cache = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) cache += (size_t)layer_rows(s, c, l) * kv_dim;
     size_t logit_bytes = n_logits * vocab * sizeof(float);
     /* One position's logits, where the device's ops can write host memory in place: no download after each step
      * (for a batch of them, all_logits, the device's own memory and one download are faster). */
@@ -38,7 +72,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         s->logits = s->host_logits;
         s->logits_shared = s->logits_pinned = true;
     }
-    struct { void **buf; size_t bytes; } bufs[] = {
+    struct state_buf bufs[] = {
         {(void **)&s->x, B * hidden * sizeof(float)},     {(void **)&s->xb, B * hidden * sizeof(float)},
         {(void **)&s->q, B * q_dim * sizeof(float)},      {(void **)&s->att, B * q_dim * sizeof(float)},
         {(void **)&s->k, B * kv_dim * sizeof(float)},     {(void **)&s->v, B * kv_dim * sizeof(float)},
@@ -47,6 +81,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->key_cache, cache * sizeof(float)},  {(void **)&s->value_cache, cache * sizeof(float)},
         {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
     };
+    if (state_fits(dev, bufs, sizeof bufs / sizeof *bufs, cache * 2 * sizeof(float), ctx, max_batch, err, err_len)) {
+        llm_state_free(s, m);
+        return -1;
+    }
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (*bufs[i].buf) continue; /* the shared logits */
         *bufs[i].buf = dev->alloc(bufs[i].bytes);
@@ -125,7 +163,19 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     }
 
     int dim = c->hidden_size, heads = c->num_attention_heads, kv_heads = c->num_key_value_heads, hd = c->head_dim;
-    size_t kv_dim = (size_t)kv_heads * hd, layer_cache = (size_t)s->ctx * kv_dim;
+    int rot = c->rotary_dim;
+    float rope_scale = m->rope_scale;
+    size_t q_dim = (size_t)heads * hd, kv_dim = (size_t)kv_heads * hd, cache_at = 0;
+    float eps = c->rms_norm_eps, offset = c->family->norm_offset;
+    /* LongRoPE rotates with its long factors once a call reaches past original_max_position_embeddings (as
+     * transformers decides per call): the table is switched in place, before a recorded step may be replayed. */
+    bool long_rope = c->rope_scaling.rope_type == LLM_ROPE_LONGROPE &&
+                     pos + n > c->rope_scaling.original_max_position_embeddings;
+    if (long_rope != m->rope_long &&
+        llm_model_set_rope(m, long_rope ? LLM_ROPE_TABLE_LONG : LLM_ROPE_TABLE_GLOBAL, err, err_len))
+        return -1;
+    const float *global_freq = m->inv_freq;
+    const float *local_freq = m->inv_freq_local ? m->inv_freq_local : global_freq;
     size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
     int n_out = s->all_logits ? n : 1;
     /* Without all_logits only the last position's hidden state reaches the head. */
@@ -136,47 +186,62 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     bool recordable = dev->step_begin && dev->step_end && !m->trace;
     bool replay = recordable && dev->step_begin(n);
     if (!replay) {
-        op->embed(s->x, &m->embed_tokens, step_tokens, n);
+        op->embed(s->x, &m->embed_tokens, step_tokens, n, m->embed_scale);
         trace(m, "embed", -1, s->x, xs);
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const llm_layer *L = &m->layers[l];
-            float *k_cache = s->key_cache + (size_t)l * layer_cache;
-            float *v_cache = s->value_cache + (size_t)l * layer_cache;
+            int rows = layer_rows(s, c, l);
+            float *k_cache = s->key_cache + cache_at, *v_cache = s->value_cache + cache_at;
+            cache_at += (size_t)rows * kv_dim;
+            bool sliding = c->layer_sliding[l];
+            const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? s->window : 0};
+            /* A block's input: the residual stream itself where the family has no norm before it (OLMo 2). */
+            const float *in = L->attn_norm.data ? s->xb : s->x;
 
             /* attention block */
-            op->rmsnorm(s->xb, s->x, &L->input_layernorm, n, dim, c->rms_norm_eps);
-            trace(m, "attn_norm", l, s->xb, xs);
-            op->matmul(s->q, s->xb, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
-            op->matmul(s->k, s->xb, &L->k_proj, L->k_bias.data ? &L->k_bias : NULL, n);
-            op->matmul(s->v, s->xb, &L->v_proj, L->v_bias.data ? &L->v_bias : NULL, n);
-            trace(m, "q", l, s->q, (size_t)n * heads * hd);
+            if (L->attn_norm.data) op->rmsnorm(s->xb, s->x, &L->attn_norm, n, dim, eps, offset);
+            trace(m, "attn_norm", l, in, xs);
+            op->matmul(s->q, in, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
+            op->matmul(s->k, in, &L->k_proj, L->k_bias.data ? &L->k_bias : NULL, n);
+            op->matmul(s->v, in, &L->v_proj, L->v_bias.data ? &L->v_bias : NULL, n);
+            /* q/k norms: per head (a weight of head_dim: n * heads rows) or over the projection (n rows) */
+            int qn = L->q_norm.data ? (int)L->q_norm.cols : 0, kn = L->k_norm.data ? (int)L->k_norm.cols : 0;
+            if (qn) op->rmsnorm(s->q, s->q, &L->q_norm, n * (int)(q_dim / (size_t)qn), qn, eps, offset);
+            if (kn) op->rmsnorm(s->k, s->k, &L->k_norm, n * (int)(kv_dim / (size_t)kn), kn, eps, offset);
+            trace(m, "q", l, s->q, (size_t)n * q_dim);
             trace(m, "k", l, s->k, (size_t)n * kv_dim);
             trace(m, "v", l, s->v, (size_t)n * kv_dim);
-            op->rope(s->q, s->k, positions, m->inv_freq, n, heads, kv_heads, hd);
-            trace(m, "q_rope", l, s->q, (size_t)n * heads * hd);
-            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, s->ctx);
-            trace(m, "attention", l, s->att, (size_t)n * heads * hd);
+            const float *freq = sliding ? local_freq : global_freq;
+            op->rope(s->q, s->k, positions, freq, n, heads, kv_heads, hd, rot, rope_scale);
+            trace(m, "q_rope", l, s->q, (size_t)n * q_dim);
+            op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, rows, &ap);
+            trace(m, "attention", l, s->att, (size_t)n * q_dim);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
+            if (L->attn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->attn_post_norm, n, dim, eps, offset);
             trace(m, "attn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
 
             /* feed-forward block */
-            op->rmsnorm(s->xb, s->x, &L->post_attention_layernorm, n, dim, c->rms_norm_eps);
-            trace(m, "ffn_norm", l, s->xb, xs);
-            op->matmul(s->gate, s->xb, &L->gate_proj, NULL, n);
-            op->matmul(s->up, s->xb, &L->up_proj, NULL, n);
-            op->swiglu(s->gate, s->gate, s->up, gs);
-            trace(m, "swiglu", l, s->gate, gs);
+            in = L->ffn_norm.data ? s->xb : s->x;
+            if (L->ffn_norm.data) op->rmsnorm(s->xb, s->x, &L->ffn_norm, n, dim, eps, offset);
+            trace(m, "ffn_norm", l, in, xs);
+            op->matmul(s->gate, in, &L->gate_proj, NULL, n);
+            op->matmul(s->up, in, &L->up_proj, NULL, n);
+            op->glu(s->gate, s->gate, s->up, gs, c->hidden_act);
+            trace(m, "glu", l, s->gate, gs);
             op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
+            if (L->ffn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->ffn_post_norm, n, dim, eps, offset);
             trace(m, "ffn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
             trace(m, "residual", l, s->x, xs);
         }
 
-        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, c->rms_norm_eps);
+        op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, eps, offset);
         trace(m, "final_norm", -1, xb_out, (size_t)n_out * dim);
         op->logits(s->logits, xb_out, &m->lm_head, n_out);
+        if (c->final_logit_softcapping > 0.0f)
+            op->softcap(s->logits, c->final_logit_softcapping, (size_t)n_out * c->vocab_size);
         trace(m, "logits", -1, s->logits, (size_t)n_out * c->vocab_size);
     }
     if (recordable) dev->step_end();

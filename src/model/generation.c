@@ -2,6 +2,8 @@
  * defaults, command line and llama.cpp's defaults (generation.h). */
 #include "generation.h"
 
+#include "files.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -66,6 +68,8 @@ int llm_generation_config_parse(llm_generation_config *g, const char *json, size
     memset(g, 0, sizeof *g);
     json_error_t je;
     json_t *root = json_loadb(json, len, 0, &je);
+    if (!root && json_error_code(&je) == json_error_numeric_overflow) /* as llm_json_load does */
+        root = json_loadb(json, len, JSON_DECODE_INT_AS_REAL, &je);
     if (!root) {
         snprintf(err, err_len, "%s: malformed JSON at line %d: %s", label, je.line, je.text);
         return -1;
@@ -81,19 +85,9 @@ int llm_generation_config_load(llm_generation_config *g, const char *dir, char *
     memset(g, 0, sizeof *g);
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT) return 0;
-        snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    json_error_t je;
-    json_t *root = json_loadf(f, 0, &je);
-    fclose(f);
-    if (!root) {
-        snprintf(err, err_len, "%s: malformed JSON at line %d: %s", path, je.line, je.text);
-        return -1;
-    }
+    /* A regular file under the JSON cap (a FIFO would block), integers past 64 bits in keys not read accepted. */
+    json_t *root = llm_json_load(path, 0, false, err, err_len);
+    if (!root) return err[0] ? -1 : 0;
     int rc = read_generation(root, g, path, err, err_len);
     json_decref(root);
     if (rc) memset(g, 0, sizeof *g);

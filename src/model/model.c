@@ -2,6 +2,7 @@
  * for presence, dtype and shape against the config), and the rotary table. The forward pass is in forward.c. */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,13 +77,32 @@ device_error:;
     return -1;
 }
 
-void llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
+int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
 {
-    llm_weight *all[LLM_LAYER_WEIGHTS] = {
-        &L->input_layernorm, &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj, &L->q_bias, &L->k_bias, &L->v_bias,
-        &L->o_bias, &L->post_attention_layernorm, &L->gate_proj, &L->up_proj, &L->down_proj,
-    };
-    memcpy(out, all, sizeof all);
+    int n = 0;
+    llm_weight *attn[] = {&L->attn_norm, &L->o_proj, &L->q_bias, &L->k_bias, &L->v_bias, &L->o_bias, &L->q_norm,
+                          &L->k_norm, &L->attn_post_norm, &L->ffn_norm, &L->down_proj, &L->ffn_post_norm};
+    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) out[n++] = attn[i];
+    if (L->qkv_proj.data) {
+        out[n++] = &L->qkv_proj;
+    } else {
+        out[n++] = &L->q_proj, out[n++] = &L->k_proj, out[n++] = &L->v_proj;
+    }
+    if (L->gate_up_proj.data) {
+        out[n++] = &L->gate_up_proj;
+    } else {
+        out[n++] = &L->gate_proj, out[n++] = &L->up_proj;
+    }
+    return n;
+}
+
+/* Rows first .. first+rows-1 of a stored matrix, in place (a fused projection's part). */
+static llm_weight view_rows(const llm_weight *w, size_t first, size_t rows)
+{
+    llm_weight v = *w;
+    v.data = (char *)w->data + first * w->cols * llm_dtype_size(w->dtype);
+    v.rows = rows;
+    return v;
 }
 
 /* Weights that point into the mapped checkpoint (host-memory devices without weight_load) own nothing. */
@@ -97,22 +117,38 @@ static void free_weight(const llm_model *m, llm_weight *w)
     w->data = NULL;
 }
 
+/* A layer's tensors as its family has them (arch.h), each checked against config.json. */
 static int load_layer(llm_model *m, int l, char *err, size_t err_len)
 {
     const llm_config *c = &m->config;
+    const llm_family *f = c->family;
     llm_layer *L = &m->layers[l];
-    size_t hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
+    size_t hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
-    char name[160];
+    char name[192];
 #define LOAD(field, suffix, rows, cols, why)                                                                        \
     do {                                                                                                            \
-        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                                               \
+        snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, l, suffix);                                        \
         if (load_weight(m, &L->field, name, rows, cols, why, err, err_len)) return -1;                              \
     } while (0)
-    LOAD(input_layernorm, "input_layernorm.weight", 0, hidden, "hidden_size");
-    LOAD(q_proj, "self_attn.q_proj.weight", q_dim, hidden, "num_attention_heads * head_dim, hidden_size");
-    LOAD(k_proj, "self_attn.k_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
-    LOAD(v_proj, "self_attn.v_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
+#define NORM(field, tensor)                                                                                         \
+    do {                                                                                                            \
+        if (!(tensor)) break;                                                                                       \
+        snprintf(name, sizeof name, "%slayers.%d.%s.weight", m->prefix, l, tensor);                                 \
+        if (load_weight(m, &L->field, name, 0, hidden, "hidden_size", err, err_len)) return -1;                     \
+    } while (0)
+    NORM(attn_norm, f->attn_norm);
+    if (f->fused_qkv) {
+        LOAD(qkv_proj, "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hidden,
+             "(num_attention_heads + 2 * num_key_value_heads) * head_dim, hidden_size");
+        L->q_proj = view_rows(&L->qkv_proj, 0, q_dim);
+        L->k_proj = view_rows(&L->qkv_proj, q_dim, kv_dim);
+        L->v_proj = view_rows(&L->qkv_proj, q_dim + kv_dim, kv_dim);
+    } else {
+        LOAD(q_proj, "self_attn.q_proj.weight", q_dim, hidden, "num_attention_heads * head_dim, hidden_size");
+        LOAD(k_proj, "self_attn.k_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
+        LOAD(v_proj, "self_attn.v_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
+    }
     LOAD(o_proj, "self_attn.o_proj.weight", hidden, q_dim, "hidden_size, num_attention_heads * head_dim");
     if (c->qkv_bias) {
         LOAD(q_bias, "self_attn.q_proj.bias", 0, q_dim, "num_attention_heads * head_dim");
@@ -120,12 +156,73 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
         LOAD(v_bias, "self_attn.v_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim");
     }
     if (c->o_bias) LOAD(o_bias, "self_attn.o_proj.bias", 0, hidden, "hidden_size");
-    LOAD(post_attention_layernorm, "post_attention_layernorm.weight", 0, hidden, "hidden_size");
-    LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
-    LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
+    if (f->qk_norm == LLM_QK_NORM_HEAD) {
+        LOAD(q_norm, "self_attn.q_norm.weight", 0, hd, "head_dim");
+        LOAD(k_norm, "self_attn.k_norm.weight", 0, hd, "head_dim");
+    } else if (f->qk_norm == LLM_QK_NORM_WHOLE) {
+        LOAD(q_norm, "self_attn.q_norm.weight", 0, q_dim, "num_attention_heads * head_dim");
+        LOAD(k_norm, "self_attn.k_norm.weight", 0, kv_dim, "num_key_value_heads * head_dim");
+    }
+    NORM(attn_post_norm, f->attn_post_norm);
+    NORM(ffn_norm, f->ffn_norm);
+    if (f->fused_gate_up) {
+        LOAD(gate_up_proj, "mlp.gate_up_proj.weight", 2 * inter, hidden, "2 * intermediate_size, hidden_size");
+        L->gate_proj = view_rows(&L->gate_up_proj, 0, inter);
+        L->up_proj = view_rows(&L->gate_up_proj, inter, inter);
+    } else {
+        LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
+        LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
+    }
     LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
+    NORM(ffn_post_norm, f->ffn_post_norm);
+#undef NORM
 #undef LOAD
     return 0;
+}
+
+/* A rotary table on the device. */
+static float *upload_inv_freq(llm_model *m, llm_rope_table table, char *err, size_t err_len)
+{
+    const llm_device *dev = m->rt.dev;
+    size_t half = (size_t)m->config.rotary_dim / 2;
+    float inv_freq[LLM_MAX_ROPE_PAIRS];
+    llm_config_inv_freq(&m->config, table, inv_freq);
+    float *d = dev->alloc(half * sizeof(float));
+    if (!d || dev->upload(d, inv_freq, half * sizeof(float))) {
+        if (d) dev->free(d);
+        snprintf(err, err_len, "%s: cannot allocate the rotary table", dev->name);
+        return NULL;
+    }
+    return d;
+}
+
+int llm_model_set_rope(llm_model *m, llm_rope_table table, char *err, size_t err_len)
+{
+    const llm_device *dev = m->rt.dev;
+    float inv_freq[LLM_MAX_ROPE_PAIRS];
+    llm_config_inv_freq(&m->config, table, inv_freq);
+    if (dev->upload(m->inv_freq, inv_freq, (size_t)m->config.rotary_dim / 2 * sizeof(float)) != 0) {
+        if (dev->status(err, err_len) == 0) snprintf(err, err_len, "%s: cannot upload the rotary table", dev->name);
+        return -1;
+    }
+    m->rope_long = table == LLM_ROPE_TABLE_LONG;
+    return 0;
+}
+
+/* HF multiplies the embeddings by sqrt(hidden_size) as a tensor of the model's dtype: the weights' here. */
+static float embed_scale(const llm_config *c, llm_dtype dtype)
+{
+    if (!c->family->embed_scale) return 1.0f;
+    float s = (float)sqrt((double)c->hidden_size);
+    if (dtype == LLM_DTYPE_BF16) return llm_bf16_to_f32(llm_f32_to_bf16(s));
+    if (dtype == LLM_DTYPE_F16) return llm_f16_to_f32(llm_f32_to_f16(s));
+    return s;
+}
+
+/* q . k's factor: head_dim^-1/2, or query_pre_attn_scalar^-1/2. */
+static float attention_scale(const llm_config *c)
+{
+    return c->query_pre_attn_scalar > 0.0f ? 1.0f / sqrtf(c->query_pre_attn_scalar) : 1.0f / sqrtf((float)c->head_dim);
 }
 
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len)
@@ -143,14 +240,23 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     void *progress_user = opt ? opt->progress_user : NULL;
     if (llm_st_open_progress(&m->st, path, progress, progress_user, err, err_len)) return -1;
 
-    const llm_st_tensor *embed = llm_st_find(m->st, "model.embed_tokens.weight");
+    /* The decoder's tensors under the first of the family's prefixes that has an embedding table. */
+    const llm_family *f = c->family;
+    const llm_st_tensor *embed = NULL;
+    char embed_name[64];
+    for (int i = 0; i < 2 && f->prefixes[i] && !embed; i++) {
+        snprintf(m->prefix, sizeof m->prefix, "%s", f->prefixes[i]);
+        snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", m->prefix);
+        embed = llm_st_find(m->st, embed_name);
+    }
     if (!embed) {
-        snprintf(err, err_len, "%s: missing tensor 'model.embed_tokens.weight'", m->dir);
+        snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", f->prefixes[0]);
+        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, embed_name);
         goto fail;
     }
     if (!embed->supported) {
-        snprintf(err, err_len, "%s: tensor 'model.embed_tokens.weight' has dtype %s (supported: F32, F16, BF16)",
-                 embed->file, embed->dtype_name);
+        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", embed->file, embed_name,
+                 embed->dtype_name);
         goto fail;
     }
     m->weight_dtype = embed->dtype;
@@ -174,9 +280,13 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     for (size_t i = 0; i < llm_st_count(m->st); i++) all_bytes += llm_st_at(m->st, i)->nbytes;
     if (progress) progress(progress_user, placing, 0, all_bytes);
     size_t hidden = (size_t)c->hidden_size, vocab = (size_t)c->vocab_size;
-    if (load_weight(m, &m->embed_tokens, "model.embed_tokens.weight", vocab, hidden, "vocab_size, hidden_size", err,
-                    err_len))
+    if (load_weight(m, &m->embed_tokens, embed_name, vocab, hidden, "vocab_size, hidden_size", err, err_len))
         goto fail;
+    m->embed_scale = embed_scale(c, m->weight_dtype);
+    m->attn_scale = attention_scale(c);
+    /* transformers multiplies cos and sin by LongRoPE's attention factor: the rotated part of q and k grows, the
+     * rest of a partially rotated head does not. */
+    m->rope_scale = c->rope_scaling.rope_type == LLM_ROPE_LONGROPE ? c->rope_scaling.attention_factor : 1.0f;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) {
         snprintf(err, err_len, "out of memory for %d layers", c->num_hidden_layers);
@@ -186,20 +296,20 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         if (progress) progress(progress_user, placing, m->weight_bytes, all_bytes);
         if (load_layer(m, l, err, err_len)) goto fail;
     }
-    if (load_weight(m, &m->norm, "model.norm.weight", 0, hidden, "hidden_size", err, err_len)) goto fail;
-    if (c->tie_word_embeddings)
+    char norm_name[64];
+    snprintf(norm_name, sizeof norm_name, "%snorm.weight", m->prefix);
+    if (load_weight(m, &m->norm, norm_name, 0, hidden, "hidden_size", err, err_len)) goto fail;
+    if (c->tie_word_embeddings) {
         m->lm_head = m->embed_tokens;
-    else if (load_weight(m, &m->lm_head, "lm_head.weight", vocab, hidden, "vocab_size, hidden_size", err, err_len))
-        goto fail;
-
-    size_t half = (size_t)c->head_dim / 2;
-    float inv_freq[512];
-    llm_config_inv_freq(c, inv_freq);
-    m->inv_freq = dev->alloc(half * sizeof(float));
-    if (!m->inv_freq || dev->upload(m->inv_freq, inv_freq, half * sizeof(float))) {
-        snprintf(err, err_len, "%s: cannot allocate the rotary table", dev->name);
-        goto fail;
+    } else {
+        const char *head = f->lm_heads[0];
+        if (f->lm_heads[1] && !llm_st_find(m->st, head)) head = f->lm_heads[1];
+        if (load_weight(m, &m->lm_head, head, vocab, hidden, "vocab_size, hidden_size", err, err_len)) goto fail;
     }
+
+    if (!(m->inv_freq = upload_inv_freq(m, LLM_ROPE_TABLE_GLOBAL, err, err_len))) goto fail;
+    if (c->rope_local_base_freq > 0.0f && !(m->inv_freq_local = upload_inv_freq(m, LLM_ROPE_TABLE_LOCAL, err, err_len)))
+        goto fail;
     if (dev->sync() || dev->status(err, err_len)) goto fail;
     if (progress) progress(progress_user, placing, all_bytes, all_bytes);
 
@@ -223,13 +333,14 @@ void llm_model_free(llm_model *m)
         if (m->layers)
             for (int l = 0; l < m->config.num_hidden_layers; l++) {
                 llm_weight *ws[LLM_LAYER_WEIGHTS];
-                llm_layer_weights(&m->layers[l], ws);
-                for (int i = 0; i < LLM_LAYER_WEIGHTS; i++) free_weight(m, ws[i]);
+                int n = llm_layer_weights(&m->layers[l], ws);
+                for (int i = 0; i < n; i++) free_weight(m, ws[i]);
             }
         free_weight(m, &m->lm_head);
         free_weight(m, &m->embed_tokens);
         free_weight(m, &m->norm);
         if (m->inv_freq) dev->free(m->inv_freq);
+        if (m->inv_freq_local) dev->free(m->inv_freq_local);
         llm_runtime_close(&m->rt);
     }
     free(m->layers);

@@ -11,22 +11,29 @@
 #include "config.h"
 #include "safetensors.h"
 
+/* A layer's weights by role (arch.h names the tensors per family). A norm or bias the family lacks has data NULL. */
 typedef struct {
-    llm_weight input_layernorm;          /* (hidden) */
+    llm_weight attn_norm;                /* (hidden) before attention (HF's input_layernorm); absent in OLMo 2 */
     llm_weight q_proj;                   /* (n_heads * head_dim, hidden) */
     llm_weight k_proj, v_proj;           /* (n_kv_heads * head_dim, hidden) */
     llm_weight o_proj;                   /* (hidden, n_heads * head_dim) */
-    llm_weight q_bias, k_bias, v_bias;   /* (n_heads * head_dim), (kv_dim), (kv_dim); data NULL when absent */
-    llm_weight o_bias;                   /* (hidden); data NULL when absent */
-    llm_weight post_attention_layernorm; /* (hidden) */
+    llm_weight q_bias, k_bias, v_bias;   /* (n_heads * head_dim), (kv_dim), (kv_dim) */
+    llm_weight o_bias;                   /* (hidden) */
+    llm_weight q_norm, k_norm;           /* (head_dim) each, per head; or (n_heads * head_dim), (kv_dim), whole */
+    llm_weight attn_post_norm;           /* (hidden) on attention's output, before the residual add (Gemma, OLMo 2) */
+    llm_weight ffn_norm;                 /* (hidden) before the feed-forward block; absent in OLMo 2 */
     llm_weight gate_proj, up_proj;       /* (intermediate, hidden) */
     llm_weight down_proj;                /* (hidden, intermediate) */
+    llm_weight ffn_post_norm;            /* (hidden) on the feed-forward output (Gemma, OLMo 2) */
+    /* Fused storage (Phi-3): q/k/v_proj are row views into qkv_proj (q_dim + 2 kv_dim, hidden), gate/up_proj into
+     * gate_up_proj (2 intermediate, hidden). Views own nothing. */
+    llm_weight qkv_proj, gate_up_proj;
 } llm_layer;
 
-/* Every weight of a layer in declaration order, absent biases included (data NULL): for code that visits them
- * all (freeing, counting bytes by dtype). */
-#define LLM_LAYER_WEIGHTS 13
-void llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS]);
+/* The weights a layer stores (fused ones instead of their views), absent ones included (data NULL): for code that
+ * visits each stored tensor once (freeing, counting bytes by dtype). Returns how many it wrote to out. */
+#define LLM_LAYER_WEIGHTS 18
+int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS]);
 
 /* Called after each traced step of the forward pass with a device buffer of `count` floats (llm-run compare). */
 typedef void (*llm_trace_fn)(void *user, const char *what, int layer, const float *buf, size_t count);
@@ -39,7 +46,13 @@ typedef struct llm_model {
     llm_layer *layers;       /* (num_hidden_layers) */
     llm_weight norm;         /* (hidden) */
     llm_weight lm_head;      /* (vocab, hidden); the embedding table itself when tied */
-    float *inv_freq;         /* device (head_dim / 2), rotary frequencies with rope scaling applied */
+    float *inv_freq;         /* device (rotary_dim / 2), rotary frequencies with rope scaling applied */
+    float *inv_freq_local;   /* device (rotary_dim / 2), the windowed layers' own (rope_local_base_freq); or NULL */
+    bool rope_long;          /* inv_freq holds LongRoPE's long factors (llm_forward switches it in place) */
+    float embed_scale;       /* embeddings are multiplied by it: 1, or sqrt(hidden) in the weights' dtype (Gemma) */
+    float attn_scale;        /* multiplies q . k (see llm_attention_params) */
+    float rope_scale;        /* multiplies the rotary cos and sin: 1, or LongRoPE's attention factor */
+    char prefix[32];         /* where the decoder's tensors are: "model.", "language_model.model." */
     llm_dtype weight_dtype;  /* dtype of the matrices (the embedding table's) */
     size_t weight_bytes;     /* bytes of all weights as stored */
     char dir[4096];          /* folder holding config.json and the tokenizer */
@@ -61,12 +74,18 @@ typedef struct {
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */
 void llm_model_dir(const char *path, char *dir, size_t len);
 
+/* Put rotary table `table` (global or long) into m->inv_freq: the same device buffer, so that a step the device
+ * recorded reads the new values. 0 on success, else err. */
+int llm_model_set_rope(llm_model *m, llm_rope_table table, char *err, size_t err_len);
+
 /* path: a .safetensors(.zst) file with config.json beside it, or a model folder. 0 on success, else err. */
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len);
 void llm_model_free(llm_model *m); /* accepts a zeroed or freed model */
 
 typedef struct {
     int ctx;                 /* KV cache length in positions */
+    int window;              /* the windowed layers' window (sliding_window when shorter than ctx), else 0 */
+    int window_rows;         /* their cache: a ring of window + max_batch - 1 rows (or ctx, if not shorter) */
     int max_batch;           /* positions per forward call */
     bool all_logits;         /* logits for every position of a call, not only the last */
     /* device buffers */
@@ -76,8 +95,8 @@ typedef struct {
     float *k, *v;            /* (max_batch, kv_dim) */
     float *gate, *up;        /* (max_batch, intermediate) */
     float *logits;           /* (max_batch or 1, vocab) */
-    float *key_cache;        /* (layers, ctx, kv_dim) */
-    float *value_cache;      /* (layers, ctx, kv_dim) */
+    float *key_cache;        /* each layer's (ctx or window_rows, kv_dim), layer after layer */
+    float *value_cache;      /* the same */
     int32_t *step_ids;       /* (2 * max_batch): a call's n token ids, then its n positions (one upload) */
     /* host */
     float *host_logits;      /* (max_batch or 1, vocab); from the device's host_alloc when logits_pinned */

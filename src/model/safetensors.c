@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "files.h"
+
 typedef struct {
     char *path;           /* owned; label points at its basename */
     const char *label;
@@ -44,6 +46,9 @@ struct llm_st {
     llm_progress_fn progress; /* while opening; NULL = quiet */
     void *progress_user;
 };
+
+/* The safetensors library's own limit on the JSON header (HeaderTooLarge): a larger length is not a header. */
+#define ST_MAX_HEADER 100000000u
 
 /* Every dtype of the safetensors spec with its size in bits, so that tensors we cannot compute with are still
  * sized and checked; the model decides whether it needs them. */
@@ -78,8 +83,8 @@ __attribute__((format(printf, 3, 4))) static int fail(char *err, size_t err_len,
 __attribute__((format(printf, 5, 6))) static int fail_tensor(char *err, size_t err_len, const char *file,
                                                              const char *name, const char *fmt, ...)
 {
-    char prefix[512];
-    snprintf(prefix, sizeof prefix, "%s: tensor '%s': ", file, name);
+    char prefix[512], shown[128];
+    snprintf(prefix, sizeof prefix, "%s: tensor '%s': ", file, llm_escape(shown, sizeof shown, name, strlen(name), 100));
     va_list ap;
     va_start(ap, fmt);
     st_fail_v(err, err_len, prefix, fmt, ap);
@@ -195,6 +200,13 @@ static int st_by_name(const void *a, const void *b)
     return c ? c : (x->file > y->file) - (x->file < y->file);
 }
 
+static uint64_t st_header_length(const unsigned char *bytes)
+{
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | bytes[i];
+    return n;
+}
+
 /* Parses files[fi]'s header and appends its tensors. */
 static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
 {
@@ -202,8 +214,10 @@ static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
     const char *L = f->label;
     if (f->size < 8)
         return fail(err, err_len, "%s: file is %zu bytes, too short for the 8-byte header length", L, f->size);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | f->bytes[i];
+    uint64_t n = st_header_length(f->bytes);
+    if (n > ST_MAX_HEADER) /* the number is 8 bytes of whatever the file is: not worth echoing */
+        return fail(err, err_len, "%s: not a safetensors file (its first 8 bytes give a header length over the %u "
+                    "bytes safetensors allows)", L, ST_MAX_HEADER);
     if (n > f->size - 8)
         return fail(err, err_len, "%s: header length %" PRIu64 " is beyond the end of the file (%zu bytes)", L, n,
                     f->size);
@@ -260,64 +274,139 @@ static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
     return 0;
 }
 
+/* A zstd stream being decompressed: the input, fed 16 MB at a time so that progress sees it move, and whether its
+ * last frame has ended. */
+typedef struct {
+    ZSTD_DCtx *d;
+    ZSTD_inBuffer in;
+    size_t total;         /* bytes of input in all */
+    bool finished;
+    const llm_st *st;     /* for its progress callback; may be NULL */
+    const char *what;
+} st_zstream;
+
+/* Decompresses into dst[*have .. want), stopping early only where the data ends. 0, or -1 with err. */
+static int st_zread(st_zstream *z, unsigned char *dst, size_t want, size_t *have, const char *L, char *err,
+                    size_t err_len)
+{
+    const size_t chunk = (size_t)16 << 20;
+    ZSTD_outBuffer out = {dst, want, *have};
+    while (out.pos < out.size && !z->finished) {
+        size_t in_before = z->in.pos, out_before = out.pos;
+        size_t ret = ZSTD_decompressStream(z->d, &out, &z->in);
+        if (ZSTD_isError(ret)) return fail(err, err_len, "%s: corrupt zstd data: %s", L, ZSTD_getErrorName(ret));
+        if (z->in.pos == z->in.size && z->in.size < z->total) {
+            z->in.size = z->total - z->in.size > chunk ? z->in.size + chunk : z->total;
+            if (z->st && z->st->progress) z->st->progress(z->st->progress_user, z->what, z->in.pos, z->total);
+        } else if (ret == 0 && z->in.pos == z->in.size) {
+            z->finished = true; /* the last frame is complete */
+        } else if (z->in.pos == in_before && out.pos == out_before) {
+            return fail(err, err_len, "%s: zstd data ends inside a frame (truncated file?)", L);
+        }
+    }
+    *have = out.pos;
+    return 0;
+}
+
+/* The end of the data section a safetensors header describes: the largest data_offsets end among entries that have
+ * one. false when the header is not a JSON object (the parse after decompression says why). */
+static bool st_data_extent(const unsigned char *header, size_t n, size_t *extent)
+{
+    json_t *root = json_loadb((const char *)header, n, 0, NULL);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return false;
+    }
+    const char *name;
+    json_t *v;
+    *extent = 0;
+    json_object_foreach(root, name, v) {
+        size_t end;
+        const json_t *off = json_object_get(v, "data_offsets");
+        if (json_is_array(off) && json_array_size(off) == 2 && st_size_value(json_array_get(off, 1), &end) &&
+            end > *extent)
+            *extent = end;
+    }
+    json_decref(root);
+    return true;
+}
+
 /* Takes the compressed bytes of f and leaves the decompressed file in f->bytes, telling st's progress callback (st
- * may be NULL) how much of the input is through. */
+ * may be NULL) how much of the input is through. Nothing the frame claims is trusted: the 8-byte length and the
+ * header are decompressed first, and the file may grow only to the size that header describes (8 + header + the
+ * furthest data_offsets end), checked against the memory available before it is allocated. A file whose header does
+ * not parse stops there, and st_parse says what is wrong with it. */
 static int st_decompress(st_file *f, const unsigned char *src, size_t n, const llm_st *st, char *err,
                          size_t err_len)
 {
-    if (n == 0) return fail(err, err_len, "%s: file is empty, expected zstd data", f->label);
+    const char *L = f->label;
+    if (n == 0) return fail(err, err_len, "%s: file is empty, expected zstd data", L);
     char what[300];
-    snprintf(what, sizeof what, "decompressing %s", f->label);
-    /* The frame's content size is a hint only: a corrupt frame can claim anything, so it is capped at a ratio no
-     * weight file reaches, and the loop grows the buffer when the hint falls short. */
-    unsigned long long hint = ZSTD_getFrameContentSize(src, n);
-    size_t cap = n <= SIZE_MAX / 4 ? n * 4 : n;
-    if (hint != ZSTD_CONTENTSIZE_UNKNOWN && hint != ZSTD_CONTENTSIZE_ERROR && hint / 1024 <= n && hint <= SIZE_MAX)
-        cap = (size_t)hint;
-    if (cap < 4096) cap = 4096;
-    ZSTD_DCtx *dctx = ZSTD_createDCtx();
-    unsigned char *buf = malloc(cap);
+    snprintf(what, sizeof what, "decompressing %s", L);
+    const size_t chunk = (size_t)16 << 20;
+    st_zstream z = {ZSTD_createDCtx(), {src, n < chunk ? n : chunk, 0}, n, false, st, what};
+    unsigned char *buf = malloc(8);
+    size_t have = 0;
     int rc = -1;
-    if (!dctx || !buf) {
-        fail(err, err_len, "%s: out of memory for %zu decompressed bytes", f->label, cap);
+    if (!z.d || !buf) {
+        fail(err, err_len, "%s: out of memory", L);
         goto done;
     }
-    /* The input goes in 16 MB at a time, so that progress sees it move. */
-    const size_t chunk = (size_t)16 << 20;
-    ZSTD_inBuffer in = {src, n < chunk ? n : chunk, 0};
-    ZSTD_outBuffer out = {buf, cap, 0};
-    for (;;) {
-        size_t ret = ZSTD_decompressStream(dctx, &out, &in);
-        if (ZSTD_isError(ret)) {
-            fail(err, err_len, "%s: corrupt zstd data: %s", f->label, ZSTD_getErrorName(ret));
+    if (st_zread(&z, buf, 8, &have, L, err, err_len)) goto done;
+    size_t want = 0;
+    uint64_t n_header = have == 8 ? st_header_length(buf) : 0;
+    if (have == 8 && n_header <= ST_MAX_HEADER) {
+        unsigned char *grown = realloc(buf, 8 + (size_t)n_header);
+        if (!grown) {
+            fail(err, err_len, "%s: out of memory for a header of %" PRIu64 " bytes", L, n_header);
             goto done;
         }
-        if (in.pos == in.size && in.size < n) {
-            in.size = n - in.size > chunk ? in.size + chunk : n;
-            if (st && st->progress) st->progress(st->progress_user, what, in.pos, n);
-            continue;
-        }
-        if (ret == 0 && in.pos == in.size) break; /* the last frame is complete */
-        if (out.pos == out.size) {
-            unsigned char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-            if (!bigger) {
-                fail(err, err_len, "%s: out of memory decompressing past %zu bytes", f->label, cap);
+        buf = grown;
+        if (st_zread(&z, buf, 8 + (size_t)n_header, &have, L, err, err_len)) goto done;
+        size_t extent;
+        if (have == 8 + n_header && st_data_extent(buf + 8, (size_t)n_header, &extent)) {
+            if (extent > SIZE_MAX - have) {
+                fail(err, err_len, "%s: its header describes more data than memory can address", L);
                 goto done;
             }
-            buf = bigger, cap *= 2;
-            out.dst = buf, out.size = cap;
-        } else if (in.pos == in.size) {
-            fail(err, err_len, "%s: zstd data ends inside a frame (truncated file?)", f->label);
+            want = have + extent;
+        }
+    }
+    if (want) {
+        unsigned long long claim = ZSTD_getFrameContentSize(src, n);
+        if (claim != ZSTD_CONTENTSIZE_UNKNOWN && claim != ZSTD_CONTENTSIZE_ERROR && claim > want) {
+            fail(err, err_len, "%s: the zstd frame declares %llu bytes, but the safetensors header inside describes "
+                 "%zu", L, claim, want);
+            goto done;
+        }
+        size_t avail = llm_available_memory();
+        if (want - have > avail) {
+            fail(err, err_len, "%s: decompresses to %zu bytes (as its header describes), more than the %zu bytes of "
+                 "memory available", L, want, avail);
+            goto done;
+        }
+        unsigned char *grown = realloc(buf, want);
+        if (!grown) {
+            fail(err, err_len, "%s: out of memory for %zu decompressed bytes", L, want);
+            goto done;
+        }
+        buf = grown;
+        if (st_zread(&z, buf, want, &have, L, err, err_len)) goto done;
+        unsigned char extra;
+        size_t more = 0;
+        if (st_zread(&z, &extra, 1, &more, L, err, err_len)) goto done;
+        if (more) {
+            fail(err, err_len, "%s: decompresses past the %zu bytes its safetensors header describes", L, want);
             goto done;
         }
     }
-    f->bytes = buf, f->size = out.pos, f->mapped = false;
+    f->bytes = buf, f->size = have, f->mapped = false;
     buf = NULL;
     rc = 0;
 done:
     if (st && st->progress) st->progress(st->progress_user, what, n, n);
     free(buf);
-    ZSTD_freeDCtx(dctx);
+    ZSTD_freeDCtx(z.d);
     return rc;
 }
 
@@ -341,14 +430,9 @@ static int st_load(llm_st *st, const char *path, char *err, size_t err_len)
 {
     st_file *f = st_add_file(st, path);
     if (!f) return fail(err, err_len, "%s: out of memory", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > SIZE_MAX) {
-        close(fd);
-        return fail(err, err_len, "%s: not a regular file of a size we can map", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    size_t size;
+    int fd = llm_file_open(path, &size, err, err_len); /* a FIFO, device or folder is refused, never waited on */
+    if (fd < 0) return -1;
     void *map = NULL;
     if (size > 0) {
         map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -380,10 +464,11 @@ static int st_finish(llm_st *st, char *err, size_t err_len)
     return 0;
 }
 
-static bool st_is_file(const char *path)
+/* Whether anything is there by that name: what it is (a FIFO, a folder, a dangling link) is llm_file_open's to say. */
+static bool st_exists(const char *path)
 {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return lstat(path, &sb) == 0;
 }
 
 static char *st_join(const char *dir, const char *name, const char *suffix)
@@ -401,11 +486,23 @@ static int st_load_either(llm_st *st, const char *dir, const char *name, bool *f
     int rc = -1;
     *found = false;
     if (!plain || !zst) fail(err, err_len, "%s: out of memory", dir);
-    else if ((*found = st_is_file(plain))) rc = st_load(st, plain, err, err_len);
-    else if ((*found = st_is_file(zst))) rc = st_load(st, zst, err, err_len);
+    else if ((*found = st_exists(plain))) rc = st_load(st, plain, err, err_len);
+    else if ((*found = st_exists(zst))) rc = st_load(st, zst, err, err_len);
     else rc = 0;
     free(plain), free(zst);
     return rc;
+}
+
+/* A shard name from an index: a plain file name in the model folder. "../x" or "/etc/x" would open files outside
+ * it; the Hugging Face cache's symlinks (snapshots/HASH/NAME -> ../../blobs/SHA) are the folder's own business. */
+static bool st_plain_name(const char *s)
+{
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+static int st_strcmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 /* Loads the shards an index's weight_map names, then holds each tensor to the shard the index puts it in.
@@ -414,47 +511,58 @@ static int st_load_index(llm_st *st, const char *dir, json_t *map, const char **
                          size_t err_len)
 {
     const char *L = "model.safetensors.index.json", *name;
+    char shown[2][96];
     json_t *v;
     if (!json_is_object(map) || json_object_size(map) == 0)
         return fail(err, err_len, "%s: expected a non-empty object \"weight_map\": {tensor: shard file}", L);
     if (!shards) return fail(err, err_len, "%s: out of memory", L);
     size_t n_shards = 0;
     json_object_foreach(map, name, v) {
+        llm_escape(shown[0], sizeof shown[0], name, strlen(name), 64);
         if (!json_is_string(v))
-            return fail(err, err_len, "%s: weight_map['%s'] should be a shard file name, found %s", L, name,
+            return fail(err, err_len, "%s: weight_map['%s'] should be a shard file name, found %s", L, shown[0],
                         st_kind(v));
-        size_t i = 0;
-        while (i < n_shards && strcmp(shards[i], json_string_value(v)) != 0) i++;
-        if (i == n_shards) shards[n_shards++] = json_string_value(v);
+        const char *shard = json_string_value(v);
+        if (!st_plain_name(shard))
+            return fail(err, err_len, "%s: weight_map['%s'] names \"%s\", expected a file name in the model folder "
+                        "(no '/' or '..')", L, shown[0], llm_escape(shown[1], sizeof shown[1], shard, strlen(shard), 64));
+        shards[n_shards++] = shard;
     }
+    /* The distinct names, sorted: n log n, where comparing each with every other took minutes on 200,000. */
+    qsort(shards, n_shards, sizeof *shards, st_strcmp);
+    size_t kept = 0;
+    for (size_t i = 0; i < n_shards; i++)
+        if (kept == 0 || strcmp(shards[kept - 1], shards[i]) != 0) shards[kept++] = shards[i];
+    n_shards = kept;
     /* Shards load in order, so shards[i] is files[i]: that is how a tensor is checked against its shard below. */
     for (size_t i = 0; i < n_shards; i++) {
         bool found;
         if (st_load_either(st, dir, shards[i], &found, err, err_len)) return -1;
         if (!found)
-            return fail(err, err_len, "%s: shard %s is missing (neither it nor %s.zst is in %s)", L, shards[i],
-                        shards[i], dir);
+            return fail(err, err_len, "%s: shard %s is missing (neither it nor %s.zst is in %s)", L,
+                        llm_escape(shown[1], sizeof shown[1], shards[i], strlen(shards[i]), 64), shown[1], dir);
     }
     if (st_finish(st, err, err_len)) return -1;
     json_object_foreach(map, name, v) {
-        size_t i = 0;
-        while (strcmp(shards[i], json_string_value(v)) != 0) i++;
+        const char *shard = json_string_value(v);
+        const char **at = bsearch(&shard, shards, n_shards, sizeof *shards, st_strcmp);
+        size_t i = (size_t)(at - shards);
         const llm_st_tensor *t = llm_st_find(st, name);
+        llm_escape(shown[0], sizeof shown[0], name, strlen(name), 64);
         if (!t)
-            return fail(err, err_len, "%s: tensor '%s' is listed in %s, which does not contain it", L, name, shards[i]);
+            return fail(err, err_len, "%s: tensor '%s' is listed in %s, which does not contain it", L, shown[0],
+                        st->files[i].label);
         if (t->file != st->files[i].label)
-            return fail(err, err_len, "%s: tensor '%s' is listed in %s but found in %s", L, name, shards[i], t->file);
+            return fail(err, err_len, "%s: tensor '%s' is listed in %s but found in %s", L, shown[0],
+                        st->files[i].label, t->file);
     }
     return 0;
 }
 
 static int st_open_index(llm_st *st, const char *dir, const char *index_path, char *err, size_t err_len)
 {
-    json_error_t je;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return fail(err, err_len, "model.safetensors.index.json: not valid JSON: %s (line %d, column %d)", je.text,
-                    je.line, je.column);
+    json_t *root = llm_json_load(index_path, JSON_REJECT_DUPLICATES, true, err, err_len);
+    if (!root) return -1;
     json_t *map = json_object_get(root, "weight_map");
     const char **shards = json_object_size(map) ? malloc(json_object_size(map) * sizeof *shards) : NULL;
     int rc = st_load_index(st, dir, map, shards, err, err_len);
@@ -482,7 +590,7 @@ static int st_open_scan(llm_st *st, const char *dir, char *err, size_t err_len)
         bool twin = false;
         if (path && st_ends_with(path, ".zst")) { /* NAME.zst beside NAME is the same shard twice */
             path[len - 4] = '\0';
-            twin = st_is_file(path);
+            twin = st_exists(path);
             path[len - 4] = '.';
         }
         if (!rc) rc = !path ? fail(err, err_len, "%s: out of memory", dir) : twin ? 0 : st_load(st, path, err, err_len);
@@ -499,7 +607,7 @@ static int st_open_dir(llm_st *st, const char *dir, char *err, size_t err_len)
     if (!index) return fail(err, err_len, "%s: out of memory", dir);
     int rc;
     bool found = false;
-    if (st_is_file(index)) rc = st_open_index(st, dir, index, err, err_len);
+    if (st_exists(index)) rc = st_open_index(st, dir, index, err, err_len);
     else if ((rc = st_load_either(st, dir, "model.safetensors", &found, err, err_len)) == 0)
         rc = found ? st_finish(st, err, err_len) : st_open_scan(st, dir, err, err_len);
     free(index);

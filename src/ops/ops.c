@@ -5,8 +5,8 @@
 
 static const char *const op_names[LLM_OP_COUNT] = {
     [LLM_OP_EMBED] = "embed",   [LLM_OP_RMSNORM] = "rmsnorm",     [LLM_OP_MATMUL] = "matmul",
-    [LLM_OP_ROPE] = "rope",     [LLM_OP_ATTENTION] = "attention", [LLM_OP_SWIGLU] = "swiglu",
-    [LLM_OP_ADD] = "add",       [LLM_OP_LOGITS] = "logits",
+    [LLM_OP_ROPE] = "rope",     [LLM_OP_ATTENTION] = "attention", [LLM_OP_GLU] = "glu",
+    [LLM_OP_ADD] = "add",       [LLM_OP_LOGITS] = "logits",       [LLM_OP_SOFTCAP] = "softcap",
 };
 
 const char *llm_op_name(llm_op op) { return (unsigned)op < LLM_OP_COUNT ? op_names[op] : "?"; }
@@ -30,9 +30,10 @@ bool llm_ops_has(const llm_ops *ops, llm_op op)
     case LLM_OP_MATMUL: return ops->matmul != NULL;
     case LLM_OP_ROPE: return ops->rope != NULL;
     case LLM_OP_ATTENTION: return ops->attention != NULL;
-    case LLM_OP_SWIGLU: return ops->swiglu != NULL;
+    case LLM_OP_GLU: return ops->glu != NULL;
     case LLM_OP_ADD: return ops->add != NULL;
     case LLM_OP_LOGITS: return ops->logits != NULL;
+    case LLM_OP_SOFTCAP: return ops->softcap != NULL;
     default: return false;
     }
 }
@@ -45,9 +46,10 @@ void llm_ops_copy(llm_ops *dst, const llm_ops *src, llm_op op)
     case LLM_OP_MATMUL: dst->matmul = src->matmul; break;
     case LLM_OP_ROPE: dst->rope = src->rope; break;
     case LLM_OP_ATTENTION: dst->attention = src->attention; break;
-    case LLM_OP_SWIGLU: dst->swiglu = src->swiglu; break;
+    case LLM_OP_GLU: dst->glu = src->glu; break;
     case LLM_OP_ADD: dst->add = src->add; break;
     case LLM_OP_LOGITS: dst->logits = src->logits; break;
+    case LLM_OP_SOFTCAP: dst->softcap = src->softcap; break;
     default: break;
     }
 }

@@ -20,15 +20,29 @@ typedef struct {
     size_t rows, cols;
 } llm_weight;
 
+/* The activation of the gated feed-forward product (glu). */
+typedef enum {
+    LLM_ACT_SILU,      /* silu(x) = x / (1 + exp(-x)): SwiGLU (Llama, Qwen, Mistral, Phi-3, OLMo 2) */
+    LLM_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's gelu_pytorch_tanh: GeGLU (Gemma) */
+} llm_act;
+
+/* What varies in attention between model families and between the layers of one model. */
+typedef struct {
+    float scale;   /* multiplies q . k: 1/sqrt(head_dim) (Llama), query_pre_attn_scalar^-1/2 (Gemma) */
+    float softcap; /* > 0: a scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: none */
+    int window;    /* > 0: position p attends to t with p - window < t <= p (sliding-window layers); 0: all t <= p */
+} llm_attention_params;
+
 typedef enum {
     LLM_OP_EMBED,
     LLM_OP_RMSNORM,
     LLM_OP_MATMUL,
     LLM_OP_ROPE,
     LLM_OP_ATTENTION,
-    LLM_OP_SWIGLU,
+    LLM_OP_GLU,
     LLM_OP_ADD,
     LLM_OP_LOGITS,
+    LLM_OP_SOFTCAP,
     LLM_OP_COUNT
 } llm_op;
 
@@ -39,36 +53,48 @@ int llm_op_from_name(const char *name, llm_op *op); /* 0 on success */
  * (the batch of a prompt chunk, or 1 when decoding). Ops are asynchronous on devices that can be:
  * errors are recorded by the device and reported by llm_device.status() (see device.h). */
 typedef struct llm_ops {
-    /* out[i, :] = table[tokens[i], :] as f32.  out (n, dim); table (vocab, dim); tokens (n) int32 on the device. */
-    void (*embed)(float *out, const llm_weight *table, const int32_t *tokens, int n);
+    /* out[i, :] = table[tokens[i], :] as f32, times scale (f32 product; 1 for most families, Gemma's sqrt(hidden)).
+     * out (n, dim); table (vocab, dim); tokens (n) int32 on the device. */
+    void (*embed)(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
 
-    /* out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight.   out, x (n, dim); weight (dim).
-     * Mean accumulated in f32 as Hugging Face's LlamaRMSNorm does. out may equal x. */
-    void (*rmsnorm)(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps);
+    /* out[i, :] = (offset + weight) * (x[i, :] * (1 / sqrt(mean(x[i, :]^2) + eps))).   out, x (n, dim); weight (dim).
+     * Mean accumulated in f32 as Hugging Face's LlamaRMSNorm does; offset 0 (w * x^), or 1 for Gemma's (1 + w) * x^.
+     * The same op normalises q and k: per head (Qwen3, Gemma 3) as n * heads rows of head_dim, over the whole
+     * projection (OLMo 2) as n rows of heads * head_dim. out may equal x. */
+    void (*rmsnorm)(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);
 
     /* out[i, r] = sum_c w[r, c] * x[i, c] (+ bias[r] when bias is not NULL).
      * out (n, w->rows); x (n, w->cols); w in its stored dtype, products accumulated in f32. out != x. */
     void (*matmul)(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n);
 
-    /* Rotary embedding in place, Hugging Face's rotate_half layout: within each head, element j pairs with
-     * j + head_dim/2. For token i at position p = positions[i] and pair index j < head_dim/2:
-     *   angle = (float)p * inv_freq[j]  (f32 product, as HF computes it), c = cos(angle), s = sin(angle)
-     *   (x[j], x[j + head_dim/2]) <- (x[j]*c - x[j + head_dim/2]*s, x[j + head_dim/2]*c + x[j]*s)
-     * q (n, n_heads * head_dim); k (n, n_kv_heads * head_dim); positions (n) int32; inv_freq (head_dim/2). */
+    /* Rotary embedding in place on the first rot_dim elements of each head (rot_dim == head_dim, or less for a
+     * partial_rotary_factor; even), Hugging Face's rotate_half layout: element j pairs with j + rot_dim/2 and the
+     * rest of the head is left as it is. For token i at position p = positions[i] and pair index j < rot_dim/2:
+     *   angle = (float)p * inv_freq[j]  (f32 product, as HF computes it),
+     *   c = cos(angle) * scale, s = sin(angle) * scale  (scale: 1, or LongRoPE's attention factor)
+     *   (x[j], x[j + rot_dim/2]) <- (x[j]*c - x[j + rot_dim/2]*s, x[j + rot_dim/2]*c + x[j]*s)
+     * q (n, n_heads * head_dim); k (n, n_kv_heads * head_dim); positions (n) int32; inv_freq (rot_dim/2). */
     void (*rope)(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                 int n_kv_heads, int head_dim);
+                 int n_kv_heads, int head_dim, int rot_dim, float scale);
 
     /* Causal attention over the KV cache with grouped queries.
-     * First stores k[i], v[i] into k_cache, v_cache at row positions[i] (caches are (ctx, n_kv_heads * head_dim)
-     * for one layer). Then for each token i and head h, with kv head g = h / (n_heads / n_kv_heads) and
-     * p = positions[i]: out[i, h] = sum_{t<=p} softmax_t(q[i, h] . k_cache[t, g] / sqrt(head_dim)) v_cache[t, g].
-     * Rows t <= p not written by this call must have been written by an earlier one.
-     * out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim); positions[i] < ctx. */
+     * The caches are (ctx, n_kv_heads * head_dim) for one layer; position t's row is t % ctx (row t itself while
+     * positions stay below ctx; a ring for a windowed layer whose cache is shorter than the sequence).
+     * First stores k[i], v[i] into k_cache, v_cache at row positions[i] % ctx. Then for each token i and head h,
+     * with kv head g = h / (n_heads / n_kv_heads), p = positions[i] and the positions it sees
+     * T = {t : t <= p and (p->window == 0 or t > p - p->window)}:
+     *   s_t = (q[i, h] . k_cache[t % ctx, g]) * p->scale, then s_t = softcap * tanh(s_t / softcap) when softcap > 0
+     *   out[i, h] = sum_{t in T} softmax_T(s)_t v_cache[t % ctx, g].
+     * Rows in T not written by this call must have been written by an earlier one, and not overwritten since: with
+     * a window, ctx >= window + n - 1 keeps every row this call reads from its own stores; without one, every
+     * positions[i] < ctx. out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim). */
     void (*attention)(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
-                      const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx);
+                      const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                      const llm_attention_params *p);
 
-    /* out = silu(gate) * up, elementwise, silu(x) = x / (1 + exp(-x)).  out, gate, up (count). out may alias gate. */
-    void (*swiglu)(float *out, const float *gate, const float *up, size_t count);
+    /* out = act(gate) * up, elementwise (SwiGLU with LLM_ACT_SILU, GeGLU with LLM_ACT_GELU_TANH; see llm_act).
+     * out, gate, up (count). out may alias gate. */
+    void (*glu)(float *out, const float *gate, const float *up, size_t count, llm_act act);
 
     /* x += y, elementwise.  x, y (count). */
     void (*add)(float *x, const float *y, size_t count);
@@ -76,6 +102,9 @@ typedef struct llm_ops {
     /* The language-model head: the same function as matmul without bias, kept as its own op because it is often
      * the largest single product and deserves its own line in the profile.  out (n, vocab); x (n, dim); w (vocab, dim). */
     void (*logits)(float *out, const float *x, const llm_weight *w, int n);
+
+    /* x = cap * tanh(x / cap), elementwise, in place (Gemma 2's final-logit soft-capping).  x (count); cap > 0. */
+    void (*softcap)(float *x, float cap, size_t count);
 } llm_ops;
 
 bool llm_ops_has(const llm_ops *ops, llm_op op);                 /* the table has op (ops may be NULL) */

@@ -5,15 +5,15 @@
 
 #include <math.h>
 
-static void ref_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+static void ref_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     size_t dim = table->cols;
     for (int i = 0; i < n; i++)
         for (size_t c = 0; c < dim; c++)
-            out[(size_t)i * dim + c] = llm_dtype_load(table->data, table->dtype, (size_t)tokens[i] * dim + c);
+            out[(size_t)i * dim + c] = llm_dtype_load(table->data, table->dtype, (size_t)tokens[i] * dim + c) * scale;
 }
 
-static void ref_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+static void ref_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
 {
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
@@ -21,7 +21,8 @@ static void ref_rmsnorm(float *out, const float *x, const llm_weight *weight, in
         float ss = 0.0f;
         for (int c = 0; c < dim; c++) ss += xi[c] * xi[c];
         float scale = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int c = 0; c < dim; c++) oi[c] = llm_dtype_load(weight->data, weight->dtype, (size_t)c) * (xi[c] * scale);
+        for (int c = 0; c < dim; c++)
+            oi[c] = (offset + llm_dtype_load(weight->data, weight->dtype, (size_t)c)) * (xi[c] * scale);
     }
 }
 
@@ -38,14 +39,15 @@ static void ref_matmul(float *out, const float *x, const llm_weight *w, const ll
     }
 }
 
-static void rotate_heads(float *x, int n_heads, int head_dim, int32_t pos, const float *inv_freq)
+static void rotate_heads(float *x, int n_heads, int head_dim, int rot_dim, int32_t pos, const float *inv_freq,
+                         float scale)
 {
-    int half = head_dim / 2;
+    int half = rot_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;
         for (int j = 0; j < half; j++) {
             float angle = (float)pos * inv_freq[j];
-            float c = cosf(angle), s = sinf(angle);
+            float c = cosf(angle) * scale, s = sinf(angle) * scale;
             float a = v[j], b = v[j + half];
             v[j] = a * c - b * s;
             v[j + half] = b * c + a * s;
@@ -54,30 +56,39 @@ static void rotate_heads(float *x, int n_heads, int head_dim, int32_t pos, const
 }
 
 static void ref_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                     int n_kv_heads, int head_dim)
+                     int n_kv_heads, int head_dim, int rot_dim, float scale)
 {
     for (int i = 0; i < n; i++) {
-        rotate_heads(q + (size_t)i * n_heads * head_dim, n_heads, head_dim, positions[i], inv_freq);
-        rotate_heads(k + (size_t)i * n_kv_heads * head_dim, n_kv_heads, head_dim, positions[i], inv_freq);
+        rotate_heads(q + (size_t)i * n_heads * head_dim, n_heads, head_dim, rot_dim, positions[i], inv_freq, scale);
+        rotate_heads(k + (size_t)i * n_kv_heads * head_dim, n_kv_heads, head_dim, rot_dim, positions[i], inv_freq,
+                     scale);
     }
+}
+
+/* One scaled, soft-capped score. */
+static float score(const float *qh, const float *kt, int head_dim, const llm_attention_params *p)
+{
+    float s = 0.0f;
+    for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
+    s *= p->scale;
+    return p->softcap > 0.0f ? p->softcap * tanhf(s / p->softcap) : s;
 }
 
 static void ref_attention(float *out, const float *q, const float *k, const float *v, float *k_cache,
                           float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
-                          int ctx)
+                          int ctx, const llm_attention_params *p)
 {
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    (void)ctx;
     for (int i = 0; i < n; i++)
         for (size_t c = 0; c < kv_dim; c++) {
-            k_cache[(size_t)positions[i] * kv_dim + c] = k[(size_t)i * kv_dim + c];
-            v_cache[(size_t)positions[i] * kv_dim + c] = v[(size_t)i * kv_dim + c];
+            k_cache[(size_t)(positions[i] % ctx) * kv_dim + c] = k[(size_t)i * kv_dim + c];
+            v_cache[(size_t)(positions[i] % ctx) * kv_dim + c] = v[(size_t)i * kv_dim + c];
         }
 
-    float scale = 1.0f / sqrtf((float)head_dim);
     int group = n_heads / n_kv_heads;
     for (int i = 0; i < n; i++) {
         int len = positions[i] + 1;
+        int first = p->window > 0 && len > p->window ? len - p->window : 0; /* rows first .. len-1 */
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
             size_t kv_off = (size_t)(h / group) * head_dim;
@@ -85,31 +96,35 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
 
             /* Two passes: the maximum score first, so exp() never overflows. */
             float max = -INFINITY;
-            for (int t = 0; t < len; t++) {
-                const float *kt = k_cache + (size_t)t * kv_dim + kv_off;
-                float s = 0.0f;
-                for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
-                if (s * scale > max) max = s * scale;
+            for (int t = first; t < len; t++) {
+                float s = score(qh, k_cache + (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p);
+                if (s > max) max = s;
             }
             float denom = 0.0f;
             for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
-            for (int t = 0; t < len; t++) {
-                const float *kt = k_cache + (size_t)t * kv_dim + kv_off;
-                const float *vt = v_cache + (size_t)t * kv_dim + kv_off;
-                float s = 0.0f;
-                for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
-                float p = expf(s * scale - max);
-                denom += p;
-                for (int d = 0; d < head_dim; d++) oh[d] += p * vt[d];
+            for (int t = first; t < len; t++) {
+                const float *vt = v_cache + (size_t)(t % ctx) * kv_dim + kv_off;
+                float e = expf(score(qh, k_cache + (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p) - max);
+                denom += e;
+                for (int d = 0; d < head_dim; d++) oh[d] += e * vt[d];
             }
             for (int d = 0; d < head_dim; d++) oh[d] /= denom;
         }
     }
 }
 
-static void ref_swiglu(float *out, const float *gate, const float *up, size_t count)
+/* tanh-GELU as HF's gelu_pytorch_tanh writes it. */
+static float gelu_tanh(float x)
 {
-    for (size_t i = 0; i < count; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+static void ref_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
+{
+    for (size_t i = 0; i < count; i++) {
+        float g = gate[i];
+        out[i] = (act == LLM_ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g))) * up[i];
+    }
 }
 
 static void ref_add(float *x, const float *y, size_t count)
@@ -122,13 +137,19 @@ static void ref_logits(float *out, const float *x, const llm_weight *w, int n)
     ref_matmul(out, x, w, NULL, n);
 }
 
+static void ref_softcap(float *x, float cap, size_t count)
+{
+    for (size_t i = 0; i < count; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
 const llm_ops llm_ref_ops = {
     .embed = ref_embed,
     .rmsnorm = ref_rmsnorm,
     .matmul = ref_matmul,
     .rope = ref_rope,
     .attention = ref_attention,
-    .swiglu = ref_swiglu,
+    .glu = ref_glu,
     .add = ref_add,
     .logits = ref_logits,
+    .softcap = ref_softcap,
 };

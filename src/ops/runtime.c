@@ -28,26 +28,26 @@ static llm_weight host_weight_of(const llm_weight *w)
     return h;
 }
 
-static void wrap_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+static void wrap_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     size_t dim = table->cols;
     llm_weight t = host_weight_of(table);
     int32_t *tok = host_copy_of(tokens, (size_t)n * sizeof *tok);
     float *o = malloc((size_t)n * dim * sizeof *o);
     if (t.data && tok && o) {
-        wrap_host.embed(o, &t, tok, n);
+        wrap_host.embed(o, &t, tok, n, scale);
         wrap_dev->upload(out, o, (size_t)n * dim * sizeof *o);
     }
     free(t.data), free(tok), free(o);
 }
 
-static void wrap_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+static void wrap_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
 {
     size_t bytes = (size_t)n * dim * sizeof(float);
     llm_weight w = host_weight_of(weight);
     float *h = host_copy_of(x, bytes);
     if (w.data && h) {
-        wrap_host.rmsnorm(h, h, &w, n, dim, eps);
+        wrap_host.rmsnorm(h, h, &w, n, dim, eps, offset);
         wrap_dev->upload(out, h, bytes);
     }
     free(w.data), free(h);
@@ -79,14 +79,14 @@ static void wrap_logits(float *out, const float *x, const llm_weight *w, int n)
 }
 
 static void wrap_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                      int n_kv_heads, int head_dim)
+                      int n_kv_heads, int head_dim, int rot_dim, float scale)
 {
     size_t qb = (size_t)n * n_heads * head_dim * sizeof(float), kb = (size_t)n * n_kv_heads * head_dim * sizeof(float);
     float *hq = host_copy_of(q, qb), *hk = host_copy_of(k, kb);
     int32_t *hp = host_copy_of(positions, (size_t)n * sizeof *hp);
-    float *hf = host_copy_of(inv_freq, (size_t)(head_dim / 2) * sizeof *hf);
+    float *hf = host_copy_of(inv_freq, (size_t)(rot_dim / 2) * sizeof *hf);
     if (hq && hk && hp && hf) {
-        wrap_host.rope(hq, hk, hp, hf, n, n_heads, n_kv_heads, head_dim);
+        wrap_host.rope(hq, hk, hp, hf, n, n_heads, n_kv_heads, head_dim, rot_dim, scale);
         wrap_dev->upload(q, hq, qb);
         wrap_dev->upload(k, hk, kb);
     }
@@ -94,7 +94,8 @@ static void wrap_rope(float *q, float *k, const int32_t *positions, const float 
 }
 
 static void wrap_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
-                           const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx)
+                           const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                           const llm_attention_params *p)
 {
     size_t q_bytes = (size_t)n * n_heads * head_dim * sizeof(float);
     size_t kv_bytes = (size_t)n * n_kv_heads * head_dim * sizeof(float);
@@ -104,7 +105,7 @@ static void wrap_attention(float *out, const float *q, const float *k, const flo
     int32_t *hp = host_copy_of(positions, (size_t)n * sizeof *hp);
     float *ho = malloc(q_bytes);
     if (hq && hk && hv && hkc && hvc && hp && ho) {
-        wrap_host.attention(ho, hq, hk, hv, hkc, hvc, hp, n, n_heads, n_kv_heads, head_dim, ctx);
+        wrap_host.attention(ho, hq, hk, hv, hkc, hvc, hp, n, n_heads, n_kv_heads, head_dim, ctx, p);
         wrap_dev->upload(out, ho, q_bytes);
         wrap_dev->upload(k_cache, hkc, cache_bytes);
         wrap_dev->upload(v_cache, hvc, cache_bytes);
@@ -112,11 +113,11 @@ static void wrap_attention(float *out, const float *q, const float *k, const flo
     free(hq), free(hk), free(hv), free(hkc), free(hvc), free(hp), free(ho);
 }
 
-static void wrap_swiglu(float *out, const float *gate, const float *up, size_t count)
+static void wrap_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     float *hg = host_copy_of(gate, count * sizeof(float)), *hu = host_copy_of(up, count * sizeof(float));
     if (hg && hu) {
-        wrap_host.swiglu(hg, hg, hu, count);
+        wrap_host.glu(hg, hg, hu, count, act);
         wrap_dev->upload(out, hg, count * sizeof(float));
     }
     free(hg), free(hu);
@@ -132,9 +133,20 @@ static void wrap_add(float *x, const float *y, size_t count)
     free(hx), free(hy);
 }
 
+static void wrap_softcap(float *x, float cap, size_t count)
+{
+    float *hx = host_copy_of(x, count * sizeof(float));
+    if (hx) {
+        wrap_host.softcap(hx, cap, count);
+        wrap_dev->upload(x, hx, count * sizeof(float));
+    }
+    free(hx);
+}
+
 static const llm_ops transfer_wrappers = {
     .embed = wrap_embed, .rmsnorm = wrap_rmsnorm, .matmul = wrap_matmul, .rope = wrap_rope,
-    .attention = wrap_attention, .swiglu = wrap_swiglu, .add = wrap_add, .logits = wrap_logits,
+    .attention = wrap_attention, .glu = wrap_glu, .add = wrap_add, .logits = wrap_logits,
+    .softcap = wrap_softcap,
 };
 
 /* Route `op` to host device `host` (its native op, or the reference when host has none), with transfers

@@ -160,9 +160,12 @@ static bool has_method(jv obj, const char *name, size_t len) {
                                  "clear", NULL};
     static const char *LIST[] = {"index", "count", "copy", "append", "extend", "insert", "pop", "remove", "clear",
                                  "sort", "reverse", NULL};
-    const char **names = obj.k == JV_STR ? STR : obj.k == JV_DICT ? DICT : obj.k == JV_LIST ? LIST : NULL;
+    static const char *TUPLE[] = {"index", "count", NULL};
+    const char **names = NULL;
     if (obj.k == JV_LOOP) return name_is(name, len, "cycle");
-    if (obj.k == JV_LIST && obj.l->tuple) names = (const char *[]){"index", "count", NULL};
+    if (obj.k == JV_STR) names = STR;
+    else if (obj.k == JV_DICT) names = DICT;
+    else if (obj.k == JV_LIST && !obj.l->gen) names = obj.l->tuple ? TUPLE : LIST;
     for (size_t i = 0; names && names[i]; i++)
         if (name_is(name, len, names[i])) return true;
     return false;
@@ -223,7 +226,7 @@ int jj_getitem(jctx *c, jv obj, jv key, jv *out) {
             *out = jv_retain(*v);
             return 0;
         }
-    } else if ((obj.k == JV_LIST || obj.k == JV_STR) && (key.k == JV_INT || key.k == JV_BOOL)) {
+    } else if (((obj.k == JV_LIST && !obj.l->gen) || obj.k == JV_STR) && (key.k == JV_INT || key.k == JV_BOOL)) {
         int64_t i = key.k == JV_INT ? key.i : key.b;
         size_t n = obj.k == JV_LIST ? obj.l->n : ju_count(obj.s->data, obj.s->len);
         if (i < 0) i += (int64_t)n;
@@ -271,6 +274,8 @@ static int slice_indices(jctx *c, jv start, jv stop, jv step, size_t n, int64_t 
 
 static int do_slice(jctx *c, jv obj, jv start, jv stop, jv step, jv *out) {
     if (obj.k == JV_UNDEF) return jj_fail_undef(c, obj);
+    if (obj.k == JV_LIST && obj.l->gen) /* jinja2: a failed subscript is Undefined */
+        return jv_undef_msg(out, "'generator object' has no attribute 'slice'") ? 0 : oom(c);
     if (obj.k != JV_LIST && obj.k != JV_STR) return jj_fail(c, "'%s' object is not subscriptable", jv_type_name(obj));
     bool ascii = true;
     size_t n;
@@ -314,13 +319,18 @@ static int64_t to_i(jv v) { return v.k == JV_INT ? v.i : v.b; }
 static int type_error(jctx *c, const char *op, jv a, jv b) {
     if (a.k == JV_UNDEF) return jj_fail_undef(c, a);
     if (b.k == JV_UNDEF) return jj_fail_undef(c, b);
+    /* Python's words when a str, list or tuple is on the left of + */
+    if (op[0] == '+' && (a.k == JV_STR || (a.k == JV_LIST && !a.l->gen)))
+        return jj_fail(c, "can only concatenate %s (not \"%s\") to %s", jv_type_name(a), jv_type_name(b),
+                       jv_type_name(a));
     return jj_fail(c, "unsupported operand type(s) for %s: '%s' and '%s'", op, jv_type_name(a), jv_type_name(b));
 }
 
 static int repeat(jctx *c, jv seq, int64_t times, jv *out) {
     if (times < 0) times = 0;
     size_t n = seq.k == JV_STR ? seq.s->len : seq.l->n;
-    if (n && (uint64_t)times > JJ_MAX_OUTPUT / n) return jj_fail(c, "sequence repeated past %zu MiB", JJ_MAX_OUTPUT >> 20);
+    if (n && (uint64_t)times > JJ_MAX_OUTPUT / n)
+        return jj_fail(c, "sequence repeated past %zu MiB", JJ_MAX_OUTPUT >> 20);
     if (seq.k == JV_STR) {
         jbuf b = {0};
         for (int64_t i = 0; i < times; i++) jbuf_put(&b, seq.s->data, n);
@@ -366,7 +376,7 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
             if (!jbuf_take(&s, out)) return oom(c);
             out->safe = safe;
             return 0;
-        } else if (a.k == JV_LIST && b.k == JV_LIST && a.l->tuple == b.l->tuple) {
+        } else if (a.k == JV_LIST && b.k == JV_LIST && a.l->tuple == b.l->tuple && !a.l->gen && !b.l->gen) {
             if (!jv_list(out, a.l->n + b.l->n)) return oom(c);
             out->l->tuple = a.l->tuple;
             for (size_t i = 0; i < a.l->n; i++) jv_list_push(out->l, jv_retain(a.l->items[i]));
@@ -385,8 +395,10 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
             if (__builtin_mul_overflow(x, y, &r)) return jj_fail(c, "integer overflow");
             *out = jv_int(r);
         } else if (is_num(a) && is_num(b)) *out = jv_float(to_f(a) * to_f(b));
-        else if ((a.k == JV_STR || a.k == JV_LIST) && (b.k == JV_INT || b.k == JV_BOOL)) return repeat(c, a, y, out);
-        else if ((b.k == JV_STR || b.k == JV_LIST) && (a.k == JV_INT || a.k == JV_BOOL)) return repeat(c, b, x, out);
+        else if ((a.k == JV_STR || (a.k == JV_LIST && !a.l->gen)) && (b.k == JV_INT || b.k == JV_BOOL))
+            return repeat(c, a, y, out);
+        else if ((b.k == JV_STR || (b.k == JV_LIST && !b.l->gen)) && (a.k == JV_INT || a.k == JV_BOOL))
+            return repeat(c, b, x, out);
         else return type_error(c, "*", a, b);
         return 0;
     case '/':
@@ -396,7 +408,7 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return 0;
     case 'F':
     case '%':
-        if (op == '%' && a.k == JV_STR) return jj_fail(c, "printf-style string formatting is not supported");
+        if (op == '%' && a.k == JV_STR) return jj_printf(c, a.s, b, out);
         if (!is_num(a) || !is_num(b)) return type_error(c, op == 'F' ? "//" : "%", a, b);
         if (to_f(b) == 0) return jj_fail(c, op == 'F' ? "integer division or modulo by zero" : "modulo by zero");
         if (ints) {
@@ -416,14 +428,15 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
         return 0;
     case 'P':
         if (!is_num(a) || !is_num(b)) return type_error(c, "**", a, b);
-        if (ints && y >= 0) {
-            int64_t acc = 1;
-            for (int64_t i = 0; i < y; i++) {
-                if (__builtin_mul_overflow(acc, x, &acc)) return jj_fail(c, "integer overflow");
-                if (acc == 0 || acc == 1) break;
+        if (ints && y >= 0) { /* by squaring; where a square overflows, so does the result */
+            int64_t acc = 1, base = x;
+            for (uint64_t e = (uint64_t)y; e; e >>= 1) {
+                if ((e & 1) && __builtin_mul_overflow(acc, base, &acc)) return jj_fail(c, "integer overflow");
+                if (e > 1 && __builtin_mul_overflow(base, base, &base)) return jj_fail(c, "integer overflow");
             }
             *out = jv_int(acc);
-        } else *out = jv_float(pow(to_f(a), to_f(b)));
+        } else if (to_f(a) == 0 && to_f(b) < 0) return jj_fail(c, "0.0 cannot be raised to a negative power");
+        else *out = jv_float(pow(to_f(a), to_f(b)));
         return 0;
     }
     return jj_fail(c, "unknown operator");
@@ -437,11 +450,18 @@ static int compare(jctx *c, int op, jv a, jv b, bool *out) {
     case CMP_NOTIN: {
         bool found = false;
         if (b.k == JV_STR) {
-            if (a.k != JV_STR) return jj_fail(c, "'in <string>' requires string as left operand, not %s", jv_type_name(a));
+            if (a.k != JV_STR)
+                return jj_fail(c, "'in <string>' requires string as left operand, not %s", jv_type_name(a));
             found = a.s->len == 0 || (a.s->len <= b.s->len && ju_find(b.s->data, b.s->len, a.s->data, a.s->len));
         } else if (b.k == JV_LIST) {
-            for (size_t i = 0; i < b.l->n && !found; i++) found = jv_equal(a, b.l->items[i]);
-        } else if (b.k == JV_DICT || b.k == JV_NS) found = jv_dict_get(b.d, a) != NULL;
+            size_t i = b.l->gen ? b.l->gen_pos : 0;
+            for (; i < b.l->n && !found; i++) found = jv_equal(a, b.l->items[i]);
+            if (b.l->gen) b.l->gen_pos = i; /* `in` uses up a generator as far as the match */
+        } else if (b.k == JV_DICT || b.k == JV_NS) {
+            if (a.k == JV_LIST || a.k == JV_DICT || a.k == JV_NS)
+                return jj_fail(c, "unhashable type: '%s'", jv_type_name(a));
+            found = jv_dict_get(b.d, a) != NULL;
+        }
         else if (b.k != JV_UNDEF) return jj_fail(c, "argument of type '%s' is not iterable", jv_type_name(b));
         *out = op == CMP_IN ? found : !found;
         return 0;
@@ -762,6 +782,18 @@ static int capture(jctx *c, jnode *const *stmts, size_t n, jv *out) {
     return jbuf_take(&buf, out) ? 0 : oom(c);
 }
 
+/* A set or filter block's body: a scope of its own (jinja2's inner frame); a break or continue inside drops the
+ * text (*dropped). */
+static int capture_block(jctx *c, const jnode *n, jv *out, bool *dropped) {
+    jscope *outer = c->scope;
+    if (scope_push(c, outer)) return -1;
+    int r = capture(c, n->args, n->n_args, out);
+    scope_pop(c, outer);
+    *dropped = !r && c->flow != FLOW_NORMAL;
+    if (*dropped) jv_release(*out);
+    return r;
+}
+
 static int render_for(jctx *c, const jnode *n) {
     jv seq, items;
     if (eval(c, n->b, &seq)) return -1;
@@ -795,6 +827,9 @@ static int render_for(jctx *c, const jnode *n) {
     L->rc = 1;
     L->items = items.l;
     jv loop = {.k = JV_LOOP, .loop = L};
+    /* jinja2 runs the else block unless some iteration reached the end of the body: one that ended in break or
+     * continue does not count */
+    bool completed = false;
     for (size_t i = 0; i < items.l->n && !r; i++) {
         if (++c->iterations > JJ_MAX_ITERATIONS) {
             r = jj_fail(c, "more than %d loop iterations", JJ_MAX_ITERATIONS);
@@ -806,6 +841,7 @@ static int render_for(jctx *c, const jnode *n) {
         if (!r) r = assign(c, n->a, jv_retain(items.l->items[i]));
         if (!r) r = render_list(c, n->args, n->n_args);
         scope_pop(c, outer);
+        if (!r && c->flow == FLOW_NORMAL) completed = true;
         if (c->flow == FLOW_BREAK) {
             c->flow = FLOW_NORMAL;
             break;
@@ -813,6 +849,7 @@ static int render_for(jctx *c, const jnode *n) {
         c->flow = FLOW_NORMAL;
     }
     jv_release(loop);
+    if (!r && !completed) r = render_list(c, n->body2, n->n_body2);
     return r;
 }
 
@@ -841,19 +878,26 @@ static int render(jctx *c, const jnode *n) {
         if (eval(c, n->b, &v)) return -1;
         c->line = n->line;
         return assign(c, n->a, v);
-    case N_SET_BLOCK:
-        if (capture(c, n->args, n->n_args, &v)) return -1;
+    case N_SET_BLOCK: {
+        bool dropped;
+        if (capture_block(c, n, &v, &dropped)) return -1;
+        if (dropped) return 0;
         if (n->c) {
             jv f;
             if (apply_chain(c, n->c, v, &f)) return -1;
             v = f;
         }
         return assign(c, n->a, v);
-    case N_FILTER_BLOCK:
-        if (capture(c, n->args, n->n_args, &v) || apply_chain(c, n->c, v, &v)) return -1;
+    }
+    case N_FILTER_BLOCK: {
+        bool dropped;
+        if (capture_block(c, n, &v, &dropped)) return -1;
+        if (dropped) return 0;
+        if (apply_chain(c, n->c, v, &v)) return -1;
         r = write_value(c, v);
         jv_release(v);
         return r;
+    }
     case N_MACRO: {
         if (make_func(c, JF_MACRO, &v)) return -1;
         v.fn->macro = n;
@@ -896,6 +940,19 @@ int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, j
     const jnode *mn = m->macro;
     if (!m->scope || !m->scope->s) return jj_fail(c, "macro called after the scope it was defined in ended");
     if (c->calls >= JJ_MAX_CALL_DEPTH) return jj_fail(c, "macro calls nested deeper than %d", JJ_MAX_CALL_DEPTH);
+    /* jinja2's Macro.__call__: extra arguments only where the body names varargs or kwargs */
+    const char *name = mn->kind == N_MACRO ? mn->name : "caller";
+    int name_len = mn->kind == N_MACRO ? (int)mn->name_len : 6;
+    if (n_args > mn->n_kw && !mn->uses_varargs)
+        return jj_fail(c, "macro '%.*s' takes not more than %zu argument(s)", name_len, name, mn->n_kw);
+    if (caller.k == JV_FUNC && !mn->uses_caller && !mn->uses_kwargs)
+        return jj_fail(c, "macro '%.*s' was invoked with two values for the special caller argument. This is most "
+                          "likely a bug.", name_len, name);
+    for (size_t i = 0; i < n_kw && !mn->uses_kwargs; i++) {
+        bool param = false;
+        for (size_t k = 0; k < mn->n_kw; k++) param |= !strcmp(mn->kw[k], kw[i]);
+        if (!param) return jj_fail(c, "macro '%.*s' takes no keyword argument '%s'", name_len, name, kw[i]);
+    }
     jscope *saved = c->scope;
     int saved_flow = c->flow;
     if (scope_push(c, m->scope->s)) return -1;
@@ -927,11 +984,20 @@ int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, j
         else if (!jv_undef_msg(&v, "parameter '%s' was not provided", mn->kw[k])) r = oom(c);
         if (!r) r = set_var(c, mn->kw[k], strlen(mn->kw[k]), v);
     }
+    /* caller: the call block's, else Undefined where the body names it; a body taking kwargs but not caller gets
+     * it in kwargs */
+    if (!r && caller.k == JV_FUNC && !mn->uses_caller) {
+        jv k;
+        if (!jv_strz(&k, "caller") || !jv_dict_set(extra_kw.d, k, jv_retain(caller))) r = oom(c);
+    } else if (!r && caller.k == JV_FUNC) r = set_var(c, "caller", 6, jv_retain(caller));
+    else if (!r && mn->uses_caller) {
+        jv none;
+        r = jv_undef_msg(&none, "No caller defined") ? set_var(c, "caller", 6, none) : oom(c);
+    }
     if (!r) r = set_var(c, "varargs", 7, varargs);
     else if (have_va) jv_release(varargs);
     if (!r) r = set_var(c, "kwargs", 6, extra_kw);
     else if (have_kw) jv_release(extra_kw);
-    if (!r && caller.k == JV_FUNC) r = set_var(c, "caller", 6, jv_retain(caller));
     c->flow = FLOW_NORMAL;
     if (!r) r = capture(c, mn->args, mn->n_args, out);
     c->flow = saved_flow;
@@ -943,6 +1009,12 @@ int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, j
 int jj_iterate(jctx *c, jv v, jv *out) {
     switch (v.k) {
     case JV_LIST:
+        if (v.l->gen) { /* what is left of a generator, which iterating uses up */
+            if (!jv_list(out, v.l->n - v.l->gen_pos)) return oom(c);
+            for (size_t i = v.l->gen_pos; i < v.l->n; i++) jv_list_push(out->l, jv_retain(v.l->items[i]));
+            v.l->gen_pos = v.l->n;
+            return 0;
+        }
         *out = jv_retain(v);
         return 0;
     case JV_UNDEF: return jv_list(out, 0) ? 0 : oom(c);

@@ -132,6 +132,24 @@ static int recase(jctx *c, const jstr *s, int mode, jv *out) {
     return jbuf_take(&b, out) ? 0 : oom(c);
 }
 
+/* Python's str.islower / str.isupper: some cased character, and no cased character of the other case. */
+static bool is_case(const jstr *s, bool upper) {
+    bool cased = false;
+    for (size_t i = 0; i < s->len;) {
+        uint32_t cp;
+        i += ju_decode(s->data + i, s->len - i, &cp);
+        utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
+        if (cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LT) {
+            if (!upper) return false;
+            cased = true;
+        } else if (cat == UTF8PROC_CATEGORY_LL) {
+            if (upper) return false;
+            cased = true;
+        }
+    }
+    return cased;
+}
+
 static const char *find(const jstr *s, size_t from, const char *sub, size_t n) {
     if (from > s->len || n > s->len - from) return NULL;
     if (n == 0) return s->data + from;
@@ -257,7 +275,8 @@ static int do_range(jctx *c, const argv_t *a, jv *out) {
     if (step == 0) return jj_fail(c, "range() arg 3 must not be zero");
     double count = ceil(((double)stop - (double)start) / (double)step);
     if (count < 0) count = 0;
-    if (count > JJ_MAX_ITERATIONS) return jj_fail(c, "range() of more than %d items", JJ_MAX_ITERATIONS);
+    if (count > JJ_MAX_RANGE)
+        return jj_fail(c, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).", JJ_MAX_RANGE);
     if (!jv_list(out, (size_t)count)) return oom(c);
     for (int64_t i = 0; i < (int64_t)count; i++) jv_list_push(out->l, jv_int(start + i * step));
     return 0;
@@ -273,7 +292,8 @@ static int fill_dict(jctx *c, jv d, const argv_t *a, bool ns) {
         } else if (src.k == JV_LIST) {
             for (size_t i = 0; i < src.l->n; i++) {
                 jv p = src.l->items[i];
-                if (p.k != JV_LIST || p.l->n != 2) return jj_fail(c, "dictionary update sequence element has wrong length");
+                if (p.k != JV_LIST || p.l->n != 2)
+                    return jj_fail(c, "dictionary update sequence element has wrong length");
                 if (!jv_dict_set(d.d, jv_retain(p.l->items[0]), jv_retain(p.l->items[1]))) return oom(c);
             }
         } else return jj_fail(c, "'%s' object is not iterable", jv_type_name(src));
@@ -426,8 +446,12 @@ static int str_method(jctx *c, const jstr *s, const char *name, size_t len, cons
         }
         return 0;
     }
-    if (IS("isdigit") || IS("isalpha") || IS("isspace") || IS("isalnum") || IS("isupper") || IS("islower")) {
-        bool all = s->len > 0, any_cased = false;
+    if (IS("isupper") || IS("islower")) {
+        *out = jv_bool(is_case(s, IS("isupper")));
+        return 0;
+    }
+    if (IS("isdigit") || IS("isalpha") || IS("isspace") || IS("isalnum")) {
+        bool all = s->len > 0;
         for (size_t i = 0; i < s->len;) {
             uint32_t cp;
             i += ju_decode(s->data + i, s->len - i, &cp);
@@ -435,16 +459,8 @@ static int str_method(jctx *c, const jstr *s, const char *name, size_t len, cons
             if (IS("isdigit")) all = all && d;
             else if (IS("isalpha")) all = all && al;
             else if (IS("isalnum")) all = all && (d || al);
-            else if (IS("isspace")) all = all && is_ws(cp);
-            else if (IS("isupper")) {
-                if (cp >= 'a' && cp <= 'z') all = false;
-                if (cp >= 'A' && cp <= 'Z') any_cased = true;
-            } else {
-                if (cp >= 'A' && cp <= 'Z') all = false;
-                if (cp >= 'a' && cp <= 'z') any_cased = true;
-            }
+            else all = all && is_ws(cp);
         }
-        if (IS("isupper") || IS("islower")) all = all && any_cased;
         *out = jv_bool(all);
         return 0;
     }
@@ -544,7 +560,72 @@ int jj_call(jctx *c, jv fn, jv *args, size_t n_args, const char **kw, jv *kwargs
     }
 }
 
+/* ---- printf-style formatting ---- */
+
+int jj_printf(jctx *c, const jstr *fmt, jv args, jv *out) {
+    /* Python treats anything with __getitem__ but a tuple or str (a dict, a list) as a mapping here */
+    bool several = args.k == JV_LIST && args.l->tuple, mapping = args.k == JV_DICT || (args.k == JV_LIST && !several);
+    size_t n = several ? args.l->n : 1, used = 0;
+    jbuf b = {0};
+    for (size_t i = 0; i < fmt->len; i++) {
+        char ch = fmt->data[i];
+        if (ch != '%') {
+            jbuf_put(&b, &ch, 1);
+            continue;
+        }
+        /* %[flags][width][.precision]type */
+        char spec[32] = "%";
+        size_t k = 1, j = i + 1;
+        while (j < fmt->len && strchr("-+ 0#", fmt->data[j]) && k < 8) spec[k++] = fmt->data[j++];
+        while (j < fmt->len && fmt->data[j] >= '0' && fmt->data[j] <= '9' && k < 16) spec[k++] = fmt->data[j++];
+        if (j < fmt->len && fmt->data[j] == '.') {
+            spec[k++] = fmt->data[j++];
+            while (j < fmt->len && fmt->data[j] >= '0' && fmt->data[j] <= '9' && k < 24) spec[k++] = fmt->data[j++];
+        }
+        if (j >= fmt->len) return free(b.data), jj_fail(c, "incomplete format");
+        char type = fmt->data[j];
+        i = j;
+        if (type == '%') {
+            jbuf_put(&b, "%", 1);
+            continue;
+        }
+        if (!strchr("srdif", type)) return free(b.data), jj_fail(c, "unsupported format character '%c'", type);
+        if (used >= n) return free(b.data), jj_fail(c, "not enough arguments for format string");
+        jv v = several ? args.l->items[used] : args;
+        used++;
+        if (type == 's' || type == 'r') {
+            jbuf t = {0};
+            if (type == 's') jv_write_str(&t, v);
+            else jv_write_repr(&t, v);
+            spec[k++] = 's';
+            spec[k] = 0;
+            jbuf_printf(&b, spec, t.data ? t.data : "");
+            free(t.data);
+        } else if (v.k == JV_INT || v.k == JV_BOOL || v.k == JV_FLOAT) {
+            double f = v.k == JV_FLOAT ? v.f : v.k == JV_INT ? (double)v.i : v.b;
+            if (type == 'f') {
+                spec[k++] = 'f';
+                spec[k] = 0;
+                jbuf_printf(&b, spec, f);
+            } else {
+                spec[k++] = 'l';
+                spec[k++] = 'l';
+                spec[k++] = 'd';
+                spec[k] = 0;
+                jbuf_printf(&b, spec, v.k == JV_FLOAT ? (long long)f : v.k == JV_INT ? (long long)v.i : (long long)v.b);
+            }
+        } else return free(b.data), jj_fail(c, "%%%c format: a real number is required, not %s", type, jv_type_name(v));
+    }
+    if (used < n && (several || !mapping)) {
+        free(b.data);
+        return jj_fail(c, "not all arguments converted during string formatting");
+    }
+    return jbuf_take(&b, out) ? 0 : oom(c);
+}
+
 /* ---- tests ---- */
+
+static int64_t to_int(jv v) { return v.k == JV_INT ? v.i : v.b; }
 
 int jj_test(jctx *c, const char *name, size_t len, jv *args, size_t n_args, bool *out) {
     jv v = args[0];
@@ -561,20 +642,32 @@ int jj_test(jctx *c, const char *name, size_t len, jv *args, size_t n_args, bool
     else if (IS("true")) *out = v.k == JV_BOOL && v.b;
     else if (IS("false")) *out = v.k == JV_BOOL && !v.b;
     else if (IS("mapping")) *out = v.k == JV_DICT;
-    else if (IS("sequence")) *out = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT;
+    else if (IS("sequence")) *out = v.k == JV_STR || (v.k == JV_LIST && !v.l->gen) || v.k == JV_DICT;
     else if (IS("iterable")) *out = v.k == JV_STR || v.k == JV_LIST || v.k == JV_DICT || v.k == JV_UNDEF;
     else if (IS("callable")) *out = v.k == JV_FUNC;
-    else if (IS("odd") || IS("even")) {
-        if (v.k != JV_INT) return jj_fail(c, "test '%.*s' needs an integer", (int)len, name);
-        *out = (v.i % 2 != 0) == IS("odd");
-    } else if (IS("divisibleby")) {
-        if (v.k != JV_INT || !o || o->k != JV_INT || o->i == 0) return jj_fail(c, "divisibleby needs integers");
-        *out = v.i % o->i == 0;
-    } else if (IS("lower") || IS("upper")) {
+    else if (IS("odd") || IS("even") || IS("divisibleby")) {
+        /* jinja2: value % 2 == 1, value % 2 == 0, value % num == 0, with Python's % on numbers */
+        bool num = v.k == JV_INT || v.k == JV_BOOL || v.k == JV_FLOAT;
+        if (IS("divisibleby")) {
+            if (!o || !num || (o->k != JV_INT && o->k != JV_BOOL && o->k != JV_FLOAT))
+                return jj_fail(c, "divisibleby needs numbers");
+        } else if (!num) return jj_fail(c, "test '%.*s' needs a number, not %s", (int)len, name, jv_type_name(v));
+        double m = !IS("divisibleby") ? 2 : o->k == JV_FLOAT ? o->f : (double)to_int(*o);
+        if (m == 0) return jj_fail(c, "integer division or modulo by zero");
+        double r;
+        if (v.k != JV_FLOAT && (!o || !IS("divisibleby") || o->k != JV_FLOAT)) {
+            int64_t a = to_int(v), b = (int64_t)m, q = b == -1 ? 0 : a % b;
+            if (q != 0 && ((q < 0) != (b < 0))) q += b;
+            r = (double)q;
+        } else {
+            r = fmod(v.k == JV_FLOAT ? v.f : (double)to_int(v), m);
+            if (r != 0 && ((r < 0) != (m < 0))) r += m;
+        }
+        *out = IS("odd") ? r == 1 : r == 0;
+    } else if (IS("lower") || IS("upper")) { /* jinja2: str(value).islower() */
         jv t;
-        if (v.k != JV_STR) return jj_fail(c, "test '%.*s' needs a string", (int)len, name);
-        if (recase(c, v.s, IS("lower") ? 'l' : 'u', &t)) return -1;
-        *out = jv_equal(t, v);
+        if (!jj_str(v, &t)) return oom(c);
+        *out = is_case(t.s, IS("upper"));
         jv_release(t);
     } else if (o && (IS("equalto") || IS("eq") || IS("==") || IS("sameas"))) {
         *out = jv_equal(v, *o);
@@ -586,7 +679,9 @@ int jj_test(jctx *c, const char *name, size_t len, jv *args, size_t n_args, bool
             *out = v.s->len == 0 || (v.s->len <= o->s->len && ju_find(o->s->data, o->s->len, v.s->data, v.s->len));
         else if (o->k == JV_LIST) {
             *out = false;
-            for (size_t i = 0; i < o->l->n && !*out; i++) *out = jv_equal(v, o->l->items[i]);
+            size_t i = o->l->gen ? o->l->gen_pos : 0;
+            for (; i < o->l->n && !*out; i++) *out = jv_equal(v, o->l->items[i]);
+            if (o->l->gen) o->l->gen_pos = i;
         } else if (o->k == JV_DICT) *out = jv_dict_get(o->d, v) != NULL;
         else return jj_fail(c, "argument of type '%s' is not iterable", jv_type_name(*o));
     } else if (o && (IS("lt") || IS("le") || IS("gt") || IS("ge") || IS("<") || IS("<=") || IS(">") || IS(">="))) {
@@ -674,7 +769,11 @@ static int to_list(jctx *c, jv v, jv *out) {
 /* select / reject / selectattr / rejectattr */
 static int select_items(jctx *c, const argv_t *a, bool attr, bool keep, jv *out) {
     jv items;
-    if (!jv_truthy(a->args[0])) return jv_list(out, 0) ? 0 : oom(c); /* jinja2: `if value:` */
+    if (!jv_truthy(a->args[0])) { /* jinja2: `if value:` */
+        if (!jv_list(out, 0)) return oom(c);
+        out->l->gen = true;
+        return 0;
+    }
     if (jj_iterate(c, a->args[0], &items)) return -1;
     jstr *path = NULL;
     if (attr && (a->n < 2 || a->args[1].k != JV_STR)) {
@@ -707,6 +806,7 @@ static int select_items(jctx *c, const argv_t *a, bool attr, bool keep, jv *out)
         if (ok == keep && !jv_list_push(out->l, jv_retain(items.l->items[i]))) goto fail;
     }
     jv_release(items);
+    out->l->gen = true;
     return 0;
 fail:
     jv_release(items);
@@ -774,9 +874,18 @@ static int filter_round(jctx *c, const argv_t *a, jv *out) {
     if (!int_arg(a, 1, "precision", 0, &prec) || !str_arg(a, 2, "method", &method))
         return jj_fail(c, "round: bad arguments");
     if (v.k != JV_INT && v.k != JV_FLOAT && v.k != JV_BOOL) return jj_fail(c, "round needs a number");
+    if (v.k != JV_FLOAT && prec >= 0) { /* Python's round() keeps an int an int */
+        *out = jv_int(v.k == JV_INT ? v.i : v.b);
+        return 0;
+    }
     double x = v.k == JV_FLOAT ? v.f : v.k == JV_INT ? (double)v.i : v.b, m = pow(10, (double)prec), r;
     const char *how = method ? method->data : "common";
-    if (!strcmp(how, "common")) r = round(x * m) / m;
+    if (!strcmp(how, "common") && prec >= 0 && prec <= 300 && isfinite(x)) {
+        /* Python's round(): the binary value rounded half-even in decimal, which printf does exactly */
+        char buf[400];
+        snprintf(buf, sizeof buf, "%.*f", (int)prec, x);
+        r = strtod(buf, NULL);
+    } else if (!strcmp(how, "common")) r = round(x * m) / m;
     else if (!strcmp(how, "ceil")) r = ceil(x * m) / m;
     else if (!strcmp(how, "floor")) r = floor(x * m) / m;
     else return jj_fail(c, "method must be common, ceil or floor");
@@ -799,6 +908,7 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
     if (IS("tojson")) return filter_tojson(c, &a, out);
     if (IS("length") || IS("count")) {
         if (v.k == JV_STR) *out = jv_int((int64_t)ju_count(v.s->data, v.s->len));
+        else if (v.k == JV_LIST && v.l->gen) return jj_fail(c, "object of type 'generator' has no len()");
         else if (v.k == JV_LIST) *out = jv_int((int64_t)v.l->n);
         else if (v.k == JV_DICT || v.k == JV_NS) *out = jv_int((int64_t)v.d->n);
         else if (v.k == JV_UNDEF) *out = jv_int(0);
@@ -818,6 +928,8 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
         }
         return jj_escape(v, out) ? 0 : oom(c);
     }
+    if (IS("indent") && v.k != JV_STR) /* jinja2 appends "\n" to the value first */
+        return v.k == JV_UNDEF ? jj_fail_undef(c, v) : jj_fail(c, "indent needs a string, not %s", jv_type_name(v));
     if (IS("trim") || IS("upper") || IS("lower") || IS("capitalize") || IS("title") || IS("wordcount") ||
         IS("indent") || IS("replace") || IS("center")) {
         jv s;
@@ -857,16 +969,29 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
                 for (int64_t i = 0; i < padn - left && i < 4096; i++) jbuf_put(&b, " ", 1);
                 r = jbuf_take(&b, out) ? 0 : oom(c);
             }
-        } else {
-            jv words;
-            r = split(c, s.s, NULL, -1, false, &words);
-            if (!r) {
-                *out = jv_int((int64_t)words.l->n);
-                jv_release(words);
+        } else { /* jinja2 counts matches of \w+: runs of letters, digits and underscores */
+            int64_t words = 0;
+            bool in_word = false;
+            for (size_t i = 0; i < s.s->len;) {
+                uint32_t cp;
+                i += ju_decode(s.s->data + i, s.s->len - i, &cp);
+                utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
+                bool w = cp == '_' || (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
+                         (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
+                if (w && !in_word) words++;
+                in_word = w;
             }
+            *out = jv_int(words);
+            r = 0;
         }
         jv_release(s);
         return r;
+    }
+    if (v.k == JV_LIST && v.l->gen && IS("last")) return jj_fail(c, "'generator' object is not reversible");
+    if (v.k == JV_LIST && v.l->gen && IS("first")) { /* next(): takes one item */
+        if (v.l->gen_pos < v.l->n) *out = jv_retain(v.l->items[v.l->gen_pos++]);
+        else if (!jv_undef_msg(out, "No first item, sequence was empty.")) return oom(c);
+        return 0;
     }
     if (IS("first") || IS("last")) {
         jv items;
@@ -883,7 +1008,9 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
     if (IS("items")) {
         if (v.k == JV_UNDEF) return jv_list(out, 0) ? 0 : oom(c);
         if (v.k != JV_DICT) return jj_fail(c, "Can only get item pairs from a mapping.");
-        return jj_method(c, v, "items", 5, NULL, 0, NULL, NULL, 0, out);
+        if (jj_method(c, v, "items", 5, NULL, 0, NULL, NULL, 0, out)) return -1;
+        out->l->gen = true;
+        return 0;
     }
     if (IS("join")) {
         jv items, sepv;
@@ -913,6 +1040,7 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
         jv_release(items);
         return jbuf_take(&b, out) ? 0 : oom(c);
     }
+    if ((IS("int") || IS("float")) && v.k == JV_UNDEF) return jj_fail_undef(c, v);
     if (IS("int")) {
         int64_t def;
         if (!int_arg(&a, 1, "default", 0, &def)) return jj_fail(c, "int: default must be an integer");
@@ -957,7 +1085,11 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
     if (IS("rejectattr")) return select_items(c, &a, true, false, out);
     if (IS("map")) {
         jv items;
-        if (!jv_truthy(v)) return jv_list(out, 0) ? 0 : oom(c); /* jinja2: `if value:` */
+        if (!jv_truthy(v)) { /* jinja2: `if value:` */
+            if (!jv_list(out, 0)) return oom(c);
+            out->l->gen = true;
+            return 0;
+        }
         if (jj_iterate(c, v, &items)) return -1;
         jv *attr = arg(&a, 99, "attribute"), *def = arg(&a, 99, "default");
         if (!attr && (n_args < 2 || args[1].k != JV_STR)) {
@@ -990,6 +1122,7 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
             jv_list_push(out->l, r);
         }
         jv_release(items);
+        out->l->gen = true;
         return 0;
     }
     if (IS("reverse")) {
@@ -1002,10 +1135,12 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
             return jbuf_take(&b, out) ? 0 : oom(c);
         }
         jv items;
+        bool from_gen = v.k == JV_LIST && v.l->gen;
         if (jj_iterate(c, v, &items)) return -1;
         if (!jv_list(out, items.l->n)) return jv_release(items), oom(c);
         for (size_t i = items.l->n; i-- > 0;) jv_list_push(out->l, jv_retain(items.l->items[i]));
         jv_release(items);
+        out->l->gen = !from_gen; /* reversed(seq) is an iterator; a generator is reversed into a list */
         return 0;
     }
     if (IS("sort") || IS("unique") || IS("dictsort") || IS("min") || IS("max")) {
@@ -1043,6 +1178,7 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
                 if (!seen && !jv_list_push(out->l, jv_retain(k[i].val))) r = oom(c);
             }
             if (r && out->k == JV_LIST) jv_release(*out);
+            else if (!r) out->l->gen = true;
         } else if (!r && (IS("min") || IS("max"))) {
             if (n == 0) r = jv_undef_msg(out, "No aggregated item, sequence was empty.") ? 0 : oom(c);
             else {
@@ -1091,9 +1227,16 @@ int jj_filter(jctx *c, const char *name, size_t len, jv *args, size_t n_args, co
         *out = acc;
         return 0;
     }
-    if (IS("format")) {
-        if (v.k != JV_STR) return jj_fail(c, "format needs a string");
-        return jj_fail(c, "printf-style format filter is not supported");
+    if (IS("format")) { /* jinja2: str(value) % (kwargs or args) */
+        jv s, t;
+        if (n_kw) return jj_fail(c, "format with %%(name)s keywords is not supported");
+        if (!jj_str(v, &s) || !jv_list(&t, n_args)) return oom(c);
+        t.l->tuple = true;
+        for (size_t i = 1; i < n_args; i++) jv_list_push(t.l, jv_retain(args[i]));
+        int r = jj_printf(c, s.s, t, out);
+        jv_release(t);
+        jv_release(s);
+        return r;
     }
     if (IS("attr")) {
         if (n_args < 2 || args[1].k != JV_STR) return jj_fail(c, "attr needs a name");

@@ -15,7 +15,8 @@
 #define JJ_MAX_DEPTH 200                  /* nesting of blocks and expressions, at parse and at render */
 #define JJ_MAX_CALL_DEPTH 64              /* macro calls inside macro calls */
 #define JJ_MAX_OUTPUT ((size_t)64 << 20)  /* bytes of output, and of any one string or list */
-#define JJ_MAX_ITERATIONS 10000000        /* loop iterations and range() length over one render */
+#define JJ_MAX_ITERATIONS 10000000        /* loop iterations over one render */
+#define JJ_MAX_RANGE 100000               /* range() length: jinja2's sandbox MAX_RANGE */
 #define JJ_MAX_ITEMS 10000000             /* items of one list or dict */
 #define JJ_MAX_WORK ((size_t)1 << 30)     /* bytes of the strings and lists expressions make over one render */
 
@@ -64,6 +65,10 @@ struct jstr {
 struct jlist {
     size_t rc, n, cap;
     bool tuple;
+    /* A generator: what jinja2's select, reject, selectattr, rejectattr, map, unique, items and reverse filters
+     * return. Always true, no len(), no subscripts, and used up by iterating: items[gen_pos..n) are left. */
+    bool gen;
+    size_t gen_pos;
     jv *items;
 };
 
@@ -75,7 +80,7 @@ struct jdict {
 typedef struct jhandle jhandle;
 typedef struct jnode jnode;
 
-typedef enum { JF_RANGE, JF_DICT, JF_NAMESPACE, JF_RAISE, JF_STRFTIME, JF_MACRO, JF_METHOD, JF_CYCLE } jfunc_kind;
+typedef enum { JF_RANGE, JF_DICT, JF_NAMESPACE, JF_RAISE, JF_STRFTIME, JF_MACRO, JF_METHOD } jfunc_kind;
 
 struct jfunc {
     size_t rc;
@@ -217,7 +222,7 @@ typedef enum {
     N_COND,     /* b if a else c (c may be NULL) */
     N_LIST,     /* args */
     N_TUPLE,    /* args */
-    N_DICT,     /* kwargs: keys (as nodes in args), values in kwargs */
+    N_DICT,     /* args: the keys, kwargs: the values (n_args of each) */
 } jnode_kind;
 
 enum { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };
@@ -237,7 +242,9 @@ struct jnode {
     jnode **body2;
     size_t n_body2;
     int *ops; /* N_COMPARE */
-    bool caller_used; /* N_MACRO: whether its body names `caller` */
+    /* N_MACRO and N_CALL_BLOCK: whether the body names caller, varargs, kwargs (jinja2 then accepts a caller,
+     * extra positional or extra keyword arguments; otherwise they are errors) */
+    bool uses_caller, uses_varargs, uses_kwargs;
 };
 
 struct llm_template {
@@ -283,7 +290,7 @@ typedef struct {
 
 /* Records the first error as "chat template: line N: message"; returns -1. */
 int jj_fail(jctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Records a message as is (raise_exception). */
+/* Records a message as is, newlines made spaces (raise_exception). */
 int jj_fail_raw(jctx *c, const char *msg, size_t len);
 int jj_fail_undef(jctx *c, jv v);
 
@@ -296,8 +303,12 @@ int jj_method(jctx *c, jv self, const char *name, size_t name_len, jv *args, siz
 int jj_getattr(jctx *c, jv obj, const char *name, size_t len, jv *out);
 int jj_getitem(jctx *c, jv obj, jv key, jv *out);
 bool jj_str(jv v, jv *out); /* str(v) as a string value */
+/* Python's `fmt % args` (%s %r %d %i %f %% with width and precision; a tuple gives several arguments). */
+int jj_printf(jctx *c, const jstr *fmt, jv args, jv *out);
 bool jj_escape(jv v, jv *out); /* markupsafe.escape: str(v) with & < > " ' as entities, marked safe */
-int jj_iterate(jctx *c, jv v, jv *out_list); /* what a for loop sees: a list of items */
+/* What a for loop sees: a list of items (a dict's keys, a string's characters, what is left of a generator, which this
+ * uses up; none for Undefined). */
+int jj_iterate(jctx *c, jv v, jv *out_list);
 /* caller: the caller of a call block (JV_FUNC), or None */
 int jj_macro_call(jctx *c, jfunc *m, jv *args, size_t n_args, const char **kw, jv *kwargs, size_t n_kw, jv *out,
                   jv caller);

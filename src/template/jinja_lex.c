@@ -180,7 +180,8 @@ static int lex_string(lexer *L) {
             if (e >= '0' && e <= '7') {
                 uint32_t cp = 0;
                 size_t d = 0;
-                while (d < 3 && k + d < n && s[k + d] >= '0' && s[k + d] <= '7') cp = cp * 8 + (uint32_t)(s[k + d++] - '0');
+                for (; d < 3 && k + d < n && s[k + d] >= '0' && s[k + d] <= '7'; d++)
+                    cp = cp * 8 + (uint32_t)(s[k + d] - '0');
                 k += d - 1;
                 o += ju_encode(cp, out + o);
             } else {
@@ -195,31 +196,28 @@ static int lex_string(lexer *L) {
 }
 
 static int lex_number(lexer *L) {
+    /* the extent first: digits, then .digits and e[+-]digits for a float (not right after a '.', as x.0.1) */
     size_t i = L->pos;
-    char buf[64];
-    size_t b = 0;
-    bool is_float = false;
-    while (i < L->len && (is_digit(L->src[i]) || L->src[i] == '_')) {
-        if (L->src[i] != '_' && b < sizeof buf - 1) buf[b++] = L->src[i];
-        i++;
-    }
-    bool after_dot = L->pos > 0 && L->src[L->pos - 1] == '.';
+    bool is_float = false, after_dot = L->pos > 0 && L->src[L->pos - 1] == '.';
+    while (i < L->len && (is_digit(L->src[i]) || L->src[i] == '_')) i++;
     if (!after_dot && i + 1 < L->len && L->src[i] == '.' && is_digit(L->src[i + 1])) {
         is_float = true;
-        buf[b++] = L->src[i++];
-        while (i < L->len && (is_digit(L->src[i]) || L->src[i] == '_')) {
-            if (L->src[i] != '_' && b < sizeof buf - 1) buf[b++] = L->src[i];
-            i++;
-        }
+        for (i++; i < L->len && (is_digit(L->src[i]) || L->src[i] == '_'); i++) {}
     }
     if (!after_dot && i < L->len && (L->src[i] == 'e' || L->src[i] == 'E')) {
         size_t j = i + 1;
         if (j < L->len && (L->src[j] == '+' || L->src[j] == '-')) j++;
         if (j < L->len && is_digit(L->src[j])) {
             is_float = true;
-            while (i < j && b < sizeof buf - 1) buf[b++] = L->src[i++];
-            while (i < L->len && is_digit(L->src[i]) && b < sizeof buf - 1) buf[b++] = L->src[i++];
+            for (i = j; i < L->len && is_digit(L->src[i]); i++) {}
         }
+    }
+    char buf[64];
+    size_t b = 0;
+    for (size_t k = L->pos; k < i; k++) {
+        if (L->src[k] == '_') continue;
+        if (b == sizeof buf - 1) return lex_fail(L, "%s", "number literal too long");
+        buf[b++] = L->src[k];
     }
     buf[b] = 0;
     jtok t = {.kind = is_float ? TK_FLOAT : TK_INT, .line = L->line, .text = L->src + L->pos, .len = i - L->pos};

@@ -1,6 +1,23 @@
 /* The template grammar, top to bottom as jinja2's Parser has it: statements (if, for, set, macro, call, filter,
  * break, continue, generation), then expressions from the conditional down to primaries, postfixes, filters and
- * tests. Builds the tree of jinja_impl.h. Not here: tokens (jinja_lex.c), meaning (jinja_eval.c). */
+ * tests. Builds the tree of jinja_impl.h. Not here: tokens (jinja_lex.c), meaning (jinja_eval.c).
+ *
+ *   body      = { text | "{{" tuple "}}" | "{%" statement "%}" }
+ *   statement = "if" tuple body { "elif" tuple body } [ "else" body ] "endif"
+ *             | "for" target "in" tuple(no cond) [ "if" expr ] body [ "else" body ] "endfor"
+ *             | "set" target "=" tuple | "set" target [ "|" filters ] body "endset"
+ *             | "macro" name "(" params ")" body "endmacro" | "call" [ "(" params ")" ] call body "endcall"
+ *             | "filter" filters body "endfilter" | "generation" body "endgeneration" | "break" | "continue"
+ *   tuple     = expr { "," expr } [ "," ]                 (one expr alone is itself)
+ *   expr      = or { "if" or [ "else" expr ] }
+ *   or        = and { "or" and }          and  = not { "and" not }          not = "not" not | compare
+ *   compare   = math1 { ("==" | "!=" | "<" | "<=" | ">" | ">=" | "in" | "not" "in") math1 }
+ *   math1     = concat { ("+" | "-") concat }            concat = math2 { "~" math2 }
+ *   math2     = pow { ("*" | "/" | "//" | "%") pow }     pow    = unary { "**" unary }
+ *   unary     = ("-" | "+") unary(no filters) | primary postfix { "|" filter | "is" ["not"] test | call }
+ *   primary   = name | string { string } | int | float | "(" tuple ")" | "[" list "]" | "{" dict "}"
+ *   postfix   = { "." name | "." int | "[" expr | slice "]" | "(" args ")" }
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +30,7 @@ typedef struct {
     const jtok *toks;
     size_t n, pos;
     int depth;
+    int loops; /* for bodies around the statement being parsed, within the innermost macro or call block */
     char *err;
     size_t err_len;
     bool failed;
@@ -493,6 +511,11 @@ static jnode *parse_subscript(parser *P, jnode *obj, int line) {
         fail(P, "tuple subscripts are not supported");
         return NULL;
     }
+    if (!slice && !parts[0]) {
+        char b[64];
+        fail(P, "expected an expression, got %s", describe(cur(P), b, sizeof b));
+        return NULL;
+    }
     expect_op(P, "]");
     jnode *n = node(P, slice ? N_SLICE : N_ITEM, line);
     if (!n) return NULL;
@@ -711,7 +734,9 @@ static jnode *parse_for(parser *P, int line) {
         return NULL;
     }
     expect_block_end(P);
+    P->loops++;
     jnode *body = P->failed ? NULL : parse_body(P, ENDS);
+    P->loops--;
     if (!body) return NULL;
     n->args = body->args;
     n->n_args = body->n_args;
@@ -799,6 +824,28 @@ static bool parse_params(parser *P, jnode *n) {
     return !P->failed;
 }
 
+static bool names(const jnode *x, const char *name) {
+    return x->kind == N_NAME && x->name_len == strlen(name) && !memcmp(x->name, name, x->name_len);
+}
+
+/* The body of a macro or call block: a function of its own (break and continue do not reach loops outside), and
+ * which of caller, varargs and kwargs it names. */
+static jnode *parse_function_body(parser *P, jnode *n, const char *end) {
+    int loops = P->loops;
+    size_t first = P->t->n_nodes;
+    P->loops = 0;
+    bool ok = body_into(P, n, end);
+    P->loops = loops;
+    if (!ok) return NULL;
+    for (size_t i = first; i < P->t->n_nodes; i++) {
+        const jnode *x = P->t->nodes[i];
+        n->uses_caller |= names(x, "caller");
+        n->uses_varargs |= names(x, "varargs");
+        n->uses_kwargs |= names(x, "kwargs");
+    }
+    return n;
+}
+
 static jnode *parse_macro(parser *P, int line) {
     jnode *n = node(P, N_MACRO, line);
     if (!n) return NULL;
@@ -811,13 +858,7 @@ static jnode *parse_macro(parser *P, int line) {
     advance(P);
     if (!parse_params(P, n)) return NULL;
     expect_block_end(P);
-    size_t first = P->t->n_nodes;
-    if (P->failed || !body_into(P, n, "endmacro")) return NULL;
-    for (size_t i = first; i < P->t->n_nodes; i++) {
-        const jnode *x = P->t->nodes[i];
-        if (x->kind == N_NAME && x->name_len == 6 && !memcmp(x->name, "caller", 6)) n->caller_used = true;
-    }
-    return n;
+    return P->failed ? NULL : parse_function_body(P, n, "endmacro");
 }
 
 static jnode *parse_call_block(parser *P, int line) {
@@ -831,7 +872,7 @@ static jnode *parse_call_block(parser *P, int line) {
         return NULL;
     }
     expect_block_end(P);
-    return !P->failed && body_into(P, n, "endcall") ? n : NULL;
+    return P->failed ? NULL : parse_function_body(P, n, "endcall");
 }
 
 static jnode *parse_statement(parser *P) {
@@ -860,6 +901,11 @@ static jnode *parse_statement(parser *P) {
         return n && !P->failed && body_into(P, n, "endgeneration") ? n : NULL;
     }
     if (tok_is(t, TK_NAME, "break") || tok_is(t, TK_NAME, "continue")) {
+        if (!P->loops) { /* jinja2 compiles to Python, which refuses these outside a loop */
+            P->pos--;
+            fail(P, tok_is(t, TK_NAME, "break") ? "'break' outside loop" : "'continue' not properly in loop");
+            return NULL;
+        }
         jnode *n = node(P, tok_is(t, TK_NAME, "break") ? N_BREAK : N_CONTINUE, line);
         expect_block_end(P);
         return P->failed ? NULL : n;

@@ -226,7 +226,7 @@ bool jv_truthy(jv v) {
     case JV_INT: return v.i != 0;
     case JV_FLOAT: return v.f != 0;
     case JV_STR: return v.s->len > 0;
-    case JV_LIST: return v.l->n > 0;
+    case JV_LIST: return v.l->gen || v.l->n > 0;
     case JV_DICT: return v.d->n > 0;
     default: return true;
     }
@@ -246,6 +246,7 @@ bool jv_equal(jv a, jv b) {
     case JV_NONE: return true;
     case JV_STR: return a.s->len == b.s->len && !memcmp(a.s->data, b.s->data, a.s->len);
     case JV_LIST:
+        if (a.l->gen || b.l->gen) return a.l == b.l;
         if (a.l->n != b.l->n || a.l->tuple != b.l->tuple) return false;
         for (size_t i = 0; i < a.l->n; i++)
             if (!jv_equal(a.l->items[i], b.l->items[i])) return false;
@@ -279,7 +280,7 @@ int jv_compare(jv a, jv b) {
         if (c) return c < 0 ? -1 : 1;
         return (a.s->len > b.s->len) - (a.s->len < b.s->len);
     }
-    if (a.k == JV_LIST && b.k == JV_LIST) {
+    if (a.k == JV_LIST && b.k == JV_LIST && !a.l->gen && !b.l->gen && a.l->tuple == b.l->tuple) {
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
             if (jv_equal(a.l->items[i], b.l->items[i])) continue;
             return jv_compare(a.l->items[i], b.l->items[i]);
@@ -297,7 +298,7 @@ const char *jv_type_name(jv v) {
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.l->tuple ? "tuple" : "list";
+    case JV_LIST: return v.l->gen ? "generator" : v.l->tuple ? "tuple" : "list";
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_FUNC: return "function";
@@ -335,12 +336,21 @@ bool jbuf_putz(jbuf *b, const char *s) { return jbuf_put(b, s, strlen(s)); }
 
 bool jbuf_printf(jbuf *b, const char *fmt, ...) {
     char tmp[512];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return false;
-    return jbuf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    bool ok = n >= 0;
+    if (ok && (size_t)n < sizeof tmp) ok = jbuf_put(b, tmp, (size_t)n);
+    else if (ok) { /* a long %s */
+        char *big = (size_t)n <= JJ_MAX_OUTPUT ? malloc((size_t)n + 1) : NULL;
+        ok = big && vsnprintf(big, (size_t)n + 1, fmt, again) == n && jbuf_put(b, big, (size_t)n);
+        free(big);
+        if (!ok) b->failed = true;
+    }
+    va_end(again);
+    return ok;
 }
 
 bool jbuf_take(jbuf *b, jv *out) {
@@ -513,8 +523,9 @@ static bool write_dict_repr(jbuf *b, const jdict *d) {
 bool jv_write_repr(jbuf *b, jv v) {
     switch (v.k) {
     case JV_STR: return write_str_repr(b, v.s->data, v.s->len);
-    case JV_UNDEF: return true;
+    case JV_UNDEF: return jbuf_putz(b, "Undefined");
     case JV_LIST: {
+        if (v.l->gen) return jbuf_putz(b, "<generator object>");
         bool ok = jbuf_putz(b, v.l->tuple ? "(" : "[");
         for (size_t i = 0; i < v.l->n && ok; i++) {
             if (i) ok = jbuf_putz(b, ", ");
@@ -569,7 +580,8 @@ static bool write_json_str(jbuf *b, const char *s, size_t len, bool ascii) {
             size_t n = ju_decode(s + i, len - i, &cp);
             ok = jbuf_put(b, s + run, i - run);
             if (cp >= 0x10000)
-                ok = ok && jbuf_printf(b, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
+                ok = ok && jbuf_printf(b, "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10),
+                                       0xDC00 + ((cp - 0x10000) & 0x3FF));
             else ok = ok && jbuf_printf(b, "\\u%04x", cp);
             i += n - 1;
             run = i + 1;
@@ -624,6 +636,10 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
         break;
     case JV_STR: ok = write_json_str(b, v.s->data, v.s->len, ascii); break;
     case JV_LIST:
+        if (v.l->gen) {
+            snprintf(err, err_len, "tojson: Object of type generator is not JSON serializable");
+            return -1;
+        }
         if (!v.l->n) {
             ok = jbuf_putz(b, "[]");
             break;
@@ -632,7 +648,8 @@ int jv_write_json(jbuf *b, jv v, int indent, const char *sep_item, const char *s
         for (size_t i = 0; i < v.l->n && ok; i++) {
             if (i) ok = jbuf_putz(b, sep_item);
             ok = ok && newline_indent(b, indent, depth + 1);
-            if (ok && jv_write_json(b, v.l->items[i], indent, sep_item, sep_key, sort_keys, ascii, depth + 1, err, err_len))
+            if (ok && jv_write_json(b, v.l->items[i], indent, sep_item, sep_key, sort_keys, ascii, depth + 1, err,
+                                    err_len))
                 return -1;
         }
         ok = ok && newline_indent(b, indent, depth) && jbuf_putz(b, "]");

@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "../model/files.h"
 #include "../template/jinja.h"
 
 struct llm_chat_template {
@@ -17,31 +19,8 @@ struct llm_chat_template {
     char file[4096];
 };
 
-/* A file read whole (NUL-terminated); NULL with errno when it cannot be read. */
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        char *b = realloc(buf, cap *= 2);
-        if (!b) free(buf);
-        buf = b;
-    }
-    int bad = !buf ? ENOMEM : ferror(f) ? EIO : 0;
-    fclose(f);
-    if (bad) {
-        free(buf);
-        errno = bad;
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
+/* chat_template.jinja files run to tens of KB; a cap far above that keeps /dev/zero or a huge file out. */
+#define CHAT_TEMPLATE_MAX_BYTES ((size_t)16 << 20)
 
 /* tokenizer_config.json gives a special token as "text" or as {"content": "text", ...}. */
 static const char *token_text(const json_t *v)
@@ -89,30 +68,22 @@ int llm_chat_template_load(llm_chat_template **out, const char *dir, char *err, 
     llm_chat_template *ct = calloc(1, sizeof *ct);
     if (!ct) goto oom;
 
-    FILE *probe = fopen(cfg_path, "rb");
-    if (probe) {
-        fclose(probe);
-        json_error_t je;
-        cfg = json_load_file(cfg_path, 0, &je);
-        /* transformers writes model_max_length 1000000000000000019884624838656: past 64 bits, read integers as reals
-         * (none is read here). */
-        if (!cfg && json_error_code(&je) == json_error_numeric_overflow)
-            cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, &je);
-        if (!cfg) {
-            snprintf(err, err_len, "%s: invalid JSON at line %d: %s", cfg_path, je.line, je.text);
-            goto fail;
-        }
+    /* A regular file under the JSON cap; transformers writes model_max_length 1000000000000000019884624838656, past
+     * 64 bits, which llm_json_load accepts (no integer is read here). */
+    cfg = llm_json_load(cfg_path, 0, false, err, err_len);
+    if (!cfg && err[0]) goto fail;
+    if (cfg) {
         if (!json_is_object(cfg)) {
             snprintf(err, err_len, "%s: should hold a JSON object", cfg_path);
             goto fail;
         }
     }
     /* transformers reads chat_template.jinja over whatever tokenizer_config.json says. */
-    if ((source = read_text(jinja_path, &len))) {
+    struct stat sb;
+    if (lstat(jinja_path, &sb) == 0) { /* there: a regular file (not a FIFO or device) of at most the cap */
+        if (llm_file_read(jinja_path, CHAT_TEMPLATE_MAX_BYTES, "chat template", &source, &len, err, err_len))
+            goto fail;
         snprintf(ct->file, sizeof ct->file, "%s", jinja_path);
-    } else if (errno != ENOENT) {
-        snprintf(err, err_len, "%s: cannot read: %s", jinja_path, strerror(errno));
-        goto fail;
     } else if (cfg) {
         const json_t *t = json_object_get(cfg, "chat_template");
         const char *text = json_string_value(t);

@@ -41,6 +41,7 @@ typedef struct {
     pcre2_code *re;
     char *literal; /* the source text when built from a literal {"String": ...} */
     size_t literal_len;
+    char what[128]; /* for messages: "tokenizer.json: pre_tokenizer Split /\\s+/" */
 } tk_pattern;
 int tk_pattern_compile(tk_pattern *p, const char *src, size_t len, bool literal, char *err, size_t err_len);
 void tk_pattern_free(tk_pattern *p);

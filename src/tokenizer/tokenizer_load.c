@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "../model/files.h"
 #include "tokenizer_impl.h"
 
 /* GPT-2's pattern, built into the ByteLevel pre-tokenizer (use_regex). */
@@ -79,6 +81,9 @@ static int parse_pattern(loader *L, const json_t *o, const char *what, tk_patter
     char msg[256];
     if (tk_pattern_compile(p, json_string_value(v), json_string_length(v), v == s, msg, sizeof msg) != 0)
         return fail(L, "%s: %s", what, msg);
+    char shown[64];
+    snprintf(p->what, sizeof p->what, "tokenizer.json: %s /%s/", what,
+             llm_escape(shown, sizeof shown, json_string_value(v), json_string_length(v), 48));
     return 0;
 }
 
@@ -670,18 +675,23 @@ static int push_eos(llm_tokenizer *t, int32_t id) {
     return 0;
 }
 
+/* An optional JSON file: NULL with err empty when absent. Integers past 64 bits (model_max_length
+ * 1000000000000000019884624838656, which transformers writes) do not refuse it: the ids read here are range-checked. */
 static json_t *load_optional(const char *dir, const char *name, char *path, size_t path_len, loader *L) {
     snprintf(path, path_len, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fclose(f);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) {
-        L->file = path;
-        fail(L, "invalid JSON at line %d: %s", je.line, je.text);
+    return llm_json_load(path, 0, false, L->err, L->err_len);
+}
+
+/* An id from generation_config.json, checked before it is narrowed. */
+static int gen_id(loader *L, const char *path, const char *key, const json_t *v, int32_t *id) {
+    int64_t x;
+    if (llm_json_int_value(v, 0, INT32_MAX - 1, &x)) {
+        *id = (int32_t)x;
+        return 0;
     }
-    return root;
+    L->file = path;
+    if (json_is_number(v)) return fail(L, "\"%s\" %.17g is not a token id (0..%d)", key, json_number_value(v), INT32_MAX - 1);
+    return fail(L, "\"%s\" should be an integer or a list of integers, found %s", key, llm_json_kind(v));
 }
 
 static int load_configs(loader *L, llm_tokenizer *t, const char *dir) {
@@ -731,12 +741,19 @@ static int load_configs(loader *L, llm_tokenizer *t, const char *dir) {
     if (!gen && L->err[0]) return -1;
     if (gen) {
         const json_t *b = json_object_get(gen, "bos_token_id"), *e = json_object_get(gen, "eos_token_id");
-        if (t->bos_id < 0 && json_is_integer(b)) t->bos_id = (int32_t)json_integer_value(b);
+        int32_t id = -1;
         int rc = 0;
-        if (json_is_integer(e)) rc = push_eos(t, (int32_t)json_integer_value(e));
-        for (size_t i = 0; json_is_array(e) && i < json_array_size(e); i++) {
-            const json_t *v = json_array_get(e, i);
-            if (json_is_integer(v)) rc |= push_eos(t, (int32_t)json_integer_value(v));
+        if (t->bos_id < 0 && b && !json_is_null(b)) {
+            if (gen_id(L, path, "bos_token_id", b, &id) != 0) rc = -2;
+            else t->bos_id = id;
+        }
+        for (size_t i = 0; rc == 0 && e && !json_is_null(e) && i < (json_is_array(e) ? json_array_size(e) : 1); i++) {
+            if (gen_id(L, path, "eos_token_id", json_is_array(e) ? json_array_get(e, i) : e, &id) != 0) rc = -2;
+            else if (push_eos(t, id) != 0) rc = -1;
+        }
+        if (rc == -2) {
+            json_decref(gen);
+            return -1;
         }
         json_decref(gen);
         if (rc) return fail(L, "out of memory");
@@ -751,29 +768,23 @@ int llm_tokenizer_load(llm_tokenizer **out, const char *dir, char *err, size_t e
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir && dir[0] ? dir : ".");
     loader L = {path, err, err_len};
-    /* Read whole, then parse: jansson's own file reader goes a character at a time. */
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(&L, "cannot open: %s (a model folder holds tokenizer.json beside config.json)", strerror(errno));
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap) break;
-        char *b = realloc(buf, cap *= 2);
-        if (!b) free(buf);
-        buf = b;
-    }
-    bool read_error = ferror(f);
-    fclose(f);
-    if (!buf) return fail(&L, "out of memory reading the file");
-    if (read_error) {
-        free(buf);
-        return fail(&L, "read error");
-    }
+    /* Read whole, then parse: jansson's own file reader goes a character at a time. A FIFO or device is refused
+     * before it can block, and the size is capped. */
+    struct stat sb;
+    if (lstat(path, &sb) != 0)
+        return fail(&L, "cannot open: %s (a model folder holds tokenizer.json beside config.json)", strerror(errno));
+    char *buf;
+    size_t len;
+    if (llm_file_read(path, LLM_JSON_MAX_BYTES, "tokenizer.json", &buf, &len, err, err_len) != 0) return -1;
     json_error_t je;
     json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     free(buf);
-    if (!root) return fail(&L, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    /* Exact integers only: ids are exact, and no tokenizers release writes one past 64 bits. */
+    if (!root) {
+        fail(&L, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        llm_message_one_line(err);
+        return -1;
+    }
     llm_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         json_decref(root);
@@ -795,6 +806,8 @@ int llm_tokenizer_load(llm_tokenizer **out, const char *dir, char *err, size_t e
     if (rc == 0 && t->need_gpt2_re &&
         tk_pattern_compile(&t->gpt2_re, GPT2_PATTERN, strlen(GPT2_PATTERN), false, msg, sizeof msg))
         rc = fail(&L, "%s", msg);
+    snprintf(t->gpt2_re.what, sizeof t->gpt2_re.what, "tokenizer.json: pre_tokenizer ByteLevel's GPT-2 pattern");
+    snprintf(t->word_re.what, sizeof t->word_re.what, "tokenizer.json: an added token's single_word check");
     if (rc == 0) rc = added_match_strings(&L, t);
     if (rc == 0 && (build_matcher(t, &t->match_raw, false) != 0 || build_matcher(t, &t->match_norm, true) != 0))
         rc = fail(&L, "out of memory");

@@ -277,7 +277,9 @@ int tk_find_matches(const tk_pattern *p, const char *s, size_t n, pcre2_match_da
         if (rc < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            snprintf(err, err_len, "regex match failed: %s", (char *)msg);
+            /* PCRE2's match, depth or JIT stack limit: a hostile pattern or a text it backtracks on too long. */
+            snprintf(err, err_len, "%s: regex match failed on this text: %s",
+                     p->what[0] ? p->what : "tokenizer.json: a regex", (char *)msg);
             return -1;
         }
         size_t ms = ov[0], me = ov[1];

@@ -21,4 +21,18 @@ typedef struct {
 int cli_run(cli_run_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cli_run_free(cli_run_result *r);
 
+/* What a limited run used: wall time and peak resident memory. */
+typedef struct {
+    double seconds;
+    long max_rss_kb;
+    int timed_out;
+} cli_run_usage;
+
+/* cli_run for hostile inputs: the binary is the direct child (sh execs it), killed after timeout_s (status
+ * 128 + SIGKILL, timed_out set), its address space capped at limit_mb so that a runaway allocation fails at once
+ * (under ASan, whose shadow memory needs terabytes of address space, hard_rss_limit_mb does that instead), and its
+ * wall time and peak RSS measured. ARGS may redirect stdin ("-f - < /dev/zero"): it comes after </dev/null. */
+int cli_run_limited(cli_run_result *r, cli_run_usage *u, double timeout_s, long limit_mb, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 #endif

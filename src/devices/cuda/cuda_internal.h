@@ -231,15 +231,15 @@ __device__ __forceinline__ float llm_cuda_src_at(const llm_cuda_src &s, size_t i
     return s.lo ? s.hi[i] + s.lo[i] : s.hi[i];
 }
 
-void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n);
+void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
 void llm_cuda_rmsnorm(float *out, const float *x, const llm_weight *w, int n, int dim, float eps,
                       const llm_cuda_halves *halves);
 /* x += y (n rows of dim), then out = rmsnorm(x): the add op followed by the rmsnorm op, in one pass. */
 void llm_cuda_add_rmsnorm(float *out, float *x, llm_cuda_src y, const llm_weight *w, int n, int dim, float eps,
                           const llm_cuda_halves *halves);
-/* q and k rotated in place, reading them from q_src and k_src. */
+/* q and k rotated in place (the first rot_dim of each head, cos and sin times scale), reading q_src and k_src. */
 void llm_cuda_rope(float *q, float *k, llm_cuda_src q_src, llm_cuda_src k_src, const int32_t *positions,
-                   const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim);
+                   const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim, int rot_dim, float scale);
 void llm_cuda_swiglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, const llm_cuda_halves *halves);
 /* out = a + b (count values); out may be a. */
 void llm_cuda_add(float *out, const float *a, llm_cuda_src b, size_t count, const char *op);
@@ -302,6 +302,20 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                         bool kv_stored);
+
+/* ---- family.cu: the ops' variants beyond Llama's layer, a plain kernel each ---- */
+/* rmsnorm with (offset + w) weights (Gemma's 1 + w); out may be x. */
+void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset);
+/* out = gelu_tanh(gate) * up */
+void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count);
+/* x = cap * tanh(x / cap) in place */
+void llm_cuda_softcap(float *x, float cap, size_t count);
+/* The attention op with its parameters (scale, soft-cap, window) and a cache of ctx rows (a ring where positions
+ * pass it), a block of warps per (token, head). */
+bool llm_cuda_attention_params_fits(int head_dim);
+void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
+                               float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
+                               int head_dim, int ctx, const llm_attention_params *p, bool kv_stored);
 
 /* ---- step.cu: a one-token step's GEMVs and attentions as one persistent kernel ---- */
 enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION };

@@ -14,6 +14,7 @@
  * (scripts/cuda-timeline.py reads it).
  * Not here: what the ops compute (src/ops/ops.h). */
 #include <cublas_v2.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1079,9 +1080,47 @@ static void gemm(float *out, const float *x, const llm_weight *w, const llm_weig
 
 static bool op_usable(void) { return g.initialized && !g.failed; }
 
+static const char *const NOTE_NORM_OF_PRODUCT =
+    "rmsnorm of a product's output (q/k norm, post-attention or post-FFN norm): the product's epilogue (rope and the "
+    "KV store, residual add) is not fused; the norm runs as its own kernel";
+static const char *const NOTE_NORM_OFFSET =
+    "rmsnorm in the (1 + w) form (Gemma): its own kernel, not fused into the next product's prologue or with the "
+    "residual add before it";
+static const char *const NOTE_ROPE =
+    "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
+    "product's epilogue";
+static const char *const NOTE_ATTENTION =
+    "attention with a sliding window, a soft-cap or its own scale: its own kernel, a block a (token, head) (no "
+    "split-KV decode, no tensor-core prefill, not in the persistent step)";
+static const char *const NOTE_GELU = "glu with tanh-GELU (GeGLU): its own kernel, not the gate/up product's epilogue";
+static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
+
 /* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
  * measures the kernel-per-op step). */
 static bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs; }
+
+/* What a model's layers cost the fusions and the persistent step, said once each (stderr): a layer this device does
+ * not fuse runs its ops as kernels of their own, never silently slower. */
+#define NOTICES 16
+static const char *noticed[NOTICES];
+
+static void say_once(const char *what)
+{
+    int i = 0;
+    for (; i < NOTICES && noticed[i]; i++)
+        if (noticed[i] == what) return;
+    if (i < NOTICES) noticed[i] = what;
+    fprintf(stderr, "cuda: %s\n", what);
+}
+
+static const char *const NOTE_PERSIST =
+    "the persistent decode step runs in pieces, cut at each op named above (a launch a piece)";
+
+static void notice(const char *what)
+{
+    say_once(what);
+    if (recording()) say_once(NOTE_PERSIST);
+}
 
 /* A GEMV launched on its own. One whose rows go to shared host memory (the logits) writes a scratch buffer, and the
  * copy engine moves it: the GEMV's epilogue writes its rows one 4-byte store at a time, in pairs far apart, which over
@@ -1195,20 +1234,49 @@ static void flush_pending(void)
     issue_program();
 }
 
-static void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+static void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     if (!op_usable()) return;
     forget_split();
     flush_pending();
     written(out, (size_t)n * table->cols * sizeof(float));
-    llm_cuda_embed(out, table, tokens, n);
+    llm_cuda_embed(out, table, tokens, n, scale);
     after_op("embed");
 }
 
-static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps)
+/* Normalising what a pending product writes (q/k norms, post norms): the product cannot take its epilogue. */
+static bool norms_pending_output(const float *x)
+{
+    const pending_t *P = &g.pend;
+    if (P->kind != PEND_GEMV) return false;
+    for (int m = 0; m < P->job.n_mats; m++)
+        if (P->mats[m].out == x) return true;
+    return false;
+}
+
+/* Gemma's (1 + w) norm: a kernel of its own after everything before it. */
+static void rmsnorm_offset(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps,
+                           float offset)
+{
+    notice(NOTE_NORM_OFFSET);
+    if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
+    flush_pending();
+    size_t all = (size_t)n * dim * sizeof(float);
+    settle(x, all);
+    written(out, all);
+    llm_cuda_rmsnorm_offset(out, x, weight, n, dim, eps, offset);
+    after_op("rmsnorm");
+}
+
+static void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
 {
     if (!op_usable()) return;
     forget_split();
+    if (offset != 0.0f) {
+        rmsnorm_offset(out, x, weight, n, dim, eps, offset);
+        return;
+    }
+    if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
     pending_t *P = &g.pend;
     size_t all = (size_t)n * dim * sizeof(float);
     if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
@@ -1324,12 +1392,14 @@ static void op_matmul(float *out, const float *x, const llm_weight *w, const llm
 static void op_logits(float *out, const float *x, const llm_weight *w, int n) { product(out, x, w, NULL, n, true); }
 
 static void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq, int n, int n_heads,
-                    int n_kv_heads, int head_dim)
+                    int n_kv_heads, int head_dim, int rot_dim, float scale)
 {
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
-    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
+    bool whole = rot_dim == head_dim && scale == 1.0f;
+    if (!whole) notice(NOTE_ROPE);
+    if (g.fuse && whole && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
         P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
         P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
         head_dim % 2 == 0) {
@@ -1339,29 +1409,42 @@ static void op_rope(float *q, float *k, const int32_t *positions, const float *i
     }
     flush_pending();
     size_t q_count = (size_t)n * n_heads * head_dim, k_count = (size_t)n * n_kv_heads * head_dim;
+    if (rot_dim != head_dim) { /* the kernel leaves the rest of each head: it must hold the settled values */
+        settle(q, q_count * sizeof(float));
+        settle(k, k_count * sizeof(float));
+    }
     llm_cuda_src q_src = src_of(q, q_count), k_src = src_of(k, k_count);
     written(q, q_count * sizeof(float));
     written(k, k_count * sizeof(float));
-    llm_cuda_rope(q, k, q_src, k_src, positions, inv_freq, n, n_heads, n_kv_heads, head_dim);
+    llm_cuda_rope(q, k, q_src, k_src, positions, inv_freq, n, n_heads, n_kv_heads, head_dim, rot_dim, scale);
     after_op("rope");
 }
 
 static void op_attention(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
-                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx)
+                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                         const llm_attention_params *p)
 {
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first. */
-    if (g.fuse && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
+    /* The split-KV, tensor-core and persistent kernels compute Llama's attention: 1/sqrt(head_dim), no more. */
+    bool llama = p->window == 0 && p->softcap == 0.0f && p->scale == 1.0f / sqrtf((float)head_dim);
+    if (!llama && !llm_cuda_attention_params_fits(head_dim)) {
+        llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
+                      "(at most %d)", head_dim, 1024);
+        return;
+    }
+    /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first (Llama's
+     * attention only: a windowed layer's cache may be a ring, its row positions[0] % ctx). */
+    if (g.fuse && llama && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
         P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->job.positions == positions &&
         P->mats[1].w.rows == kv_dim) {
         P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
         stored = true;
     }
-    if (n == 1 && recording()) {
+    if (llama && n == 1 && recording()) {
         retire_pending(); /* the q/k/v GEMV joins the record before its attention */
         llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
         o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
@@ -1376,16 +1459,31 @@ static void op_attention(float *out, const float *q, const float *k, const float
     llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
     settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
     written(out, (size_t)n * n_heads * head_dim * sizeof(float));
-    llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
-                       stored);
+    if (!llama) {
+        notice(NOTE_ATTENTION);
+        llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
+                                  ctx, p, stored);
+    } else {
+        llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
+                           stored);
+    }
     after_op("attention");
 }
 
-static void op_swiglu(float *out, const float *gate, const float *up, size_t count)
+static void op_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
+    if (act != LLM_ACT_SILU) {
+        notice(NOTE_GELU);
+        flush_pending();
+        llm_cuda_src gate_src = src_of(gate, count), up_src = src_of(up, count);
+        written(out, count * sizeof(float));
+        llm_cuda_geglu(out, gate_src, up_src, count);
+        after_op("glu");
+        return;
+    }
     if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
         P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
         count == P->mats[0].w.rows) {
@@ -1433,6 +1531,18 @@ static void op_add(float *x, const float *y, size_t count)
     after_op("add");
 }
 
+static void op_softcap(float *x, float cap, size_t count)
+{
+    if (!op_usable()) return;
+    forget_split();
+    notice(NOTE_SOFTCAP);
+    flush_pending();
+    settle(x, count * sizeof(float));
+    written(x, count * sizeof(float));
+    llm_cuda_softcap(x, cap, count);
+    after_op("softcap");
+}
+
 static bool cuda_supports(llm_op op, llm_dtype dtype)
 {
     (void)op;
@@ -1440,7 +1550,7 @@ static bool cuda_supports(llm_op op, llm_dtype dtype)
 }
 
 static const llm_ops cuda_ops = {
-    op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_swiglu, op_add, op_logits,
+    op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
 };
 
 /* Positional: C++ has no designated initialisers before C++20. Order as in device.h. */

@@ -20,7 +20,7 @@ template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16
 /* A row's loads all in flight before its stores: one at a time, a decode step's lookup took 3.3 us
  * (docs/cuda-notes.md, version 84). */
 template <typename T>
-__global__ void embed_kernel(float *out, const T *table, const int32_t *tokens, int dim)
+__global__ void embed_kernel(float *out, const T *table, const int32_t *tokens, int dim, float scale)
 {
     constexpr int PER = 16; /* values per thread a round: 4,096 columns with 256 threads */
     const T *row = table + (size_t)tokens[blockIdx.x] * dim;
@@ -35,21 +35,21 @@ __global__ void embed_kernel(float *out, const T *table, const int32_t *tokens, 
 #pragma unroll
         for (int k = 0; k < PER; k++) {
             const int c = c0 + k * blockDim.x;
-            if (c < dim) o[c] = v[k];
+            if (c < dim) o[c] = v[k] * scale;
         }
     }
 }
 
-void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n)
+void llm_cuda_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     int dim = (int)table->cols;
     cudaStream_t s = llm_cuda.stream;
     if (table->dtype == LLM_DTYPE_F32)
-        embed_kernel<<<n, 256, 0, s>>>(out, (const float *)table->data, tokens, dim);
+        embed_kernel<<<n, 256, 0, s>>>(out, (const float *)table->data, tokens, dim, scale);
     else if (table->dtype == LLM_DTYPE_F16)
-        embed_kernel<<<n, 256, 0, s>>>(out, (const __half *)table->data, tokens, dim);
+        embed_kernel<<<n, 256, 0, s>>>(out, (const __half *)table->data, tokens, dim, scale);
     else
-        embed_kernel<<<n, 256, 0, s>>>(out, (const __nv_bfloat16 *)table->data, tokens, dim);
+        embed_kernel<<<n, 256, 0, s>>>(out, (const __nv_bfloat16 *)table->data, tokens, dim, scale);
     LLM_CUDA_LAUNCHED("embed");
 }
 
@@ -132,16 +132,17 @@ void llm_cuda_add_rmsnorm(float *out, float *x, llm_cuda_src y, const llm_weight
 
 /* One thread per (token, run of ROPE_HEADS heads, pair index j), over q's heads then k's. */
 __global__ void rope_kernel(float *q, float *k, llm_cuda_src q_src, llm_cuda_src k_src, const int32_t *positions,
-                            const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim)
+                            const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim, int rot_dim,
+                            float scale)
 {
-    int half = head_dim / 2, heads = n_heads + n_kv_heads, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
+    int half = rot_dim / 2, heads = n_heads + n_kv_heads, runs = (heads + ROPE_HEADS - 1) / ROPE_HEADS;
     size_t total = (size_t)n * runs * half;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         int j = (int)(idx % half);
         size_t tr = idx / half;
         int run = (int)(tr % runs), i = (int)(tr / runs);
         float angle = (float)positions[i] * inv_freq[j];
-        float c = cosf(angle), s = sinf(angle);
+        float c = cosf(angle) * scale, s = sinf(angle) * scale;
         int h_end = min(heads, (run + 1) * ROPE_HEADS);
         for (int h = run * ROPE_HEADS; h < h_end; h++) {
             bool is_q = h < n_heads;
@@ -156,12 +157,12 @@ __global__ void rope_kernel(float *q, float *k, llm_cuda_src q_src, llm_cuda_src
 }
 
 void llm_cuda_rope(float *q, float *k, llm_cuda_src q_src, llm_cuda_src k_src, const int32_t *positions,
-                   const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim)
+                   const float *inv_freq, int n, int n_heads, int n_kv_heads, int head_dim, int rot_dim, float scale)
 {
     int runs = (n_heads + n_kv_heads + ROPE_HEADS - 1) / ROPE_HEADS;
-    size_t total = (size_t)n * runs * (head_dim / 2);
+    size_t total = (size_t)n * runs * (rot_dim / 2);
     rope_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(q, k, q_src, k_src, positions, inv_freq, n, n_heads,
-                                                                   n_kv_heads, head_dim);
+                                                                   n_kv_heads, head_dim, rot_dim, scale);
     LLM_CUDA_LAUNCHED("rope");
 }
 

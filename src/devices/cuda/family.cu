@@ -1,0 +1,191 @@
+/* The cuda device's kernels for what some model families add to a Llama layer: rmsnorm in Gemma's (1 + w) form,
+ * the tanh-GELU gate, soft-capping, and attention with a scale of its own, a soft-cap or a sliding window. Each is a
+ * plain kernel per op, correct first: the fused and persistent paths (gemv.cu, attention.cu, step.cu) take Llama's
+ * shapes only, and device.cu says once which fusion a model loses to these. Not here: what the ops compute (ops.h). */
+#include "cuda_internal.h"
+
+static unsigned blocks_for(size_t count, int threads)
+{
+    size_t blocks = (count + (size_t)threads - 1) / (size_t)threads, cap = (size_t)llm_cuda.sm_count * 32;
+    return (unsigned)(blocks > cap ? cap : blocks ? blocks : 1);
+}
+
+#define NORM_THREADS 128
+
+/* One block per row: out = (offset + w) * (x * (1 / sqrt(mean(x^2) + eps))), the reference's order. */
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_offset_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps, float offset)
+{
+    __shared__ float red[NORM_THREADS / 32];
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *oi = out + (size_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < dim; c += NORM_THREADS) ss += xi[c] * xi[c];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    ss = 0.0f;
+    for (int i = 0; i < NORM_THREADS / 32; i++) ss += red[i];
+    const float scale = llm_cuda_rms_scale(ss, dim, eps);
+    __syncthreads(); /* out may be x: every thread has read its values before any is written */
+    for (int c = threadIdx.x; c < dim; c += NORM_THREADS)
+        oi[c] = (offset + llm_cuda_load(w, w_dtype, (size_t)c)) * (xi[c] * scale);
+}
+
+void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset)
+{
+    rmsnorm_offset_kernel<<<n, NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps, offset);
+    LLM_CUDA_LAUNCHED("rmsnorm");
+}
+
+__global__ void geglu_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float g = llm_cuda_src_at(gate, i);
+        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * llm_cuda_src_at(up, i);
+    }
+}
+
+void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
+{
+    geglu_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count);
+    LLM_CUDA_LAUNCHED("glu");
+}
+
+__global__ void softcap_kernel(float *x, float cap, size_t count)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+void llm_cuda_softcap(float *x, float cap, size_t count)
+{
+    softcap_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(x, cap, count);
+    LLM_CUDA_LAUNCHED("softcap");
+}
+
+/* k and v rows of this call at row positions[i] % ctx (a windowed layer's ring). */
+__global__ void kv_store_ring_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
+                                     const int32_t *positions, int n, int kv_dim, int ctx)
+{
+    const size_t total = (size_t)n * kv_dim, step = (size_t)gridDim.x * blockDim.x;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += step) {
+        size_t i = idx / kv_dim, c = idx % kv_dim, dst = (size_t)(positions[i] % ctx) * kv_dim + c;
+        k_cache[dst] = llm_cuda_src_at(k, idx);
+        v_cache[dst] = llm_cuda_src_at(v, idx);
+    }
+}
+
+#define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
+#define ATT_WARPS 8 /* warps a (token, head): each takes every ATT_WARPS-th run of ATT_ROWS rows */
+#define ATT_ROWS 4  /* rows a warp has in flight at once */
+
+/* One block per (token, head). Each warp runs an online softmax (running maximum and sum, the accumulator rescaled
+ * when the maximum grows) over its share of the visible rows, ATT_ROWS at a time so that their loads overlap; a lane
+ * holds head dimensions lane, lane + 32, ...; the warps' partial results are merged at the end. (One warp alone
+ * waiting on one row at a time took 0.7 ms a decode step's layer at a 512-row window.) */
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *positions, int n_heads, int n_kv_heads, int head_dim, int ctx, float scale,
+                        float softcap, int window)
+{
+    __shared__ float w_max[ATT_WARPS], w_den[ATT_WARPS];
+    __shared__ float w_acc[ATT_WARPS][32 * ATT_DIMS];
+    const int item = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int i = item / n_heads, h = item % n_heads, group = n_heads / n_kv_heads;
+    const size_t kv_dim = (size_t)n_kv_heads * head_dim, kv_off = (size_t)(h / group) * head_dim;
+    const float *qh = q + (size_t)item * head_dim;
+    const int len = positions[i] + 1, first = window > 0 && len > window ? len - window : 0;
+    float qv[ATT_DIMS], acc[ATT_DIMS];
+#pragma unroll
+    for (int r = 0; r < ATT_DIMS; r++) {
+        const int d = lane + 32 * r;
+        qv[r] = d < head_dim ? qh[d] : 0.0f;
+        acc[r] = 0.0f;
+    }
+    float max = -INFINITY, denom = 0.0f;
+    for (int t0 = first + warp * ATT_ROWS; t0 < len; t0 += ATT_WARPS * ATT_ROWS) {
+        float s[ATT_ROWS];
+        const float *kt[ATT_ROWS], *vt[ATT_ROWS];
+#pragma unroll
+        for (int u = 0; u < ATT_ROWS; u++) {
+            const int t = t0 + u < len ? t0 + u : t0; /* past the end: a row already counted, weighted 0 below */
+            const size_t row = (size_t)(t % ctx) * kv_dim + kv_off;
+            kt[u] = k_cache + row, vt[u] = v_cache + row;
+            s[u] = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < ATT_DIMS; r++) {
+            const int d = lane + 32 * r;
+            if (d < head_dim)
+#pragma unroll
+                for (int u = 0; u < ATT_ROWS; u++) s[u] += qv[r] * kt[u][d];
+        }
+        float block_max = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < ATT_ROWS; u++) {
+            for (int o = 16; o > 0; o >>= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            s[u] *= scale;
+            if (softcap > 0.0f) s[u] = softcap * tanhf(s[u] / softcap);
+            if (t0 + u >= len) s[u] = -INFINITY;
+            block_max = fmaxf(block_max, s[u]);
+        }
+        if (block_max > max) {
+            const float c = expf(max - block_max); /* 0 for the first rows */
+            denom *= c;
+#pragma unroll
+            for (int r = 0; r < ATT_DIMS; r++) acc[r] *= c;
+            max = block_max;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_ROWS; u++) {
+            const float p = expf(s[u] - max);
+            denom += p;
+#pragma unroll
+            for (int r = 0; r < ATT_DIMS; r++) {
+                const int d = lane + 32 * r;
+                if (d < head_dim) acc[r] += p * vt[u][d];
+            }
+        }
+    }
+    if (lane == 0) w_max[warp] = max, w_den[warp] = denom;
+#pragma unroll
+    for (int r = 0; r < ATT_DIMS; r++) {
+        const int d = lane + 32 * r;
+        if (d < head_dim) w_acc[warp][d] = acc[r];
+    }
+    __syncthreads();
+    float m = -INFINITY, den = 0.0f, f[ATT_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) m = fmaxf(m, w_max[w]);
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = w_den[w] > 0.0f ? expf(w_max[w] - m) : 0.0f; /* a warp without rows adds nothing */
+        den += w_den[w] * f[w];
+    }
+    float *oh = out + (size_t)item * head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += ATT_WARPS * 32) {
+        float o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_WARPS; w++) o += w_acc[w][d] * f[w];
+        oh[d] = o / den;
+    }
+}
+
+bool llm_cuda_attention_params_fits(int head_dim) { return head_dim <= 32 * ATT_DIMS; }
+
+void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
+                               float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
+                               int head_dim, int ctx, const llm_attention_params *p, bool kv_stored)
+{
+    int kv_dim = n_kv_heads * head_dim;
+    if (!kv_stored) {
+        size_t total = (size_t)n * kv_dim;
+        kv_store_ring_kernel<<<blocks_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n,
+                                                                                 kv_dim, ctx);
+        LLM_CUDA_LAUNCHED("attention");
+    }
+    attention_params_kernel<<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
+        out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
+    LLM_CUDA_LAUNCHED("attention");
+}

@@ -1,0 +1,48 @@
+/* What differs between model families, as data: the tensors a layer has and where its norms sit, the norm's form,
+ * q/k norms, fused projections, biases, the embedding scale and which layers slide when config.json does not list
+ * them. One row per supported architecture (arch.c); config.c reads the rest (scales, soft-caps, windows, rope) from
+ * config.json into llm_config, and forward.c runs whatever the two say. Nothing branches on a family's name. */
+#ifndef LLM_ARCH_H
+#define LLM_ARCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum {
+    LLM_QK_NORM_NONE,
+    LLM_QK_NORM_HEAD,  /* q and k normalised per head, a weight of head_dim (Qwen3, Gemma 3) */
+    LLM_QK_NORM_WHOLE, /* over the whole projection, weights of heads * head_dim and kv_heads * head_dim (OLMo 2) */
+} llm_qk_norm;
+
+/* Which layers use the sliding window when config.json has no layer_types. */
+typedef enum {
+    LLM_WINDOWS_ALL,        /* every layer (Mistral, Phi-3) */
+    LLM_WINDOWS_ALTERNATE,  /* layers 0, 2, 4, ... (Gemma 2) */
+    LLM_WINDOWS_PATTERN,    /* all but every sliding_window_pattern-th (Gemma 3: five of six) */
+    LLM_WINDOWS_FROM_LAYER, /* layers from max_window_layers on, and only with use_sliding_window (Qwen2, Qwen3) */
+} llm_window_rule;
+
+typedef struct {
+    const char *architecture;  /* config.json's architectures[0] */
+    const char *text_config;   /* the member holding the language model's config (a multimodal checkpoint), or NULL */
+    const char *defaults;      /* JSON object: values transformers assumes where that config leaves them out, or NULL */
+    const char *prefixes[2];   /* where the decoder's tensors are: "model." (tried in order; NULL ends) */
+    const char *lm_heads[2];   /* the head's tensor name, tried in order, when not tied */
+    /* A layer's norms by role, named under <prefix>layers.N.; NULL where the family has none. Llama's pre-FFN norm is
+     * called post_attention_layernorm, Gemma's post-attention norm too: roles, not names, decide the place. */
+    const char *attn_norm, *attn_post_norm, *ffn_norm, *ffn_post_norm;
+    float norm_offset;         /* 0: w * x^;  1: (1 + w) * x^ (Gemma) */
+    llm_qk_norm qk_norm;
+    bool fused_qkv;            /* one qkv_proj (q rows, k rows, v rows), split into views at load (Phi-3) */
+    bool fused_gate_up;        /* one gate_up_proj (gate rows, then up rows), split likewise */
+    bool qkv_bias;             /* q, k, v biased whatever attention_bias says (Qwen2) */
+    bool embed_scale;          /* embeddings times sqrt(hidden_size) in the weights' dtype (Gemma) */
+    llm_window_rule windows;
+} llm_family;
+
+/* The family of an architecture name, or NULL. */
+const llm_family *llm_family_find(const char *architecture);
+/* "LlamaForCausalLM, MistralForCausalLM, ...": every supported architecture, for error messages. */
+const char *llm_family_names(void);
+
+#endif
