@@ -153,7 +153,7 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
         if (strcmp(t->dtype_name, st_dtypes[i].name) == 0) bits = st_dtypes[i].bits;
     if (!bits) BAD("unknown dtype '%s'", t->dtype_name);
     e->align = bits >= 8 ? bits / 8 : 1;
-    for (llm_dtype d = 0; d < LLM_DTYPE_COUNT; d++)
+    for (llm_dtype d = 0; d < LLM_DTYPE_ELEMENT_COUNT; d++) /* block formats are made on load, never read */
         if (strcmp(t->dtype_name, llm_dtype_name(d)) == 0) t->supported = true, t->dtype = d;
 
     t->ndim = (int)json_array_size(sh);
