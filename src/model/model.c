@@ -52,6 +52,7 @@ static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, 
     w->dtype = m->quant;
     m->weight_bytes += bytes;
     m->quant_count++;
+    llm_st_release(m->st, t); /* the weights live once: as quantized */
     return 0;
 }
 
@@ -97,6 +98,7 @@ static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t row
     m->weight_bytes += t->nbytes;
     if (dev->weight_load) {
         if (dev->weight_load(w, t->data, t->dtype, rows, cols) != 0) goto device_error;
+        if (dev->host_memory && w->data != t->data) llm_st_release(m->st, t); /* copied: the weights live once */
     } else if (dev->host_memory) {
         w->data = (void *)t->data; /* points into the mapped checkpoint, which stays open */
     } else {

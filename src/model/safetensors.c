@@ -675,6 +675,20 @@ const llm_st_tensor *llm_st_at(const llm_st *st, size_t i) { return i < st->n_te
 
 size_t llm_st_mapped_bytes(const llm_st *st) { return st->held_bytes; }
 
+void llm_st_release(llm_st *st, const llm_st_tensor *t)
+{
+    if (!st || !t || !t->nbytes) return;
+    const st_entry *e = (const st_entry *)((const char *)t - offsetof(st_entry, t));
+    if (e < st->tensors || e >= st->tensors + st->n_tensors || e->copy) return;
+    const st_file *f = &st->files[e->file];
+    if (!f->mapped) return; /* decompressed into memory: nothing would bring it back */
+    /* The whole pages inside the tensor: a private read-only file mapping re-reads them from the file if touched. */
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)t->data, b = a + t->nbytes, ps = page > 0 ? (uintptr_t)page : 4096;
+    a = (a + ps - 1) / ps * ps, b = b / ps * ps;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 void llm_st_close(llm_st *st)
 {
     if (!st) return;
