@@ -12,9 +12,13 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "quant/quant.h"
+#include "devices/registry.h"
+#include "model/model.h"
 #include "ops/dtype.h"
+#include "ops/ref.h"
 #include "quant/quant_dot.h"
 #include "support/fixture_util.h"
 
@@ -314,6 +318,141 @@ static void test_products(void **state)
     assert_false(llm_quant_supported(best, LLM_QUANT_Q4_K, 96));
 }
 
+/* The blas device's matmul op on block-quantized weights (with a bias), against the reference op, within the
+ * activations' quantization bound; and what the cpu and blas devices claim to support. */
+static void test_device_matmul(void **state)
+{
+    (void)state;
+    const llm_device *blas = llm_device_find("blas"), *cpu = llm_device_find("cpu");
+    assert_non_null(cpu);
+    assert_true(cpu->supports(LLM_OP_MATMUL, LLM_DTYPE_Q4_0) && cpu->supports(LLM_OP_LOGITS, LLM_DTYPE_Q4_K));
+    assert_false(cpu->supports(LLM_OP_EMBED, LLM_DTYPE_Q8_0)); /* block formats only reach the products */
+    char why[256];
+    if (!blas || !blas->probe(why, sizeof why)) {
+        print_message("blas not supported here: skipped (not counted as a pass)\n");
+        skip();
+    }
+    char err[256] = "";
+    llm_device_options opt = {.threads = 2};
+    assert_int_equal(blas->init(&opt, err, sizeof err), 0);
+    enum { ROWS = 45, COLS = 512, N = 13 };
+    float *wf = malloc(ROWS * COLS * sizeof *wf), *x = malloc(N * COLS * sizeof *x), *bias = malloc(ROWS * sizeof *bias);
+    float *ref = malloc(N * ROWS * sizeof *ref), *got = malloc(N * ROWS * sizeof *got);
+    assert_true(wf && x && bias && ref && got);
+    rng_state = 99;
+    for (size_t i = 0; i < ROWS * COLS; i++) wf[i] = rng_unit() * 0.05f;
+    for (size_t i = 0; i < N * COLS; i++) x[i] = rng_unit();
+    for (size_t i = 0; i < ROWS; i++) bias[i] = rng_unit();
+    llm_weight b = {.data = bias, .dtype = LLM_DTYPE_F32, .rows = 1, .cols = ROWS};
+    for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_Q4_K; d++) {
+        assert_true(blas->supports(LLM_OP_MATMUL, d) && blas->supports(LLM_OP_LOGITS, d));
+        assert_false(blas->supports(LLM_OP_RMSNORM, d));
+        llm_weight w = {.dtype = d, .rows = ROWS, .cols = COLS};
+        w.data = malloc(llm_dtype_matrix_bytes(d, ROWS, COLS));
+        assert_non_null(w.data);
+        assert_int_equal(llm_quant_matrix(w.data, wf, LLM_DTYPE_F32, llm_quant_of_dtype(d), ROWS, COLS, 1), 0);
+        llm_ref_ops.matmul(ref, x, &w, &b, N);
+        blas->ops->matmul(got, x, &w, &b, N);
+        assert_int_equal(blas->sync(), 0);
+        /* half a step of the activations' grid (max|x| <= 1 here: at most 1/254) times sum |w| (<= 0.05 COLS),
+         * generously: the per-element bound is checked in test_products */
+        double worst = 0;
+        for (size_t i = 0; i < N * ROWS; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+        print_message("blas matmul %s %dx%d n=%d, bias: largest difference from the reference %.3g\n",
+                      llm_dtype_name(d), ROWS, COLS, N, worst);
+        assert_true(worst <= 0.05 * COLS / 254.0 * 1.01);
+        free(w.data);
+    }
+    blas->release();
+    free(wf), free(x), free(bias), free(ref), free(got);
+}
+
+/* models/tiny (4 layers, hidden 256, intermediate 688) quantized on load: which matrices, how many bytes, and how
+ * well its next-token choices agree with the stored BF16 weights over its own greedy text (expected.json's prompt
+ * and continuation). down_proj's 688 columns are not whole blocks: its four matrices stay BF16, and say so. */
+static void test_model_quantized(void **state)
+{
+    (void)state;
+    int32_t tokens[128];
+    int n = 0;
+    json_error_t je;
+    json_t *root = json_load_file("models/tiny/expected.json", 0, &je);
+    assert_non_null(root);
+    const char *keys[] = {"prompt_ids", "greedy"};
+    for (int k = 0; k < 2; k++) {
+        json_t *arr = json_object_get(root, keys[k]);
+        for (size_t i = 0; i < json_array_size(arr) && n < 128; i++)
+            tokens[n++] = (int32_t)json_integer_value(json_array_get(arr, i));
+    }
+    json_decref(root);
+    assert_true(n >= 40);
+    char err[1024] = "";
+    llm_model stored;
+    llm_load_options lo = {.device = "cpu"};
+    assert_int_equal(llm_model_load(&stored, "models/tiny", &lo, err, sizeof err), 0);
+    llm_state s;
+    const float *logits;
+    assert_int_equal(llm_state_init(&s, &stored, 0, 0, true, err, sizeof err), 0);
+    assert_int_equal(llm_forward(&stored, &s, tokens, n, 0, &logits, err, sizeof err), 0);
+    int vocab = stored.config.vocab_size;
+    float *ref = malloc((size_t)n * vocab * sizeof *ref);
+    assert_non_null(ref);
+    memcpy(ref, logits, (size_t)n * vocab * sizeof *ref);
+    llm_state_free(&s, &stored);
+    size_t stored_bytes = stored.weight_bytes;
+    llm_model_free(&stored);
+
+    const char *devices[] = {"cpu", "blas"};
+    for (size_t di = 0; di < 2; di++) {
+        const llm_device *dev = llm_device_find(devices[di]);
+        char why[256];
+        if (!dev || !dev->probe(why, sizeof why)) continue;
+        for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_Q4_K; d++) {
+            llm_model m;
+            llm_load_options q = {.device = devices[di], .threads = 2, .quant = d};
+            assert_int_equal(llm_model_load(&m, "models/tiny", &q, err, sizeof err), 0);
+            assert_int_equal(m.quant, d);
+            assert_int_equal(m.quant_count, 24); /* q, k, v, o, gate, up in 4 layers */
+            assert_int_equal(m.quant_kept, 4);   /* down_proj: 688 columns */
+            assert_int_equal(m.layers[0].q_proj.dtype, d);
+            assert_int_equal(m.layers[0].down_proj.dtype, LLM_DTYPE_BF16);
+            assert_int_equal(m.embed_tokens.dtype, LLM_DTYPE_BF16);
+            assert_true(m.weight_bytes < stored_bytes);
+            assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
+            assert_int_equal(llm_forward(&m, &s, tokens, n, 0, &logits, err, sizeof err), 0);
+            int agree = 0;
+            double kl = 0;
+            for (int i = 0; i < n; i++) {
+                const float *a = ref + (size_t)i * vocab, *b = logits + (size_t)i * vocab;
+                int ia = 0, ib = 0;
+                double ma = a[0], mb = b[0], za = 0, zb = 0, k = 0;
+                for (int v = 1; v < vocab; v++) {
+                    if (a[v] > a[ia]) ia = v;
+                    if (b[v] > b[ib]) ib = v;
+                    ma = fmax(ma, a[v]), mb = fmax(mb, b[v]);
+                }
+                for (int v = 0; v < vocab; v++) za += exp(a[v] - ma), zb += exp(b[v] - mb);
+                for (int v = 0; v < vocab; v++) {
+                    double pa = exp(a[v] - ma) / za;
+                    k += pa * ((a[v] - ma - log(za)) - (b[v] - mb - log(zb)));
+                }
+                agree += ia == ib;
+                kl += k / n;
+            }
+            double pct = 100.0 * agree / n;
+            print_message("%-4s %s: %zu -> %zu weight bytes; top-1 agreement with BF16 %d/%d (%.1f%%), KL %.3g nats\n",
+                          devices[di], llm_dtype_name(d), stored_bytes, m.weight_bytes, agree, n, pct, kl);
+            /* Issue 31's bars: 97 % for 8-bit (met: 100 % here), 85 % for 4-bit, which models/tiny does not meet
+             * on this text (68-75 %; 85-86 % on a Python snippet): a 3.4 M-parameter model with 256-wide rows has
+             * little redundancy to spare. The 4-bit floor only guards against a regression; the bar stays open. */
+            assert_true(pct >= (d == LLM_DTYPE_Q8_0 ? 97.0 : 60.0));
+            llm_state_free(&s, &m);
+            llm_model_free(&m);
+        }
+    }
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -322,6 +461,8 @@ int main(void)
         cmocka_unit_test(test_matrix_from_bf16),
         cmocka_unit_test(test_activation_bytes),
         cmocka_unit_test(test_products),
+        cmocka_unit_test(test_device_matmul),
+        cmocka_unit_test(test_model_quantized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -293,7 +293,7 @@ int llm_quant_matrix(void *dst, const void *src, llm_dtype dtype, llm_quant_type
 {
     const llm_quant_traits *q = llm_quant_traits_of(t);
     size_t row_bytes = llm_quant_matrix_bytes(t, 1, cols);
-    if (!q || !row_bytes || (unsigned)dtype >= LLM_DTYPE_COUNT) return -1;
+    if (!q || !row_bytes || (unsigned)dtype >= LLM_DTYPE_ELEMENT_COUNT) return -1;
     size_t esz = llm_dtype_size(dtype);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)

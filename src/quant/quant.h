@@ -60,6 +60,18 @@ typedef struct {
 } llm_quant_traits;
 
 const llm_quant_traits *llm_quant_traits_of(llm_quant_type t); /* NULL for an unknown type */
+
+/* The format of a block llm_dtype (LLM_QUANT_COUNT for an element type), and back (LLM_DTYPE_COUNT for Q8_K). */
+static inline llm_quant_type llm_quant_of_dtype(llm_dtype t)
+{
+    return t == LLM_DTYPE_Q8_0 ? LLM_QUANT_Q8_0 : t == LLM_DTYPE_Q4_0 ? LLM_QUANT_Q4_0
+         : t == LLM_DTYPE_Q4_K ? LLM_QUANT_Q4_K : LLM_QUANT_COUNT;
+}
+static inline llm_dtype llm_dtype_of_quant(llm_quant_type q)
+{
+    return q == LLM_QUANT_Q8_0 ? LLM_DTYPE_Q8_0 : q == LLM_QUANT_Q4_0 ? LLM_DTYPE_Q4_0
+         : q == LLM_QUANT_Q4_K ? LLM_DTYPE_Q4_K : LLM_DTYPE_COUNT;
+}
 int llm_quant_from_name(const char *name, llm_quant_type *t);  /* "q8_0", "Q4_K", ...; 0 on success */
 
 /* Bytes of a (rows, cols) matrix in format t: 0 when cols is not a multiple of the block or the size overflows. */
