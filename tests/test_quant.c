@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "quant/quant.h"
+#include "devices/host.h"
 #include "devices/registry.h"
 #include "model/model.h"
 #include "ops/dtype.h"
@@ -453,6 +454,46 @@ static void test_model_quantized(void **state)
     free(ref);
 }
 
+/* A device that cannot multiply quantized weights: with buffers of its own (a GPU's place) --quant is refused in
+ * one line naming the op and the format; with host buffers the op goes to the cpu reference, visibly. */
+static int fake_probe(char *why, size_t len) { (void)why, (void)len; return 1; }
+static int fake_init(const llm_device_options *o, char *err, size_t len) { (void)o, (void)err, (void)len; return 0; }
+static void fake_release(void) {}
+static void fake_describe(char *buf, size_t len) { snprintf(buf, len, "a test double"); }
+static bool fake_supports(llm_op op, llm_dtype d) { (void)op; return !llm_dtype_is_block(d); }
+static int fake_status(char *err, size_t len) { (void)err, (void)len; return 0; }
+static int fake_sync(void) { return 0; }
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    llm_device gpu = {.name = "fake-gpu", .kind = LLM_DEVICE_GPU, .host_memory = false, .probe = fake_probe,
+                      .init = fake_init, .release = fake_release, .describe = fake_describe,
+                      .alloc = llm_host_alloc, .free = llm_host_free, .upload = llm_host_upload,
+                      .download = llm_host_download, .sync = fake_sync, .status = fake_status,
+                      .memory = llm_host_memory, .supports = fake_supports, .ops = &llm_ref_ops};
+    llm_device host = gpu;
+    host.name = "fake-host", host.kind = LLM_DEVICE_CPU, host.host_memory = true;
+    char err[512] = "";
+    llm_runtime rt;
+    assert_int_equal(llm_runtime_open(&rt, &gpu, NULL, LLM_DTYPE_BF16, NULL, 0, NULL, err, sizeof err), 0);
+    assert_int_equal(llm_runtime_require(&rt, LLM_OP_MATMUL, LLM_DTYPE_Q4_0, NULL, err, sizeof err), -1);
+    assert_string_equal(err, "fake-gpu: matmul has no kernel for Q4_0 weights yet; --quant runs on blas and cpu");
+    llm_runtime_close(&rt);
+    assert_int_equal(llm_runtime_open(&rt, &host, NULL, LLM_DTYPE_BF16, NULL, 0, NULL, err, sizeof err), 0);
+    assert_false(rt.op_fallback[LLM_OP_MATMUL]);
+    assert_int_equal(llm_runtime_require(&rt, LLM_OP_MATMUL, LLM_DTYPE_Q4_K, NULL, err, sizeof err), 0);
+    assert_true(rt.op_fallback[LLM_OP_MATMUL]);
+    assert_ptr_equal(rt.op_device[LLM_OP_MATMUL], llm_device_find("cpu"));
+    llm_runtime_close(&rt);
+    /* the model loader refuses before placing any weight */
+    llm_model m;
+    llm_load_options lo = {.device_override = &gpu, .quant = LLM_DTYPE_Q8_0};
+    assert_int_equal(llm_model_load(&m, "models/tiny", &lo, err, sizeof err), -1);
+    print_message("%s\n", err);
+    assert_non_null(strstr(err, "fake-gpu: matmul has no kernel for Q8_0 weights yet"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -463,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_products),
         cmocka_unit_test(test_device_matmul),
         cmocka_unit_test(test_model_quantized),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
