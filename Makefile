@@ -19,7 +19,7 @@ CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_DEFAULT_SOURCE -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(PKG_CFLAGS)
 LDLIBS  += $(PKG_LIBS) -fopenmp -lm
 
-SRC     := $(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c)
+SRC     := $(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c src/quant/*.c)
 LIB_SRC := $(filter-out src/main.c,$(SRC))
 CU_SRC  := $(wildcard src/devices/cuda/*.cu)
 TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
@@ -103,3 +103,8 @@ clean:
 	rm -rf build
 
 -include $(shell find build -name '*.d' 2>/dev/null)
+
+# Lab programs (dev/): not part of `make test`.
+build/dev/bench_quant: dev/quant/bench_matmul.c $(OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(OBJ) $(LDLIBS)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -60,6 +61,17 @@ int llm_cli_max_threads(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return cpus > 0 && cpus < 1024 ? 4 * (int)cpus : 4096;
+}
+
+int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_len)
+{
+    for (llm_dtype d = LLM_DTYPE_ELEMENT_COUNT; d < LLM_DTYPE_COUNT; d++)
+        if (strcasecmp(text, llm_dtype_name(d)) == 0) {
+            *out = d;
+            return 0;
+        }
+    snprintf(err, err_len, "--quant '%s': expected q8_0, q4_0 or q4_k", text);
+    return -1;
 }
 
 int llm_cli_check_threads(int threads, const char *flag, char *err, size_t err_len)

@@ -3,6 +3,7 @@
 #ifndef LLM_CLI_H
 #define LLM_CLI_H
 
+#include "ops/dtype.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -40,6 +41,9 @@ int llm_cli_max_threads(void);
 int llm_cli_check_threads(int threads, const char *flag, char *err, size_t err_len);
 int llm_cli_check_count(long long value, const char *flag, long long min, long long max, const char *what, char *err,
                         size_t err_len);
+
+/* --quant TYPE: "q8_0", "q4_0" or "q4_k" (any case) to the block dtype; 0, or -1 with one line in err. */
+int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_len);
 
 /* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);

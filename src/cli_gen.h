@@ -19,8 +19,8 @@ typedef struct {
     struct arg_file *model_pos, *model_opt;
     struct arg_int *ctx, *batch, *top_k, *seed, *threads, *repeat_last_n;
     struct arg_dbl *temp, *top_p, *min_p, *repeat_penalty, *presence_penalty, *frequency_penalty;
-    struct arg_str *device, *op_device, *system, *stop;
-    struct arg_lit *ignore_eos, *special, *escape, *no_escape;
+    struct arg_str *device, *op_device, *system, *stop, *quant;
+    struct arg_lit *ignore_eos, *special, *escape, *no_escape, *quant_head;
 } llm_gen_flags;
 
 /* Creates the flags and appends them to table at *n (about 25 entries): the model's, then the command's own (n_own

@@ -36,9 +36,15 @@ typedef struct {
     const char *path;
     llm_config c;
     llm_weight_stats ws;
-    llm_dtype dtype;
+    llm_dtype dtype;      /* the layers' linears': as stored, or the --quant format */
     int batch, depth;
 } bench_model;
+
+/* All weights' bytes x 8 / parameters: 16 for BF16; about 4.9 for Q4_0 linears beside a BF16 embedding table. */
+static double bits_per_weight(const bench_model *bm)
+{
+    return bm->ws.params ? 8.0 * (double)bm->ws.total_bytes / (double)bm->ws.params : 0.0;
+}
 
 /* "128,512" -> {128, 512}. Returns the count, or -1 with err. */
 static int parse_list(const char *text, const char *flag, int min, int *out, char *err, size_t err_len)
@@ -113,8 +119,8 @@ static void print_markdown(const bench_model *bm, const bench_row *rows, int n_r
             else
                 fprintf(out, "peak bandwidth not measured\n");
         }
-    fprintf(out, "\n| model | params | dtype | device | threads | test | t/s | median t/s | GB/s | %% peak BW |\n"
-            "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+    fprintf(out, "\n| model | params | dtype | device | threads | test | t/s | median t/s | GB/s | %% peak BW | bits/w |\n"
+            "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
     const char *name = strrchr(bm->path, '/') && strrchr(bm->path, '/')[1] ? strrchr(bm->path, '/') + 1 : bm->path;
     for (int i = 0; i < n_rows; i++) {
         const bench_row *r = &rows[i];
@@ -124,8 +130,9 @@ static void print_markdown(const bench_model *bm, const bench_row *rows, int n_r
             if (r->peak_gbs > 0) snprintf(pct, sizeof pct, "%.1f", pct_peak(r));
         }
         if (r->threads) snprintf(threads, sizeof threads, "%d", r->threads);
-        fprintf(out, "| %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %.2f | %s | %s |\n", name, params,
-                llm_dtype_name(bm->dtype), r->device, threads, r->test, r->mean, r->sd, r->median, gbs, pct);
+        fprintf(out, "| %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %.2f | %s | %s | %.2f |\n", name, params,
+                llm_dtype_name(bm->dtype), r->device, threads, r->test, r->mean, r->sd, r->median, gbs, pct,
+                bits_per_weight(bm));
     }
     fprintf(out, "\npp: a prompt from an empty cache in batches of %d. tg: single-token steps%s. "
             "GB/s: weights and KV cache read per step x tokens/s.\n", bm->batch,
@@ -140,7 +147,7 @@ static json_t *row_json(const bench_model *bm, const bench_row *r)
     bool tg = r->n_gen > 0;
     return json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:i, s:i, s:i, s:f, s:f, "
-        "s:f, s:o, s:o, s:o, s:o, s:o}",
+        "s:f, s:o, s:o, s:o, s:o, s:o, s:f}",
         "model", bm->path, "architecture", bm->c.architecture, "layers", bm->c.num_hidden_layers, "hidden",
         bm->c.hidden_size, "heads", bm->c.num_attention_heads, "kv_heads", bm->c.num_key_value_heads, "vocab",
         bm->c.vocab_size, "params", (json_int_t)bm->ws.params, "weight_bytes", (json_int_t)bm->ws.total_bytes,
@@ -150,7 +157,8 @@ static json_t *row_json(const bench_model *bm, const bench_row *r)
         tg ? json_real(r->bytes_per_token) : json_null(), "gb_per_s",
         tg ? json_real(row_gbs(r)) : json_null(), "peak_gb_per_s",
         r->peak_gbs > 0 ? json_real(r->peak_gbs) : json_null(), "pct_peak_bandwidth",
-        tg && r->peak_gbs > 0 ? json_real(pct_peak(r)) : json_null(), "samples_ts", samples);
+        tg && r->peak_gbs > 0 ? json_real(pct_peak(r)) : json_null(), "samples_ts", samples, "bits_per_weight",
+        bits_per_weight(bm));
 }
 
 static int print_json(const bench_model *bm, const bench_row *rows, int n_rows, FILE *out)
@@ -182,7 +190,7 @@ static void print_csv(const bench_model *bm, const bench_row *rows, int n_rows, 
 {
     fprintf(out, "model,architecture,layers,hidden,heads,kv_heads,vocab,params,weight_bytes,dtype,device,"
             "device_describe,threads,batch,test,n_prompt,n_gen,depth,reps,avg_ts,stddev_ts,median_ts,"
-            "bytes_per_token,gb_per_s,peak_gb_per_s,pct_peak_bandwidth,samples_ts\n");
+            "bytes_per_token,gb_per_s,peak_gb_per_s,pct_peak_bandwidth,samples_ts,bits_per_weight\n");
     for (int i = 0; i < n_rows; i++) {
         const bench_row *r = &rows[i];
         csv_str(out, bm->path, ",");
@@ -206,7 +214,7 @@ static void print_csv(const bench_model *bm, const bench_row *rows, int n_rows, 
         if (r->n_gen && r->peak_gbs > 0) fprintf(out, "%.6g", pct_peak(r));
         fprintf(out, ",\"");
         for (int k = 0; k < r->reps; k++) fprintf(out, "%s%.6g", k ? ";" : "", r->samples[k]);
-        fprintf(out, "\"\n");
+        fprintf(out, "\",%.4g\n", bits_per_weight(bm));
     }
 }
 
@@ -304,8 +312,12 @@ int llm_cmd_bench(int argc, char **argv)
     struct arg_str *threads = arg_str0("t", "threads", "N[,N]", "CPU threads (default: the device's)");
     struct arg_str *format = arg_str0("o", "output", "md|csv|json", "output format (default md)");
     struct arg_int *seed = arg_int0("s", "seed", "N", "seed of the synthetic token ids (default 1)");
+    struct arg_str *quant = arg_str0(NULL, "quant", "TYPE", "quantize the layers' linear weights on load: q8_0, "
+                                     "q4_0, q4_k (blas, cpu)");
+    struct arg_lit *quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied)");
     struct arg_end *end = arg_end(8);
-    void *table[] = {help, model_pos, model_opt, pp, tg, depth, reps, batch, device, threads, format, seed, end};
+    void *table[] = {help, model_pos, model_opt, pp, tg, depth, reps, batch, device, threads, format, seed, quant,
+                     quant_head, end};
 
     int rc = 1;
     char err[1024] = "";
@@ -352,6 +364,8 @@ int llm_cmd_bench(int argc, char **argv)
         snprintf(err, sizeof err, "bench: nothing to time (-p and -n are both 0)");
         goto fail;
     }
+    llm_dtype quant_dtype = LLM_DTYPE_F32; /* not a block format: weights as stored */
+    if (quant->count && llm_cli_parse_quant(quant->sval[0], &quant_dtype, err, sizeof err)) goto fail;
     const char *fmt = format->count ? format->sval[0] : "md";
     if (strcmp(fmt, "md") && strcmp(fmt, "csv") && strcmp(fmt, "json")) {
         snprintf(err, sizeof err, "-o %s: expected md, csv or json", fmt);
@@ -372,10 +386,11 @@ int llm_cmd_bench(int argc, char **argv)
             goto fail;
         }
         for (int t = 0; t < n_threads; t++) {
-            llm_load_options lo = {.device = name, .threads = thread_list[t], .log = stderr};
+            llm_load_options lo = {.device = name, .threads = thread_list[t], .log = stderr, .quant = quant_dtype,
+                                   .quant_head = quant_head->count > 0};
             if (llm_model_load(&m, path, &lo, err, sizeof err)) goto fail;
             bm.c = m.config;
-            bm.dtype = m.weight_dtype;
+            bm.dtype = m.quant;
             llm_profile_weight_stats(&m, &bm.ws);
             bench_row *grown = realloc(rows, (size_t)(n_rows + plan.n_p + plan.n_n) * sizeof *rows);
             if (!grown) {

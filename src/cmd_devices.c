@@ -16,7 +16,7 @@ static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024
 /* "embed rmsnorm matmul(F32 only) ..." and "-> cpu reference: ..." for the rest. */
 static void print_ops(FILE *out, const llm_device *dev)
 {
-    const unsigned all = (1u << LLM_DTYPE_COUNT) - 1;
+    const unsigned all = (1u << LLM_DTYPE_ELEMENT_COUNT) - 1, blocks = ((1u << LLM_DTYPE_COUNT) - 1) & ~all;
     char missing[256] = "";
     size_t used = 0;
     fprintf(out, "  native ops (F32, F16 and BF16 weights unless noted):");
@@ -32,11 +32,17 @@ static void print_ops(FILE *out, const llm_device *dev)
         }
         n_native++;
         fprintf(out, " %s", llm_op_name((llm_op)op));
-        if (mask != all) { /* differs by dtype: say for which */
+        if ((mask & all) != all) { /* differs by dtype: say for which */
             fprintf(out, "(");
-            for (int d = 0, first = 1; d < LLM_DTYPE_COUNT; d++)
+            for (int d = 0, first = 1; d < LLM_DTYPE_ELEMENT_COUNT; d++)
                 if (mask & 1u << d) fprintf(out, "%s%s", first ? "" : ",", llm_dtype_name((llm_dtype)d)), first = 0;
             fprintf(out, " weights)");
+        }
+        if (mask & blocks) { /* the quantized formats it multiplies natively (--quant) */
+            fprintf(out, "(+");
+            for (int d = LLM_DTYPE_ELEMENT_COUNT, first = 1; d < LLM_DTYPE_COUNT; d++)
+                if (mask & 1u << d) fprintf(out, "%s%s", first ? "" : ",", llm_dtype_name((llm_dtype)d)), first = 0;
+            fprintf(out, ")");
         }
     }
     fprintf(out, "%s\n", n_native ? "" : " none");

@@ -293,7 +293,10 @@ int llm_compare_run(llm_model *ref, llm_model *dev, const int32_t *tokens, int n
 
     res->logits_rel = rel_of(res->logits);
     res->kl_mean = res->positions ? kl_sum / res->positions : 0.0;
-    res->pass = res->logits_rel <= opt->tol; /* false for NaN */
+    if (opt->min_top1 > 0)
+        res->pass = res->positions > 0 && 100.0 * res->top1_agree / res->positions >= opt->min_top1;
+    else
+        res->pass = res->logits_rel <= opt->tol; /* false for NaN */
     rc = 0;
     goto done;
 
@@ -363,8 +366,13 @@ void llm_compare_print(const llm_compare_result *res, const llm_compare_options 
             fprintf(out, "; token %d differs: ref %d, dev %d", res->greedy_agree, res->greedy_ref, res->greedy_dev);
         fprintf(out, "\n");
     }
-    fprintf(out, "%s: max rel logit error %.3g %s tol %.3g\n", res->pass ? "PASS" : "FAIL", res->logits_rel,
-            res->pass ? "<=" : "exceeds", opt->tol);
+    if (opt->min_top1 > 0)
+        fprintf(out, "%s: top-1 agreement %.1f%% %s %.1f%%\n", res->pass ? "PASS" : "FAIL",
+                res->positions ? 100.0 * res->top1_agree / res->positions : 0.0, res->pass ? ">=" : "below",
+                opt->min_top1);
+    else
+        fprintf(out, "%s: max rel logit error %.3g %s tol %.3g\n", res->pass ? "PASS" : "FAIL", res->logits_rel,
+                res->pass ? "<=" : "exceeds", opt->tol);
 }
 
 void llm_compare_synthetic_tokens(uint64_t seed, int vocab, int n, int32_t *out)

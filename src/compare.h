@@ -16,6 +16,8 @@ typedef struct {
     double tol;       /* pass when max |logit_dev - logit_ref| / max |logit_ref| over all compared positions <= tol */
     double trace_tol; /* a traced buffer diverges at a position when the same ratio, over that position's row,
                          exceeds this */
+    double min_top1;  /* > 0: pass on top-1 agreement instead, at least this percent of positions (--quant, where
+                         the logits differ by the quantization error by design) */
 } llm_compare_options;
 
 #define LLM_COMPARE_MAX_POINTS 24

@@ -71,7 +71,7 @@ llm_op_cost llm_profile_cost_matmul(size_t rows, size_t cols, llm_dtype w_dtype,
                                     int n)
 {
     double r = (double)rows, c = (double)cols, tok = (double)n;
-    double bytes = r * c * (double)llm_dtype_size(w_dtype) + tok * c * F32 + tok * r * F32;
+    double bytes = r * (double)llm_dtype_row_bytes(w_dtype, cols) + tok * c * F32 + tok * r * F32;
     double flops = 2.0 * tok * r * c;
     if (bias) {
         bytes += r * (double)llm_dtype_size(bias_dtype);
@@ -293,7 +293,7 @@ void llm_profile_step_end(llm_profile *p)
 static void add_weight(llm_weight_stats *ws, const llm_weight *w)
 {
     if (!w->data) return;
-    size_t n = w->rows * w->cols, bytes = n * llm_dtype_size(w->dtype);
+    size_t n = w->rows * w->cols, bytes = llm_dtype_matrix_bytes(w->dtype, w->rows, w->cols);
     ws->bytes[w->dtype] += bytes;
     ws->total_bytes += bytes;
     ws->params += n;
@@ -465,7 +465,7 @@ void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state
         first = false;
     }
     fmt_si((double)r.ws.params, "", a, sizeof a);
-    fprintf(out, "; %s parameters, as stored)\n", a);
+    fprintf(out, "; %s parameters, %s)\n", a, m->quant_count ? "the layers' linears quantized on load" : "as stored");
     fmt_si((double)r.kv, "B", a, sizeof a);
     int windowed = 0;
     for (int l = 0; s && s->window && l < m->config.num_hidden_layers; l++) windowed += m->config.layer_sliding[l];

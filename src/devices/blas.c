@@ -3,6 +3,7 @@
  * vectorised dot product per row; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
  * (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports (LLM_BLAS_KERNELS=avx2|portable
  * forces a narrower set, for tests). Threads: -t, else one per physical core. Not here: the reference (ref.c). */
+#include <assert.h>
 #include <cblas.h>
 #include <cpuid.h>
 #include <immintrin.h>
@@ -14,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "host.h"
+#include "../quant/quant_dot.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Kernels: one row or one vector at a time; the ops below split work between threads and call these.
@@ -378,10 +380,23 @@ static size_t scratch_floats;
 /* Elements of work below which a parallel region costs more than it saves (~2 us to wake the threads). */
 #define PAR_MIN 32768
 
+/* The products with block-quantized weights (src/quant/): kernels chosen by cpuid, or narrowed by
+ * LLM_BLAS_KERNELS as the ones above. */
+static const llm_quant_kernels *QK;
+
+static const llm_quant_kernels *pick_quant_kernels(void)
+{
+    const char *want = getenv("LLM_BLAS_KERNELS");
+    const llm_quant_kernels *k = NULL;
+    if (want && strcmp(want, "portable") == 0) k = llm_quant_kernels_pick("portable");
+    else if (want && strcmp(want, "avx2") == 0) k = llm_quant_kernels_pick("avx2");
+    return k ? k : llm_quant_kernels_pick(NULL);
+}
+
 static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
-    if (blas_users == 0) K = pick_kernels();
+    if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels();
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
         float *bigger = llm_host_alloc(want * sizeof(float));
@@ -411,8 +426,9 @@ static void blas_release(void)
 static void blas_describe(char *buf, size_t len)
 {
     int cores = llm_host_physical_cores();
-    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels, %s", blas_threads, blas_threads == 1 ? "" : "s",
-             cores, cores == 1 ? "" : "s", K->name, openblas_get_config());
+    const llm_quant_kernels *q = QK ? QK : pick_quant_kernels();
+    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels (%s for quantized weights), %s", blas_threads,
+             blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name, q->name, openblas_get_config());
 }
 
 /* Weights. Decode reads every matrix once per token, and with 4 KiB pages the TLB misses of that stream cost
@@ -573,9 +589,25 @@ static bool matmul_gemm(float *out, const float *x, const llm_weight *w, int n)
     return true;
 }
 
+/* Block-quantized weights: activations quantized to 8 bits a block (into the scratch, as many positions at a time
+ * as it holds), integer dot products (quant_dot.h). */
+static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
+{
+    llm_quant_type t = llm_quant_of_dtype(w->dtype);
+    size_t rows = w->rows, cols = w->cols, per = llm_quant_scratch_bytes(t, cols, 1);
+    size_t chunk = per ? scratch_floats * sizeof(float) / per : 0;
+    assert(chunk > 0); /* 4 MiB a thread holds a position of 3 million columns */
+    for (size_t i = 0; i < (size_t)n; i += chunk) {
+        size_t m = (size_t)n - i < chunk ? (size_t)n - i : chunk;
+        llm_quant_matmul(QK, out + i * rows, x + i * cols, w->data, t, rows, cols, m, scratch, blas_threads);
+    }
+}
+
 static void blas_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
-    if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
+    if (llm_dtype_is_block(w->dtype)) {
+        matmul_quant(out, x, w, n);
+    } else if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
         matmul_rows(out, x, w, bias, n);
         return;
     }
@@ -728,8 +760,9 @@ static void blas_add(float *x, const float *y, size_t count)
 
 static bool blas_supports(llm_op op, llm_dtype dtype)
 {
-    (void)op;
-    return dtype < LLM_DTYPE_COUNT;
+    if (!llm_dtype_is_block(dtype)) return dtype < LLM_DTYPE_COUNT;
+    const llm_quant_kernels *k = QK ? QK : pick_quant_kernels(); /* asked before init by `llm-run devices` */
+    return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS) && k->tile[llm_quant_of_dtype(dtype)] != NULL;
 }
 
 static const llm_ops blas_ops = {

@@ -17,8 +17,8 @@ static void cpu_describe(char *buf, size_t len) { snprintf(buf, len, "reference 
 
 static bool cpu_supports(llm_op op, llm_dtype dtype)
 {
-    (void)op, (void)dtype;
-    return true;
+    /* block formats (--quant) only reach the products; the reference dequantizes them exactly */
+    return !llm_dtype_is_block(dtype) || op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
 }
 
 static double cpu_measure_bandwidth(void) { return llm_host_measure_bandwidth(1); }

@@ -6,9 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
+#include "../devices/host.h"
 #include "../devices/registry.h"
+#include "../quant/quant.h"
 
 void llm_model_dir(const char *path, char *dir, size_t len)
 {
@@ -24,9 +27,39 @@ void llm_model_dir(const char *path, char *dir, size_t len)
         snprintf(dir, len, "%.*s", (int)(slash - path) > 0 ? (int)(slash - path) : 1, path);
 }
 
-/* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device. */
+/* The checkpoint's matrix t quantized to m->quant into host memory the model owns (freed by free_weight), advised
+ * for transparent huge pages as the blas device's own copies are. The device computes on it in place. */
+static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, char *err,
+                           size_t err_len)
+{
+    size_t bytes = llm_dtype_matrix_bytes(m->quant, w->rows, w->cols), huge = (size_t)2 << 20;
+    void *q = NULL;
+    if (posix_memalign(&q, bytes >= huge ? huge : 64, bytes ? bytes : 1) != 0) q = NULL;
+    if (!q) {
+        snprintf(err, err_len, "%s: out of memory quantizing tensor '%s' to %s (%zu bytes)", t->file, name,
+                 llm_dtype_name(m->quant), bytes);
+        return -1;
+    }
+    if (bytes >= huge) madvise(q, bytes, MADV_HUGEPAGE);
+    if (llm_quant_matrix(q, t->data, t->dtype, llm_quant_of_dtype(m->quant), w->rows, w->cols,
+                         llm_host_physical_cores()) != 0) {
+        free(q);
+        snprintf(err, err_len, "%s: cannot quantize tensor '%s' to %s: out of memory", t->file, name,
+                 llm_dtype_name(m->quant));
+        return -1;
+    }
+    w->data = q;
+    w->dtype = m->quant;
+    m->weight_bytes += bytes;
+    m->quant_count++;
+    llm_st_release(m->st, t); /* the weights live once: as quantized */
+    return 0;
+}
+
+/* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device;
+ * a linear weight (`linear`) is quantized to m->quant when that is a block format. */
 static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
-                       char *err, size_t err_len)
+                       bool linear, char *err, size_t err_len)
 {
     const llm_st_tensor *t = llm_st_find(m->st, name);
     if (!t) {
@@ -58,9 +91,14 @@ static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t row
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
+    if (linear && llm_dtype_is_block(m->quant)) {
+        if (cols % llm_dtype_block(m->quant) == 0) return quantize_weight(m, w, t, name, err, err_len);
+        m->quant_kept++;
+    }
     m->weight_bytes += t->nbytes;
     if (dev->weight_load) {
         if (dev->weight_load(w, t->data, t->dtype, rows, cols) != 0) goto device_error;
+        if (dev->host_memory && w->data != t->data) llm_st_release(m->st, t); /* copied: the weights live once */
     } else if (dev->host_memory) {
         w->data = (void *)t->data; /* points into the mapped checkpoint, which stays open */
     } else {
@@ -100,7 +138,7 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
 static llm_weight view_rows(const llm_weight *w, size_t first, size_t rows)
 {
     llm_weight v = *w;
-    v.data = (char *)w->data + first * w->cols * llm_dtype_size(w->dtype);
+    v.data = (char *)w->data + first * llm_dtype_row_bytes(w->dtype, w->cols);
     v.rows = rows;
     return v;
 }
@@ -109,6 +147,11 @@ static llm_weight view_rows(const llm_weight *w, size_t first, size_t rows)
 static void free_weight(const llm_model *m, llm_weight *w)
 {
     if (!w->data || (w == &m->lm_head && m->config.tie_word_embeddings)) return;
+    if (llm_dtype_is_block(w->dtype)) { /* quantized on load into the model's own memory */
+        free(w->data);
+        w->data = NULL;
+        return;
+    }
     const llm_device *dev = m->rt.dev;
     if (dev->weight_free)
         dev->weight_free(w);
@@ -129,13 +172,14 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
 #define LOAD(field, suffix, rows, cols, why)                                                                        \
     do {                                                                                                            \
         snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, l, suffix);                                        \
-        if (load_weight(m, &L->field, name, rows, cols, why, err, err_len)) return -1;                              \
+        if (load_weight(m, &L->field, name, rows, cols, why, strstr(suffix, "_proj.weight") != NULL, err, err_len)) \
+            return -1;                                                                                              \
     } while (0)
 #define NORM(field, tensor)                                                                                         \
     do {                                                                                                            \
         if (!(tensor)) break;                                                                                       \
         snprintf(name, sizeof name, "%slayers.%d.%s.weight", m->prefix, l, tensor);                                 \
-        if (load_weight(m, &L->field, name, 0, hidden, "hidden_size", err, err_len)) return -1;                     \
+        if (load_weight(m, &L->field, name, 0, hidden, "hidden_size", false, err, err_len)) return -1;              \
     } while (0)
     NORM(attn_norm, f->attn_norm);
     if (f->fused_qkv) {
@@ -272,6 +316,19 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     if (llm_runtime_open(&m->rt, dev, &dev_opt, m->weight_dtype, opt ? opt->pins : NULL, opt ? opt->n_pins : 0,
                          opt ? opt->log : NULL, err, err_len))
         goto fail;
+    /* --quant: the products see block formats; the head only when it is its own tensor. */
+    m->quant = opt && llm_dtype_is_block(opt->quant) ? opt->quant : m->weight_dtype;
+    bool quant_head = llm_dtype_is_block(m->quant) && opt->quant_head && !c->tie_word_embeddings;
+    if (llm_dtype_is_block(m->quant)) {
+        if (!dev->host_memory) {
+            snprintf(err, err_len, "%s: matmul has no kernel for %s weights yet; --quant runs on blas and cpu",
+                     dev->name, llm_dtype_name(m->quant));
+            goto fail;
+        }
+        if (llm_runtime_require(&m->rt, LLM_OP_MATMUL, m->quant, opt->log, err, err_len) ||
+            (quant_head && llm_runtime_require(&m->rt, LLM_OP_LOGITS, m->quant, opt->log, err, err_len)))
+            goto fail;
+    }
 
     /* The weights' bytes, reported a layer at a time against every tensor in the checkpoint. */
     char placing[96];
@@ -280,7 +337,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     for (size_t i = 0; i < llm_st_count(m->st); i++) all_bytes += llm_st_at(m->st, i)->nbytes;
     if (progress) progress(progress_user, placing, 0, all_bytes);
     size_t hidden = (size_t)c->hidden_size, vocab = (size_t)c->vocab_size;
-    if (load_weight(m, &m->embed_tokens, embed_name, vocab, hidden, "vocab_size, hidden_size", err, err_len))
+    if (load_weight(m, &m->embed_tokens, embed_name, vocab, hidden, "vocab_size, hidden_size", false, err, err_len))
         goto fail;
     m->embed_scale = embed_scale(c, m->weight_dtype);
     m->attn_scale = attention_scale(c);
@@ -298,13 +355,21 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     }
     char norm_name[64];
     snprintf(norm_name, sizeof norm_name, "%snorm.weight", m->prefix);
-    if (load_weight(m, &m->norm, norm_name, 0, hidden, "hidden_size", err, err_len)) goto fail;
+    if (load_weight(m, &m->norm, norm_name, 0, hidden, "hidden_size", false, err, err_len)) goto fail;
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed_tokens;
     } else {
         const char *head = f->lm_heads[0];
         if (f->lm_heads[1] && !llm_st_find(m->st, head)) head = f->lm_heads[1];
-        if (load_weight(m, &m->lm_head, head, vocab, hidden, "vocab_size, hidden_size", err, err_len)) goto fail;
+        if (load_weight(m, &m->lm_head, head, vocab, hidden, "vocab_size, hidden_size", quant_head, err, err_len))
+            goto fail;
+    }
+    if (llm_dtype_is_block(m->quant) && opt && opt->log) {
+        fprintf(opt->log, "quant: %s for the layers' linears (%d matrices%s)", llm_dtype_name(m->quant), m->quant_count,
+                quant_head ? " with the LM head" : "");
+        if (m->quant_kept) fprintf(opt->log, ", %d kept as stored (columns not whole blocks)", m->quant_kept);
+        fprintf(opt->log, "; embeddings%s %s as stored\n", quant_head ? "" : c->tie_word_embeddings ? " (= the head)" : " and head",
+                llm_dtype_name(m->weight_dtype));
     }
 
     if (!(m->inv_freq = upload_inv_freq(m, LLM_ROPE_TABLE_GLOBAL, err, err_len))) goto fail;

@@ -54,7 +54,10 @@ typedef struct llm_model {
     float rope_scale;        /* multiplies the rotary cos and sin: 1, or LongRoPE's attention factor */
     char prefix[32];         /* where the decoder's tensors are: "model.", "language_model.model." */
     llm_dtype weight_dtype;  /* dtype of the matrices (the embedding table's) */
-    size_t weight_bytes;     /* bytes of all weights as stored */
+    size_t weight_bytes;     /* bytes of all weights as held: as stored, or as quantized on load */
+    llm_dtype quant;         /* the block format the layers' linears were quantized to on load; or weight_dtype */
+    int quant_count;         /* matrices quantized on load (owned by the model: host memory) */
+    int quant_kept;          /* linears left as stored: columns not a whole number of blocks */
     char dir[4096];          /* folder holding config.json and the tokenizer */
     llm_trace_fn trace;
     void *trace_user;
@@ -69,6 +72,11 @@ typedef struct {
     const llm_device *device_override; /* when not NULL, this device instead of `device` (tests, llm-run compare) */
     llm_progress_fn progress;          /* decompression and placing the weights reported here; NULL = quiet */
     void *progress_user;
+    /* A block format (LLM_DTYPE_Q8_0, Q4_0, Q4_K): the layers' linear weights (q, k, v, o, gate, up, down) are
+     * quantized to it on load, from F32, F16 or BF16; with quant_head an untied LM head too. Any element type
+     * (the zero value F32 included): weights as stored. Only devices whose buffers are host memory (cpu, blas). */
+    llm_dtype quant;
+    bool quant_head;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */

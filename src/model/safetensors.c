@@ -153,7 +153,7 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
         if (strcmp(t->dtype_name, st_dtypes[i].name) == 0) bits = st_dtypes[i].bits;
     if (!bits) BAD("unknown dtype '%s'", t->dtype_name);
     e->align = bits >= 8 ? bits / 8 : 1;
-    for (llm_dtype d = 0; d < LLM_DTYPE_COUNT; d++)
+    for (llm_dtype d = 0; d < LLM_DTYPE_ELEMENT_COUNT; d++) /* block formats are made on load, never read */
         if (strcmp(t->dtype_name, llm_dtype_name(d)) == 0) t->supported = true, t->dtype = d;
 
     t->ndim = (int)json_array_size(sh);
@@ -674,6 +674,20 @@ size_t llm_st_count(const llm_st *st) { return st->n_tensors; }
 const llm_st_tensor *llm_st_at(const llm_st *st, size_t i) { return i < st->n_tensors ? &st->tensors[i].t : NULL; }
 
 size_t llm_st_mapped_bytes(const llm_st *st) { return st->held_bytes; }
+
+void llm_st_release(llm_st *st, const llm_st_tensor *t)
+{
+    if (!st || !t || !t->nbytes) return;
+    const st_entry *e = (const st_entry *)((const char *)t - offsetof(st_entry, t));
+    if (e < st->tensors || e >= st->tensors + st->n_tensors || e->copy) return;
+    const st_file *f = &st->files[e->file];
+    if (!f->mapped) return; /* decompressed into memory: nothing would bring it back */
+    /* The whole pages inside the tensor: a private read-only file mapping re-reads them from the file if touched. */
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)t->data, b = a + t->nbytes, ps = page > 0 ? (uintptr_t)page : 4096;
+    a = (a + ps - 1) / ps * ps, b = b / ps * ps;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
 
 void llm_st_close(llm_st *st)
 {

@@ -49,6 +49,9 @@ const llm_st_tensor *llm_st_at(const llm_st *st, size_t i);            /* sorted
 /* Bytes of tensor data held: the data sections mapped or decompressed, plus copies made for alignment. */
 size_t llm_st_mapped_bytes(const llm_st *st);
 void llm_st_close(llm_st *st); /* accepts NULL */
+/* t's bytes will not be read again (a device copied or quantized them): a tensor of a mapped file leaves this
+ * process's resident memory (read back from the file should anything touch it); a decompressed one stays. */
+void llm_st_release(llm_st *st, const llm_st_tensor *t);
 /* The shape as "[2, 3]" (also valid JSON); 192 bytes hold any 8 dimensions. */
 void llm_st_shape_str(const llm_st_tensor *t, char *buf, size_t n);
 

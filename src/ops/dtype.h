@@ -1,4 +1,5 @@
-/* Element types of stored weights, and exact conversions of 16-bit floats to f32.
+/* Element types of stored weights, and exact conversions of 16-bit floats to f32; and the block-quantized formats
+ * weights take on load (--quant), whose layouts and arithmetic live in src/quant/quant.h.
  * Conversions are static inline so that every device's host code and the reference share one definition. */
 #ifndef LLM_DTYPE_H
 #define LLM_DTYPE_H
@@ -7,9 +8,40 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16, LLM_DTYPE_COUNT } llm_dtype;
+/* F32, F16, BF16: one value an element, as checkpoints store them. Q8_0, Q4_0, Q4_K: blocks of 32 or 256 values
+ * as ggml lays them out (a row of a matrix is a whole number of blocks), only ever made by quantizing on load and
+ * only for matrix products (matmul, logits). */
+typedef enum {
+    LLM_DTYPE_F32,
+    LLM_DTYPE_F16,
+    LLM_DTYPE_BF16,
+    LLM_DTYPE_Q8_0,
+    LLM_DTYPE_Q4_0,
+    LLM_DTYPE_Q4_K,
+    LLM_DTYPE_COUNT
+} llm_dtype;
+#define LLM_DTYPE_ELEMENT_COUNT 3 /* the element types come first */
 
+static inline int llm_dtype_is_block(llm_dtype t) { return t >= LLM_DTYPE_Q8_0 && t < LLM_DTYPE_COUNT; }
+
+/* Bytes of one element; element types only (a block format has no size per value: see llm_dtype_row_bytes). */
 static inline size_t llm_dtype_size(llm_dtype t) { return t == LLM_DTYPE_F32 ? 4 : 2; }
+
+/* Values per block (1 for element types) and bytes per block. */
+static inline size_t llm_dtype_block(llm_dtype t) { return t == LLM_DTYPE_Q4_K ? 256 : llm_dtype_is_block(t) ? 32 : 1; }
+static inline size_t llm_dtype_block_bytes(llm_dtype t)
+{
+    switch (t) {
+    case LLM_DTYPE_Q8_0: return 34;
+    case LLM_DTYPE_Q4_0: return 18;
+    case LLM_DTYPE_Q4_K: return 144;
+    default: return llm_dtype_size(t);
+    }
+}
+
+/* Bytes of a row of `cols` values (cols a multiple of the block), and of a (rows, cols) matrix. */
+static inline size_t llm_dtype_row_bytes(llm_dtype t, size_t cols) { return cols / llm_dtype_block(t) * llm_dtype_block_bytes(t); }
+static inline size_t llm_dtype_matrix_bytes(llm_dtype t, size_t rows, size_t cols) { return rows * llm_dtype_row_bytes(t, cols); }
 
 static inline const char *llm_dtype_name(llm_dtype t)
 {
@@ -17,6 +49,9 @@ static inline const char *llm_dtype_name(llm_dtype t)
     case LLM_DTYPE_F32: return "F32";
     case LLM_DTYPE_F16: return "F16";
     case LLM_DTYPE_BF16: return "BF16";
+    case LLM_DTYPE_Q8_0: return "Q8_0";
+    case LLM_DTYPE_Q4_0: return "Q4_0";
+    case LLM_DTYPE_Q4_K: return "Q4_K";
     default: return "?";
     }
 }
@@ -83,7 +118,7 @@ static inline uint16_t llm_f32_to_f16(float f)
     return sign | (uint16_t)(r >> 13);
 }
 
-/* Element i of a weight stored as `t`, as f32. */
+/* Element i of a weight stored as element type `t`, as f32 (block formats: llm_quant_traits' dequantize). */
 static inline float llm_dtype_load(const void *data, llm_dtype t, size_t i)
 {
     switch (t) {

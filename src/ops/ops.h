@@ -64,7 +64,10 @@ typedef struct llm_ops {
     void (*rmsnorm)(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);
 
     /* out[i, r] = sum_c w[r, c] * x[i, c] (+ bias[r] when bias is not NULL).
-     * out (n, w->rows); x (n, w->cols); w in its stored dtype, products accumulated in f32. out != x. */
+     * out (n, w->rows); x (n, w->cols); w in its stored dtype, products accumulated in f32. out != x.
+     * Block-quantized w (Q8_0, Q4_0, Q4_K): w[r, c] is the value the format defines (src/quant/quant.h, exact in
+     * f32). A device may instead round each block of x to 8 bits first, as llama.cpp does (quant_dot.h): its error
+     * is then bounded by sum_c |w[r, c]| * (half a step of x[i, c]'s block), which tests/test_quant.c checks. */
     void (*matmul)(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n);
 
     /* Rotary embedding in place on the first rot_dim elements of each head (rot_dim == head_dim, or less for a

@@ -5,6 +5,8 @@
 
 #include <math.h>
 
+#include "../quant/quant_dot.h"
+
 static void ref_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
     size_t dim = table->cols;
@@ -28,6 +30,14 @@ static void ref_rmsnorm(float *out, const float *x, const llm_weight *weight, in
 
 static void ref_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
+    if (llm_dtype_is_block(w->dtype)) { /* dequantize exactly, multiply in f32: the same sum, in the same order */
+        llm_quant_matmul_ref(out, x, w->data, llm_quant_of_dtype(w->dtype), w->rows, w->cols, (size_t)n);
+        if (bias)
+            for (int i = 0; i < n; i++)
+                for (size_t r = 0; r < w->rows; r++)
+                    out[(size_t)i * w->rows + r] += llm_dtype_load(bias->data, bias->dtype, r);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * w->cols;
         for (size_t r = 0; r < w->rows; r++) {

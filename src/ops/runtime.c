@@ -165,6 +165,20 @@ static void route_to_host(llm_runtime *rt, llm_op op, const llm_device *host)
     }
 }
 
+int llm_runtime_require(llm_runtime *rt, llm_op op, llm_dtype dtype, FILE *log, char *err, size_t err_len)
+{
+    const llm_device *who = rt->op_device[op];
+    if (who && who->supports(op, dtype)) return 0;
+    if (!rt->dev->host_memory) { /* the transfer wrappers would move every weight each call: refuse, not crawl */
+        snprintf(err, err_len, "%s: %s has no kernel for %s weights yet; --quant runs on blas and cpu", rt->dev->name,
+                 llm_op_name(op), llm_dtype_name(dtype));
+        return -1;
+    }
+    route_to_host(rt, op, llm_device_find("cpu"));
+    if (log) fprintf(log, "%s: %s with %s weights -> cpu reference\n", rt->dev->name, llm_op_name(op), llm_dtype_name(dtype));
+    return 0;
+}
+
 int llm_op_pin_parse(const char *text, llm_op_pin *pin, char *err, size_t err_len)
 {
     const char *eq = strchr(text, '=');

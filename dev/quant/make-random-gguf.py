@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's shape (F16, norms 1, a stand-in vocabulary
+of 32000 pieces), for llama.cpp's llama-quantize and llama-bench beside `llm-run bench` on
+scripts/make-random-checkpoint.py --shape tinyllama-1.1b. Its text is noise; only speed is compared.
+
+usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0]   (needs llama.cpp's gguf-py: pip install gguf)
+The layers' linears take the type (quantized by gguf.quants, which matches ggml's reference quantizer); the
+embeddings and the head stay F16, as `llm-run --quant` leaves them (llama-quantize would make the head Q6_K)."""
+import sys
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+H, I, L, NH, NKV, V = 2048, 5632, 22, 32, 4, 32000
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    kind = sys.argv[2] if len(sys.argv) == 3 else "f16"
+    qtype = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[kind]
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(sys.argv[1], "llama")
+    w.add_name("random-tinyllama-1.1b")
+    w.add_context_length(2048)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(I)
+    w.add_head_count(NH)
+    w.add_head_count_kv(NKV)
+    w.add_rope_dimension_count(H // NH)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_file_type({"f16": 1, "q8_0": 7, "q4_0": 2}[kind])  # llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_0
+    w.add_vocab_size(V)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([b"<unk>", b"<s>", b"</s>"] + [f"p{i}".encode() for i in range(3, V)])
+    w.add_token_scores([0.0] * V)
+    w.add_token_types([2, 3, 3] + [1] * (V - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def rand(rows, cols):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    def linear(name, rows, cols):
+        x = rand(rows, cols)
+        if qtype is None:
+            w.add_tensor(name, x)
+        else:
+            w.add_tensor(name, quants.quantize(x.astype(np.float32), qtype), raw_dtype=qtype)
+
+    w.add_tensor("token_embd.weight", rand(V, H))
+    for b in range(L):
+        p = f"blk.{b}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(H, np.float32))
+        linear(p + "attn_q.weight", H, H)
+        linear(p + "attn_k.weight", NKV * H // NH, H)
+        linear(p + "attn_v.weight", NKV * H // NH, H)
+        linear(p + "attn_output.weight", H, H)
+        w.add_tensor(p + "ffn_norm.weight", np.ones(H, np.float32))
+        linear(p + "ffn_gate.weight", I, H)
+        linear(p + "ffn_up.weight", I, H)
+        linear(p + "ffn_down.weight", H, I)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    w.add_tensor("output.weight", rand(V, H))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if __name__ == "__main__":
+    main()
