@@ -92,19 +92,6 @@ __attribute__((format(printf, 5, 6))) static int fail_tensor(char *err, size_t e
     return -1;
 }
 
-static const char *st_kind(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* A JSON number that is a non-negative integer representable as size_t. */
 static bool st_size_value(const json_t *v, size_t *out)
 {
@@ -134,16 +121,16 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
                           char *err, size_t err_len)
 {
 #define BAD(...) return fail_tensor(err, err_len, L, name, __VA_ARGS__)
-    if (!json_is_object(v)) BAD("expected an object {dtype, shape, data_offsets}, found %s", st_kind(v));
+    if (!json_is_object(v)) BAD("expected an object {dtype, shape, data_offsets}, found %s", llm_json_kind(v));
     const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape");
     const json_t *off = json_object_get(v, "data_offsets");
     if (!dt || !sh || !off) BAD("missing \"%s\"", !dt ? "dtype" : !sh ? "shape" : "data_offsets");
-    if (!json_is_string(dt)) BAD("dtype should be a string, found %s", st_kind(dt));
+    if (!json_is_string(dt)) BAD("dtype should be a string, found %s", llm_json_kind(dt));
     if (!json_is_array(sh) || json_array_size(sh) > LLM_ST_MAX_DIMS)
-        BAD("shape should be an array of at most %d integers, found %s%s", LLM_ST_MAX_DIMS, st_kind(sh),
+        BAD("shape should be an array of at most %d integers, found %s%s", LLM_ST_MAX_DIMS, llm_json_kind(sh),
             json_is_array(sh) ? " that is too long" : "");
     if (!json_is_array(off) || json_array_size(off) != 2)
-        BAD("data_offsets should be an array [begin, end], found %s", st_kind(off));
+        BAD("data_offsets should be an array [begin, end], found %s", llm_json_kind(off));
 
     llm_st_tensor *t = &e->t;
     t->name = name;
@@ -160,7 +147,7 @@ static int st_parse_entry(const char *L, const char *name, const json_t *v, size
     t->numel = 1;
     for (int i = 0; i < t->ndim; i++) {
         const json_t *d = json_array_get(sh, (size_t)i);
-        if (!st_size_value(d, &t->shape[i])) BAD("shape[%d] should be a non-negative integer, found %s", i, st_kind(d));
+        if (!st_size_value(d, &t->shape[i])) BAD("shape[%d] should be a non-negative integer, found %s", i, llm_json_kind(d));
         if (t->shape[i] && t->numel > SIZE_MAX / t->shape[i]) BAD("shape overflows the element count");
         t->numel *= t->shape[i];
     }
@@ -228,7 +215,7 @@ static int st_parse(llm_st *st, size_t fi, char *err, size_t err_len)
         return fail(err, err_len, "%s: header is not valid JSON: %s (line %d, column %d)", L, je.text, je.line,
                     je.column);
     if (!json_is_object(f->header))
-        return fail(err, err_len, "%s: header should be a JSON object, found %s", L, st_kind(f->header));
+        return fail(err, err_len, "%s: header should be a JSON object, found %s", L, llm_json_kind(f->header));
 
     const unsigned char *data = f->bytes + 8 + n;
     size_t data_len = f->size - 8 - (size_t)n;
@@ -521,7 +508,7 @@ static int st_load_index(llm_st *st, const char *dir, json_t *map, const char **
         llm_escape(shown[0], sizeof shown[0], name, strlen(name), 64);
         if (!json_is_string(v))
             return fail(err, err_len, "%s: weight_map['%s'] should be a shard file name, found %s", L, shown[0],
-                        st_kind(v));
+                        llm_json_kind(v));
         const char *shard = json_string_value(v);
         if (!st_plain_name(shard))
             return fail(err, err_len, "%s: weight_map['%s'] names \"%s\", expected a file name in the model folder "
