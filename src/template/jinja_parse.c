@@ -680,6 +680,20 @@ static void take_tag(parser *P) {
     advance(P);
 }
 
+/* After an {% else %} tag: its statements up to `end` into n->body2 (the end tag is left to the caller). */
+static bool else_into(parser *P, jnode *n, const char *end) {
+    take_tag(P);
+    expect_block_end(P);
+    const char *const ends[] = {end, NULL};
+    jnode *e = P->failed ? NULL : parse_body(P, ends);
+    if (!e) return false;
+    n->body2 = e->args;
+    n->n_body2 = e->n_args;
+    e->args = NULL;
+    e->n_args = 0;
+    return true;
+}
+
 static jnode *parse_if(parser *P, int line) {
     static const char *const ENDS[] = {"elif", "else", "endif", NULL};
     jnode *n = node(P, N_IF, line);
@@ -699,17 +713,7 @@ static jnode *parse_if(parser *P, int line) {
         if (!e || !PUSH_NODE(P, n->body2, n->n_body2, e)) return NULL;
         return n; /* the nested if consumed endif */
     }
-    if (tag_is(P, "else")) {
-        take_tag(P);
-        expect_block_end(P);
-        static const char *const END[] = {"endif", NULL};
-        jnode *e = P->failed ? NULL : parse_body(P, END);
-        if (!e) return NULL;
-        n->body2 = e->args;
-        n->n_body2 = e->n_args;
-        e->args = NULL;
-        e->n_args = 0;
-    }
+    if (tag_is(P, "else") && !else_into(P, n, "endif")) return NULL;
     take_tag(P);
     expect_block_end(P);
     return P->failed ? NULL : n;
@@ -742,17 +746,7 @@ static jnode *parse_for(parser *P, int line) {
     n->n_args = body->n_args;
     body->args = NULL;
     body->n_args = 0;
-    if (tag_is(P, "else")) {
-        take_tag(P);
-        expect_block_end(P);
-        static const char *const END[] = {"endfor", NULL};
-        jnode *e = P->failed ? NULL : parse_body(P, END);
-        if (!e) return NULL;
-        n->body2 = e->args;
-        n->n_body2 = e->n_args;
-        e->args = NULL;
-        e->n_args = 0;
-    }
+    if (tag_is(P, "else") && !else_into(P, n, "endfor")) return NULL;
     take_tag(P);
     expect_block_end(P);
     return P->failed ? NULL : n;
