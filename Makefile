@@ -10,6 +10,8 @@ CC      ?= cc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 LLM_CUDA ?= $(if $(NVCC),1,0)
 WERROR  ?= $(if $(CI),-Werror,)
+# nvcc's own warnings and the host compiler's inside .cu files fail CI too
+NVWERROR ?= $(if $(CI),-Werror all-warnings -Xcompiler -Werror,)
 
 PKGS    := jansson libpcre2-8 libzstd openblas argtable2 libutf8proc libedit
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -29,7 +31,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # sm_90 machine code for Hopper, plus PTX so other GPUs can JIT it.
 NVCCFLAGS ?= -O3 -g -lineinfo
 NVCCFLAGS += -std=c++17 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 \
-             -Xcompiler -Wall,-Wextra -MMD -MP
+             -Xcompiler -Wall,-Wextra -MMD -MP $(NVWERROR)
 ifeq ($(LLM_CUDA),1)
 CFLAGS  += -DLLM_HAVE_CUDA
 CU_OBJ  := $(patsubst src/%.cu,build/obj/%.o,$(CU_SRC))
