@@ -409,7 +409,7 @@ static void test_fused_layer(void **state)
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
 /* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
- * dir; with persisted, also how many persistent steps the device launched (its description says). */
+ * dir; with persisted, also how many persistent steps the device launched (its counters say). */
 static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, const char *device, const char *graphs,
                          const char *fuse, const char *persist, int *vocab, size_t *persisted)
 {
@@ -443,13 +443,11 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
         memcpy(all + (size_t)(1 + i) * *vocab, logits, (size_t)*vocab * sizeof *all);
     }
     if (persisted) {
-        char desc[512] = "";
-        const char *key = "persistent decode step on, ";
-        m.rt.dev->describe(desc, sizeof desc);
-        const char *at = strstr(desc, key);
-        *persisted = at ? strtoul(at + strlen(key), NULL, 10) : 0;
-        const char *ring = strstr(desc, "a ring of ");
-        last_ring = ring ? atoi(ring + strlen("a ring of ")) : 0;
+        llm_device_counters count = {0};
+        assert_non_null(m.rt.dev->counters);
+        m.rt.dev->counters(&count);
+        *persisted = count.persistent_steps;
+        last_ring = count.ring_stages;
     }
     llm_state_free(&s, &m);
     llm_model_free(&m);

@@ -17,6 +17,13 @@ typedef struct {
     int index;   /* which GPU, for cuda:N */
 } llm_device_options;
 
+/* What a device that fuses or records steps did, for tests and tools: read here, never parsed from describe()'s
+ * text. */
+typedef struct {
+    size_t persistent_steps; /* decode steps launched as one persistent kernel (a replayed graph's not counted) */
+    int ring_stages;         /* the shared-memory ring stages of the last persistent step; 0 when none ran */
+} llm_device_counters;
+
 typedef struct {
     size_t total;     /* device memory in bytes (host RAM for CPU devices) */
     size_t free;
@@ -78,6 +85,8 @@ typedef struct llm_device {
     /* Optional: host memory the device's ops can also write as a buffer of theirs (mapped into its address space),
      * freed by host_free: one position's logits there need no download after each step. NULL: not provided. */
     void *(*shared_alloc)(size_t bytes);
+    /* Optional: the counters since init (NULL: the device keeps none). */
+    void (*counters)(llm_device_counters *out);
 } llm_device;
 
 #endif

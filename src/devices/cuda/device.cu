@@ -255,6 +255,12 @@ static void cuda_describe(char *buf, size_t len)
              g.initialized && !g.gemm_accurate ? "bf16/f16 (fast)" : "split f32 (accurate)", persist);
 }
 
+static void cuda_counters(llm_device_counters *out)
+{
+    out->persistent_steps = g.initialized ? g.persisted : 0;
+    out->ring_stages = g.initialized && g.persisted ? llm_cuda.step_stages : 0;
+}
+
 static const llm_ops cuda_ops = {
     op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
 };
@@ -287,4 +293,5 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_host_alloc,
     cuda_host_free,
     cuda_shared_alloc,
+    cuda_counters,
 };
