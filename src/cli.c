@@ -96,15 +96,6 @@ int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, s
     return llm_stream_read(path, strcmp(path, "-") ? path : "stdin", LLM_PROMPT_MAX_BYTES, text, len, err, err_len);
 }
 
-char *llm_cli_read_file(const char *path, size_t *len)
-{
-    char *text, err[512];
-    errno = 0;
-    if (llm_cli_read_prompt(path, &text, len, err, sizeof err) == 0) return text;
-    if (!errno) errno = EFBIG;
-    return NULL;
-}
-
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)
 {
     size_t cap = 16, n = 0;

@@ -50,8 +50,6 @@ int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len
 /* A prompt file ("-": standard input; a pipe is fine) in a NUL-terminated malloc'd buffer, at most
  * LLM_PROMPT_MAX_BYTES. 0, or -1 with one line in err naming the file. */
 int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len);
-/* The same, NULL with errno set on failure (EFBIG past the cap). */
-char *llm_cli_read_file(const char *path, size_t *len);
 /* -e: the escapes of llama.cpp's string_process_escapes, in place: \n \r \t \' \" \\ and \xHH (two hex digits),
  * plus \0 (a NUL byte). Any other backslash, a trailing one included, stays as written. Returns the new length
  * (which counts NUL bytes written; s is NUL-terminated there too). */

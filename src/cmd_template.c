@@ -45,10 +45,7 @@ int llm_cmd_template(int argc, char **argv)
     llm_model_dir(model->filename[0], dir, sizeof dir);
     const char *path = file->filename[0];
     size_t len = 0;
-    if (!(text = llm_cli_read_file(path, &len))) {
-        snprintf(err, sizeof err, "%s: cannot read: %s", path, strerror(errno));
-        goto fail;
-    }
+    if (llm_cli_read_prompt(path, &text, &len, err, sizeof err)) goto fail; /* names the file and the fault */
     json_error_t je;
     if (!(messages = json_loadb(text, len, 0, &je))) {
         snprintf(err, sizeof err, "%s: invalid JSON at line %d: %s", path, je.line, je.text);
