@@ -676,7 +676,7 @@ static void attend(float *o, const float *qh, const float *kc, const float *vc, 
         float block_max = -INFINITY;
         for (int j = 0; j < nb; j++) {
             s[j] = K->dot[LLM_DTYPE_F32](kb + (size_t)j * stride, qh, (size_t)head_dim) * scale;
-            if (softcap > 0.0f) s[j] = softcap * tanhf(s[j] / softcap);
+            if (softcap > 0.0f) s[j] = llm_softcap(s[j], softcap);
             if (s[j] > block_max) block_max = s[j];
         }
         if (block_max > max) {
@@ -720,13 +720,10 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
 /* Elementwise ops split into chunks of 16k elements, one region over them when there is enough work. */
 #define CHUNK 16384
 
-/* GeGLU's tanh-GELU with libm's tanhf, as the reference (the Gemma families are rarer; SwiGLU has the vector exp). */
+/* GeGLU with the reference's own tanh-GELU, llm_gelu_tanh (the Gemma families are rarer; SwiGLU has the vector exp). */
 static void gelu_mul(float *out, const float *gate, const float *up, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
-    }
+    for (size_t i = 0; i < n; i++) out[i] = llm_gelu_tanh(gate[i]) * up[i];
 }
 
 static void blas_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
@@ -745,7 +742,7 @@ static void blas_glu(float *out, const float *gate, const float *up, size_t coun
 static void blas_softcap(float *x, float cap, size_t count)
 {
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if (count >= 4 * CHUNK)
-    for (size_t i = 0; i < count; i++) x[i] = cap * tanhf(x[i] / cap);
+    for (size_t i = 0; i < count; i++) x[i] = llm_softcap(x[i], cap);
 }
 
 static void blas_add(float *x, const float *y, size_t count)

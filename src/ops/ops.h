@@ -5,6 +5,7 @@
 #ifndef LLM_OPS_H
 #define LLM_OPS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,6 +26,14 @@ typedef enum {
     LLM_ACT_SILU,      /* silu(x) = x / (1 + exp(-x)): SwiGLU (Llama, Qwen, Mistral, Phi-3, OLMo 2) */
     LLM_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's gelu_pytorch_tanh: GeGLU (Gemma) */
 } llm_act;
+
+/* The scalar functions of glu's GeGLU and of soft-capping, one definition for the reference and every device's host
+ * code (as dtype.h's conversions are). */
+static inline float llm_gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+static inline float llm_softcap(float x, float cap) { return cap * tanhf(x / cap); }
 
 /* What varies in attention between model families and between the layers of one model. */
 typedef struct {

@@ -81,7 +81,7 @@ static float score(const float *qh, const float *kt, int head_dim, const llm_att
     float s = 0.0f;
     for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
     s *= p->scale;
-    return p->softcap > 0.0f ? p->softcap * tanhf(s / p->softcap) : s;
+    return p->softcap > 0.0f ? llm_softcap(s, p->softcap) : s;
 }
 
 static void ref_attention(float *out, const float *q, const float *k, const float *v, float *k_cache,
@@ -123,17 +123,11 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
     }
 }
 
-/* tanh-GELU as HF's gelu_pytorch_tanh writes it. */
-static float gelu_tanh(float x)
-{
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
 static void ref_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
-        out[i] = (act == LLM_ACT_GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g))) * up[i];
+        out[i] = (act == LLM_ACT_GELU_TANH ? llm_gelu_tanh(g) : g / (1.0f + expf(-g))) * up[i];
     }
 }
 
@@ -149,7 +143,7 @@ static void ref_logits(float *out, const float *x, const llm_weight *w, int n)
 
 static void ref_softcap(float *x, float cap, size_t count)
 {
-    for (size_t i = 0; i < count; i++) x[i] = cap * tanhf(x[i] / cap);
+    for (size_t i = 0; i < count; i++) x[i] = llm_softcap(x[i], cap);
 }
 
 const llm_ops llm_ref_ops = {
