@@ -25,8 +25,9 @@ static const llm_family families[] = {
     {.architecture = "Qwen2ForCausalLM", DECODER, LLAMA_NORMS, .qkv_bias = true, .windows = LLM_WINDOWS_FROM_LAYER},
     {.architecture = "Qwen3ForCausalLM", DECODER, LLAMA_NORMS, .qk_norm = LLM_QK_NORM_HEAD,
      .windows = LLM_WINDOWS_FROM_LAYER},
-    {.architecture = "Gemma2ForCausalLM", DECODER, GEMMA_NORMS, .defaults = "{\"tie_word_embeddings\": true}",
-     .windows = LLM_WINDOWS_ALTERNATE},
+    /* Gemma2Config alternates: layers 0, 2, 4, ... slide (a pattern of 2). */
+    {.architecture = "Gemma2ForCausalLM", DECODER, GEMMA_NORMS,
+     .defaults = "{\"tie_word_embeddings\": true, \"sliding_window_pattern\": 2}", .windows = LLM_WINDOWS_PATTERN},
     {.architecture = "Gemma3ForCausalLM", DECODER, GEMMA_NORMS, .qk_norm = LLM_QK_NORM_HEAD,
      .defaults = GEMMA3_DEFAULTS, .windows = LLM_WINDOWS_PATTERN},
     /* The text part; the vision tower and projector (vision_tower.*, multi_modal_projector.*) are not read. */

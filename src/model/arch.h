@@ -17,8 +17,7 @@ typedef enum {
 /* Which layers use the sliding window when config.json has no layer_types. */
 typedef enum {
     LLM_WINDOWS_ALL,        /* every layer (Mistral, Phi-3) */
-    LLM_WINDOWS_ALTERNATE,  /* layers 0, 2, 4, ... (Gemma 2) */
-    LLM_WINDOWS_PATTERN,    /* all but every sliding_window_pattern-th (Gemma 3: five of six) */
+    LLM_WINDOWS_PATTERN,    /* all but every sliding_window_pattern-th (Gemma 3: five of six; Gemma 2: 2) */
     LLM_WINDOWS_FROM_LAYER, /* layers from max_window_layers on, and only with use_sliding_window (Qwen2, Qwen3) */
 } llm_window_rule;
 

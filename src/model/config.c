@@ -53,13 +53,6 @@ static bool get_bool(const json_t *obj, const char *key, bool def)
     return json_is_boolean(v) ? json_is_true(v) : def;
 }
 
-static bool has_eos(const llm_config *c, json_int_t id)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] == id) return true;
-    return false;
-}
-
 /* eos_token_id may be an integer or a list of them; ids already in c->eos_token_ids are not repeated. */
 static int read_eos(const json_t *obj, llm_config *c, const char *file, char *err, size_t err_len)
 {
@@ -81,7 +74,7 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
                      json_number_value(one), c->vocab_size);
             return -1;
         }
-        if (has_eos(c, id)) continue;
+        if (llm_config_is_eos(c, (int)id)) continue; /* id is within the vocabulary: an int */
         if (c->n_eos == LLM_MAX_EOS) {
             if (!json_is_array(v)) return 0; /* a single id past a full list: kept out, as before */
             snprintf(err, err_len, "%s: \"eos_token_id\" must be an integer or a list of at most %d integers", file,
@@ -295,10 +288,9 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
         get_int(root, "max_window_layers", 0, 1 << 20, true, 28, &from, file, err, err_len))
         return -1;
     for (int l = 0; l < L; l++)
-        c->layer_sliding[l] = f->windows == LLM_WINDOWS_ALL         ? true
-                              : f->windows == LLM_WINDOWS_ALTERNATE ? (l + 1) % 2 != 0
-                              : f->windows == LLM_WINDOWS_PATTERN   ? (l + 1) % pattern != 0
-                                                                    : l >= from;
+        c->layer_sliding[l] = f->windows == LLM_WINDOWS_ALL       ? true
+                              : f->windows == LLM_WINDOWS_PATTERN ? (l + 1) % pattern != 0
+                                                                  : l >= from;
     return 0;
 }
 
