@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ops/ops.h"
 #include "model/files.h"
 
 void llm_cli_error(const char *msg)
@@ -71,6 +72,17 @@ int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_
             return 0;
         }
     snprintf(err, err_len, "--quant '%s': expected q8_0, q4_0 or q4_k", text);
+    return -1;
+}
+
+int llm_cli_parse_cache_type(const char *text, llm_dtype *out, char *err, size_t err_len)
+{
+    for (llm_dtype d = 0; d < LLM_DTYPE_COUNT; d++)
+        if (llm_cache_type_valid(d) && strcasecmp(text, llm_dtype_name(d)) == 0) {
+            *out = d;
+            return 0;
+        }
+    snprintf(err, err_len, "--cache-type '%s': expected f32, f16, bf16 or q8_0", text);
     return -1;
 }
 

@@ -44,6 +44,8 @@ int llm_cli_check_count(long long value, const char *flag, long long min, long l
 
 /* --quant TYPE: "q8_0", "q4_0" or "q4_k" (any case) to the block dtype; 0, or -1 with one line in err. */
 int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_len);
+/* --cache-type TYPE: "f32", "f16", "bf16" or "q8_0" (any case) to the KV cache's dtype; 0, or -1 with one line in err. */
+int llm_cli_parse_cache_type(const char *text, llm_dtype *out, char *err, size_t err_len);
 
 /* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);

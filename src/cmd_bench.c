@@ -29,6 +29,7 @@ typedef struct {
     double samples[MAX_REPS]; /* tokens/s of each repetition */
     double mean, sd, median;
     double bytes_per_token; /* tg only: weights and KV read by one step, averaged over the steps */
+    llm_dtype cache;        /* the KV cache's element type (the device's default unless --cache-type) */
 } bench_row;
 
 /* What every row shares: the model (its shape is the same on every device) and the plan's batch and depth. */
@@ -119,8 +120,8 @@ static void print_markdown(const bench_model *bm, const bench_row *rows, int n_r
             else
                 fprintf(out, "peak bandwidth not measured\n");
         }
-    fprintf(out, "\n| model | params | dtype | device | threads | test | t/s | median t/s | GB/s | %% peak BW | bits/w |\n"
-            "| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    fprintf(out, "\n| model | params | dtype | device | threads | test | t/s | median t/s | GB/s | %% peak BW | bits/w | "
+            "KV cache |\n| --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
     const char *name = strrchr(bm->path, '/') && strrchr(bm->path, '/')[1] ? strrchr(bm->path, '/') + 1 : bm->path;
     for (int i = 0; i < n_rows; i++) {
         const bench_row *r = &rows[i];
@@ -130,9 +131,9 @@ static void print_markdown(const bench_model *bm, const bench_row *rows, int n_r
             if (r->peak_gbs > 0) snprintf(pct, sizeof pct, "%.1f", pct_peak(r));
         }
         if (r->threads) snprintf(threads, sizeof threads, "%d", r->threads);
-        fprintf(out, "| %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %.2f | %s | %s | %.2f |\n", name, params,
+        fprintf(out, "| %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %.2f | %s | %s | %.2f | %s |\n", name, params,
                 llm_dtype_name(bm->dtype), r->device, threads, r->test, r->mean, r->sd, r->median, gbs, pct,
-                bits_per_weight(bm));
+                bits_per_weight(bm), llm_dtype_name(r->cache));
     }
     fprintf(out, "\npp: a prompt from an empty cache in batches of %d. tg: single-token steps%s. "
             "GB/s: weights and KV cache read per step x tokens/s.\n", bm->batch,
@@ -147,7 +148,7 @@ static json_t *row_json(const bench_model *bm, const bench_row *r)
     bool tg = r->n_gen > 0;
     return json_pack(
         "{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:I, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:i, s:i, s:i, s:f, s:f, "
-        "s:f, s:o, s:o, s:o, s:o, s:o, s:f}",
+        "s:f, s:o, s:o, s:o, s:o, s:o, s:f, s:s}",
         "model", bm->path, "architecture", bm->c.architecture, "layers", bm->c.num_hidden_layers, "hidden",
         bm->c.hidden_size, "heads", bm->c.num_attention_heads, "kv_heads", bm->c.num_key_value_heads, "vocab",
         bm->c.vocab_size, "params", (json_int_t)bm->ws.params, "weight_bytes", (json_int_t)bm->ws.total_bytes,
@@ -158,7 +159,7 @@ static json_t *row_json(const bench_model *bm, const bench_row *r)
         tg ? json_real(row_gbs(r)) : json_null(), "peak_gb_per_s",
         r->peak_gbs > 0 ? json_real(r->peak_gbs) : json_null(), "pct_peak_bandwidth",
         tg && r->peak_gbs > 0 ? json_real(pct_peak(r)) : json_null(), "samples_ts", samples, "bits_per_weight",
-        bits_per_weight(bm));
+        bits_per_weight(bm), "cache_type", llm_dtype_name(r->cache));
 }
 
 static int print_json(const bench_model *bm, const bench_row *rows, int n_rows, FILE *out)
@@ -190,7 +191,7 @@ static void print_csv(const bench_model *bm, const bench_row *rows, int n_rows, 
 {
     fprintf(out, "model,architecture,layers,hidden,heads,kv_heads,vocab,params,weight_bytes,dtype,device,"
             "device_describe,threads,batch,test,n_prompt,n_gen,depth,reps,avg_ts,stddev_ts,median_ts,"
-            "bytes_per_token,gb_per_s,peak_gb_per_s,pct_peak_bandwidth,samples_ts,bits_per_weight\n");
+            "bytes_per_token,gb_per_s,peak_gb_per_s,pct_peak_bandwidth,samples_ts,bits_per_weight,cache_type\n");
     for (int i = 0; i < n_rows; i++) {
         const bench_row *r = &rows[i];
         csv_str(out, bm->path, ",");
@@ -214,7 +215,8 @@ static void print_csv(const bench_model *bm, const bench_row *rows, int n_rows, 
         if (r->n_gen && r->peak_gbs > 0) fprintf(out, "%.6g", pct_peak(r));
         fprintf(out, ",\"");
         for (int k = 0; k < r->reps; k++) fprintf(out, "%s%.6g", k ? ";" : "", r->samples[k]);
-        fprintf(out, "\",%.4g\n", bits_per_weight(bm));
+        fprintf(out, "\",%.4g,", bits_per_weight(bm));
+        csv_str(out, llm_dtype_name(r->cache), "\n");
     }
 }
 
@@ -244,7 +246,7 @@ static int bench_device(llm_model *m, const bench_plan *plan, int threads, bench
     llm_session_options so = {.ctx = ctx, .batch = plan->batch};
     if (llm_session_init(&s, m, &so, err, err_len)) goto done;
 
-    bench_row proto = {.device = m->rt.dev->name, .threads = threads, .reps = plan->reps};
+    bench_row proto = {.device = m->rt.dev->name, .threads = threads, .reps = plan->reps, .cache = m->cache_type};
     m->rt.dev->describe(proto.describe, sizeof proto.describe);
     if (m->rt.dev->measure_bandwidth) proto.peak_gbs = m->rt.dev->measure_bandwidth();
 
@@ -315,9 +317,11 @@ int llm_cmd_bench(int argc, char **argv)
     struct arg_str *quant = arg_str0(NULL, "quant", "TYPE", "quantize the layers' linear weights on load: q8_0, "
                                      "q4_0, q4_k (blas, cpu)");
     struct arg_lit *quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied)");
+    struct arg_str *cache_type = arg_str0(NULL, "cache-type", "TYPE", "the KV cache's type: f32, f16, bf16, q8_0 "
+                                          "(default: each device's own)");
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, pp, tg, depth, reps, batch, device, threads, format, seed, quant,
-                     quant_head, end};
+                     quant_head, cache_type, end};
 
     int rc = 1;
     char err[1024] = "";
@@ -366,6 +370,8 @@ int llm_cmd_bench(int argc, char **argv)
     }
     llm_dtype quant_dtype = LLM_DTYPE_F32; /* not a block format: weights as stored */
     if (quant->count && llm_cli_parse_quant(quant->sval[0], &quant_dtype, err, sizeof err)) goto fail;
+    llm_dtype cache_dtype = LLM_DTYPE_F32; /* used only with --cache-type */
+    if (cache_type->count && llm_cli_parse_cache_type(cache_type->sval[0], &cache_dtype, err, sizeof err)) goto fail;
     const char *fmt = format->count ? format->sval[0] : "md";
     if (strcmp(fmt, "md") && strcmp(fmt, "csv") && strcmp(fmt, "json")) {
         snprintf(err, sizeof err, "-o %s: expected md, csv or json", fmt);
@@ -387,7 +393,8 @@ int llm_cmd_bench(int argc, char **argv)
         }
         for (int t = 0; t < n_threads; t++) {
             llm_load_options lo = {.device = name, .threads = thread_list[t], .log = stderr, .quant = quant_dtype,
-                                   .quant_head = quant_head->count > 0};
+                                   .quant_head = quant_head->count > 0, .cache_type = cache_dtype,
+                                   .cache_default = !cache_type->count};
             if (llm_model_load(&m, path, &lo, err, sizeof err)) goto fail;
             bm.c = m.config;
             bm.dtype = m.quant;

@@ -35,9 +35,11 @@ int llm_cmd_compare(int argc, char **argv)
     struct arg_lit *quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too");
     struct arg_dbl *min_top1 = arg_dbl0(NULL, "min-top1", "PCT", "pass on top-1 agreement of at least PCT percent "
                                         "instead of --tol (default with --quant: 97 for q8_0, 85 for 4-bit)");
+    struct arg_str *cache_type = arg_str0(NULL, "cache-type", "TYPE", "the device under test's KV cache: f32, f16, "
+                                          "bf16, q8_0 (default f32, as the reference's)");
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, device, ref_dev, positions, tokens, seed, n_gen, chunk, tol,
-                     trace_tol, threads, op_device, quant, quant_head, min_top1, end};
+                     trace_tol, threads, op_device, quant, quant_head, cache_type, min_top1, end};
 
     int rc = 2;
     char err[1024] = "";
@@ -71,6 +73,13 @@ int llm_cmd_compare(int argc, char **argv)
         if (llm_cli_parse_quant(quant->sval[0], &quant_dtype, err, sizeof err)) goto fail;
         opt.min_top1 = quant_dtype == LLM_DTYPE_Q8_0 ? 97.0 : 85.0; /* issue 31's bars on models/tiny */
     }
+    llm_dtype cache_dtype = LLM_DTYPE_F32; /* exact, as the reference's: compare measures the device */
+    if (cache_type->count) {
+        if (llm_cli_parse_cache_type(cache_type->sval[0], &cache_dtype, err, sizeof err)) goto fail;
+        /* A rounded cache moves the logits by more than --tol's 1e-3 (README: the KV cache): top-1 agreement
+         * judges it, with the bar of 8-bit weights unless --quant set a lower one. */
+        if (cache_dtype != LLM_DTYPE_F32 && !quant->count) opt.min_top1 = 97.0;
+    }
     if (min_top1->count) opt.min_top1 = min_top1->dval[0];
     if (min_top1->count && !(opt.min_top1 > 0 && opt.min_top1 <= 100)) {
         snprintf(err, sizeof err, "--min-top1 %g: expected a percentage in (0, 100]", min_top1->dval[0]);
@@ -93,7 +102,8 @@ int llm_cmd_compare(int argc, char **argv)
     llm_load_options lo_ref = {.device = ref_dev->count ? ref_dev->sval[0] : "cpu", .threads = n_threads,
                                .log = stderr};
     llm_load_options lo_dut = {.device = dev_name, .threads = n_threads, .pins = pins, .n_pins = op_device->count,
-                               .log = stderr, .quant = quant_dtype, .quant_head = quant_head->count > 0};
+                               .log = stderr, .quant = quant_dtype, .quant_head = quant_head->count > 0,
+                               .cache_type = cache_dtype};
     if (llm_model_load(&ref, path, &lo_ref, err, sizeof err) || llm_model_load(&dut, path, &lo_dut, err, sizeof err))
         goto fail;
 

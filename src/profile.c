@@ -88,15 +88,16 @@ llm_op_cost llm_profile_cost_rope(int n, int n_heads, int n_kv_heads, int head_d
     return (llm_op_cost){bytes, 3.0 * e};
 }
 
-llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_heads, int head_dim)
+llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_heads, int head_dim, llm_dtype cache)
 {
     double q = (double)n_heads * head_dim, kv = (double)n_kv_heads * head_dim, tok = (double)n;
+    double row = (double)llm_cache_row_bytes(cache, (size_t)n_kv_heads * (size_t)head_dim); /* a cache row's bytes */
     /* Cache rows 0 .. pos+n-1 are read once for the whole batch (new rows written, then read back). */
     double rows = (double)pos + tok;
     double bytes = tok * q * F32          /* q */
                    + 2.0 * tok * kv * F32 /* k, v read */
-                   + 2.0 * tok * kv * F32 /* and stored in the cache */
-                   + 2.0 * rows * kv * F32 /* the cache read */
+                   + 2.0 * tok * row      /* and stored in the cache */
+                   + 2.0 * rows * row     /* the cache read */
                    + tok * q * F32        /* out */
                    + tok * sizeof(int32_t);
     /* Token i sees pos + i + 1 rows: a dot product and a weighted sum of head_dim each per head and row. */
@@ -193,7 +194,7 @@ static void p_attention(float *out, const float *q, const float *k, const float 
     int s = call_begin();
     P.inner.attention(out, q, k, v, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p);
     /* positions live on the device; llm_forward always passes pos .. pos+n-1, and step_begin was told pos. */
-    call_end(s, LLM_OP_ATTENTION, llm_profile_cost_attention(n, step_pos, n_heads, n_kv_heads, head_dim));
+    call_end(s, LLM_OP_ATTENTION, llm_profile_cost_attention(n, step_pos, n_heads, n_kv_heads, head_dim, p->cache));
 }
 
 static void p_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
@@ -321,8 +322,8 @@ double llm_profile_decode_bytes(const llm_model *m, int kv_len)
     const llm_config *c = &m->config;
     double weights = (double)ws.total_bytes - (double)ws.embed_bytes + (double)ws.embed_row_bytes;
     if (c->tie_word_embeddings) weights += (double)ws.embed_bytes; /* the head reads the whole table */
-    double kv_dim = (double)c->num_key_value_heads * c->head_dim;
-    return weights + 2.0 * c->num_hidden_layers * (double)kv_len * kv_dim * F32;
+    size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
+    return weights + 2.0 * c->num_hidden_layers * (double)kv_len * (double)llm_cache_row_bytes(m->cache_type, kv_dim);
 }
 
 /* ---- reports ---- */
@@ -470,12 +471,13 @@ void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state
     int windowed = 0;
     for (int l = 0; s && s->window && l < m->config.num_hidden_layers; l++) windowed += m->config.layer_sliding[l];
     if (windowed && s->window_rows < s->ctx)
-        fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions, %d of them windowed rings of %d, x 2 x %d)\n",
-                "KV cache", a, m->config.num_hidden_layers, s->ctx, windowed, s->window_rows,
-                m->config.num_key_value_heads * m->config.head_dim);
+        fprintf(out, "  %-12s %10s  (%s, %d layers x %d positions, %d of them windowed rings of %d, x 2 x %d)\n",
+                "KV cache", a, llm_dtype_name(m->cache_type), m->config.num_hidden_layers, s->ctx, windowed,
+                s->window_rows, m->config.num_key_value_heads * m->config.head_dim);
     else
-        fprintf(out, "  %-12s %10s  (f32, %d layers x %d positions x 2 x %d)\n", "KV cache", a,
-                m->config.num_hidden_layers, s ? s->ctx : 0, m->config.num_key_value_heads * m->config.head_dim);
+        fprintf(out, "  %-12s %10s  (%s, %d layers x %d positions x 2 x %d)\n", "KV cache", a,
+                llm_dtype_name(m->cache_type), m->config.num_hidden_layers, s ? s->ctx : 0,
+                m->config.num_key_value_heads * m->config.head_dim);
     fmt_si((double)r.scratch, "B", a, sizeof a);
     fprintf(out, "  %-12s %10s  (activations for batches of %d)\n", "scratch", a, s ? s->max_batch : 0);
     if (r.have_dm) {
@@ -529,12 +531,12 @@ int llm_profile_write_json(const llm_profile *p, const llm_model *m, const llm_s
                                                (json_int_t)r.dm.free, "allocated", (json_int_t)r.dm.allocated)
                                    : json_null();
     json_t *root = json_pack(
-        "{s:{s:s, s:s, s:o, s:b}, s:{s:o, s:o}, s:{s:I, s:I, s:o, s:I, s:I, s:o, s:I, s:I}}", "device", "name",
+        "{s:{s:s, s:s, s:o, s:b}, s:{s:o, s:o}, s:{s:I, s:I, s:o, s:I, s:s, s:I, s:o, s:I, s:I}}", "device", "name",
         p->m->rt.dev->name, "describe", p->describe, "peak_gb_per_s",
         p->peak_gbs > 0 ? json_real(p->peak_gbs) : json_null(), "op_by_op", p->op_by_op, "phases", "prefill",
         phase_json(p, LLM_PROFILE_PREFILL), "decode", phase_json(p, LLM_PROFILE_DECODE), "memory", "weights_bytes",
         (json_int_t)r.ws.total_bytes, "params", (json_int_t)r.ws.params, "weights_by_dtype", by_dtype,
-        "kv_cache_bytes", (json_int_t)r.kv, "scratch_bytes", (json_int_t)r.scratch, "device", device_mem,
+        "kv_cache_bytes", (json_int_t)r.kv, "kv_cache_type", llm_dtype_name(m->cache_type), "scratch_bytes", (json_int_t)r.scratch, "device", device_mem,
         "peak_rss_bytes", (json_int_t)r.peak_rss, "rss_bytes", (json_int_t)r.rss);
     if (!root) {
         snprintf(err, err_len, "%s: cannot build the profile JSON", path);

@@ -27,8 +27,8 @@ llm_op_cost llm_profile_cost_rmsnorm(int n, int dim, llm_dtype weight_dtype);
 llm_op_cost llm_profile_cost_matmul(size_t rows, size_t cols, llm_dtype w_dtype, bool bias, llm_dtype bias_dtype,
                                     int n);
 llm_op_cost llm_profile_cost_rope(int n, int n_heads, int n_kv_heads, int head_dim);
-/* Tokens at positions pos .. pos+n-1 attend to the cache rows 0 .. their own position. */
-llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_heads, int head_dim);
+/* Tokens at positions pos .. pos+n-1 attend to the cache rows 0 .. their own position, in element type cache. */
+llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_heads, int head_dim, llm_dtype cache);
 llm_op_cost llm_profile_cost_glu(size_t count);
 llm_op_cost llm_profile_cost_add(size_t count);
 

@@ -26,7 +26,7 @@ static const char *const FIELDS[] = {
     "model", "architecture", "layers", "hidden", "heads", "kv_heads", "vocab", "params", "weight_bytes", "dtype",
     "device", "device_describe", "threads", "batch", "test", "n_prompt", "n_gen", "depth", "reps", "avg_ts",
     "stddev_ts", "median_ts", "bytes_per_token", "gb_per_s", "peak_gb_per_s", "pct_peak_bandwidth", "samples_ts",
-    "bits_per_weight",
+    "bits_per_weight", "cache_type",
 };
 #define N_FIELDS (sizeof FIELDS / sizeof *FIELDS)
 

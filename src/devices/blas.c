@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "host.h"
+#include "../ops/ref.h"
 #include "../quant/quant_dot.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -23,8 +24,10 @@
 
 typedef struct {
     const char *name;
-    /* sum_i w[i] * x[i], w in the indexed dtype, f32 accumulation */
+    /* sum_i w[i] * x[i], w in the indexed dtype, f32 accumulation (Q8_0: the KV cache's rows, n a multiple of 32) */
     float (*dot[LLM_DTYPE_COUNT])(const void *w, const float *x, size_t n);
+    /* y[i] += a * w[i], w in the indexed dtype (F32, F16, BF16, Q8_0: what a KV cache holds) */
+    void (*axpyw[LLM_DTYPE_COUNT])(float *y, float a, const void *w, size_t n);
     /* dst[i] = src[i] as f32 */
     void (*to_f32[LLM_DTYPE_COUNT])(float *dst, const void *src, size_t n);
     float (*sumsq)(const float *x, size_t n);
@@ -58,6 +61,37 @@ SCALAR_DOT(dot_f32_c, LLM_DTYPE_F32)
 SCALAR_DOT(dot_f16_c, LLM_DTYPE_F16)
 SCALAR_DOT(dot_bf16_c, LLM_DTYPE_BF16)
 
+#define SCALAR_AXPYW(NAME, DT)                                                                                        \
+    static void NAME(float *y, float a, const void *w, size_t n)                                                      \
+    {                                                                                                                 \
+        for (size_t i = 0; i < n; i++) y[i] += a * llm_dtype_load(w, DT, i);                                          \
+    }
+SCALAR_AXPYW(axpyw_f32_c, LLM_DTYPE_F32)
+SCALAR_AXPYW(axpyw_f16_c, LLM_DTYPE_F16)
+SCALAR_AXPYW(axpyw_bf16_c, LLM_DTYPE_BF16)
+
+/* Q8_0 rows of the KV cache: each block's integers times x, then times the block's scale. */
+static float dot_q8_0_c(const void *w, const float *x, size_t n)
+{
+    const llm_block_q8_0 *b = w;
+    float s = 0.0f;
+    for (size_t k = 0; k < n / LLM_QK8_0; k++, x += LLM_QK8_0) {
+        float bs = 0.0f;
+        for (int j = 0; j < LLM_QK8_0; j++) bs += (float)b[k].qs[j] * x[j];
+        s += bs * llm_f16_to_f32(b[k].d);
+    }
+    return s;
+}
+
+static void axpyw_q8_0_c(float *y, float a, const void *w, size_t n)
+{
+    const llm_block_q8_0 *b = w;
+    for (size_t k = 0; k < n / LLM_QK8_0; k++, y += LLM_QK8_0) {
+        float ad = a * llm_f16_to_f32(b[k].d);
+        for (int j = 0; j < LLM_QK8_0; j++) y[j] += ad * (float)b[k].qs[j];
+    }
+}
+
 static float sumsq_c(const float *x, size_t n) { return dot_f32_c(x, x, n); }
 
 static void add_c(float *x, const float *y, size_t n)
@@ -89,7 +123,8 @@ static float exp_shift_c(float *s, float m, size_t n)
 
 static const blas_kernels kernels_c = {
     .name = "portable",
-    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c},
+    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c},
+    .axpyw = {axpyw_f32_c, axpyw_f16_c, axpyw_bf16_c, [LLM_DTYPE_Q8_0] = axpyw_q8_0_c},
     .to_f32 = {dot_f32_c_to_f32, dot_f16_c_to_f32, dot_bf16_c_to_f32},
     .sumsq = sumsq_c, .add = add_c, .axpy = axpy_c, .scale = scale_c, .silu_mul = silu_mul_c,
     .exp_shift = exp_shift_c,
@@ -158,6 +193,48 @@ AVX2_DOT(dot_f32_avx2, ld8_f32, LLM_DTYPE_F32)
 AVX2_DOT(dot_f16_avx2, ld8_f16, LLM_DTYPE_F16)
 AVX2_DOT(dot_bf16_avx2, ld8_bf16, LLM_DTYPE_BF16)
 
+#define AVX2_AXPYW(NAME, LD, DT)                                                                                      \
+    AVX2 static void NAME(float *y, float a, const void *w, size_t n)                                                \
+    {                                                                                                                 \
+        __m256 va = _mm256_set1_ps(a);                                                                                \
+        size_t i = 0;                                                                                                 \
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LD(w, i), _mm256_loadu_ps(y + i)));   \
+        for (; i < n; i++) y[i] += a * llm_dtype_load(w, DT, i);                                                      \
+    }
+AVX2_AXPYW(axpyw_f32_avx2, ld8_f32, LLM_DTYPE_F32)
+AVX2_AXPYW(axpyw_f16_avx2, ld8_f16, LLM_DTYPE_F16)
+AVX2_AXPYW(axpyw_bf16_avx2, ld8_bf16, LLM_DTYPE_BF16)
+
+/* Eight int8 as f32 (exact). */
+AVX2 static inline __m256 ld8_i8(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+AVX2 static float dot_q8_0_avx2(const void *w, const float *x, size_t n)
+{
+    const llm_block_q8_0 *b = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK8_0; k++, x += LLM_QK8_0) {
+        __m256 s = _mm256_mul_ps(ld8_i8(b[k].qs), _mm256_loadu_ps(x));
+        s = _mm256_fmadd_ps(ld8_i8(b[k].qs + 8), _mm256_loadu_ps(x + 8), s);
+        s = _mm256_fmadd_ps(ld8_i8(b[k].qs + 16), _mm256_loadu_ps(x + 16), s);
+        s = _mm256_fmadd_ps(ld8_i8(b[k].qs + 24), _mm256_loadu_ps(x + 24), s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b[k].d)), s, acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static void axpyw_q8_0_avx2(float *y, float a, const void *w, size_t n)
+{
+    const llm_block_q8_0 *b = w;
+    for (size_t k = 0; k < n / LLM_QK8_0; k++, y += LLM_QK8_0) {
+        __m256 ad = _mm256_set1_ps(a * _cvtsh_ss(b[k].d));
+        for (int j = 0; j < LLM_QK8_0; j += 8)
+            _mm256_storeu_ps(y + j, _mm256_fmadd_ps(ad, ld8_i8(b[k].qs + j), _mm256_loadu_ps(y + j)));
+    }
+}
+
 AVX2 static float sumsq_avx2(const float *x, size_t n) { return dot_f32_avx2(x, x, n); }
 
 AVX2 static void add_avx2(float *x, const float *y, size_t n)
@@ -224,7 +301,8 @@ AVX2 static float exp_shift_avx2(float *s, float m, size_t n)
 
 static const blas_kernels kernels_avx2 = {
     .name = "avx2",
-    .dot = {dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2},
+    .dot = {dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, [LLM_DTYPE_Q8_0] = dot_q8_0_avx2},
+    .axpyw = {axpyw_f32_avx2, axpyw_f16_avx2, axpyw_bf16_avx2, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx2},
     .to_f32 = {dot_f32_avx2_to_f32, dot_f16_avx2_to_f32, dot_bf16_avx2_to_f32},
     .sumsq = sumsq_avx2, .add = add_avx2, .axpy = axpy_avx2, .scale = scale_avx2, .silu_mul = silu_mul_avx2,
     .exp_shift = exp_shift_avx2,
@@ -269,6 +347,46 @@ AVX512 static inline __m512 ld16_bf16(const void *p, size_t i)
 AVX512_DOT(dot_f32_avx512, ld16_f32, LLM_DTYPE_F32)
 AVX512_DOT(dot_f16_avx512, ld16_f16, LLM_DTYPE_F16)
 AVX512_DOT(dot_bf16_avx512, ld16_bf16, LLM_DTYPE_BF16)
+
+#define AVX512_AXPYW(NAME, LD, DT)                                                                                    \
+    AVX512 static void NAME(float *y, float a, const void *w, size_t n)                                              \
+    {                                                                                                                 \
+        __m512 va = _mm512_set1_ps(a);                                                                                \
+        size_t i = 0;                                                                                                 \
+        for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, LD(w, i), _mm512_loadu_ps(y + i))); \
+        for (; i < n; i++) y[i] += a * llm_dtype_load(w, DT, i);                                                      \
+    }
+AVX512_AXPYW(axpyw_f32_avx512, ld16_f32, LLM_DTYPE_F32)
+AVX512_AXPYW(axpyw_f16_avx512, ld16_f16, LLM_DTYPE_F16)
+AVX512_AXPYW(axpyw_bf16_avx512, ld16_bf16, LLM_DTYPE_BF16)
+
+/* Sixteen int8 as f32 (exact). */
+AVX512 static inline __m512 ld16_i8(const int8_t *p)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+AVX512 static float dot_q8_0_avx512(const void *w, const float *x, size_t n)
+{
+    const llm_block_q8_0 *b = w;
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK8_0; k++, x += LLM_QK8_0) {
+        __m512 s = _mm512_mul_ps(ld16_i8(b[k].qs), _mm512_loadu_ps(x));
+        s = _mm512_fmadd_ps(ld16_i8(b[k].qs + 16), _mm512_loadu_ps(x + 16), s);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(b[k].d)), s, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+AVX512 static void axpyw_q8_0_avx512(float *y, float a, const void *w, size_t n)
+{
+    const llm_block_q8_0 *b = w;
+    for (size_t k = 0; k < n / LLM_QK8_0; k++, y += LLM_QK8_0) {
+        __m512 ad = _mm512_set1_ps(a * _cvtsh_ss(b[k].d));
+        _mm512_storeu_ps(y, _mm512_fmadd_ps(ad, ld16_i8(b[k].qs), _mm512_loadu_ps(y)));
+        _mm512_storeu_ps(y + 16, _mm512_fmadd_ps(ad, ld16_i8(b[k].qs + 16), _mm512_loadu_ps(y + 16)));
+    }
+}
 
 AVX512 static float sumsq_avx512(const float *x, size_t n) { return dot_f32_avx512(x, x, n); }
 
@@ -336,7 +454,8 @@ AVX512 static float exp_shift_avx512(float *s, float m, size_t n)
 
 static const blas_kernels kernels_avx512 = {
     .name = "avx512",
-    .dot = {dot_f32_avx512, dot_f16_avx512, dot_bf16_avx512},
+    .dot = {dot_f32_avx512, dot_f16_avx512, dot_bf16_avx512, [LLM_DTYPE_Q8_0] = dot_q8_0_avx512},
+    .axpyw = {axpyw_f32_avx512, axpyw_f16_avx512, axpyw_bf16_avx512, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx512},
     .to_f32 = {dot_f32_avx512_to_f32, dot_f16_avx512_to_f32, dot_bf16_avx512_to_f32},
     .sumsq = sumsq_avx512, .add = add_avx512, .axpy = axpy_avx512, .scale = scale_avx512,
     .silu_mul = silu_mul_avx512, .exp_shift = exp_shift_avx512,
@@ -657,25 +776,28 @@ static void blas_rope(float *q, float *k, const int32_t *positions, const float 
     }
 }
 
-/* One query head over the cache rows of positions first .. len-1 (row t % ctx, row stride `stride` floats), softmax
- * computed online a block of rows at a time (running maximum and sum, accumulator rescaled when the maximum grows),
- * so no buffer of len scores. softcap > 0 caps each scaled score (tanhf from libm, as the reference). */
+/* One query head over the cache rows of positions first .. len-1 (row t % ctx, rows `stride` bytes apart, element
+ * type ct read directly by the dot and axpy kernels: no f32 copy of the cache), softmax computed online a block of
+ * rows at a time (running maximum and sum, accumulator rescaled when the maximum grows), so no buffer of len scores.
+ * softcap > 0 caps each scaled score (tanhf from libm, as the reference). */
 #define ATT_BLOCK 256
-static void attend(float *o, const float *qh, const float *kc, const float *vc, size_t stride, int first, int len,
-                   int ctx, int head_dim, float scale, float softcap)
+static void attend(float *o, const float *qh, const char *kc, const char *vc, size_t stride, llm_dtype ct, int first,
+                   int len, int ctx, int head_dim, float scale, float softcap)
 {
     float s[ATT_BLOCK];
     float max = -INFINITY, denom = 0.0f;
+    float (*dot)(const void *, const float *, size_t) = K->dot[ct];
+    void (*axpyw)(float *, float, const void *, size_t) = K->axpyw[ct];
     memset(o, 0, (size_t)head_dim * sizeof *o);
     for (int t0 = first, nb; t0 < len; t0 += nb) {
         /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
         int r0 = t0 % ctx;
         nb = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
         if (nb > ctx - r0) nb = ctx - r0;
-        const float *kb = kc + (size_t)r0 * stride, *vb = vc + (size_t)r0 * stride;
+        const char *kb = kc + (size_t)r0 * stride, *vb = vc + (size_t)r0 * stride;
         float block_max = -INFINITY;
         for (int j = 0; j < nb; j++) {
-            s[j] = K->dot[LLM_DTYPE_F32](kb + (size_t)j * stride, qh, (size_t)head_dim) * scale;
+            s[j] = dot(kb + (size_t)j * stride, qh, (size_t)head_dim) * scale;
             if (softcap > 0.0f) s[j] = llm_softcap(s[j], softcap);
             if (s[j] > block_max) block_max = s[j];
         }
@@ -688,7 +810,7 @@ static void attend(float *o, const float *qh, const float *kc, const float *vc, 
             max = block_max;
         }
         denom += K->exp_shift(s, max, (size_t)nb);
-        for (int j = 0; j < nb; j++) K->axpy(o, s[j], vb + (size_t)j * stride, (size_t)head_dim);
+        for (int j = 0; j < nb; j++) axpyw(o, s[j], vb + (size_t)j * stride, (size_t)head_dim);
     }
     for (int d = 0; d < head_dim; d++) o[d] /= denom;
 }
@@ -698,10 +820,13 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
                            int ctx, const llm_attention_params *p)
 {
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    llm_dtype ct = p->cache;
+    /* The reference's own rounding (ref.h): n rows a call, a small part of the time even for a prompt's batch. */
     for (int i = 0; i < n; i++) {
-        memcpy(k_cache + (size_t)(positions[i] % ctx) * kv_dim, k + (size_t)i * kv_dim, kv_dim * sizeof(float));
-        memcpy(v_cache + (size_t)(positions[i] % ctx) * kv_dim, v + (size_t)i * kv_dim, kv_dim * sizeof(float));
+        llm_kv_store_row(k_cache, ct, (size_t)(positions[i] % ctx), k + (size_t)i * kv_dim, kv_dim);
+        llm_kv_store_row(v_cache, ct, (size_t)(positions[i] % ctx), v + (size_t)i * kv_dim, kv_dim);
     }
+    size_t stride = llm_cache_row_bytes(ct, kv_dim);
     int group = n_heads / n_kv_heads;
     int tasks = n * n_heads;
     /* Parallel over (position, head). Later positions attend to more rows: handing tasks out round-robin
@@ -710,10 +835,11 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
 #pragma omp parallel for num_threads(blas_threads) schedule(static, 1) if (tasks > 1 && work >= PAR_MIN)
     for (int t = 0; t < tasks; t++) {
         int i = t / n_heads, h = t % n_heads;
-        size_t kv_off = (size_t)(h / group) * head_dim;
+        /* head g's part of a row: whole Q8_0 blocks, since head_dim is a multiple of 32 for that type */
+        size_t kv_off = llm_cache_row_bytes(ct, (size_t)(h / group) * head_dim);
         int len = positions[i] + 1, first = p->window > 0 && len > p->window ? len - p->window : 0;
-        attend(out + (size_t)t * head_dim, q + (size_t)t * head_dim, k_cache + kv_off, v_cache + kv_off, kv_dim,
-               first, len, ctx, head_dim, p->scale, p->softcap);
+        attend(out + (size_t)t * head_dim, q + (size_t)t * head_dim, (const char *)k_cache + kv_off,
+               (const char *)v_cache + kv_off, stride, ct, first, len, ctx, head_dim, p->scale, p->softcap);
     }
 }
 
@@ -757,6 +883,7 @@ static void blas_add(float *x, const float *y, size_t count)
 
 static bool blas_supports(llm_op op, llm_dtype dtype)
 {
+    if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype); /* the cache's type; kernels for each above */
     if (!llm_dtype_is_block(dtype)) return dtype < LLM_DTYPE_COUNT;
     const llm_quant_kernels *k = QK ? QK : pick_quant_kernels(); /* asked before init by `llm-run devices` */
     return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS) && k->tile[llm_quant_of_dtype(dtype)] != NULL;
@@ -798,4 +925,5 @@ const llm_device llm_device_blas = {
     .measure_bandwidth = blas_measure_bandwidth,
     .weight_load = blas_weight_load,
     .weight_free = blas_weight_free,
+    .cache_type = LLM_DTYPE_F16, /* see README: measured against f32 and bf16 with llm-run compare */
 };

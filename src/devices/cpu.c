@@ -17,7 +17,9 @@ static void cpu_describe(char *buf, size_t len) { snprintf(buf, len, "reference 
 
 static bool cpu_supports(llm_op op, llm_dtype dtype)
 {
-    /* block formats (--quant) only reach the products; the reference dequantizes them exactly */
+    /* attention's dtype is the KV cache's (--cache-type); block formats (--quant) otherwise only reach the products;
+     * the reference rounds and dequantizes them exactly */
+    if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype);
     return !llm_dtype_is_block(dtype) || op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
 }
 

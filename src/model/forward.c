@@ -14,6 +14,16 @@ static int layer_rows(const llm_state *s, const llm_config *c, int l)
     return s->window && c->layer_sliding[l] ? s->window_rows : s->ctx;
 }
 
+/* Bytes of layer l's cache (either of the two) in the model's cache type, rounded up to 64 so that every layer's
+ * starts on a cache line (and the op's float pointers are aligned whatever a Q8_0 row's 34-byte blocks add up to). */
+static size_t layer_bytes(const llm_state *s, const llm_model *m, int l)
+{
+    const llm_config *c = &m->config;
+    size_t kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
+    size_t bytes = (size_t)layer_rows(s, c, l) * llm_cache_row_bytes(m->cache_type, kv_dim);
+    return (bytes + 63) / 64 * 64;
+}
+
 struct state_buf {
     void **buf;
     size_t bytes;
@@ -32,7 +42,7 @@ static int state_fits(const llm_device *dev, const struct state_buf *bufs, size_
     snprintf(err, err_len, "%s: the run state needs %.2f GiB (KV cache %.2f GiB for a context of %d, activations for a "
              "batch of %d), but %.2f GiB is free: lower -c%s", dev->name, (double)need / 1073741824.0,
              (double)kv_bytes / 1073741824.0, ctx, max_batch, (double)mem.free / 1073741824.0,
-             kv_bytes < need / 2 ? " or -b" : "");
+             kv_bytes < need / 2 ? " or -b" : " or use a smaller --cache-type");
     return -1;
 }
 
@@ -63,8 +73,8 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     size_t B = (size_t)max_batch, hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     size_t n_logits = all_logits ? B : 1, vocab = (size_t)c->vocab_size;
-    size_t cache = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) cache += (size_t)layer_rows(s, c, l) * kv_dim;
+    size_t cache = 0; /* bytes of one of the two caches */
+    for (int l = 0; l < c->num_hidden_layers; l++) cache += layer_bytes(s, m, l);
     size_t logit_bytes = n_logits * vocab * sizeof(float);
     /* One position's logits, where the device's ops can write host memory in place: no download after each step
      * (for a batch of them, all_logits, the device's own memory and one download are faster). */
@@ -78,10 +88,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->k, B * kv_dim * sizeof(float)},     {(void **)&s->v, B * kv_dim * sizeof(float)},
         {(void **)&s->gate, B * inter * sizeof(float)},   {(void **)&s->up, B * inter * sizeof(float)},
         {(void **)&s->logits, n_logits * vocab * sizeof(float)},
-        {(void **)&s->key_cache, cache * sizeof(float)},  {(void **)&s->value_cache, cache * sizeof(float)},
+        {(void **)&s->key_cache, cache},                  {(void **)&s->value_cache, cache},
         {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
     };
-    if (state_fits(dev, bufs, sizeof bufs / sizeof *bufs, cache * 2 * sizeof(float), ctx, max_batch, err, err_len)) {
+    if (state_fits(dev, bufs, sizeof bufs / sizeof *bufs, 2 * cache, ctx, max_batch, err, err_len)) {
         llm_state_free(s, m);
         return -1;
     }
@@ -98,7 +108,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         }
         s->device_bytes += bufs[i].bytes;
     }
-    s->kv_bytes = 2 * cache * sizeof(float);
+    s->kv_bytes = 2 * cache;
     if (!s->host_logits) { /* downloaded into after every step */
         s->host_logits = dev->host_alloc ? dev->host_alloc(logit_bytes) : NULL;
         s->logits_pinned = s->host_logits != NULL;
@@ -192,10 +202,13 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const llm_layer *L = &m->layers[l];
             int rows = layer_rows(s, c, l);
-            float *k_cache = s->key_cache + cache_at, *v_cache = s->value_cache + cache_at;
-            cache_at += (size_t)rows * kv_dim;
+            /* The op's cache pointers are f32-typed; the cache holds m->cache_type (ops.h, attention). */
+            float *k_cache = (float *)((char *)s->key_cache + cache_at);
+            float *v_cache = (float *)((char *)s->value_cache + cache_at);
+            cache_at += layer_bytes(s, m, l);
             bool sliding = c->layer_sliding[l];
-            const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? s->window : 0};
+            const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? s->window : 0,
+                                             m->cache_type};
             /* A block's input: the residual stream itself where the family has no norm before it (OLMo 2). */
             const float *in = L->attn_norm.data ? s->xb : s->x;
 

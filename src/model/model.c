@@ -330,6 +330,19 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
             goto fail;
     }
 
+    /* The KV cache: the type asked for, else the device's own; checked before any weight is read. */
+    m->cache_type = !opt ? LLM_DTYPE_F32 : opt->cache_default ? dev->cache_type : opt->cache_type;
+    if (!llm_cache_type_valid(m->cache_type)) {
+        snprintf(err, err_len, "a KV cache of %s: expected F32, F16, BF16 or Q8_0", llm_dtype_name(m->cache_type));
+        goto fail;
+    }
+    if (m->cache_type == LLM_DTYPE_Q8_0 && c->head_dim % 32 != 0) {
+        snprintf(err, err_len, "%s/config.json: head_dim %d is not a multiple of 32, as a Q8_0 KV cache needs (blocks "
+                 "of 32 along each head): use --cache-type f16 or bf16", m->dir, c->head_dim);
+        goto fail;
+    }
+    if (llm_runtime_require(&m->rt, LLM_OP_ATTENTION, m->cache_type, opt ? opt->log : NULL, err, err_len)) goto fail;
+
     /* The weights' bytes, reported a layer at a time against every tensor in the checkpoint. */
     char placing[96];
     snprintf(placing, sizeof placing, "loading weights to %s", dev->name);

@@ -58,6 +58,7 @@ typedef struct llm_model {
     llm_dtype quant;         /* the block format the layers' linears were quantized to on load; or weight_dtype */
     int quant_count;         /* matrices quantized on load (owned by the model: host memory) */
     int quant_kept;          /* linears left as stored: columns not a whole number of blocks */
+    llm_dtype cache_type;    /* the KV cache's element type (ops.h, attention) */
     char dir[4096];          /* folder holding config.json and the tokenizer */
     llm_trace_fn trace;
     void *trace_user;
@@ -77,6 +78,11 @@ typedef struct {
      * (the zero value F32 included): weights as stored. Only devices whose buffers are host memory (cpu, blas). */
     llm_dtype quant;
     bool quant_head;
+    /* The KV cache's element type: F32 (the zero value: exact, as tests want), F16, BF16 or Q8_0 (head_dim a multiple
+     * of 32). With cache_default, the device's own choice instead (llm_device.cache_type), as the CLI does without
+     * --cache-type. A device whose attention cannot read the type: the cpu reference's (host memory), else an error. */
+    llm_dtype cache_type;
+    bool cache_default;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */
@@ -103,8 +109,9 @@ typedef struct {
     float *k, *v;            /* (max_batch, kv_dim) */
     float *gate, *up;        /* (max_batch, intermediate) */
     float *logits;           /* (max_batch or 1, vocab) */
-    float *key_cache;        /* each layer's (ctx or window_rows, kv_dim), layer after layer */
-    float *value_cache;      /* the same */
+    void *key_cache;         /* each layer's (ctx or window_rows, kv_dim) in m->cache_type, layer after layer, each
+                              * layer's from a multiple of 64 bytes (a Q8_0 row is 34 bytes a block) */
+    void *value_cache;       /* the same */
     int32_t *step_ids;       /* (2 * max_batch): a call's n token ids, then its n positions (one upload) */
     /* host */
     float *host_logits;      /* (max_batch or 1, vocab); from the device's host_alloc when logits_pinned */
@@ -112,7 +119,7 @@ typedef struct {
     bool logits_shared;      /* logits is host_logits (the device's shared_alloc): written in place, not downloaded */
     int32_t *host_ids;       /* (2 * max_batch): what step_ids receives */
     size_t device_bytes;     /* what the buffers above take on the device */
-    size_t kv_bytes;
+    size_t kv_bytes;         /* both caches, in m->cache_type */
 } llm_state;
 
 /* ctx: 0 = min(max_position_embeddings, 4096). Errors when ctx exceeds what the model allows. */

@@ -87,6 +87,10 @@ typedef struct llm_device {
     void *(*shared_alloc)(size_t bytes);
     /* Optional: the counters since init (NULL: the device keeps none). */
     void (*counters)(llm_device_counters *out);
+
+    /* The KV cache's element type when the user names none (--cache-type): the smallest this device's attention
+     * reads as fast and as accurately as the models need. The zero value F32 is the exact one (the reference's). */
+    llm_dtype cache_type;
 } llm_device;
 
 #endif

@@ -40,7 +40,17 @@ typedef struct {
     float scale;   /* multiplies q . k: 1/sqrt(head_dim) (Llama), query_pre_attn_scalar^-1/2 (Gemma) */
     float softcap; /* > 0: a scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: none */
     int window;    /* > 0: position p attends to t with p - window < t <= p (sliding-window layers); 0: all t <= p */
+    llm_dtype cache; /* the KV cache's element type: F32 (the zero value), F16, BF16 or Q8_0 (see attention) */
 } llm_attention_params;
+
+/* The element types a KV cache may have (--cache-type), and the bytes of one cache row of kv_dim values. Q8_0 blocks
+ * run along the row (32 values, one f16 scale, as ggml's block_q8_0), so kv_dim and head_dim are multiples of 32 and
+ * no block straddles two heads. */
+static inline int llm_cache_type_valid(llm_dtype t)
+{
+    return t == LLM_DTYPE_F32 || t == LLM_DTYPE_F16 || t == LLM_DTYPE_BF16 || t == LLM_DTYPE_Q8_0;
+}
+static inline size_t llm_cache_row_bytes(llm_dtype t, size_t kv_dim) { return llm_dtype_row_bytes(t, kv_dim); }
 
 typedef enum {
     LLM_OP_EMBED,
@@ -90,16 +100,22 @@ typedef struct llm_ops {
                  int n_kv_heads, int head_dim, int rot_dim, float scale);
 
     /* Causal attention over the KV cache with grouped queries.
-     * The caches are (ctx, n_kv_heads * head_dim) for one layer; position t's row is t % ctx (row t itself while
-     * positions stay below ctx; a ring for a windowed layer whose cache is shorter than the sequence).
-     * First stores k[i], v[i] into k_cache, v_cache at row positions[i] % ctx. Then for each token i and head h,
+     * The caches are (ctx, n_kv_heads * head_dim) for one layer, in element type p->cache: a row is
+     * llm_cache_row_bytes(p->cache, kv_dim) bytes (the pointers keep their f32 type from when every cache was f32;
+     * read them as bytes). Position t's row is t % ctx (row t itself while positions stay below ctx; a ring for a
+     * windowed layer whose cache is shorter than the sequence).
+     * First stores k[i], v[i] into k_cache, v_cache at row positions[i] % ctx, each row rounded to p->cache exactly
+     * as llm_kv_store_row (ref.h) does it: F16 and BF16 round to nearest even (dtype.h), Q8_0 is ggml's reference
+     * quantizer a block of 32 at a time. Every read of the cache takes the stored value exactly (k_cache[t, c] below
+     * is that value as f32); a device never keeps a second, f32 copy. Then for each token i and head h,
      * with kv head g = h / (n_heads / n_kv_heads), p = positions[i] and the positions it sees
      * T = {t : t <= p and (p->window == 0 or t > p - p->window)}:
      *   s_t = (q[i, h] . k_cache[t % ctx, g]) * p->scale, then s_t = softcap * tanh(s_t / softcap) when softcap > 0
      *   out[i, h] = sum_{t in T} softmax_T(s)_t v_cache[t % ctx, g].
      * Rows in T not written by this call must have been written by an earlier one, and not overwritten since: with
      * a window, ctx >= window + n - 1 keeps every row this call reads from its own stores; without one, every
-     * positions[i] < ctx. out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim). */
+     * positions[i] < ctx. out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim), f32.
+     * supports(LLM_OP_ATTENTION, t) asks whether the device's attention takes a cache of element type t. */
     void (*attention)(float *out, const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
                       const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                       const llm_attention_params *p);

@@ -4,8 +4,33 @@
 #include "ref.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "../quant/quant_dot.h"
+
+void llm_kv_store_row(void *cache, llm_dtype t, size_t row, const float *src, size_t kv_dim)
+{
+    char *dst = (char *)cache + row * llm_cache_row_bytes(t, kv_dim);
+    switch (t) {
+    case LLM_DTYPE_F32: memcpy(dst, src, kv_dim * sizeof(float)); break;
+    case LLM_DTYPE_F16:
+        for (size_t c = 0; c < kv_dim; c++) ((uint16_t *)dst)[c] = llm_f32_to_f16(src[c]);
+        break;
+    case LLM_DTYPE_BF16:
+        for (size_t c = 0; c < kv_dim; c++) ((uint16_t *)dst)[c] = llm_f32_to_bf16(src[c]);
+        break;
+    default: /* Q8_0: ggml's quantize_row_q8_0_ref along the row */
+        llm_quant_traits_of(LLM_QUANT_Q8_0)->quantize(dst, src, kv_dim);
+        break;
+    }
+}
+
+float llm_kv_load(const void *cache, llm_dtype t, size_t i)
+{
+    if (t != LLM_DTYPE_Q8_0) return llm_dtype_load(cache, t, i);
+    const llm_block_q8_0 *b = (const llm_block_q8_0 *)cache + i / LLM_QK8_0;
+    return (float)b->qs[i % LLM_QK8_0] * llm_f16_to_f32(b->d); /* as the format's dequantize computes it */
+}
 
 static void ref_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale)
 {
@@ -75,11 +100,12 @@ static void ref_rope(float *q, float *k, const int32_t *positions, const float *
     }
 }
 
-/* One scaled, soft-capped score. */
-static float score(const float *qh, const float *kt, int head_dim, const llm_attention_params *p)
+/* One scaled, soft-capped score: q . (the cache's row t, from element kv_off on). */
+static float score(const float *qh, const void *k_cache, llm_dtype t, size_t row_at, int head_dim,
+                   const llm_attention_params *p)
 {
     float s = 0.0f;
-    for (int d = 0; d < head_dim; d++) s += qh[d] * kt[d];
+    for (int d = 0; d < head_dim; d++) s += qh[d] * llm_kv_load(k_cache, t, row_at + (size_t)d);
     s *= p->scale;
     return p->softcap > 0.0f ? llm_softcap(s, p->softcap) : s;
 }
@@ -89,11 +115,11 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
                           int ctx, const llm_attention_params *p)
 {
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    for (int i = 0; i < n; i++)
-        for (size_t c = 0; c < kv_dim; c++) {
-            k_cache[(size_t)(positions[i] % ctx) * kv_dim + c] = k[(size_t)i * kv_dim + c];
-            v_cache[(size_t)(positions[i] % ctx) * kv_dim + c] = v[(size_t)i * kv_dim + c];
-        }
+    llm_dtype ct = p->cache;
+    for (int i = 0; i < n; i++) {
+        llm_kv_store_row(k_cache, ct, (size_t)(positions[i] % ctx), k + (size_t)i * kv_dim, kv_dim);
+        llm_kv_store_row(v_cache, ct, (size_t)(positions[i] % ctx), v + (size_t)i * kv_dim, kv_dim);
+    }
 
     int group = n_heads / n_kv_heads;
     for (int i = 0; i < n; i++) {
@@ -107,16 +133,16 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
             /* Two passes: the maximum score first, so exp() never overflows. */
             float max = -INFINITY;
             for (int t = first; t < len; t++) {
-                float s = score(qh, k_cache + (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p);
+                float s = score(qh, k_cache, ct, (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p);
                 if (s > max) max = s;
             }
             float denom = 0.0f;
             for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
             for (int t = first; t < len; t++) {
-                const float *vt = v_cache + (size_t)(t % ctx) * kv_dim + kv_off;
-                float e = expf(score(qh, k_cache + (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p) - max);
+                size_t at = (size_t)(t % ctx) * kv_dim + kv_off;
+                float e = expf(score(qh, k_cache, ct, at, head_dim, p) - max);
                 denom += e;
-                for (int d = 0; d < head_dim; d++) oh[d] += e * vt[d];
+                for (int d = 0; d < head_dim; d++) oh[d] += e * llm_kv_load(v_cache, ct, at + (size_t)d);
             }
             for (int d = 0; d < head_dim; d++) oh[d] /= denom;
         }

@@ -6,4 +6,11 @@
 
 extern const llm_ops llm_ref_ops;
 
+/* KV cache rows in element type t (F32, F16, BF16, Q8_0; rows of kv_dim values, llm_cache_row_bytes each), as
+ * ops.h's attention specifies them. Every host device stores through llm_kv_store_row, so that its caches equal the
+ * reference's bit for bit (a call stores n rows: the conversion is not where attention's time goes).
+ * llm_kv_load reads element i of a cache (i = row * kv_dim + c) exactly as f32. */
+void llm_kv_store_row(void *cache, llm_dtype t, size_t row, const float *src, size_t kv_dim);
+float llm_kv_load(const void *cache, llm_dtype t, size_t i);
+
 #endif

@@ -99,7 +99,7 @@ static void wrap_attention(float *out, const float *q, const float *k, const flo
 {
     size_t q_bytes = (size_t)n * n_heads * head_dim * sizeof(float);
     size_t kv_bytes = (size_t)n * n_kv_heads * head_dim * sizeof(float);
-    size_t cache_bytes = (size_t)ctx * n_kv_heads * head_dim * sizeof(float);
+    size_t cache_bytes = (size_t)ctx * llm_cache_row_bytes(p->cache, (size_t)n_kv_heads * head_dim);
     float *hq = host_copy_of(q, q_bytes), *hk = host_copy_of(k, kv_bytes), *hv = host_copy_of(v, kv_bytes);
     float *hkc = host_copy_of(k_cache, cache_bytes), *hvc = host_copy_of(v_cache, cache_bytes);
     int32_t *hp = host_copy_of(positions, (size_t)n * sizeof *hp);
@@ -169,13 +169,20 @@ int llm_runtime_require(llm_runtime *rt, llm_op op, llm_dtype dtype, FILE *log, 
 {
     const llm_device *who = rt->op_device[op];
     if (who && who->supports(op, dtype)) return 0;
-    if (!rt->dev->host_memory) { /* the transfer wrappers would move every weight each call: refuse, not crawl */
-        snprintf(err, err_len, "%s: %s has no kernel for %s weights yet; --quant runs on blas and cpu", rt->dev->name,
-                 llm_op_name(op), llm_dtype_name(dtype));
+    bool cache = op == LLM_OP_ATTENTION; /* its dtype is the KV cache's */
+    if (!rt->dev->host_memory) { /* the transfer wrappers would move every weight (or the cache) each call */
+        if (cache)
+            snprintf(err, err_len, "%s: attention has no kernel for a %s KV cache yet (--cache-type f32 there)",
+                     rt->dev->name, llm_dtype_name(dtype));
+        else
+            snprintf(err, err_len, "%s: %s has no kernel for %s weights yet; --quant runs on blas and cpu",
+                     rt->dev->name, llm_op_name(op), llm_dtype_name(dtype));
         return -1;
     }
     route_to_host(rt, op, llm_device_find("cpu"));
-    if (log) fprintf(log, "%s: %s with %s weights -> cpu reference\n", rt->dev->name, llm_op_name(op), llm_dtype_name(dtype));
+    if (log)
+        fprintf(log, "%s: %s with %s%s%s -> cpu reference\n", rt->dev->name, llm_op_name(op), cache ? "a " : "",
+                llm_dtype_name(dtype), cache ? " KV cache" : " weights");
     return 0;
 }
 
@@ -216,7 +223,9 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
 
     const llm_device *cpu = llm_device_find("cpu");
     for (int op = 0; op < LLM_OP_COUNT; op++) {
-        if (llm_ops_has(dev->ops, (llm_op)op) && dev->supports((llm_op)op, weight_dtype)) {
+        /* attention's dtype is the KV cache's: f32 here, the cache's own type when the model asks (require) */
+        llm_dtype dt = op == LLM_OP_ATTENTION ? LLM_DTYPE_F32 : weight_dtype;
+        if (llm_ops_has(dev->ops, (llm_op)op) && dev->supports((llm_op)op, dt)) {
             llm_ops_copy(&rt->ops, dev->ops, (llm_op)op);
             rt->op_device[op] = dev;
         } else {

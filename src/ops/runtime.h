@@ -32,9 +32,10 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
                      const llm_op_pin *pins, int n_pins, FILE *log, char *err, size_t err_len);
 void llm_runtime_close(llm_runtime *rt); /* accepts a zeroed or closed runtime */
 
-/* op will also see weights of `dtype` (a block format, for --quant): when the device computing it cannot take them,
- * a host-memory device's op goes to the cpu reference (printed to log as "blas: matmul with Q4_K weights -> cpu
- * reference"); any other device fails with one line naming the op and the format. 0 on success, else err. */
+/* op will also see weights of `dtype` (a block format, for --quant), or for attention a KV cache of `dtype`
+ * (--cache-type; the table is built for an f32 cache): when the device computing it cannot take them, a host-memory
+ * device's op goes to the cpu reference (printed to log as "blas: matmul with Q4_K weights -> cpu reference"); any
+ * other device fails with one line naming the op and the format. 0 on success, else err. */
 int llm_runtime_require(llm_runtime *rt, llm_op op, llm_dtype dtype, FILE *log, char *err, size_t err_len);
 
 /* Parse "rope=cpu" into a pin. 0 on success. */

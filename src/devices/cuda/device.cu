@@ -294,4 +294,5 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_host_free,
     cuda_shared_alloc,
     cuda_counters,
+    LLM_DTYPE_F32,          /* cache_type: the only cache its attention reads (cuda_supports) */
 };

@@ -472,6 +472,7 @@ void op_softcap(float *x, float cap, size_t count)
 
 bool cuda_supports(llm_op op, llm_dtype dtype)
 {
-    (void)op;
+    /* attention's dtype is the KV cache's: attention.cu, step.cu and gemv.cu's KV store read and write f32 caches */
+    if (op == LLM_OP_ATTENTION) return dtype == LLM_DTYPE_F32;
     return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;
 }
