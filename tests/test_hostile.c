@@ -480,6 +480,7 @@ static void s_cfg_dir(void) { put_dir("m/config.json"); }
 static void s_cfg_zero(void) { put_link("m/config.json", "/dev/zero"); }
 static void s_cfg_huge(void) { put_sparse("m/config.json", (off_t)200 << 20); }
 static void s_cfg_sliding(void) { put_edited("config.json", "{\"sliding_window\": 4294967304}"); }
+static void s_cfg_head_dim_48(void) { put_edited("config.json", "{\"head_dim\": 48}"); }
 static void s_cfg_eos_wrap(void) { put_edited("config.json", "{\"eos_token_id\": 4294967298}"); }
 static void s_cfg_eos_list(void) { put_edited("config.json", "{\"eos_token_id\": [0, -1]}"); }
 static void s_cfg_rope_type_number(void)
@@ -723,6 +724,11 @@ static const hostile_case cases[] = {
     {"bench --tg-after 2147483647", s_none, "bench {M} --tg-after 2147483647", "--tg-after 2147483647", "from 0 to 16777216", 1, NULL},
     {"compare -n 2147483647", s_none, "compare {M} -n 2147483647", "-n 2147483647", "from 0 to 16777216", 2, NULL},
     {"compare -p 2147483647", s_none, "compare {M} -p 2147483647", "-p 2147483647", "from 1 to 16777216", 2, NULL},
+    {"--cache-type nope", s_none, DEFAULT_ARGS " --cache-type nope", "--cache-type 'nope'", "expected f32, f16, bf16 or q8_0", 1, NULL},
+    {"bench --cache-type nope", s_none, "bench {M} --cache-type nope", "--cache-type 'nope'", "expected f32, f16, bf16 or q8_0", 1, NULL},
+    {"compare --cache-type q4_0", s_none, "compare {M} --cache-type q4_0", "--cache-type 'q4_0'", "expected f32, f16, bf16 or q8_0", 2, NULL},
+    {"--cache-type q8_0 with head_dim 48", s_cfg_head_dim_48, DEFAULT_ARGS " --cache-type q8_0", "config.json", "head_dim 48 is not a multiple of 32", 1, NULL},
+    {"bench --cache-type q8_0 with head_dim 48", s_cfg_head_dim_48, "bench {M} --cache-type q8_0 --device blas -p 8 -n 0 -r 1", "config.json", "head_dim 48 is not a multiple of 32", 1, NULL},
     {"unknown option", s_none, "{M} --frobnicate", "--frobnicate", "see llm-run --help", 1, NULL},
     {"-n not a number", s_none, "{M} -n abc", "abc", "see llm-run --help", 1, NULL},
     {"bench unknown option", s_none, "bench {M} --frobnicate", "--frobnicate", "see llm-run bench --help", 1, NULL},

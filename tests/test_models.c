@@ -305,8 +305,10 @@ static void test_window_ring(void **state)
         assert_int_equal(s.window_rows, 8 + 7 - 1);
         size_t kv_dim = (size_t)m.config.num_key_value_heads * m.config.head_dim;
         size_t L = (size_t)m.config.num_hidden_layers;
-        size_t rows = (size_t)cases[i].windowed * 14 + (L - (size_t)cases[i].windowed) * 200;
-        assert_int_equal(s.kv_bytes, 2 * rows * kv_dim * sizeof(float));
+        /* f32 rows (the zero value of cache_type); each layer's cache from a multiple of 64 bytes */
+        size_t ring = (14 * kv_dim * sizeof(float) + 63) / 64 * 64, full = (200 * kv_dim * sizeof(float) + 63) / 64 * 64;
+        size_t windowed = (size_t)cases[i].windowed;
+        assert_int_equal(s.kv_bytes, 2 * (windowed * ring + (L - windowed) * full));
         llm_state_free(&s, &m);
         llm_model_free(&m);
         fixture_free_expected(&ex);
@@ -407,6 +409,120 @@ static void test_longrope_switch(void **state)
     fixture_free_expected(&ex);
 }
 
+/* The KV cache's types (--cache-type) on every fixture: the logits of a model whose cache is rounded to a 16-bit type
+ * or Q8_0 against the same model's with an f32 cache (which test_logits holds to HF's), over the prompt in one call
+ * and over HF's greedy continuation fed a token at a time; the greedy token agrees wherever the f32 run's margin
+ * (best minus second-best logit) is more than twice the tolerance. Tolerance, relative to the largest logit: each
+ * layer's attention output moves by about 4u (test_ops: u the type's rounding, 2^-11 for F16, 2^-8 for BF16, 2^-7 for
+ * Q8_0), and what reaches the logits through the layers' residual stream grows at most with their count L:
+ * 4u * (L + 1), doubled for margin (measured over the fixtures: at most a third of it). */
+static double cache_logit_tol(llm_dtype t, int layers)
+{
+    double u = t == LLM_DTYPE_F16 ? 0x1p-11 : t == LLM_DTYPE_BF16 ? 0x1p-8 : 0x1p-7;
+    return 8.0 * u * (layers + 1);
+}
+
+static double logit_margin(const float *l, int vocab)
+{
+    float best = -INFINITY, second = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (l[i] > best) second = best, best = l[i];
+        else if (l[i] > second) second = l[i];
+    return (double)best - (double)second;
+}
+
+static double max_abs(const float *l, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fabs((double)l[i]) > m ? fabs((double)l[i]) : m;
+    return m;
+}
+
+static void test_cache_types(void **state)
+{
+    (void)state;
+    static const llm_dtype types[] = {LLM_DTYPE_F16, LLM_DTYPE_BF16, LLM_DTYPE_Q8_0};
+    static const char *const devices[] = {"cpu", "blas"};
+    double worst[3] = {0};
+    int agreed = 0, judged = 0;
+    for (size_t dv = 0; dv < sizeof devices / sizeof *devices; dv++) {
+        const llm_device *dev = llm_device_find(devices[dv]);
+        char why[256] = "";
+        if (!dev || !dev->probe(why, sizeof why)) {
+            print_message("%s not usable here: skipped\n", devices[dv]);
+            continue;
+        }
+        for (size_t f = 0; f < N_FIXTURES; f++) {
+            fixture_expected ex;
+            fixture_load_expected(&ex, fixtures[f]);
+            char err[1024] = "";
+            llm_model m32, mt;
+            llm_load_options lo = {.device = devices[dv]};
+            assert_int_equal(llm_model_load(&m32, ex.dir, &lo, err, sizeof err), 0);
+            assert_int_equal(m32.cache_type, LLM_DTYPE_F32); /* the zero value: exact */
+            int vocab = m32.config.vocab_size, L = m32.config.num_hidden_layers;
+            float *ref = malloc(7 * (size_t)vocab * sizeof *ref); /* a call's f32 logits, kept across the other */
+            assert_non_null(ref);
+            for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+                llm_dtype t = types[ti];
+                lo.cache_type = t;
+                int rc = llm_model_load(&mt, ex.dir, &lo, err, sizeof err);
+                if (t == LLM_DTYPE_Q8_0 && m32.config.head_dim % 32) { /* refused with one line naming head_dim */
+                    assert_int_equal(rc, -1);
+                    assert_non_null(strstr(err, "head_dim"));
+                    continue;
+                }
+                if (rc) print_error("%s\n", err);
+                assert_int_equal(rc, 0);
+                assert_int_equal(mt.cache_type, t);
+                double tol = cache_logit_tol(t, L), rel = 0.0;
+                /* Both models the same calls: the prompt in chunks of 7, then HF's greedy tokens one at a time. */
+                llm_state s32, st;
+                assert_int_equal(llm_state_init(&s32, &m32, 64, 7, true, err, sizeof err), 0);
+                assert_int_equal(llm_state_init(&st, &mt, 64, 7, true, err, sizeof err), 0);
+                assert_true(st.kv_bytes < s32.kv_bytes);
+                int n_calls_tokens = ex.n_prompt + ex.n_greedy - 1 < 64 ? ex.n_prompt + ex.n_greedy - 1 : 64;
+                for (int pos = 0; pos < n_calls_tokens;) {
+                    int n = pos < ex.n_prompt ? (ex.n_prompt - pos < 7 ? ex.n_prompt - pos : 7) : 1;
+                    const int32_t *toks = pos < ex.n_prompt ? ex.tokens + pos : ex.greedy + (pos - ex.n_prompt);
+                    const float *l32 = NULL, *lt = NULL;
+                    assert_int_equal(llm_forward(&m32, &s32, toks, n, pos, &l32, err, sizeof err), 0);
+                    memcpy(ref, l32, (size_t)n * (size_t)vocab * sizeof *ref);
+                    assert_int_equal(llm_forward(&mt, &st, toks, n, pos, &lt, err, sizeof err), 0);
+                    for (int i = 0; i < n; i++) {
+                        const float *a = ref + (size_t)i * vocab, *b = lt + (size_t)i * vocab;
+                        double e = fixture_max_rel_error(b, a, (size_t)vocab);
+                        rel = e > rel ? e : rel;
+                        /* from the prompt's last position on, the greedy token where f32's margin allows */
+                        if (pos + i < ex.n_prompt - 1 || logit_margin(a, vocab) <= 2.0 * tol * max_abs(a, (size_t)vocab))
+                            continue;
+                        judged++;
+                        if (fixture_argmax(b, vocab) != fixture_argmax(a, vocab))
+                            fail_msg("%s on %s, %s cache: the greedy token after position %d is %d, f32's %d (margin "
+                                     "%.3g)", fixtures[f], devices[dv], llm_dtype_name(t), pos + i,
+                                     fixture_argmax(b, vocab), fixture_argmax(a, vocab), logit_margin(a, vocab));
+                        agreed++;
+                    }
+                    pos += n;
+                }
+                if (!(rel <= tol))
+                    fail_msg("%s on %s, %s cache: logits differ from f32's by %.3g of the largest (tolerance %.3g)",
+                             fixtures[f], devices[dv], llm_dtype_name(t), rel, tol);
+                worst[ti] = rel / tol > worst[ti] ? rel / tol : worst[ti];
+                llm_state_free(&st, &mt);
+                llm_state_free(&s32, &m32);
+                llm_model_free(&mt);
+            }
+            llm_model_free(&m32);
+            free(ref);
+            fixture_free_expected(&ex);
+        }
+    }
+    print_message("KV cache types against f32 over %zu fixtures: worst F16 %.2f, BF16 %.2f, Q8_0 %.2f of the "
+                  "tolerance; greedy tokens agree at %d of %d steps with a margin\n", N_FIXTURES, worst[0], worst[1],
+                  worst[2], agreed, judged);
+}
+
 /* Loading reports the weights' bytes as it places them (llm_load_options.progress): from 0, growing, a layer at a
  * time, the last report done == total. */
 typedef struct { int calls; size_t first, last, total; bool grew; } load_log;
@@ -464,6 +580,7 @@ int main(void)
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
         cmocka_unit_test(test_window_ring),        cmocka_unit_test(test_load_progress),
         cmocka_unit_test(test_longrope_switch),    cmocka_unit_test(test_gemma3_mm_new_layout),
+        cmocka_unit_test(test_cache_types),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);

@@ -16,6 +16,7 @@
 
 #include "devices/registry.h"
 #include "ops/ref.h"
+#include "quant/quant.h"
 
 /* Under AddressSanitizer the reference runs ~10x slower: the largest cases are left out (each case's cost is its
  * multiply-adds), keeping the odd sizes that exercise vector tails. */
@@ -186,8 +187,8 @@ static bool native(llm_op op, llm_dtype t, op_stats *st)
     if (!llm_ops_has(dev->ops, op)) return false;
     if (dev->supports(op, t)) return true;
     if (!(st->unsupported & 1u << t))
-        print_message("  %s: %s with %s weights: not supported (falls back to the reference)\n", dev->name,
-                      llm_op_name(op), llm_dtype_name(t));
+        print_message("  %s: %s with %s %s: not supported (falls back to the reference)\n", dev->name,
+                      llm_op_name(op), llm_dtype_name(t), op == LLM_OP_ATTENTION ? "KV cache" : "weights");
     st->unsupported |= 1u << t;
     return false;
 }
@@ -406,6 +407,46 @@ done:
     report(LLM_OP_ROPE, &st);
 }
 
+/* ---- the KV cache's element types (ops.h, attention) ---- */
+static const llm_dtype cache_types[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16, LLM_DTYPE_Q8_0};
+#define N_CACHE_TYPES (sizeof cache_types / sizeof *cache_types)
+
+/* Attention on a cache of type t against the same attention on an f32 cache of the unrounded rows: the reference
+ * both times, so the difference is the type's rounding alone. u is that rounding relative to the rms of a cache row
+ * of these inputs (uniform, rms 1): half an ulp for F16 (2^-11) and BF16 (2^-8); for Q8_0 half a step, max|x| / 254,
+ * at most sqrt(3) / 254 < 2^-7 since max|x| <= sqrt(3). The output moves by about u through v (a convex combination of
+ * rows each off by u) and by about 3u through the scores (q . k / sqrt(head_dim) with q of rms 3: its rounding error
+ * has rms 3u), each scaled by a factor of order one: their sum, 4u (measured: at most 1.4u). */
+static double tol_cache(llm_dtype t)
+{
+    double u = t == LLM_DTYPE_F16 ? 0x1p-11 : t == LLM_DTYPE_BF16 ? 0x1p-8 : t == LLM_DTYPE_Q8_0 ? 0x1p-7 : 0.0;
+    return 4.0 * u;
+}
+
+/* A cache of `rows` rows of type t, each a row of src (rows x kv_dim f32) rounded as attention stores it. */
+static void *typed_cache(llm_dtype t, const float *src, size_t rows, size_t kv_dim)
+{
+    void *c = malloc(rows * llm_cache_row_bytes(t, kv_dim) + 1);
+    assert_non_null(c);
+    for (size_t r = 0; r < rows; r++) llm_kv_store_row(c, t, r, src + r * kv_dim, kv_dim);
+    return c;
+}
+
+/* Row `row` of a cache of type t made NaN (Q8_0: its blocks' scales, so every value reads NaN), so that a device
+ * reading a row it must not is caught. */
+static void poison_row(void *cache, llm_dtype t, size_t row, size_t kv_dim)
+{
+    char *r = (char *)cache + row * llm_cache_row_bytes(t, kv_dim);
+    for (size_t c = 0; c < kv_dim; c++) {
+        if (t == LLM_DTYPE_F32)
+            ((float *)r)[c] = NAN;
+        else if (t == LLM_DTYPE_F16 || t == LLM_DTYPE_BF16)
+            ((uint16_t *)r)[c] = t == LLM_DTYPE_F16 ? 0x7e00 : 0x7fc0;
+        else if (c % LLM_QK8_0 == 0)
+            ((llm_block_q8_0 *)r)[c / LLM_QK8_0].d = 0x7e00;
+    }
+}
+
 static void test_attention(void **state)
 {
     (void)state;
@@ -415,111 +456,144 @@ static void test_attention(void **state)
     };
     /* Each case three ways: Llama's (1/sqrt(head_dim), nothing else); Gemma 2's (query_pre_attn_scalar's scale,
      * scores soft-capped at 5 so that the cap bends them); and a sliding window a third of the positions long, with
-     * the cache rows before every token's window poisoned (NaN) so that a device reading them is caught. */
+     * the cache rows before every token's window poisoned (NaN) so that a device reading them is caught. And each
+     * for every cache type: the device reads what the reference stored (the same values, so the same tolerance as
+     * f32), and the reference on the rounded cache stays within tol_cache of the reference on f32. */
     enum { LLAMA, SOFTCAP, WINDOW, N_VARIANTS };
     op_stats st = {0};
-    if (!native(LLM_OP_ATTENTION, LLM_DTYPE_F32, &st)) goto done;
-    for (size_t h = 0; h < N_HEAD_SHAPES; h++)
-        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++)
-        for (int var = 0; var < N_VARIANTS; var++) {
+    for (size_t ci = 0; ci < N_CACHE_TYPES; ci++) {
+        llm_dtype ct = cache_types[ci];
+        double rounding = 0.0; /* the worst of the reference on this type against it on f32 */
+        if (!native(LLM_OP_ATTENTION, ct, &st)) continue;
+        for (size_t h = 0; h < N_HEAD_SHAPES; h++)
+            for (size_t b = 0; b < sizeof batches / sizeof *batches; b++)
+            for (int var = 0; var < N_VARIANTS; var++) {
             int n = batches[b].n, ctx = batches[b].ctx, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
                 kvh = head_shapes[h].kv_heads;
             int last = batches[b].start + n - 1;
             double cost = (double)n * (last + 1) * heads * hd * 2;
             if (cost > MAX_COST || (var != LLAMA && cost > MAX_COST / 4)) continue;
-            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 0};
+            if (ct == LLM_DTYPE_Q8_0 && hd % LLM_QK8_0) continue; /* the model refuses it (test_hostile) */
+            if (ct != LLM_DTYPE_F32 && cost > MAX_COST / 4) continue; /* the deepest f32 cases cover the depth */
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 0, ct};
             if (var == SOFTCAP) p.scale = 1.0f / sqrtf(144.0f), p.softcap = 5.0f;
             if (var == WINDOW) p.window = (last + 1) / 3 + 1;
             /* rows below the first token's window are never read */
             int unread = var == WINDOW && batches[b].start + 1 > p.window ? batches[b].start + 1 - p.window : 0;
-            size_t qc = (size_t)n * heads * hd, kvc = (size_t)n * kvh * hd, cc = (size_t)ctx * kvh * hd;
+            size_t kvd = (size_t)kvh * hd, qc = (size_t)n * heads * hd, kvc = (size_t)n * kvd, cc = (size_t)ctx * kvd;
+            size_t cache_bytes = (size_t)ctx * llm_cache_row_bytes(ct, kvd);
             /* q scaled by 3 so that the softmax is peaked, as trained models make it. */
             float *q = random_floats(qc, 3.0f), *k = random_floats(kvc, 1.0f), *v = random_floats(kvc, 1.0f);
-            /* Earlier calls' rows hold random values; rows past the last position hold NaN, so that a device
-             * reading beyond the causal limit is caught. */
-            float *kcache = random_floats(cc, 1.0f), *vcache = random_floats(cc, 1.0f);
-            for (size_t i = (size_t)(last + 1) * kvh * hd; i < cc; i++) kcache[i] = vcache[i] = NAN;
-            for (size_t i = 0; i < (size_t)unread * kvh * hd; i++) kcache[i] = vcache[i] = NAN;
+            /* Earlier calls' rows hold random values (rounded to the type as a store would); rows past the last
+             * position hold NaN, so that a device reading beyond the causal limit is caught. */
+            float *kf = random_floats(cc, 1.0f), *vf = random_floats(cc, 1.0f);
+            void *kcache = typed_cache(ct, kf, (size_t)ctx, kvd), *vcache = typed_cache(ct, vf, (size_t)ctx, kvd);
+            for (size_t r = 0; r < (size_t)ctx; r++)
+                if (r > (size_t)last || r < (size_t)unread) {
+                    poison_row(kcache, ct, r, kvd), poison_row(vcache, ct, r, kvd);
+                    poison_row(kf, LLM_DTYPE_F32, r, kvd), poison_row(vf, LLM_DTYPE_F32, r, kvd);
+                }
             int32_t *pos = malloc((size_t)n * sizeof *pos);
             assert_non_null(pos);
             for (int i = 0; i < n; i++) pos[i] = batches[b].start + i;
 
             float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kvc * sizeof *k),
                   *dv = dev_copy(v, kvc * sizeof *v);
-            float *dkc = dev_copy(kcache, cc * sizeof *kcache), *dvc = dev_copy(vcache, cc * sizeof *vcache);
+            float *dkc = dev_copy(kcache, cache_bytes), *dvc = dev_copy(vcache, cache_bytes);
             int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
             float *dout = dev_poisoned(qc);
             dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, n, heads, kvh, hd, ctx, &p);
             float *ref = malloc(qc * sizeof *ref);
             llm_ref_ops.attention(ref, q, k, v, kcache, vcache, pos, n, heads, kvh, hd, ctx, &p);
-            float *got = dev_fetch(dout, qc), *gkc = dev_fetch(dkc, cc), *gvc = dev_fetch(dvc, cc);
+            float *got = dev_fetch(dout, qc);
+            char *gkc = malloc(cache_bytes), *gvc = malloc(cache_bytes);
+            assert_true(gkc && gvc);
+            assert_int_equal(dev->download(gkc, dkc, cache_bytes), 0);
+            assert_int_equal(dev->download(gvc, dvc, cache_bytes), 0);
 
-            char what[160];
+            char what[200];
             double tol = tol_attention(hd, last + 1);
             snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d ctx %d scale %.3g softcap %g "
-                     "window %d", dev->name, heads, kvh, hd, n, batches[b].start, ctx, p.scale, p.softcap, p.window);
+                     "window %d, %s cache", dev->name, heads, kvh, hd, n, batches[b].start, ctx, p.scale, p.softcap,
+                     p.window, llm_dtype_name(ct));
             note(&st, compare(what, got, ref, qc, tol), tol);
-            /* The caches: this call's rows stored exactly, every other row untouched. */
-            size_t filled = (size_t)(last + 1) * kvh * hd, from = (size_t)unread * kvh * hd;
-            strncat(what, " k_cache", sizeof what - strlen(what) - 1);
-            note(&st, compare(what, gkc + from, kcache + from, filled - from, TOL_EXACT), TOL_EXACT);
-            what[strlen(what) - 7] = 'v';
-            note(&st, compare(what, gvc + from, vcache + from, filled - from, TOL_EXACT), TOL_EXACT);
-            for (size_t i = filled; i < cc; i++)
-                if (!isnan(gkc[i]) || !isnan(gvc[i])) fail_msg("%s: cache row %zu past the last position was written",
-                                                               what, i / ((size_t)kvh * hd));
+            /* The caches, byte for byte: this call's rows stored as the reference rounds them, every other row
+             * (poisoned ones included) untouched. */
+            if (memcmp(gkc, kcache, cache_bytes) || memcmp(gvc, vcache, cache_bytes))
+                fail_msg("%s: the cache differs from the reference's (rows stored otherwise, or rows not of this "
+                         "call written)", what);
+            if (ct != LLM_DTYPE_F32) {
+                /* The reference on the unrounded rows, and the same k and v stored in f32. */
+                llm_attention_params p32 = p;
+                p32.cache = LLM_DTYPE_F32;
+                float *exact = malloc(qc * sizeof *exact);
+                assert_non_null(exact);
+                llm_ref_ops.attention(exact, q, k, v, kf, vf, pos, n, heads, kvh, hd, ctx, &p32);
+                snprintf(what, sizeof what, "reference: attention heads %d/%d x %d n %d from %d window %d softcap %g, "
+                         "%s cache vs f32", heads, kvh, hd, n, batches[b].start, p.window, p.softcap,
+                         llm_dtype_name(ct));
+                double rel = compare(what, ref, exact, qc, tol_cache(ct));
+                rounding = rel > rounding ? rel : rounding;
+                free(exact);
+            }
             dev->free(dq), dev->free(dk), dev->free(dv), dev->free(dkc), dev->free(dvc), dev->free(dpos);
             dev->free(dout);
             free(got), free(gkc), free(gvc), free(ref), free(q), free(k), free(v), free(kcache), free(vcache);
-            free(pos);
+            free(kf), free(vf), free(pos);
         }
-    /* A windowed layer's ring: a cache of window + n - 1 rows, position t at row t % ctx, filled as earlier calls
-     * left it. The reference on the ring must compute what it computes on a whole cache (bit for bit: the same
-     * values in the same order), and the device what the reference does. */
-    for (size_t h = 0; h < N_HEAD_SHAPES; h++)
-        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+        /* A windowed layer's ring: a cache of window + n - 1 rows, position t at row t % ctx, filled as earlier calls
+         * left it. The reference on the ring must compute what it computes on a whole cache (bit for bit: the same
+         * values in the same order), and the device what the reference does. */
+        for (size_t h = 0; h < N_HEAD_SHAPES; h++)
+            for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
             int n = batches[b].n, hd = head_shapes[h].head_dim, heads = head_shapes[h].heads,
                 kvh = head_shapes[h].kv_heads, start = batches[b].start, last = start + n - 1;
             if ((double)n * (last + 1) * heads * hd * 2 > MAX_COST / 4) continue;
-            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 5};
+            if (ct == LLM_DTYPE_Q8_0 && hd % LLM_QK8_0) continue;
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 5, ct};
             int full = last + 1, ring = p.window + n - 1;
             size_t kvd = (size_t)kvh * hd, qc = (size_t)n * heads * hd, kvc = (size_t)n * kvd;
+            size_t row_bytes = llm_cache_row_bytes(ct, kvd);
             float *q = random_floats(qc, 3.0f), *k = random_floats(kvc, 1.0f), *v = random_floats(kvc, 1.0f);
-            float *kf = random_floats((size_t)full * kvd, 1.0f), *vf = random_floats((size_t)full * kvd, 1.0f);
-            float *kr = random_floats((size_t)ring * kvd, 1.0f), *vr = random_floats((size_t)ring * kvd, 1.0f);
-            for (size_t i = 0; i < (size_t)ring * kvd; i++) kr[i] = vr[i] = NAN;
+            float *kf32 = random_floats((size_t)full * kvd, 1.0f), *vf32 = random_floats((size_t)full * kvd, 1.0f);
+            char *kf = typed_cache(ct, kf32, (size_t)full, kvd), *vf = typed_cache(ct, vf32, (size_t)full, kvd);
+            char *kr = malloc((size_t)ring * row_bytes + 1), *vr = malloc((size_t)ring * row_bytes + 1);
+            assert_true(kr && vr);
+            for (int r = 0; r < ring; r++) poison_row(kr, ct, (size_t)r, kvd), poison_row(vr, ct, (size_t)r, kvd);
             for (int t = full - ring > 0 ? full - ring : 0; t < start; t++) {
-                memcpy(kr + (size_t)(t % ring) * kvd, kf + (size_t)t * kvd, kvd * sizeof *kr);
-                memcpy(vr + (size_t)(t % ring) * kvd, vf + (size_t)t * kvd, kvd * sizeof *vr);
+                memcpy(kr + (size_t)(t % ring) * row_bytes, kf + (size_t)t * row_bytes, row_bytes);
+                memcpy(vr + (size_t)(t % ring) * row_bytes, vf + (size_t)t * row_bytes, row_bytes);
             }
             int32_t *pos = malloc((size_t)n * sizeof *pos);
             assert_non_null(pos);
             for (int i = 0; i < n; i++) pos[i] = start + i;
             float *dq = dev_copy(q, qc * sizeof *q), *dk = dev_copy(k, kvc * sizeof *k),
                   *dv = dev_copy(v, kvc * sizeof *v);
-            float *dkr = dev_copy(kr, (size_t)ring * kvd * sizeof *kr);
-            float *dvr = dev_copy(vr, (size_t)ring * kvd * sizeof *vr);
+            float *dkr = dev_copy(kr, (size_t)ring * row_bytes), *dvr = dev_copy(vr, (size_t)ring * row_bytes);
             int32_t *dpos = dev_copy(pos, (size_t)n * sizeof *pos);
             float *dout = dev_poisoned(qc);
             dev->ops->attention(dout, dq, dk, dv, dkr, dvr, dpos, n, heads, kvh, hd, ring, &p);
             float *on_full = malloc(qc * sizeof *on_full), *on_ring = malloc(qc * sizeof *on_ring);
-            llm_ref_ops.attention(on_full, q, k, v, kf, vf, pos, n, heads, kvh, hd, full, &p);
-            llm_ref_ops.attention(on_ring, q, k, v, kr, vr, pos, n, heads, kvh, hd, ring, &p);
+            llm_ref_ops.attention(on_full, q, k, v, (float *)kf, (float *)vf, pos, n, heads, kvh, hd, full, &p);
+            llm_ref_ops.attention(on_ring, q, k, v, (float *)kr, (float *)vr, pos, n, heads, kvh, hd, ring, &p);
             float *got = dev_fetch(dout, qc);
-            char what[160];
+            char what[200];
             snprintf(what, sizeof what, "reference: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d "
-                     "rows vs a whole cache", heads, kvh, hd, n, start, ring);
+                     "rows vs a whole cache, %s", heads, kvh, hd, n, start, ring, llm_dtype_name(ct));
             compare(what, on_ring, on_full, qc, TOL_EXACT);
             double tol = tol_attention(hd, p.window);
-            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d rows",
-                     dev->name, heads, kvh, hd, n, start, ring);
+            snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d, window 5 in a ring of %d rows, "
+                     "%s cache", dev->name, heads, kvh, hd, n, start, ring, llm_dtype_name(ct));
             note(&st, compare(what, got, on_ring, qc, tol), tol);
             dev->free(dq), dev->free(dk), dev->free(dv), dev->free(dkr), dev->free(dvr), dev->free(dpos);
             dev->free(dout);
-            free(q), free(k), free(v), free(kf), free(vf), free(kr), free(vr), free(pos), free(on_full), free(on_ring);
-            free(got);
+            free(q), free(k), free(v), free(kf), free(vf), free(kf32), free(vf32), free(kr), free(vr), free(pos);
+            free(on_full), free(on_ring), free(got);
         }
-done:
+        if (ct != LLM_DTYPE_F32)
+            print_message("  reference: attention on a %s cache against f32: worst error %.2g (%.2f of its tolerance)\n",
+                          llm_dtype_name(ct), rounding, rounding / tol_cache(ct));
+    }
     report(LLM_OP_ATTENTION, &st);
 }
 

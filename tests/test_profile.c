@@ -76,7 +76,7 @@ static void test_costs_by_hand(void **state)
     expect_cost(llm_profile_cost_rope(3, 4, 2, 16), 2304 + 12 + 32, 864);
     /* 2 tokens at positions 5, 6: q 2 x 64 x 4; k, v 2 x 32 x 4 each, read and stored; cache rows 0..6 of k and v
      * (2 x 7 x 32 x 4); out 2 x 64 x 4; positions 2 x 4. Rows seen 6 + 7 = 13, 4 x 64 flops each. */
-    expect_cost(llm_profile_cost_attention(2, 5, 4, 2, 16), 512 + 512 + 512 + 1792 + 512 + 8, 3328);
+    expect_cost(llm_profile_cost_attention(2, 5, 4, 2, 16, LLM_DTYPE_F32), 512 + 512 + 512 + 1792 + 512 + 8, 3328);
     expect_cost(llm_profile_cost_glu(480), 5760, 1920);
     expect_cost(llm_profile_cost_add(192), 2304, 192);
 }
@@ -179,7 +179,8 @@ static void test_profile_adds_up(void **state)
     /* Decode attention at positions n .. n+steps-1 reads the cache rows 0 .. its own. */
     double att = 0.0;
     for (int i = 0; i < steps; i++)
-        att += llm_profile_cost_attention(1, n + i, c->num_attention_heads, c->num_key_value_heads, c->head_dim).bytes;
+        att += llm_profile_cost_attention(1, n + i, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+                                          m.cache_type).bytes;
     assert_true(fabs(dec->ops[LLM_OP_ATTENTION].bytes - L * att) < 0.5);
 
     expect_rows_add_up(pre, "prefill");
