@@ -32,6 +32,13 @@ static void print_ops(FILE *out, const llm_device *dev)
         }
         n_native++;
         fprintf(out, " %s", llm_op_name((llm_op)op));
+        if (op == LLM_OP_ATTENTION) { /* its dtype is the KV cache's (--cache-type) */
+            fprintf(out, "(");
+            for (int d = 0, first = 1; d < LLM_DTYPE_COUNT; d++)
+                if (mask & 1u << d) fprintf(out, "%s%s", first ? "" : ",", llm_dtype_name((llm_dtype)d)), first = 0;
+            fprintf(out, " KV cache)");
+            continue;
+        }
         if ((mask & all) != all) { /* differs by dtype: say for which */
             fprintf(out, "(");
             for (int d = 0, first = 1; d < LLM_DTYPE_ELEMENT_COUNT; d++)
