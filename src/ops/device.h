@@ -22,6 +22,7 @@ typedef struct {
 typedef struct {
     size_t persistent_steps; /* decode steps launched as one persistent kernel (a replayed graph's not counted) */
     int ring_stages;         /* the shared-memory ring stages of the last persistent step; 0 when none ran */
+    int persistent_capable;  /* 1 when this GPU and build can run a persistent step at all (cuda: the Hopper code) */
 } llm_device_counters;
 
 typedef struct {

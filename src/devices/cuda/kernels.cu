@@ -281,3 +281,15 @@ void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_
     kv_store_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n, kv_dim);
     LLM_CUDA_LAUNCHED("attention");
 }
+
+int llm_cuda_code_version(cudaError_t *e)
+{
+    cudaFuncAttributes fa;
+    /* any kernel: every .cu file is compiled for the same architectures (Makefile's CUDA_GENCODE) */
+    *e = cudaFuncGetAttributes(&fa, (const void *)rope_kernel);
+    if (*e != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return fa.ptxVersion;
+}
