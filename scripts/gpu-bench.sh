@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The cuda device on this machine's GPU, end to end: build, the GPU tests, random-weight checkpoints in three model
-# shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (device-to-device copy
+# shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (read
 # bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face and with the blas device (llm-run compare) on
 # Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit, with per-op
 # profiles, the persistent decode step's phases and the kernel-per-op step's timeline. A summary table goes to
@@ -178,11 +178,11 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
     fi
     {
         echo
-        echo "| shape (BF16) | pp512 tok/s | pp512 tok/s, LLM_CUDA_GEMM=fast | tg128 tok/s | GB read/token | % of copy-bandwidth limit |"
+        echo "| shape (BF16) | pp512 tok/s | pp512 tok/s, LLM_CUDA_GEMM=fast | tg128 tok/s | GB read/token | % of read-bandwidth limit |"
         echo "| --- | ---: | ---: | ---: | ---: | ---: |"
         printf '%s\n' "${rows[@]}"
         echo
-        echo "copy bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
+        echo "read bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
         echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles, the persistent step's phases"
         echo "(dev/cuda/cuda-step-trace.py) and the kernel-per-op step's timeline (dev/cuda/cuda-timeline.py) in"
         echo "$OUT/bench.log"

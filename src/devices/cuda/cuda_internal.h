@@ -75,6 +75,9 @@ void *llm_cuda_scratch(int slot, size_t bytes, const char *op);
  * portable one (LLM_CUDA_PORTABLE_CODE); 0 when the binary has no code this GPU can run, with the reason in *e. */
 int llm_cuda_code_version(cudaError_t *e);
 
+/* Read `bytes` (a multiple of 16) at p once, as a decode step reads its weights: the bandwidth measurement. */
+bool llm_cuda_read(const void *p, size_t bytes, unsigned *sink);
+
 /* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
 bool llm_cuda_allow_smem(const void *kernel, const char *op);
 
