@@ -188,8 +188,9 @@ int llm_cmd_generate(int argc, char **argv)
     printf("\n");
     int decode_steps = (int)(s.n_decoded - steps0);
     fprintf(stderr, "\nllm-run: %s on %s | KV cache %s | load %.2f s | prompt %d tokens, %.1f tok/s | generated %d "
-            "tokens, %.1f tok/s\n", c->architecture, g.model.rt.dev->name, llm_dtype_name(g.model.cache_type), g.load_s, n_prompt,
-            prefill_s > 0 ? n_prompt / prefill_s : 0.0, s.generated, decode_s > 0 ? decode_steps / decode_s : 0.0);
+            "tokens, %.1f tok/s\n", c->architecture, g.model.rt.dev->name, llm_dtype_name(g.model.cache_type),
+            g.load_s, n_prompt, prefill_s > 0 ? n_prompt / prefill_s : 0.0, s.generated,
+            decode_s > 0 ? decode_steps / decode_s : 0.0);
     if (profile->count) llm_profile_print(prof, &g.model, &s.state, stderr);
     if (profile_json->count &&
         llm_profile_write_json(prof, &g.model, &s.state, profile_json->filename[0], err, sizeof err))
