@@ -278,9 +278,9 @@ void llm_cuda_add(float *out, const float *a, llm_cuda_src b, size_t count, cons
 void llm_cuda_split(const llm_cuda_halves *h, const float *x, size_t count, const char *op);
 /* out[i, r] += bias[r] for i < n, r < rows. */
 void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op);
-/* k_cache[positions[i], :] = k[i, :], the same for v.  (n, kv_dim). */
+/* k_cache[positions[i] % ctx, :] = k[i, :], the same for v.  (n, kv_dim); caches of ctx rows. */
 void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
-                       int kv_dim);
+                       int kv_dim, int ctx);
 
 /* ---- gemv.cu: one-token matrix-vector products, several matrices and a fused prologue/epilogue per launch ---- */
 #define LLM_CUDA_GEMV_MATS 3
@@ -329,10 +329,12 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 
 /* ---- attention.cu ---- */
 /* The attention op. A batch's k and v may be owed halves (the KV store adds them); one token's are plain (k.lo and
- * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. */
+ * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. Any scale, soft-cap and
+ * window, and a ring cache (ctx rows), in the split-KV decode kernel; batches of more than 4 tokens only Llama's
+ * attention (no window, soft-cap or scale of its own: the tiled kernels), else llm_cuda_attention_params. */
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
-                        bool kv_stored);
+                        const llm_attention_params *params, bool kv_stored);
 
 /* ---- family.cu: the ops' variants beyond Llama's layer, a plain kernel each ---- */
 /* rmsnorm with (offset + w) weights (Gemma's 1 + w); out may be x. */
@@ -342,7 +344,7 @@ void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count
 /* x = cap * tanh(x / cap) in place */
 void llm_cuda_softcap(float *x, float cap, size_t count);
 /* The attention op with its parameters (scale, soft-cap, window) and a cache of ctx rows (a ring where positions
- * pass it), a block of warps per (token, head). */
+ * pass it), a block of warps per (token, head): batches with a window, soft-cap or scale of their own. */
 bool llm_cuda_attention_params_fits(int head_dim);
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,

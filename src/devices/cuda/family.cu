@@ -64,18 +64,6 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
     LLM_CUDA_LAUNCHED("softcap");
 }
 
-/* k and v rows of this call at row positions[i] % ctx (a windowed layer's ring). */
-__global__ void kv_store_ring_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
-                                     const int32_t *positions, int n, int kv_dim, int ctx)
-{
-    const size_t total = (size_t)n * kv_dim, step = (size_t)gridDim.x * blockDim.x;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += step) {
-        size_t i = idx / kv_dim, c = idx % kv_dim, dst = (size_t)(positions[i] % ctx) * kv_dim + c;
-        k_cache[dst] = llm_cuda_src_at(k, idx);
-        v_cache[dst] = llm_cuda_src_at(v, idx);
-    }
-}
-
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
 #define ATT_WARPS 8 /* warps a (token, head): each takes every ATT_WARPS-th run of ATT_ROWS rows */
 #define ATT_ROWS 4  /* rows a warp has in flight at once */
@@ -179,12 +167,7 @@ void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_c
                                int head_dim, int ctx, const llm_attention_params *p, bool kv_stored)
 {
     int kv_dim = n_kv_heads * head_dim;
-    if (!kv_stored) {
-        size_t total = (size_t)n * kv_dim;
-        kv_store_ring_kernel<<<blocks_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n,
-                                                                                 kv_dim, ctx);
-        LLM_CUDA_LAUNCHED("attention");
-    }
+    if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, kv_dim, ctx);
     attention_params_kernel<<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
         out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
     LLM_CUDA_LAUNCHED("attention");

@@ -17,8 +17,8 @@ static const char *const NOTE_ROPE =
     "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
     "product's epilogue";
 static const char *const NOTE_ATTENTION =
-    "attention with a sliding window, a soft-cap or its own scale: its own kernel, a block a (token, head) (no "
-    "split-KV decode, no tensor-core prefill, not in the persistent step)";
+    "attention with a sliding window, a soft-cap or its own scale: the split-KV decode kernel but not the persistent "
+    "step; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core prefill)";
 static const char *const NOTE_GELU = "glu with tanh-GELU (GeGLU): its own kernel, not the gate/up product's epilogue";
 static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
 
@@ -90,9 +90,11 @@ static void issue_program(void)
         llm_cuda_step_op *o = &g.prog[i];
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
-        else
+        else {
+            const llm_attention_params llama = {1.0f / sqrtf((float)o->head_dim), 0.0f, 0}; /* only Llama's records */
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
-                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, o->stored);
+                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
+        }
         after_op(o->name);
     }
 }
@@ -356,9 +358,11 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     pending_t *P = &g.pend;
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    /* The split-KV, tensor-core and persistent kernels compute Llama's attention: 1/sqrt(head_dim), no more. */
+    /* The tensor-core batch kernels and the persistent step compute Llama's attention: 1/sqrt(head_dim), no more;
+     * the split-KV decode kernel any scale, soft-cap and window (head_dim a multiple of 4 up to 256). */
     bool llama = p->window == 0 && p->softcap == 0.0f && p->scale == 1.0f / sqrtf((float)head_dim);
-    if (!llama && !llm_cuda_attention_params_fits(head_dim)) {
+    bool split_kv = n <= 4 && head_dim % 4 == 0 && head_dim <= 256;
+    if (!llama && !split_kv && !llm_cuda_attention_params_fits(head_dim)) {
         llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
                       "(at most %d)", head_dim, 1024);
         return;
@@ -386,14 +390,13 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
     settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
     written(out, (size_t)n * n_heads * head_dim * sizeof(float));
-    if (!llama) {
-        notice(NOTE_ATTENTION);
+    if (!llama) notice(NOTE_ATTENTION);
+    if (!llama && !split_kv)
         llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
                                   ctx, p, stored);
-    } else {
-        llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
+    else
+        llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p,
                            stored);
-    }
     after_op("attention");
 }
 
