@@ -105,7 +105,7 @@ rmsnorm_kernel(float *out, const float *x, llm_cuda_src y, float *sum, const voi
     }
     float *oi = out + row;
     float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, xi, dim, red), dim, eps);
-    llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale);
+    llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale, 0.0f);
     if (halves.hi)
         for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS) store_halves(halves, row + c, oi[c]);
 }
