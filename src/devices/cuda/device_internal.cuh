@@ -30,20 +30,35 @@ typedef struct {
  * pass over the rows). Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
  * pending first, so every op still computes what ops.h says, in order. Batch products also skip work: see gemm's
  * split of x, which a norm or swiglu before them may have written on the way. */
-enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD };
+/* PEND_POST_NORM: an in-place norm (a post norm, or q/k's) that the residual add after it may join (op_add);
+ * PEND_QK_NORM: two in-place norms of one width (q's and k's), which the rope after them joins (PEND_QK_ROPE), and
+ * that one token's attention stores the KV row with (op_attention) */
+enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM, PEND_QK_NORM, PEND_QK_ROPE };
 
 typedef struct {
     int kind;
     bool logits;
     /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
-     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid,
-     * add_y). */
+     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps, norm_offset), PEND_ADD its x += y
+     * (resid, add_y), PEND_POST_NORM its norm of norm_out in place (norm_out, eps, norm_offset, norm_w, dim, count
+     * rows). */
     llm_cuda_gemv job;
     llm_weight norm_w;
     int dim;
     pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
     size_t count;       /* PEND_ADD's value count */
     llm_cuda_src add_y; /* PEND_ADD's y, or the halves of a sum owed to it */
+    struct {            /* PEND_QK_NORM's two norms (rows of dim), PEND_QK_ROPE's rope after them */
+        float *q, *k;
+        llm_weight q_w, k_w;
+        size_t q_rows, k_rows;
+        int dim;
+        float eps, offset;
+        const int32_t *positions;
+        const float *inv_freq;
+        int n, heads, kv_heads, rot;
+        float scale;
+    } qk;
 } pending_t;
 
 typedef struct {
@@ -102,6 +117,8 @@ struct cuda_state {
     llm_cuda_step_op *prog;   /* PROG_MAX of them */
     int prog_n;
     size_t persisted;         /* persistent launches issued (a replayed graph's are not counted) */
+    int step_programs;        /* recorded programs issued in this one-token step (more than one: cut in pieces) */
+    bool persist_cut;         /* the persistent step was turned off because a step ran in pieces */
     /* the last split of a batch (see gemm): of x (count values), into these halves */
     struct { const float *x; size_t count; llm_cuda_halves halves; } split;
     llm_dtype batch_dtype; /* of the last batched product's weights */
@@ -131,6 +148,7 @@ static cudaEvent_t (&timer_events)[LLM_TIMER_SLOTS] = llm_cuda_timer_events;
 
 /* ops.cu */
 bool recording(void);
+void persist_or_cut(void);
 void flush_pending(void);
 void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
 void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);
