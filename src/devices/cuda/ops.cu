@@ -102,7 +102,8 @@ static void issue_program(void)
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
         else {
-            const llm_attention_params llama = {1.0f / sqrtf((float)o->head_dim), 0.0f, 0}; /* only Llama's records */
+            /* only Llama's records; an f32 cache, the only one cuda_supports */
+            const llm_attention_params llama = {1.0f / sqrtf((float)o->head_dim), 0.0f, 0, LLM_DTYPE_F32};
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
                                o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
         }
