@@ -100,7 +100,8 @@ static int parse_fp8(llm_prequant *q, const json_t *qc, const char *file, char *
     if (strcmp(fmt, "e4m3") != 0) return bad(err, err_len, file, "fp8 fmt", fmt, "e4m3");
     const json_t *bs = json_object_get(qc, "weight_block_size");
     int64_t dims[2];
-    if (!json_is_array(bs) || json_array_size(bs) != 2 || !llm_json_int_value(json_array_get(bs, 0), 1, 1 << 16, &dims[0]) ||
+    if (!json_is_array(bs) || json_array_size(bs) != 2 ||
+        !llm_json_int_value(json_array_get(bs, 0), 1, 1 << 16, &dims[0]) ||
         !llm_json_int_value(json_array_get(bs, 1), 1, 1 << 16, &dims[1])) {
         snprintf(err, err_len, "%s: quantization_config fp8 needs \"weight_block_size\" [rows, columns] of integers "
                  "in 1..65536 (per-tensor fp8 is not supported)", file);
@@ -299,7 +300,8 @@ static int expect(const llm_st_tensor *t, const char *dtype, size_t d0, size_t d
                   size_t err_len)
 {
     if (dtype ? strcmp(t->dtype_name, dtype) != 0 : !t->supported)
-        return tensor_fail(err, err_len, t, "has dtype %s, expected %s", t->dtype_name, dtype ? dtype : "F32, F16 or BF16");
+        return tensor_fail(err, err_len, t, "has dtype %s, expected %s", t->dtype_name,
+                           dtype ? dtype : "F32, F16 or BF16");
     bool ok = d1 ? t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1 : t->ndim == 1 && t->shape[0] == d0;
     if (!ok) {
         char shape[192];
