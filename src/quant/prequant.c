@@ -363,8 +363,8 @@ int llm_pq_parts_find(llm_pq_parts *p, const llm_prequant *q, const llm_st *st, 
             if (!p->scales->supported || p->scales->numel != 1 || p->scales->ndim > 2)
                 return tensor_fail(err, err_len, p->scales, "must be one F32, F16 or BF16 value (per-tensor scale)");
         } else if (q->format == LLM_PQ_FP8_CHANNEL) {
-            bool column = p->scales->ndim == 2 && p->scales->shape[1] == 1;
-            if (expect(p->scales, NULL, rows, column ? 1 : 0, "one scale per row", err, err_len)) return -1;
+            bool vector = p->scales->ndim == 1; /* (rows, 1) as compressed-tensors writes it, or (rows) */
+            if (expect(p->scales, NULL, rows, vector ? 0 : 1, "one scale per row", err, err_len)) return -1;
         } else {
             /* ceil: a last partial block has its own scale, as DeepSeek's and Qwen3's FP8 kernels read it */
             size_t br = (rows + q->block_rows - 1) / q->block_rows, bc = (cols + q->block_cols - 1) / q->block_cols;
