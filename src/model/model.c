@@ -223,8 +223,9 @@ static void print_prequant(const llm_model *m, FILE *log)
             fprintf(log, "as %s (exact)", llm_dtype_name(d));
         else if (d == LLM_DTYPE_F32)
             fprintf(log, "dequantized on load to F32 (exact)");
-        else
-            fprintf(log, "dequantized on load to %s (%s)", llm_dtype_name(d), m->pq_rounded ? "rounded" : "exact");
+        else /* the device has no product for the format, and no exact block format holds it */
+            fprintf(log, "dequantized on load to %s (%s; %s has no kernel for it)", llm_dtype_name(d),
+                    m->pq_rounded ? "rounded" : "exact", m->rt.dev->name);
         sep = ",";
     }
     fprintf(log, "%s %d stored unquantized; embeddings %s as stored%s\n", sep, m->pq_stored,
