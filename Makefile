@@ -28,10 +28,18 @@ TESTS   := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-# sm_90 machine code for Hopper, plus PTX so other GPUs can JIT it.
+# Which GPUs the kernels are built for (src/devices/cuda/cuda_internal.h, LLM_CUDA_PORTABLE_CODE):
+#   all     machine code for Ampere and Ada (sm_80, sm_86, sm_89: the portable code) and Hopper (sm_90), and
+#           compute_90 PTX that newer GPUs compile on load
+#   hopper  sm_90 and its PTX only (a faster build for work on an H100/H200)
+#   ptx80   compute_80 PTX only: a Hopper GPU then runs the portable code, compiled by the driver (make test-ptx80)
+CUDA_ARCH ?= all
+GENCODE_all    := -gencode=arch=compute_80,code=[sm_80,sm_86,sm_89] -gencode=arch=compute_90,code=[sm_90,compute_90]
+GENCODE_hopper := -gencode=arch=compute_90,code=[sm_90,compute_90]
+GENCODE_ptx80  := -gencode=arch=compute_80,code=compute_80
+GENCODE := $(or $(GENCODE_$(CUDA_ARCH)),$(error CUDA_ARCH=$(CUDA_ARCH): use all, hopper or ptx80))
 NVCCFLAGS ?= -O3 -g -lineinfo
-NVCCFLAGS += -std=c++17 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90 \
-             -Xcompiler -Wall,-Wextra -MMD -MP $(NVWERROR)
+NVCCFLAGS += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP $(NVWERROR)
 ifeq ($(LLM_CUDA),1)
 CFLAGS  += -DLLM_HAVE_CUDA
 CU_OBJ  := $(patsubst src/%.cu,build/obj/%.o,$(CU_SRC))
@@ -42,7 +50,7 @@ OBJ      := $(patsubst src/%.c,build/obj/%.o,$(LIB_SRC)) $(CU_OBJ)
 ASAN_OBJ := $(patsubst src/%.c,build/asan/%.o,$(LIB_SRC))
 SANITIZE := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all run test check-deps tests bench fuzz clean
+.PHONY: all run test test-ptx80 check-deps tests bench fuzz clean
 all: build/llm-run
 
 check-deps:
@@ -60,9 +68,13 @@ build/cuda-flag: FORCE
 	@mkdir -p build
 	@echo $(LLM_CUDA) | cmp -s - $@ || echo $(LLM_CUDA) > $@
 build/obj/devices/registry.o: build/cuda-flag
+# and the kernels whenever CUDA_ARCH changes
+build/cuda-arch: FORCE
+	@mkdir -p build
+	@echo '$(GENCODE)' | cmp -s - $@ || echo '$(GENCODE)' > $@
 .PHONY: FORCE
 
-build/obj/%.o: src/%.cu
+build/obj/%.o: src/%.cu build/cuda-arch
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
@@ -87,6 +99,12 @@ tests: build/llm-run build/llm-run-asan $(addprefix build/tests/,$(TESTS)) $(add
 
 test: check-deps
 	@$(MAKE) --no-print-directory tests
+	@scripts/run-tests.sh $(TESTS)
+
+# The GPU tests on the portable code (issue 34): on a Hopper GPU the driver compiles compute_80 PTX, and the device
+# must take the kernel-per-op path. Leaves the objects built for ptx80 (a later plain `make` rebuilds them).
+test-ptx80: check-deps
+	@$(MAKE) --no-print-directory CUDA_ARCH=ptx80 tests
 	@scripts/run-tests.sh $(TESTS)
 
 run: check-deps

@@ -1,5 +1,5 @@
 /* Measurements for scripts/gpu-bench.sh, linked with llm-run's objects (all but main.o):
- *   gpu-bench-tool peak                     copy bandwidth (the device's measure_bandwidth) and cuBLAS BF16 GEMM rate
+ *   gpu-bench-tool peak                     read bandwidth (the device's measure_bandwidth) and cuBLAS BF16 GEMM rate
  *   gpu-bench-tool gemv                     one-token products alone, GB/s per shape
  *   gpu-bench-tool gemm                     the split-f32 batch product's variants at 512 tokens, per weight shape
  *   gpu-bench-tool bench MODEL [--profile]  pp512 and tg128 after a 512-token prompt, against the bandwidth limit
@@ -55,7 +55,7 @@ static int cmd_peak(void)
     dev->describe(desc, sizeof desc);
     printf("device: %s\n", desc);
     double bw = dev->measure_bandwidth();
-    printf("copy bandwidth: %.0f GB/s (1 GiB device-to-device copy, read + write, median of 5)\n", bw);
+    printf("read bandwidth: %.0f GB/s (1 GiB read once, median of 5)\n", bw);
 
     int N = 8192;
     size_t count = (size_t)N * N;

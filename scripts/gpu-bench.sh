@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The cuda device on this machine's GPU, end to end: build, the GPU tests, random-weight checkpoints in three model
-# shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (device-to-device copy
+# shapes (TinyLlama-1.1B, Llama-3.2-1B, Llama-2-7B; BF16, not committed), the two ceilings (read
 # bandwidth, cuBLAS BF16 GEMM), top-1 agreement with Hugging Face and with the blas device (llm-run compare) on
 # Llama-3.2-1B, then pp512 and tg128 (after a 512-token prompt) per shape against the bandwidth limit, with per-op
 # profiles, the persistent decode step's phases and the kernel-per-op step's timeline. A summary table goes to
-# stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 9.0 or later:
+# stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 8.0 or later:
 #   scripts/gpu-bench.sh                      everything
-#   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests ckpt peak compare bench
+#   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests portable ckpt peak compare bench
+#                                             (portable: the CUDA_ARCH=ptx80 build, its tests and bench rows)
 # Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
 # prefix with include/ and lib/ holding the -dev packages, for machines without them).
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 MODELS=${MODELS:-/tmp/llm-run-models}
 SHAPES=${SHAPES:-"tinyllama-1.1b llama-3.2-1b llama-2-7b"}
-STAGES=${STAGES:-"build tests ckpt peak compare bench"}
+STAGES=${STAGES:-"build tests portable ckpt peak compare bench"}
 mkdir -p "$OUT" "$MODELS"
 summary="$OUT/summary.md"
 : >"$summary"
@@ -52,22 +53,45 @@ if has build; then
     echo "built" | tee -a "$summary"
 fi
 
-if has tests; then
-    say "tests"
-    : >"$OUT/tests.log"
+# The GPU tests of the tree in $1 (its build/tests), labelled $2 in the summary.
+gpu_tests() {
+    local dir=$1 label=$2 t rc p f s
+    : >"$OUT/tests$label.log"
     for t in test_cuda test_models test_ops; do
-        [ -x build/tests/$t ] || continue
-        timeout 600 build/tests/$t >"$OUT/$t.log" 2>&1
+        [ -x "$dir/build/tests/$t" ] || continue
+        (cd "$dir" && timeout 900 build/tests/$t) >"$OUT/$t.log" 2>&1
         rc=$?
-        cat "$OUT/$t.log" >>"$OUT/tests.log"
+        cat "$OUT/$t.log" >>"$OUT/tests$label.log"
         p=$(grep -oP '^\[  PASSED  \] \K[0-9]+' "$OUT/$t.log" | tail -1)
         f=$(grep -oP '^\[  FAILED  \] \K[0-9]+(?= test)' "$OUT/$t.log" | tail -1)
         s=$(grep -oP '^\[  SKIPPED \] \K[0-9]+(?= test)' "$OUT/$t.log" | tail -1)
-        echo "$t: ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped (exit $rc)" | tee -a "$summary"
+        echo "$t$label: ${p:-0} passed, ${f:-0} failed, ${s:-0} skipped (exit $rc)" | tee -a "$summary"
         grep -E '^\[  FAILED  \] [a-z]|^\[  ERROR   \]' "$OUT/$t.log" | head -20 | tee -a "$summary"
         rm -f "$OUT/$t.log"
     done
+}
+
+if has tests; then
+    say "tests"
+    gpu_tests . ""
     grep -E "rel error|vs plain|cuda:" "$OUT/tests.log" | head -60
+fi
+
+# The portable code (issue 34): the tree built again with CUDA_ARCH=ptx80 (compute_80 PTX only) in build/ptx80, so
+# a Hopper GPU runs what an Ampere or Ada one runs (the driver compiles the PTX); its GPU tests, and
+# build/llm-run-ptx80 for the bench rows.
+if has portable; then
+    say "portable code: CUDA_ARCH=ptx80 (compute_80 PTX only, compiled by the driver)"
+    pt=build/ptx80
+    rm -rf "$pt" && mkdir -p "$pt" && cp -r Makefile src tests scripts models "$pt"/
+    make -C "$pt" -k -j"$(nproc)" "${MAKEVARS[@]}" CUDA_ARCH=ptx80 build/llm-run build/tests/test_cuda \
+        build/tests/test_models build/tests/test_ops >"$OUT/build-ptx80.log" 2>&1 ||
+        grep -E "error|Error" "$OUT/build-ptx80.log" | head -20 | tee -a "$summary"
+    if [ -x "$pt/build/llm-run" ]; then
+        cp "$pt/build/llm-run" build/llm-run-ptx80
+        "$pt/build/llm-run" devices 2>&1 | grep -m1 -oE 'decode: [^;]*' | tee -a "$summary"
+        gpu_tests "$pt" "-ptx80"
+    fi
 fi
 
 if has ckpt; then
@@ -122,6 +146,15 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
             [ -d "$MODELS/$s" ] && build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "$MODELS/$s" 2>&1 |
                 grep -E '^\|' | tee -a "$OUT/bench.log"
         done
+        # the portable code (stage portable) beside the Hopper build
+        if [ -x build/llm-run-ptx80 ]; then
+            for s in $SHAPES; do
+                [ -d "$MODELS/$s" ] || continue
+                echo "CUDA_ARCH=ptx80 (portable code, kernel per op), $s:" | tee -a "$OUT/bench.log"
+                build/llm-run-ptx80 bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "$MODELS/$s" 2>&1 |
+                    grep -E '^\| [a-z]' | tee -a "$OUT/bench.log"
+            done
+        fi
         # decode with a kernel per fused op instead of the persistent step, for comparison
         for s in $SHAPES; do
             [ -d "$MODELS/$s" ] || continue
@@ -145,11 +178,11 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
     fi
     {
         echo
-        echo "| shape (BF16) | pp512 tok/s | pp512 tok/s, LLM_CUDA_GEMM=fast | tg128 tok/s | GB read/token | % of copy-bandwidth limit |"
+        echo "| shape (BF16) | pp512 tok/s | pp512 tok/s, LLM_CUDA_GEMM=fast | tg128 tok/s | GB read/token | % of read-bandwidth limit |"
         echo "| --- | ---: | ---: | ---: | ---: | ---: |"
         printf '%s\n' "${rows[@]}"
         echo
-        echo "copy bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
+        echo "read bandwidth ${bw} GB/s; limit = bandwidth / bytes per token (weights once, the embedding table one row"
         echo "unless tied, the f32 KV cache at the mean position 576); per-op profiles, the persistent step's phases"
         echo "(dev/cuda/cuda-step-trace.py) and the kernel-per-op step's timeline (dev/cuda/cuda-timeline.py) in"
         echo "$OUT/bench.log"

@@ -332,7 +332,7 @@ int llm_cmd_bench(int argc, char **argv)
         "--tg-after D, shown as tgN@dD) with synthetic token ids. Each test warms up (pp: three runs), then -r\n"
         "times; tokens/s are given as mean ± sample standard deviation and median. For tg, GB/s is the\n"
         "weights and KV cache one step reads times tokens/s, and % peak BW compares it with the device's\n"
-        "measured copy bandwidth.\n\n";
+        "measured read bandwidth.\n\n";
     if (!llm_cli_args(argc, argv, table, help, end, "llm-run bench", usage, 26, &rc)) goto done;
     const char *path = model_opt->count ? model_opt->filename[0] : model_pos->count ? model_pos->filename[0] : NULL;
     if (!path) {

@@ -86,7 +86,7 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads)
         print_ops(out, dev);
         if (measure) {
             if (dev->measure_bandwidth)
-                fprintf(out, "  peak bandwidth: %.1f GB/s (a large copy, bytes read + written, median of 5)\n",
+                fprintf(out, "  peak bandwidth: %.1f GB/s (reading a large buffer, median of 5)\n",
                         dev->measure_bandwidth());
             else
                 fprintf(out, "  peak bandwidth: this device cannot measure it\n");

@@ -774,7 +774,7 @@ static const llm_ops blas_ops = {
     .softcap = blas_softcap,
 };
 
-static double blas_measure_bandwidth(void) { return llm_host_measure_bandwidth(blas_threads); }
+static double blas_measure_bandwidth(void) { return llm_host_measure_read_bandwidth(blas_threads); }
 
 const llm_device llm_device_blas = {
     .name = "blas",

@@ -21,7 +21,7 @@ static bool cpu_supports(llm_op op, llm_dtype dtype)
     return !llm_dtype_is_block(dtype) || op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
 }
 
-static double cpu_measure_bandwidth(void) { return llm_host_measure_bandwidth(1); }
+static double cpu_measure_bandwidth(void) { return llm_host_measure_read_bandwidth(1); }
 
 const llm_device llm_device_cpu = {
     .name = "cpu",

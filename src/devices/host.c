@@ -138,33 +138,6 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-double llm_host_measure_bandwidth(int threads)
-{
-    /* 256 MiB each way: far past any cache, short enough to measure at start-up. */
-    size_t bytes = (size_t)256 << 20;
-    unsigned char *src = malloc(bytes), *dst = malloc(bytes);
-    if (!src || !dst) {
-        free(src), free(dst);
-        return 0.0;
-    }
-    memset(src, 1, bytes);
-    memset(dst, 2, bytes);
-    if (threads < 1) threads = 1;
-    double runs[5];
-    for (int r = 0; r < 5; r++) {
-        double t0 = llm_host_now_ms();
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int part = 0; part < threads; part++) {
-            size_t chunk = bytes / (size_t)threads, off = (size_t)part * chunk;
-            memcpy(dst + off, src + off, part == threads - 1 ? bytes - off : chunk);
-        }
-        runs[r] = llm_host_now_ms() - t0;
-    }
-    qsort(runs, 5, sizeof runs[0], cmp_double);
-    free(src), free(dst);
-    return runs[2] > 0 ? 2.0 * (double)bytes / (runs[2] * 1e-3) / 1e9 : 0.0;
-}
-
 /* Sums of 64-bit lanes over [begin, end) vectors, four independent accumulators; one build with 32-byte loads for
  * CPUs with AVX2 (one core reads ~20% faster with them), one with the baseline 16-byte loads. */
 typedef uint64_t u64x2 __attribute__((vector_size(16)));

@@ -14,8 +14,6 @@ int llm_host_status(char *err, size_t err_len);
 void llm_host_memory(llm_device_memory *out);
 void llm_host_timer_mark(int slot);
 double llm_host_timer_elapsed_ms(int from, int to);
-/* Median of a few large memcpy runs with `threads` threads (1 = plain memcpy), bytes read + written, GB/s. */
-double llm_host_measure_bandwidth(int threads);
 /* Physical cores this process may run on (hyperthreads not counted): the CPU devices' default thread count. */
 int llm_host_physical_cores(void);
 /* Best of a few sweeps summing a large buffer with `threads` threads, bytes read, GB/s: the ceiling of a decode

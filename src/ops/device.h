@@ -22,6 +22,7 @@ typedef struct {
 typedef struct {
     size_t persistent_steps; /* decode steps launched as one persistent kernel (a replayed graph's not counted) */
     int ring_stages;         /* the shared-memory ring stages of the last persistent step; 0 when none ran */
+    int persistent_capable;  /* 1 when this GPU and build can run a persistent step at all (cuda: the Hopper code) */
 } llm_device_counters;
 
 typedef struct {
@@ -71,7 +72,8 @@ typedef struct llm_device {
      * when the queue reaches it; elapsed_ms(a, b) is valid after sync(). slot < LLM_TIMER_SLOTS. */
     void (*timer_mark)(int slot);
     double (*timer_elapsed_ms)(int from, int to);
-    /* Measured peak memory bandwidth in GB/s (a large copy, bytes read + written, median of a few runs). */
+    /* Measured peak read bandwidth in GB/s (a buffer far larger than the caches read once, median of a few runs):
+     * the ceiling of a decode step, which only reads its weights. */
     double (*measure_bandwidth)(void);
     /* Record-and-replay of a whole forward step (a CUDA graph). step_begin returns 1 when the device will replay a
      * recorded step of this shape: the caller then skips its op calls and calls step_end, which launches it.

@@ -26,6 +26,8 @@ typedef struct {
     int heads_per_block, head_blocks, n_splits;
     int window;     /* n == 1: rows of a split (before p) staged in shared memory before the wait */
     int store_row;  /* n == 1 and the KV row is not stored yet: split 0 of each kv head stores it */
+    float *parts;        /* portable code: (n, grid x, n_splits, DEC_MAX_HEADS * (head_dim + 2)) split outputs */
+    unsigned *arrivals;  /* portable code: (n, grid x) splits arrived, 0 between launches */
     int pdl_early;
     llm_cuda_tl *tl; /* LLM_CUDA_TIMELINE's record, or NULL */
 } attn_args;
@@ -75,19 +77,29 @@ static size_t decode_smem(int warps, int heads, int hd, int window)
 
 /* The cluster barrier in two halves. Every block arrives as it starts and waits before its first remote store:
  * distributed shared memory may only be written once every block of the cluster runs, which by then the wait
- * costs nothing to confirm. */
+ * costs nothing to confirm. The portable code has no clusters: these are empty there, and the splits merge through
+ * global memory instead (attn_decode_kernel). */
 __device__ __forceinline__ void cluster_arrive()
 {
+#if !LLM_CUDA_PORTABLE_CODE
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
 }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait()
+{
+#if !LLM_CUDA_PORTABLE_CODE
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
 
 /* Every block of the cluster arrives before any goes on, its earlier shared-memory writes (remote ones included)
  * visible to the others after it: a fence and a relaxed arrive. cg's cluster.sync() fences twice: TinyLlama decode
  * +1 %, Llama-2-7B +0.3 % (version 33). */
 __device__ __forceinline__ void cluster_publish()
 {
+#if !LLM_CUDA_PORTABLE_CODE
     asm volatile("fence.acq_rel.cluster;" ::: "memory");
+#endif
     cluster_arrive();
     cluster_wait();
 }
@@ -278,6 +290,53 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
         if (idx - h * hd == 0) bl[h] = den;
     }
 
+#if LLM_CUDA_PORTABLE_CODE
+    /* The splits, without clusters: each leaves its output, maximum and total in global memory and counts itself in;
+     * the last of a (token, head group) to arrive merges them (still one launch, at the price of a round trip
+     * through L2) and sets the count back to 0 for the next launch. */
+    __shared__ float w_split[DEC_MAX_HEADS][DEC_MAX_SPLITS], den[DEC_MAX_HEADS];
+    __shared__ bool last;
+    float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
+    __syncthreads(); /* bo, bm, bl */
+    if (a.n_splits == 1) {
+        for (int idx = tid; idx < G * hd; idx += DEC_THREADS) out_i[idx] = bo[idx] / bl[idx / hd];
+        llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
+        return;
+    }
+    const int slot = i * gridDim.x + blockIdx.x;
+    const size_t stride = (size_t)DEC_MAX_HEADS * (hd + 2); /* a split's acc (G * hd), then m (G), then l (G) */
+    float *parts = a.parts + (size_t)slot * a.n_splits * stride;
+    for (int idx = tid; idx < G * hd; idx += DEC_THREADS) parts[split * stride + idx] = bo[idx];
+    if (tid < G) parts[split * stride + G * hd + tid] = bm[tid], parts[split * stride + G * hd + G + tid] = bl[tid];
+    __threadfence(); /* this block's part is visible before it counts itself in */
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(a.arrivals + slot, 1u) == (unsigned)a.n_splits - 1;
+    __syncthreads();
+    if (!last) {
+        llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
+        return;
+    }
+    __threadfence();
+    if (tid < G) {
+        float M = -INFINITY, sum = 0.0f;
+        for (int sp = 0; sp < a.n_splits; sp++) M = fmaxf(M, __ldcg(parts + sp * stride + G * hd + tid));
+        for (int sp = 0; sp < a.n_splits; sp++) {
+            float ms = __ldcg(parts + sp * stride + G * hd + tid);
+            float w = ms == -INFINITY ? 0.0f : expf(ms - M); /* an empty split weighs nothing */
+            w_split[tid][sp] = w;
+            sum += w * __ldcg(parts + sp * stride + G * hd + G + tid);
+        }
+        den[tid] = sum;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * hd; idx += DEC_THREADS) {
+        int h = idx / hd;
+        float num = 0.0f;
+        for (int sp = 0; sp < a.n_splits; sp++) num += w_split[h][sp] * __ldcg(parts + sp * stride + idx);
+        out_i[idx] = num / den[h];
+    }
+    if (tid == 0) a.arrivals[slot] = 0;
+#else
     /* The splits: each pushes every split's share of its output, maximum and total into that split's inbox
      * (remote stores, no round trip), one barrier publishes them, and each merges its own slice of the heads'
      * outputs from its own shared memory. Reading the others' states remotely took two round trips and a second
@@ -325,6 +384,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
             if (sp < a.n_splits) num += w_split[h][sp] * in_acc[sp * per + idx - begin];
         out_i[idx] = num / den[h];
     }
+#endif
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }
 
@@ -780,12 +840,22 @@ template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(
         grid, dim3(W * 32), decode_smem(W, a->heads_per_block, a->head_dim, a->window), &attr[0]);
-    attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attr[cfg.numAttrs].val.clusterDim.x = 1;
-    attr[cfg.numAttrs].val.clusterDim.y = grid.y;
-    attr[cfg.numAttrs].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs++;
+    if (llm_cuda.hopper_code) { /* the splits of a head group: one cluster */
+        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[cfg.numAttrs].val.clusterDim.x = 1;
+        attr[cfg.numAttrs].val.clusterDim.y = grid.y;
+        attr[cfg.numAttrs].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs++;
+    } else if (splits > 1) { /* the splits merge through global memory */
+        size_t groups = (size_t)grid.x * grid.z;
+        a->parts = (float *)llm_cuda_scratch(LLM_CUDA_SCRATCH_ATTN_PARTS,
+                                             groups * splits * DEC_MAX_HEADS * (a->head_dim + 2) * sizeof(float),
+                                             "attention");
+        a->arrivals = (unsigned *)llm_cuda_scratch(LLM_CUDA_SCRATCH_ATTN_ARRIVALS, groups * sizeof(unsigned),
+                                                   "attention");
+        if (!a->parts || !a->arrivals) return;
+    }
     LLM_CUDA_CHECK("attention", cudaLaunchKernelEx(&cfg, attn_decode_kernel<DPL, W>, *a));
 }
 

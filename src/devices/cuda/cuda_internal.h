@@ -13,12 +13,24 @@ extern "C" {
 #include "../../ops/device.h"
 }
 
+/* Which code a kernel carries, fixed when nvcc compiled it for one architecture: the Hopper code (sm_90 and later)
+ * uses thread-block clusters, programmatic dependent launch, mbarriers and bulk copies; the portable code (sm_80 to
+ * sm_89, or compute_80 PTX that the driver compiles for a newer GPU) does without them. The host asks once which of
+ * the two the GPU runs (llm_cuda.hopper_code, device.cu) and launches to match. 0 in host code. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define LLM_CUDA_PORTABLE_CODE 1
+#else
+#define LLM_CUDA_PORTABLE_CODE 0
+#endif
+
 /* What every launcher needs from the device. */
 struct llm_cuda_ctx {
     cudaStream_t stream; /* every kernel and copy goes here (a non-default stream, so steps can be captured) */
     int sm_count;
     size_t smem_optin;   /* the most dynamic shared memory one block may ask for */
-    bool pdl;            /* launch the decode kernels with programmatic dependent launch */
+    bool hopper_code;    /* the GPU runs the kernels' Hopper code (see LLM_CUDA_PORTABLE_CODE): clusters, PDL, the
+                            persistent step may be launched */
+    bool pdl;            /* launch the decode kernels with programmatic dependent launch (only with hopper_code) */
     int pdl_early;       /* ... and let the next kernel launch: 2 when this one starts, 1 once it has waited for
                             the one before, 0 at its exit */
     /* the kernels' settings, from the environment as device.cu's cuda_settings_read found it when the device opened */
@@ -52,10 +64,19 @@ enum {
     LLM_CUDA_SCRATCH_SPLIT,
     LLM_CUDA_SCRATCH_STEP, /* step.cu: the persistent step's table and arena */
     LLM_CUDA_SCRATCH_LOGITS, /* a GEMV's rows on their way to shared host memory (ops.cu) */
+    LLM_CUDA_SCRATCH_ATTN_PARTS,    /* attention.cu, portable code: each decode split's partial output */
+    LLM_CUDA_SCRATCH_ATTN_ARRIVALS, /* ... and per (token, head group) the splits done so far (back to 0 after) */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
 };
 void *llm_cuda_scratch(int slot, size_t bytes, const char *op);
+
+/* The PTX version of the kernels' code the current GPU runs (kernels.cu): 90 when it runs the Hopper code, 80 the
+ * portable one (LLM_CUDA_PORTABLE_CODE); 0 when the binary has no code this GPU can run, with the reason in *e. */
+int llm_cuda_code_version(cudaError_t *e);
+
+/* Read `bytes` (a multiple of 16) at p once, as a decode step reads its weights: the bandwidth measurement. */
+bool llm_cuda_read(const void *p, size_t bytes, unsigned *sink);
 
 /* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
 bool llm_cuda_allow_smem(const void *kernel, const char *op);
@@ -63,11 +84,21 @@ bool llm_cuda_allow_smem(const void *kernel, const char *op);
 /* Programmatic dependent launch (Hopper): a kernel launched with llm_cuda_launch_config() may be scheduled while
  * the kernel before it drains (from when that one calls llm_cuda_allow_next). Before llm_cuda_wait_prior() it may
  * only read what no kernel writes (weights, positions uploaded before the step, earlier cache rows); after it,
- * everything earlier in the stream is complete and visible. Both are no-ops without the attribute. */
-__device__ __forceinline__ void llm_cuda_wait_prior() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+ * everything earlier in the stream is complete and visible. Both are no-ops without the attribute, and compiled out
+ * of the portable code (whose launches never carry it). */
+__device__ __forceinline__ void llm_cuda_wait_prior()
+{
+#if !LLM_CUDA_PORTABLE_CODE
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void llm_cuda_allow_next(int early)
 {
+#if !LLM_CUDA_PORTABLE_CODE
     if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    (void)early;
+#endif
 }
 
 static inline cudaLaunchConfig_t llm_cuda_launch_config(dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *attr)

@@ -14,6 +14,25 @@ cudaEvent_t llm_cuda_timer_events[LLM_TIMER_SLOTS];
 
 /* ---------- device struct: probe, init, release ---------- */
 
+/* How one-token steps run on a GPU of properties p whose kernels are code `code` (llm_cuda_code_version), and why:
+ * the persistent step needs the Hopper code on a GPU of compute capability 9.0 or later (bulk copies, mbarriers,
+ * clusters) and a cooperative launch; elsewhere a kernel per op, replayed as a CUDA graph. */
+static bool decode_path_of(const cudaDeviceProp &p, int code, char *buf, size_t len)
+{
+    const bool hopper = code >= 90 && p.major >= 9, persist = hopper && p.cooperativeLaunch;
+    if (persist)
+        snprintf(buf, len, "persistent decode step (Hopper code, sm_%d%d)", p.major, p.minor);
+    else if (hopper)
+        snprintf(buf, len, "kernel per op in a CUDA graph (Hopper code; no cooperative launch here)");
+    else if (p.major >= 9)
+        snprintf(buf, len, "kernel per op in a CUDA graph (portable code: this build carries compute_%d PTX only, "
+                 "the persistent step needs sm_90 code)", code);
+    else
+        snprintf(buf, len, "kernel per op in a CUDA graph (portable code for cc %d.%d; the persistent step needs "
+                 "Hopper, cc 9.0)", p.major, p.minor);
+    return hopper;
+}
+
 static int cuda_probe(char *why, size_t why_len)
 {
     static int usable = -1;
@@ -31,9 +50,13 @@ static int cuda_probe(char *why, size_t why_len)
         } else if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) {
             cudaGetLastError();
             snprintf(reason, sizeof reason, "cannot read the properties of GPU 0");
-        } else if (p.major < 9) {
-            snprintf(reason, sizeof reason, "GPU 0 (%s) has compute capability %d.%d; this build carries code for 9.0 "
-                     "and later (set NVCCFLAGS' -gencode for it and rebuild)", p.name, p.major, p.minor);
+        } else if (p.major < 8) {
+            snprintf(reason, sizeof reason, "GPU 0 (%s) has compute capability %d.%d; the cuda device needs 8.0 "
+                     "(Ampere) or later", p.name, p.major, p.minor);
+        } else if (llm_cuda_code_version(&e) == 0) {
+            snprintf(reason, sizeof reason, "GPU 0 (%s, compute capability %d.%d) cannot run this build's kernels "
+                     "(%s): rebuild with its -gencode in CUDA_GENCODE", p.name, p.major, p.minor,
+                     cudaGetErrorString(e));
         } else {
             usable = 1;
         }
@@ -141,6 +164,9 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     if ((e = cudaStreamCreateWithFlags(&llm_cuda.stream, cudaStreamNonBlocking)) != cudaSuccess) goto cuda_fail;
     llm_cuda.sm_count = g.prop.multiProcessorCount;
     llm_cuda.smem_optin = g.prop.sharedMemPerBlockOptin;
+    step = "loading the kernels";
+    if (!(g.code_version = llm_cuda_code_version(&e))) goto cuda_fail;
+    llm_cuda.hopper_code = decode_path_of(g.prop, g.code_version, g.decode_path, sizeof g.decode_path);
     step = "cuBLAS workspace";
     if ((e = cudaMalloc(&g.workspace, CUBLAS_WORKSPACE)) != cudaSuccess) goto cuda_fail;
     {
@@ -159,16 +185,17 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.use_graphs = g.set.graphs;
     g.fuse = g.set.fuse;
     g.sync_each = g.set.sync_each;
-    llm_cuda.pdl = g.set.pdl;
+    llm_cuda.pdl = g.set.pdl && llm_cuda.hopper_code;
     llm_cuda.pdl_early = g.set.pdl_early;
     llm_cuda.attn_simt = g.set.attn_simt;
     llm_cuda.dec_heads = g.set.dec_heads;
     llm_cuda.dec_warps = g.set.dec_warps;
     llm_cuda.attn_window_kb = g.set.attn_window_kb;
     llm_cuda.gemv_cpl = g.set.gemv_cpl;
-    /* the persistent step needs bulk copies with mbarrier transactions (Hopper and later) and every block resident
+    /* the persistent step needs bulk copies with mbarrier transactions (the Hopper code) and every block resident
      * at once (a cooperative launch: they wait on each other's data) */
-    g.persist = g.set.persist && g.prop.major >= 9 && g.prop.cooperativeLaunch;
+    g.persist = g.set.persist && llm_cuda.hopper_code && g.prop.cooperativeLaunch;
+    if (!llm_cuda.hopper_code) fprintf(stderr, "llm-run: cuda: decode as a %s\n", g.decode_path);
     llm_cuda.persist_splits = g.set.persist_splits;
     llm_cuda.persist_split_scale = g.set.persist_split_scale;
     llm_cuda.persist_stages = g.set.persist_stages;
@@ -243,14 +270,22 @@ static void cuda_describe(char *buf, size_t len)
     int driver = 0, runtime = 0;
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
-    char persist[64] = "off";
+    char persist[64] = "off", probed[160] = "";
+    const char *path = g.decode_path;
     if (g.initialized && g.persist)
         snprintf(persist, sizeof persist, g.persisted ? "on, %zu run (a ring of %d stages)" : "on, %zu run",
                  g.persisted, llm_cuda.step_stages);
-    snprintf(buf, len, "%s, %d SMs, cc %d.%d, %.1f GiB, driver %d.%d, runtime %d.%d; graphs %s, fusion %s, pdl %s, "
-             "batch matmul %s, persistent decode step %s", p.name, p.multiProcessorCount, p.major, p.minor,
+    if (!g.initialized) {
+        cudaError_t e;
+        int code = llm_cuda_code_version(&e);
+        if (code) decode_path_of(p, code, probed, sizeof probed);
+        else snprintf(probed, sizeof probed, "none: %s", cudaGetErrorString(e));
+        path = probed;
+    }
+    snprintf(buf, len, "%s, %d SMs, cc %d.%d, %.1f GiB, driver %d.%d, runtime %d.%d; decode: %s; graphs %s, fusion %s, "
+             "pdl %s, batch matmul %s, persistent decode step %s", p.name, p.multiProcessorCount, p.major, p.minor,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), driver / 1000, driver % 1000 / 10,
-             runtime / 1000, runtime % 1000 / 10, g.initialized && !g.use_graphs ? "off" : "on",
+             runtime / 1000, runtime % 1000 / 10, path, g.initialized && !g.use_graphs ? "off" : "on",
              g.initialized && !g.fuse ? "off" : "on", g.initialized && !llm_cuda.pdl ? "off" : "on",
              g.initialized && !g.gemm_accurate ? "bf16/f16 (fast)" : "split f32 (accurate)", persist);
 }
@@ -259,6 +294,7 @@ static void cuda_counters(llm_device_counters *out)
 {
     out->persistent_steps = g.initialized ? g.persisted : 0;
     out->ring_stages = g.initialized && g.persisted ? llm_cuda.step_stages : 0;
+    out->persistent_capable = g.initialized && llm_cuda.hopper_code && g.prop.cooperativeLaunch;
 }
 
 static const llm_ops cuda_ops = {

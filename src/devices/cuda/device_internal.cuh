@@ -72,6 +72,8 @@ typedef struct {
 struct cuda_state {
     bool initialized;
     cudaDeviceProp prop;
+    int code_version;      /* the kernels' code the GPU runs: 90 Hopper, 80 portable (llm_cuda_code_version) */
+    char decode_path[160]; /* how one-token steps run and why (decode_path_of) */
     cublasHandle_t blas;
     void *workspace;
     /* sticky error */

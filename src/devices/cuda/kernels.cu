@@ -281,3 +281,43 @@ void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_
     kv_store_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n, kv_dim);
     LLM_CUDA_LAUNCHED("attention");
 }
+
+int llm_cuda_code_version(cudaError_t *e)
+{
+    cudaFuncAttributes fa;
+    /* any kernel: every .cu file is compiled for the same architectures (Makefile's CUDA_GENCODE) */
+    *e = cudaFuncGetAttributes(&fa, (const void *)rope_kernel);
+    if (*e != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return fa.ptxVersion;
+}
+
+/* Reads n 16-byte vectors, a few loads in flight per thread, and folds them into a value the compiler cannot drop
+ * (written only if it takes one pattern the buffer does not hold). */
+__global__ void read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+    constexpr int UNROLL = 4;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    unsigned acc = 0;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += stride) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+bool llm_cuda_read(const void *p, size_t bytes, unsigned *sink)
+{
+    read_kernel<<<(unsigned)llm_cuda.sm_count * 4, 512, 0, llm_cuda.stream>>>((const uint4 *)p, bytes / 16, sink);
+    return LLM_CUDA_LAUNCHED("bandwidth");
+}

@@ -54,9 +54,9 @@ constexpr int CONSUMERS = 256;
 constexpr int THREADS = 32 + CONSUMERS + 32; /* producer warp, consumer warps, signaller warp */
 constexpr int WARPS = CONSUMERS / 32;
 constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
-constexpr unsigned EMPTY = 0xffffffffu;
+[[maybe_unused]] constexpr unsigned EMPTY = 0xffffffffu; /* (device code only: unused in the portable pass) */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
-constexpr int MAX_POS = 64;             /* KV positions per attention stage */
+[[maybe_unused]] constexpr int MAX_POS = 64; /* KV positions per attention stage */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
@@ -133,6 +133,9 @@ struct step_program {
                                   consumers had the input, when they were done, when the signaller wrote its last row */
 };
 
+/* The kernel exists only in the Hopper code (bulk copies, mbarriers, tensor maps); in the portable code it is a
+ * stub the host never launches (llm_cuda_step_launch refuses without llm_cuda.hopper_code). */
+#if !LLM_CUDA_PORTABLE_CODE
 __device__ __forceinline__ void trace_mark(const step_program &prog, int phase, int field)
 {
     prog.trace[((size_t)phase * gridDim.x + blockIdx.x) * 3 + field] = llm_cuda_now_ns();
@@ -955,8 +958,13 @@ __device__ void copy_out(const step_copy &C, int tid)
     }
 }
 
+#endif
+
 __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant__ step_program prog)
 {
+#if LLM_CUDA_PORTABLE_CODE
+    __trap();
+#else
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
     __shared__ tile_sums sums;
@@ -1042,6 +1050,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     const step_copy *copies = prog.copies + half * prog.n_copies;
     for (int c = 0; c < prog.n_copies; c++) copy_out(copies[c], tid);
     if (tid == 0) *prog.steps = step + 1; /* (every block read it at its start, before counting itself done) */
+#endif
 }
 
 /* ---- host: the record turned into phases ---- */
@@ -1455,7 +1464,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
 
 int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
 {
-    if (n < 1) return LLM_CUDA_STEP_REFUSED;
+    if (n < 1 || !llm_cuda.hopper_code) return LLM_CUDA_STEP_REFUSED;
     plan pl = {};
     pl.n = n;
     pl.phases = (step_phase *)calloc((size_t)n, sizeof *pl.phases);
