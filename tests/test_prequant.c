@@ -239,6 +239,17 @@ static void test_refused_configs(void **state)
     expect_error("awq", "{\"quant_method\": 7}", "no \"quant_method\" string");
 }
 
+/* --quant on a checkpoint that is quantized already is refused, not stacked. */
+static void test_quant_refused(void **state)
+{
+    (void)state;
+    llm_model m;
+    llm_load_options lo = {.device = "cpu", .quant = LLM_DTYPE_Q4_0};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, DIR "awq", &lo, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--quant Q4_0: the checkpoint is quantized already (config.json: awq gemm 4-bit"));
+}
+
 /* The ignore lists: compressed-tensors' exact names and re: patterns, transformers' prefixes and suffixes. */
 static void test_ignore_lists(void **state)
 {
@@ -258,11 +269,12 @@ static void test_ignore_lists(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest tests[4 + 2 * N_CASES];
+    static struct CMUnitTest tests[5 + 2 * N_CASES];
     int n = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fp8_e4m3);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_refused_configs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ignore_lists);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_quant_refused);
     static char names[2 * N_CASES][96];
     for (size_t i = 0; i < N_CASES; i++) {
         snprintf(names[2 * i], sizeof names[0], "dequantize %s", cases[i].fixture);
