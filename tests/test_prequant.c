@@ -239,6 +239,49 @@ static void test_refused_configs(void **state)
     expect_error("awq", "{\"quant_method\": 7}", "no \"quant_method\" string");
 }
 
+/* GPTQ's two zero conventions on a hand-packed (8, 32) linear in groups of 16: auto-gptq's v1 stores zero - 1 (so a
+ * stored 15 is a zero of 16), gptq_v2 the zero itself; qweight packs 8 input columns a word, qzeros 8 output rows. */
+static void test_gptq_zero_conventions(void **state)
+{
+    (void)state;
+    enum { ROWS = 8, COLS = 32, G = 16, NG = COLS / G };
+    int32_t qweight[COLS / 8][ROWS] = {{0}}, qzeros[NG][ROWS / 8] = {{0}}, g_idx[COLS];
+    uint16_t scales[NG][ROWS];
+    for (int c = 0; c < COLS; c++) {
+        g_idx[c] = c / G;
+        for (int r = 0; r < ROWS; r++) qweight[c / 8][r] |= (int32_t)((uint32_t)((r + c) % 16) << (4 * (c % 8)));
+    }
+    for (int g = 0; g < NG; g++)
+        for (int r = 0; r < ROWS; r++) {
+            qzeros[g][r / 8] |= (int32_t)((uint32_t)((g * 8 + r) % 16) << (4 * (r % 8)));
+            scales[g][r] = llm_f32_to_f16(0.5f * (float)(g + 1) + 0.125f * (float)r);
+        }
+    stw_tensor t[] = {
+        {"l.qweight", "I32", "[4, 8]", qweight, sizeof qweight}, {"l.qzeros", "I32", "[2, 1]", qzeros, sizeof qzeros},
+        {"l.scales", "F16", "[2, 8]", scales, sizeof scales}, {"l.g_idx", "I32", "[32]", g_idx, sizeof g_idx},
+    };
+    size_t len;
+    unsigned char *file = stw_tensors(t, 4, NULL, &len);
+    llm_st *st = NULL;
+    char err[512] = "";
+    assert_int_equal(llm_st_open_memory(&st, file, len, "mem.safetensors", err, sizeof err), 0);
+    for (int v2 = 0; v2 < 2; v2++) {
+        llm_prequant q = {.format = LLM_PQ_GPTQ, .group = G, .zero_offset = v2 ? 0 : 1};
+        llm_pq_parts p;
+        assert_int_equal(llm_pq_parts_find(&p, &q, st, "l", ROWS, COLS, err, sizeof err), 0);
+        float row[COLS];
+        for (int r = 0; r < ROWS; r++) {
+            llm_pq_dequantize_row(&p, (size_t)r, row);
+            for (int c = 0; c < COLS; c++) {
+                int g = c / G, zero = (g * 8 + r) % 16 + (v2 ? 0 : 1);
+                assert_true(row[c] == (float)((r + c) % 16 - zero) * llm_f16_to_f32(scales[g][r]));
+            }
+        }
+    }
+    llm_st_close(st);
+    free(file);
+}
+
 /* --quant on a checkpoint that is quantized already is refused, not stacked. */
 static void test_quant_refused(void **state)
 {
@@ -269,12 +312,13 @@ static void test_ignore_lists(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest tests[5 + 2 * N_CASES];
+    static struct CMUnitTest tests[6 + 2 * N_CASES];
     int n = 0;
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_fp8_e4m3);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_refused_configs);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_ignore_lists);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_quant_refused);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_gptq_zero_conventions);
     static char names[2 * N_CASES][96];
     for (size_t i = 0; i < N_CASES; i++) {
         snprintf(names[2 * i], sizeof names[0], "dequantize %s", cases[i].fixture);

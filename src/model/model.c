@@ -168,14 +168,15 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
     int threads = llm_host_physical_cores();
     w->rows = rows, w->cols = cols;
     llm_op op = head ? LLM_OP_LOGITS : LLM_OP_MATMUL;
-    if (p.traits->integer && dev->host_memory && cols % LLM_QK8_0 == 0 && dev->supports(op, LLM_DTYPE_Q8_0)) {
+    const llm_device *who = m->rt.op_device[op] ? m->rt.op_device[op] : dev; /* --op-device may pin the product */
+    if (p.traits->integer && dev->host_memory && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
         size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_Q8_0, rows, cols);
         void *q8 = bytes ? malloc(bytes) : NULL;
         if (q8 && llm_pq_convert(&p, LLM_DTYPE_Q8_0, q8, threads, NULL) == 0) {
             w->data = q8, w->dtype = LLM_DTYPE_Q8_0;
             size_t bytes4 = llm_quant_matrix_bytes(LLM_QUANT_Q4_0, rows, cols);
             void *q4 = NULL;
-            if (dev->supports(op, LLM_DTYPE_Q4_0) && llm_pq_q8_0_fits_q4_0(q8, rows, cols) && (q4 = malloc(bytes4))) {
+            if (who->supports(op, LLM_DTYPE_Q4_0) && llm_pq_q8_0_fits_q4_0(q8, rows, cols) && (q4 = malloc(bytes4))) {
                 llm_pq_q8_0_to_q4_0(q4, q8, rows, cols);
                 free(q8);
                 w->data = q4, w->dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
@@ -188,7 +189,7 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
         free(q8); /* not exact (or no memory for it): dequantized below */
     }
     llm_dtype to = dev == llm_device_find("cpu") ? LLM_DTYPE_F32 : m->weight_dtype;
-    if (!dev->supports(op, to)) to = LLM_DTYPE_BF16;
+    if (!who->supports(op, to)) to = LLM_DTYPE_BF16;
     size_t bytes = rows * cols * llm_dtype_size(to), rounded = 0;
     void *buf = malloc(bytes ? bytes : 1);
     if (!buf || llm_pq_convert(&p, to, buf, threads, &rounded) != 0) {
