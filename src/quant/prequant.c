@@ -31,10 +31,19 @@ const llm_pq_traits *llm_pq_traits_of(llm_pq_format f)
     return f > LLM_PQ_NONE && f < LLM_PQ_COUNT ? &traits[f] : NULL;
 }
 
+/* Normal numbers move their exponent (bias 7) and 3 mantissa bits into f32's fields; subnormals are m * 2^-9. */
 float llm_fp8_e4m3_to_f32(unsigned char b)
 {
-    int e = (b >> 3) & 15, m = b & 7;
-    float v = e == 15 && m == 7 ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float v;
+    if (e == 0) {
+        v = (float)m * 0x1p-9f;
+    } else if (e == 15 && m == 7) {
+        v = NAN;
+    } else {
+        uint32_t bits = (e + 120u) << 23 | m << 20;
+        memcpy(&v, &bits, sizeof v);
+    }
     return b & 0x80 ? -v : v;
 }
 
