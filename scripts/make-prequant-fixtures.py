@@ -19,7 +19,9 @@ Weights are quantized by round-to-nearest from the stored ones (the format, not 
 
 Each folder gets config.json (models/tiny's, one layer, with quantization_config) and model.safetensors, and
 reference.safetensors: for every quantized linear MODULE, "MODULE.rows" = rows 0-7 and the last 8 of the library's
-dequantized weight in the library's own dtype, and "MODULE.row_ids" (I64) which rows those are.
+dequantized weight in the library's own dtype, and "MODULE.row_ids" (I64) which rows those are; and "greedy" (I64),
+the 24 tokens transformers' LlamaForCausalLM generates greedily in float32 after the prompt PROMPT from the weights
+dequantized exactly (the library's arithmetic with f32 scales).
 
 usage: make-prequant-fixtures.py [OUT_DIR]   (default tests/fixtures/prequant)
 """
@@ -71,6 +73,26 @@ def reference_rows(ref, module, w):
     ref[module + ".row_ids"] = torch.tensor(rows, dtype=torch.int64)
 
 
+PROMPT = [322, 285, 1435, 1159, 10]
+
+
+def hf_greedy(base, weights, n=24):
+    """transformers' LlamaForCausalLM in float32 on the checkpoint's weights (`weights`: each linear's dequantized
+    f32 values, the library's arithmetic with f32 scales), greedy: the tokens llm-run must generate."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c = config(None)
+    del c["quantization_config"]
+    model = LlamaForCausalLM(LlamaConfig(**c)).float().eval()
+    state = {k: v.to(torch.bfloat16).float() for k, v in base.items()}
+    state.update(weights)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(PROMPT):].to(torch.int64)
+
+
 def write(out_dir, name, qc, tensors, ref):
     d = os.path.join(out_dir, name)
     os.makedirs(d, exist_ok=True)
@@ -99,7 +121,7 @@ def ct_fixture(out_dir, name, base, weights_args, fmt, ignore, act=None):
     scheme = QuantizationScheme(targets=["Linear"], weights=args,
                                 input_activations=QuantizationArgs(**act) if act else None)
     compressor = BaseCompressor.get_value_from_registry(fmt)
-    tensors, ref = plain(base), {}
+    tensors, ref, full = plain(base), {}, {}
     for m in LINEARS:
         module = f"model.layers.0.{m}"
         w = base[module + ".weight"].to(torch.bfloat16)
@@ -122,9 +144,12 @@ def ct_fixture(out_dir, name, base, weights_args, fmt, ignore, act=None):
             tensors[f"{module}.{k}"] = v
         deq = compressor.decompress(dict(packed), scheme)["weight"]
         reference_rows(ref, module, deq)
+        exact = dict(packed, weight_scale=packed["weight_scale"].float())
+        full[module + ".weight"] = compressor.decompress(exact, scheme)["weight"].float()
     qc = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, ignore=ignore,
                             quantization_status="compressed").model_dump(exclude_none=True)
     qc["quant_method"] = "compressed-tensors"
+    ref["greedy"] = hf_greedy(base, full)
     write(out_dir, name, json.loads(json.dumps(qc, default=str)), tensors, ref)
 
 
@@ -132,7 +157,7 @@ def ct_fixture(out_dir, name, base, weights_args, fmt, ignore, act=None):
 
 def fp8_block_fixture(out_dir, base):
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
-    tensors, ref, B = plain(base), {}, 128
+    tensors, ref, full, B = plain(base), {}, {}, 128
     dequant = Fp8Dequantize.__new__(Fp8Dequantize)
     for m in LINEARS:
         module = f"model.layers.0.{m}"
@@ -146,9 +171,11 @@ def fp8_block_fixture(out_dir, base):
         q = (blocks / scale[:, None, :, None]).reshape(r, c).to(torch.float8_e4m3fn)
         tensors[module + ".weight"] = q
         tensors[module + ".weight_scale_inv"] = scale.float()
-        reference_rows(ref, module, dequant._dequantize_one(q, scale.float(), torch.float32))
+        full[module + ".weight"] = dequant._dequantize_one(q, scale.float(), torch.float32)
+        reference_rows(ref, module, full[module + ".weight"])
     qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [B, B],
           "modules_to_not_convert": ["lm_head", "model.layers.0.self_attn.o_proj"]}
+    ref["greedy"] = hf_greedy(base, full)
     write(out_dir, "fp8-block", qc, tensors, ref)
 
 
@@ -184,7 +211,7 @@ def awq_dequantize_gemm(qweight, qzeros, scales, bits, group_size):
 
 
 def awq_fixture(out_dir, base, group=128):
-    tensors, ref = plain(base), {}
+    tensors, ref, full = plain(base), {}, {}
     for m in LINEARS:
         module = f"model.layers.0.{m}"
         w = base[module + ".weight"].to(torch.bfloat16).float().numpy().T  # (in, out), as AWQ stores it
@@ -198,8 +225,10 @@ def awq_fixture(out_dir, base, group=128):
         scales = torch.from_numpy(scale)
         tensors.update({module + ".qweight": qweight, module + ".qzeros": qzeros, module + ".scales": scales})
         reference_rows(ref, module, awq_dequantize_gemm(qweight, qzeros, scales, 4, group).T)
+        full[module + ".weight"] = awq_dequantize_gemm(qweight, qzeros, scales.float(), 4, group).T
     qc = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm",
           "modules_to_not_convert": None}
+    ref["greedy"] = hf_greedy(base, full)
     write(out_dir, "awq", qc, tensors, ref)
 
 
@@ -219,7 +248,7 @@ def gptq_dequantize(qweight, qzeros, scales, g_idx, bits=4):
 
 
 def gptq_fixture(out_dir, base, rng, sym, act_order, group=128):
-    tensors, ref = plain(base), {}
+    tensors, ref, full = plain(base), {}, {}
     for m in LINEARS:
         module = f"model.layers.0.{m}"
         w = base[module + ".weight"].to(torch.bfloat16).float().numpy()  # (out, in)
@@ -255,8 +284,10 @@ def gptq_fixture(out_dir, base, rng, sym, act_order, group=128):
         for k, v in t.items():
             tensors[f"{module}.{k}"] = v
         reference_rows(ref, module, gptq_dequantize(t["qweight"], t["qzeros"], t["scales"], t["g_idx"]).T)
+        full[module + ".weight"] = gptq_dequantize(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"]).T
     qc = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": sym,
           "checkpoint_format": "gptq", "damp_percent": 0.01, "true_sequential": True, "static_groups": False}
+    ref["greedy"] = hf_greedy(base, full)
     write(out_dir, "gptq-sym" if sym else "gptq-asym-actorder", qc, tensors, ref)
 
 

@@ -1,7 +1,8 @@
 /* Pre-quantized checkpoints (tests/fixtures/prequant, written by scripts/make-prequant-fixtures.py with each format's
  * own library or its code followed line by line): our reference decoder against the library's dequantization, bit
  * for bit once rounded to the library's output dtype; the exact conversions to Q8_0/Q4_0 against the decoder; what
- * each device loads each format as; the same greedy tokens on cpu and blas; and quantization_config refusals. */
+ * each device loads each format as; transformers' greedy tokens on cpu, and the same on blas; and
+ * quantization_config refusals. */
 #include <jansson.h>
 #include <math.h>
 #include <setjmp.h>
@@ -177,7 +178,7 @@ static int greedy(const char *fixture, const char *device, int32_t *out, int n, 
     return 0;
 }
 
-static void test_cpu_and_blas_agree(void **state)
+static void test_greedy_tokens(void **state)
 {
     const pq_case *c = *state;
     enum { N = 24 };
@@ -185,6 +186,20 @@ static void test_cpu_and_blas_agree(void **state)
     llm_dtype cpu_as, blas_as;
     assert_int_equal(greedy(c->fixture, "cpu", ref, N, &cpu_as), 0);
     assert_int_equal(cpu_as, c->cpu);
+    /* transformers' greedy tokens on the same weights (float32 throughout) */
+    char path[512], err[512] = "";
+    snprintf(path, sizeof path, DIR "%s/reference.safetensors", c->fixture);
+    llm_st *st = NULL;
+    assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+    const llm_st_tensor *hf = llm_st_find(st, "greedy");
+    assert_true(hf && strcmp(hf->dtype_name, "I64") == 0 && hf->numel == N);
+    for (int i = 0; i < N; i++) {
+        if (ref[i] != ((const int64_t *)hf->data)[i])
+            print_error("%s: token %d is %d on cpu, %lld in transformers\n", c->fixture, i, ref[i],
+                        (long long)((const int64_t *)hf->data)[i]);
+        assert_int_equal(ref[i], ((const int64_t *)hf->data)[i]);
+    }
+    llm_st_close(st);
     if (greedy(c->fixture, "blas", got, N, &blas_as)) skip();
     assert_int_equal(blas_as, c->blas);
     assert_memory_equal(ref, got, sizeof ref);
@@ -322,9 +337,9 @@ int main(void)
     static char names[2 * N_CASES][96];
     for (size_t i = 0; i < N_CASES; i++) {
         snprintf(names[2 * i], sizeof names[0], "dequantize %s", cases[i].fixture);
-        snprintf(names[2 * i + 1], sizeof names[0], "cpu and blas agree on %s", cases[i].fixture);
+        snprintf(names[2 * i + 1], sizeof names[0], "greedy tokens of %s (transformers, cpu, blas)", cases[i].fixture);
         tests[n++] = (struct CMUnitTest){names[2 * i], test_dequantize_matches_library, NULL, NULL, (void *)&cases[i]};
-        tests[n++] = (struct CMUnitTest){names[2 * i + 1], test_cpu_and_blas_agree, NULL, NULL, (void *)&cases[i]};
+        tests[n++] = (struct CMUnitTest){names[2 * i + 1], test_greedy_tokens, NULL, NULL, (void *)&cases[i]};
     }
     return _cmocka_run_group_tests("prequant", tests, (size_t)n, NULL, NULL);
 }
