@@ -8,7 +8,8 @@
 #   scripts/gpu-bench.sh                      everything
 #   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests portable ckpt peak compare bench
 #                                             (portable: the CUDA_ARCH=ptx80 build, its tests and bench rows)
-# Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above), HF_REF=0
+# Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above; also
+# qwen3-0.6b, qwen3-1.7b, gemma-2-2b, gemma-3-1b, phi-3.5-mini, olmo-2-1b: scripts/make-family-checkpoint.py), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
 # prefix with include/ and lib/ holding the -dev packages, for machines without them).
 set -uo pipefail
@@ -98,7 +99,10 @@ if has ckpt; then
     say "checkpoints (random BF16 weights) in $MODELS"
     for s in $SHAPES; do
         [ -f "$MODELS/$s/model.safetensors" ] && continue
-        python3 scripts/make-random-checkpoint.py --shape "$s" --out "$MODELS/$s" --dtype bf16 2>&1 | tee -a "$summary"
+        case $s in # the other families' shapes through transformers (make-family-checkpoint.py), Llama's directly
+        qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$MODELS/$s" ;;
+        *) python3 scripts/make-random-checkpoint.py --shape "$s" --out "$MODELS/$s" --dtype bf16 ;;
+        esac 2>&1 | grep -v Warning | tee -a "$summary"
     done
 fi
 

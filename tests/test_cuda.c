@@ -760,7 +760,7 @@ static void test_fault_names_the_op(void **state)
     float *zeros = calloc(cache, sizeof *zeros);
     float *q = on_device(zeros, (size_t)heads * hd * 4), *k = on_device(zeros, (size_t)kv_heads * hd * 4);
     float *kc = on_device(zeros, cache * 4), *vc = on_device(zeros, cache * 4), *out = dev->alloc(heads * hd * 4);
-    int32_t bad = 1 << 30; /* far outside the cache */
+    int32_t bad = -(1 << 30); /* far outside the cache (a position past it would wrap: row t % ctx) */
     int32_t *pos = on_device(&bad, sizeof bad);
     llm_attention_params ap = {0.25f, 0.0f, 0};
     dev->ops->attention(out, q, k, k, kc, vc, pos, 1, heads, kv_heads, hd, ctx, &ap);

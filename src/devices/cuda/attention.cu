@@ -21,7 +21,10 @@ typedef struct {
     float *k_cache, *v_cache;
     const int32_t *positions;
     int n, n_heads, n_kv_heads, head_dim, kv_dim, group;
-    float scale;
+    float scale;    /* multiplies q . k (llm_attention_params) */
+    float softcap;  /* > 0: a score s becomes softcap * tanh(s / softcap) */
+    int sliding;    /* > 0: position p sees rows p - sliding < t <= p (a sliding-window layer); 0: all t <= p */
+    int ctx;        /* rows of the caches: position t's row is t % ctx (a ring for a windowed layer) */
     /* decode */
     int heads_per_block, head_blocks, n_splits;
     int window;     /* n == 1: rows of a split (before p) staged in shared memory before the wait */
@@ -110,7 +113,7 @@ __device__ __forceinline__ void cluster_publish()
 template <int DPL, int NR>
 __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (&k)[NR][DPL],
                                             const float (&v)[NR][DPL], int valid, float &m, float &l,
-                                            float (&acc)[DPL], int lpg, float scale)
+                                            float (&acc)[DPL], int lpg, float scale, float softcap)
 {
     float s[NR];
 #pragma unroll
@@ -131,7 +134,9 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
     float mn = m;
 #pragma unroll
     for (int r = 0; r < NR; r++) {
-        s[r] = r < valid ? s[r] * scale : -INFINITY;
+        float sc = s[r] * scale;
+        if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+        s[r] = r < valid ? sc : -INFINITY;
         mn = fmaxf(mn, s[r]);
     }
     float alpha = expf(m - mn); /* exp(-inf) = 0 on the first rows */
@@ -148,6 +153,9 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
         }
     m = mn;
 }
+
+/* Position t's row of a cache of ctx rows: t itself below ctx (every full-attention layer), else a ring's t % ctx. */
+__device__ __forceinline__ size_t ring_row(int t, int ctx) { return (size_t)(t < ctx ? t : t % ctx); }
 
 /* grid (n_kv_heads * head_blocks, n_splits, n), the splits of a (token, head group) one cluster. Each warp streams
  * rows t_begin + warp, + W, ... of its split (W warps); its lanes are heads_per_block groups of lpg = 32 /
@@ -180,8 +188,9 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     cluster_arrive(); /* waited on before the first remote store */
     const int p = a.positions[i], len = p + 1;
-    const int chunk = (len + a.n_splits - 1) / a.n_splits;
-    const int t_begin = split * chunk, t_end = min(len, t_begin + chunk);
+    const int first = a.sliding > 0 && len > a.sliding ? len - a.sliding : 0; /* the rows seen: first .. p */
+    const int chunk = (len - first + a.n_splits - 1) / a.n_splits;
+    const int t_begin = first + split * chunk, t_end = min(len, t_begin + chunk);
     const int staged = a.n == 1 ? max(0, min(min(t_end, p), t_begin + a.window) - t_begin) : 0;
     const size_t kv_off = (size_t)kvh * hd;
     if (a.pdl_early == 2) llm_cuda_allow_next(1);
@@ -195,7 +204,8 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
                 int idx = base + b * DEC_THREADS + tid;
                 if (idx < total) {
                     int r = idx / per_row, c = idx - r * per_row, part = c >= hd / 4;
-                    const float *row = (part ? a.v_cache : a.k_cache) + (size_t)(t_begin + r) * a.kv_dim + kv_off;
+                    const float *row =
+                        (part ? a.v_cache : a.k_cache) + ring_row(t_begin + r, a.ctx) * a.kv_dim + kv_off;
                     v[b] = __ldcs((const float4 *)row + c - part * (hd / 4));
                 }
             }
@@ -208,7 +218,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     }
     for (int idx = tid; idx < (t_end - t_begin - staged) * 2 * (hd / 32); idx += DEC_THREADS) {
         int r = staged + idx / (2 * (hd / 32)), part = idx % (2 * (hd / 32));
-        const float *base = (part & 1 ? a.v_cache : a.k_cache) + (size_t)(t_begin + r) * a.kv_dim + kv_off;
+        const float *base = (part & 1 ? a.v_cache : a.k_cache) + ring_row(t_begin + r, a.ctx) * a.kv_dim + kv_off;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (part >> 1) * 32));
     }
     llm_cuda_wait_prior();
@@ -217,8 +227,8 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     const float *k_i = a.k + (size_t)i * a.kv_dim + kv_off, *v_i = a.v + (size_t)i * a.kv_dim + kv_off;
     if (a.store_row && split == 0 && hb == 0)
         for (int d = tid; d < hd; d += DEC_THREADS) {
-            a.k_cache[(size_t)p * a.kv_dim + kv_off + d] = k_i[d];
-            a.v_cache[(size_t)p * a.kv_dim + kv_off + d] = v_i[d];
+            a.k_cache[ring_row(p, a.ctx) * a.kv_dim + kv_off + d] = k_i[d];
+            a.v_cache[ring_row(p, a.ctx) * a.kv_dim + kv_off + d] = v_i[d];
         }
 
     const bool active = hl < G;
@@ -240,7 +250,8 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
                 lane_load(kk[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS), jl, lpg, hd);
                 lane_load(vv[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS) + hd, jl, lpg, hd);
             }
-        decode_rows<DPL, NR>(q, kk, vv, min(NR, (staged - r0 + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale);
+        decode_rows<DPL, NR>(q, kk, vv, min(NR, (staged - r0 + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale,
+                             a.softcap);
     }
     for (int t = t_begin + staged + warp; t < t_end; t += NR * DEC_WARPS) {
         float kk[NR][DPL], vv[NR][DPL];
@@ -249,11 +260,12 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
             int row = t + r * DEC_WARPS;
             if (row < t_end) {
                 bool fresh = a.n == 1 && row == p;
-                lane_load(kk[r], fresh ? k_i : a.k_cache + (size_t)row * a.kv_dim + kv_off, jl, lpg, hd);
-                lane_load(vv[r], fresh ? v_i : a.v_cache + (size_t)row * a.kv_dim + kv_off, jl, lpg, hd);
+                lane_load(kk[r], fresh ? k_i : a.k_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                lane_load(vv[r], fresh ? v_i : a.v_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
             }
         }
-        decode_rows<DPL, NR>(q, kk, vv, min(NR, (t_end - t + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale);
+        decode_rows<DPL, NR>(q, kk, vv, min(NR, (t_end - t + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale,
+                             a.softcap);
     }
 
     /* the warps' states, merged per (head, dim) */
@@ -873,7 +885,7 @@ template <int DPL> static void launch_decode_w(attn_args *a, int ctx)
 
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
-                        bool kv_stored)
+                        const llm_attention_params *params, bool kv_stored)
 {
     if (head_dim % 4 || head_dim > 256 || n_kv_heads < 1 || n_heads % n_kv_heads) {
         llm_cuda_fail("attention", "head_dim %d with %d heads over %d kv heads is not supported (head_dim a multiple "
@@ -884,14 +896,16 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     a.out = out, a.q = q, a.k = k.hi, a.v = v.hi, a.k_cache = k_cache, a.v_cache = v_cache, a.positions = positions;
     a.n = n, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
     a.kv_dim = n_kv_heads * head_dim, a.group = n_heads / n_kv_heads;
-    a.scale = 1.0f / sqrtf((float)head_dim);
+    a.scale = params->scale, a.softcap = params->softcap, a.sliding = params->window, a.ctx = ctx;
     a.pdl_early = llm_cuda.pdl_early;
+    /* the tiled batch kernels compute Llama's attention only: no window, soft-cap or scale of its own */
+    const bool tiled = params->window == 0 && params->softcap == 0.0f && params->scale == 1.0f / sqrtf((float)head_dim);
 
     /* Batches: store the new rows first (one token: inside the decode kernel, or already by the GEMV), then the
      * tiled kernel where head_dim has an instance. */
-    if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim);
+    if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim, ctx);
     /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
-    if (n > 4 && !llm_cuda.attn_simt) {
+    if (n > 4 && tiled && !llm_cuda.attn_simt) {
         switch (head_dim) {
         case 16: launch_prefill_tc<16>(&a); return;
         case 32: launch_prefill_tc<32>(&a); return;
@@ -900,7 +914,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
         default: break;
         }
     }
-    if (n > 4) {
+    if (n > 4 && tiled) {
         switch (head_dim) {
         case 16: launch_prefill<16>(&a); return;
         case 32: launch_prefill<32>(&a); return;

@@ -137,6 +137,16 @@ __device__ __forceinline__ void llm_cuda_tl_mark(llm_cuda_tl *rec, int field)
 
 /* ---- device helpers shared by kernels.cu and gemv.cu ---- */
 
+/* The glu gates of ops.h's llm_act, as the reference computes them (ops.h: llm_gelu_tanh). */
+__device__ __forceinline__ float llm_cuda_gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float llm_cuda_gate(float x, int act)
+{
+    return act == LLM_ACT_GELU_TANH ? llm_cuda_gelu_tanh(x) : x / (1.0f + expf(-x));
+}
+
 /* Element i of a weight vector of dtype t as f32 (norm weights, biases). */
 __device__ __forceinline__ float llm_cuda_load(const void *p, int t, size_t i)
 {
@@ -194,7 +204,7 @@ __device__ __forceinline__ float llm_cuda_block_sumsq(float *xs, const float *x,
 /* out[c] = w[c] * (x[c] * scale) for c < dim by a block of LLM_CUDA_NORM_THREADS threads, LLM_CUDA_LOAD_BATCH loads
  * at a time; also to out2 when not NULL. out may be x (each thread reads and writes only its own elements). */
 __device__ __forceinline__ void llm_cuda_block_normalize(float *out, float *out2, const float *x, const void *w,
-                                                         int w_dtype, int dim, float scale)
+                                                         int w_dtype, int dim, float scale, float offset)
 {
     for (int c0 = threadIdx.x; c0 < dim; c0 += LLM_CUDA_LOAD_BATCH * LLM_CUDA_NORM_THREADS) {
         float v[LLM_CUDA_LOAD_BATCH], g[LLM_CUDA_LOAD_BATCH];
@@ -202,7 +212,7 @@ __device__ __forceinline__ void llm_cuda_block_normalize(float *out, float *out2
         for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
             int c = c0 + u * LLM_CUDA_NORM_THREADS;
             v[u] = c < dim ? x[c] : 0.0f;
-            g[u] = c < dim ? llm_cuda_load(w, w_dtype, (size_t)c) : 0.0f;
+            g[u] = c < dim ? offset + llm_cuda_load(w, w_dtype, (size_t)c) : 0.0f; /* (offset + w): Gemma's 1 + w */
         }
 #pragma unroll
         for (int u = 0; u < LLM_CUDA_LOAD_BATCH; u++) {
@@ -278,9 +288,9 @@ void llm_cuda_add(float *out, const float *a, llm_cuda_src b, size_t count, cons
 void llm_cuda_split(const llm_cuda_halves *h, const float *x, size_t count, const char *op);
 /* out[i, r] += bias[r] for i < n, r < rows. */
 void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op);
-/* k_cache[positions[i], :] = k[i, :], the same for v.  (n, kv_dim). */
+/* k_cache[positions[i] % ctx, :] = k[i, :], the same for v.  (n, kv_dim); caches of ctx rows. */
 void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
-                       int kv_dim);
+                       int kv_dim, int ctx);
 
 /* ---- gemv.cu: one-token matrix-vector products, several matrices and a fused prologue/epilogue per launch ---- */
 #define LLM_CUDA_GEMV_MATS 3
@@ -308,9 +318,11 @@ typedef struct {
     const void *norm_w;
     int norm_dtype;
     float eps;
+    float norm_offset;  /* the weights are (norm_offset + norm_w): 0, or Gemma's 1 */
     float *norm_out;
     int norm_staged;    /* set by the launcher: norm_w is copied to shared memory before the wait */
     int epi;
+    int act;            /* EPI_SWIGLU's gate activation: LLM_ACT_SILU (SwiGLU) or LLM_ACT_GELU_TANH (GeGLU) */
     /* EPI_ROPE: mats with .rope are rotated at positions[0]; k (mat 1) and v (mat 2) also go to the caches when
      * k_cache is set (row positions[0] of (ctx, kv_dim)) */
     const int32_t *positions;
@@ -329,20 +341,24 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 
 /* ---- attention.cu ---- */
 /* The attention op. A batch's k and v may be owed halves (the KV store adds them); one token's are plain (k.lo and
- * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. */
+ * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. Any scale, soft-cap and
+ * window, and a ring cache (ctx rows), in the split-KV decode kernel; batches of more than 4 tokens only Llama's
+ * attention (no window, soft-cap or scale of its own: the tiled kernels), else llm_cuda_attention_params. */
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
-                        bool kv_stored);
+                        const llm_attention_params *params, bool kv_stored);
 
 /* ---- family.cu: the ops' variants beyond Llama's layer, a plain kernel each ---- */
 /* rmsnorm with (offset + w) weights (Gemma's 1 + w); out may be x. */
 void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset);
-/* out = gelu_tanh(gate) * up */
+/* A post norm and the residual add after it: y = rmsnorm(y) with (offset + w) weights, then resid += y. (n, dim) */
+void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, int dim, float eps, float offset);
+/* out = gelu_tanh(gate) * up (llm_cuda_gelu_tanh) */
 void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count);
 /* x = cap * tanh(x / cap) in place */
 void llm_cuda_softcap(float *x, float cap, size_t count);
 /* The attention op with its parameters (scale, soft-cap, window) and a cache of ctx rows (a ring where positions
- * pass it), a block of warps per (token, head). */
+ * pass it), a block of warps per (token, head): batches with a window, soft-cap or scale of their own. */
 bool llm_cuda_attention_params_fits(int head_dim);
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,

@@ -30,14 +30,16 @@ typedef struct {
  * pass over the rows). Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
  * pending first, so every op still computes what ops.h says, in order. Batch products also skip work: see gemm's
  * split of x, which a norm or swiglu before them may have written on the way. */
-enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD };
+/* PEND_POST_NORM: an in-place norm (a post norm, or q/k's) that the residual add after it may join (op_add) */
+enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM };
 
 typedef struct {
     int kind;
     bool logits;
     /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
-     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps), PEND_ADD its x += y (resid,
-     * add_y). */
+     * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps, norm_offset), PEND_ADD its x += y
+     * (resid, add_y), PEND_POST_NORM its norm of norm_out in place (norm_out, eps, norm_offset, norm_w, dim, count
+     * rows). */
     llm_cuda_gemv job;
     llm_weight norm_w;
     int dim;

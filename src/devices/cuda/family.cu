@@ -10,39 +10,41 @@ static unsigned blocks_for(size_t count, int threads)
     return (unsigned)(blocks > cap ? cap : blocks ? blocks : 1);
 }
 
-#define NORM_THREADS 128
 
-/* One block per row: out = (offset + w) * (x * (1 / sqrt(mean(x^2) + eps))), the reference's order. */
-__global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_offset_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps, float offset)
+/* One block per row: out = (offset + w) * (x * (1 / sqrt(mean(x^2) + eps))), the reference's order, reduced as the
+ * GEMV prologue and kernels.cu's rmsnorm reduce (each element in thread c % threads throughout, so out may be x);
+ * with resid, then resid += out (a post norm and the residual add after it, one pass). */
+__global__ void __launch_bounds__(LLM_CUDA_NORM_THREADS)
+rmsnorm_offset_kernel(float *out, const float *x, const void *w, int w_dtype, int dim, float eps, float offset,
+                      float *resid)
 {
-    __shared__ float red[NORM_THREADS / 32];
-    const float *xi = x + (size_t)blockIdx.x * dim;
-    float *oi = out + (size_t)blockIdx.x * dim;
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < dim; c += NORM_THREADS) ss += xi[c] * xi[c];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    ss = 0.0f;
-    for (int i = 0; i < NORM_THREADS / 32; i++) ss += red[i];
-    const float scale = llm_cuda_rms_scale(ss, dim, eps);
-    __syncthreads(); /* out may be x: every thread has read its values before any is written */
-    for (int c = threadIdx.x; c < dim; c += NORM_THREADS)
-        oi[c] = (offset + llm_cuda_load(w, w_dtype, (size_t)c)) * (xi[c] * scale);
+    __shared__ float red[32];
+    const size_t row = (size_t)blockIdx.x * dim;
+    const float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, x + row, dim, red), dim, eps);
+    llm_cuda_block_normalize(out + row, NULL, x + row, w, w_dtype, dim, scale, offset);
+    if (resid)
+        for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS) resid[row + c] += out[row + c];
 }
 
 void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset)
 {
-    rmsnorm_offset_kernel<<<n, NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps, offset);
+    rmsnorm_offset_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps,
+                                                                         offset, NULL);
     LLM_CUDA_LAUNCHED("rmsnorm");
+}
+
+void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, int dim, float eps, float offset)
+{
+    rmsnorm_offset_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(y, y, w->data, w->dtype, dim, eps,
+                                                                         offset, resid);
+    LLM_CUDA_LAUNCHED("rmsnorm+add");
 }
 
 __global__ void geglu_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         float g = llm_cuda_src_at(gate, i);
-        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * llm_cuda_src_at(up, i);
+        out[i] = llm_cuda_gelu_tanh(g) * llm_cuda_src_at(up, i);
     }
 }
 
@@ -62,18 +64,6 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
 {
     softcap_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(x, cap, count);
     LLM_CUDA_LAUNCHED("softcap");
-}
-
-/* k and v rows of this call at row positions[i] % ctx (a windowed layer's ring). */
-__global__ void kv_store_ring_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
-                                     const int32_t *positions, int n, int kv_dim, int ctx)
-{
-    const size_t total = (size_t)n * kv_dim, step = (size_t)gridDim.x * blockDim.x;
-    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += step) {
-        size_t i = idx / kv_dim, c = idx % kv_dim, dst = (size_t)(positions[i] % ctx) * kv_dim + c;
-        k_cache[dst] = llm_cuda_src_at(k, idx);
-        v_cache[dst] = llm_cuda_src_at(v, idx);
-    }
 }
 
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
@@ -179,12 +169,7 @@ void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_c
                                int head_dim, int ctx, const llm_attention_params *p, bool kv_stored)
 {
     int kv_dim = n_kv_heads * head_dim;
-    if (!kv_stored) {
-        size_t total = (size_t)n * kv_dim;
-        kv_store_ring_kernel<<<blocks_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n,
-                                                                                 kv_dim, ctx);
-        LLM_CUDA_LAUNCHED("attention");
-    }
+    if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, kv_dim, ctx);
     attention_params_kernel<<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
         out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
     LLM_CUDA_LAUNCHED("attention");

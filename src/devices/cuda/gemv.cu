@@ -141,7 +141,7 @@ __device__ __forceinline__ void stage_x(const llm_cuda_gemv &job, float *xs, con
         float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<true>(xs, job.norm_src, cols, red), cols, job.eps);
         llm_cuda_block_normalize(xs, blockIdx.x == 0 ? job.norm_out : NULL, xs,
                                  job.norm_staged ? (const void *)norm_smem : job.norm_w,
-                                 job.norm_staged ? LLM_DTYPE_F32 : job.norm_dtype, cols, scale);
+                                 job.norm_staged ? LLM_DTYPE_F32 : job.norm_dtype, cols, scale, job.norm_offset);
     } else {
         llm_cuda_block_copy(xs, job.x, LLM_DTYPE_F32, cols, GEMV_THREADS);
     }
@@ -158,7 +158,7 @@ __device__ __forceinline__ void finish_unit(const llm_cuda_gemv &job, int unit, 
     float yb = has_b ? sb + (B.bias ? llm_cuda_load(B.bias, B.bias_dtype, rb) : 0.0f) : 0.0f;
     switch (job.epi) {
     case LLM_CUDA_EPI_SWIGLU:
-        A.out[ra] = ya / (1.0f + expf(-ya)) * yb;
+        A.out[ra] = llm_cuda_gate(ya, job.act) * yb;
         B.out[rb] = yb;
         break;
     case LLM_CUDA_EPI_ADD:

@@ -105,7 +105,7 @@ rmsnorm_kernel(float *out, const float *x, llm_cuda_src y, float *sum, const voi
     }
     float *oi = out + row;
     float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, xi, dim, red), dim, eps);
-    llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale);
+    llm_cuda_block_normalize(oi, NULL, xi, w, w_dtype, dim, scale, 0.0f);
     if (halves.hi)
         for (int c = threadIdx.x; c < dim; c += LLM_CUDA_NORM_THREADS) store_halves(halves, row + c, oi[c]);
 }
@@ -262,23 +262,25 @@ void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, c
     LLM_CUDA_LAUNCHED(op);
 }
 
+/* k and v rows of this call at row positions[i] % ctx (a windowed layer's cache may be a ring). */
 __global__ void kv_store_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
-                                const int32_t *positions, int n, int kv_dim)
+                                const int32_t *positions, int n, int kv_dim, int ctx)
 {
     size_t total = (size_t)n * kv_dim;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         size_t i = idx / kv_dim, c = idx % kv_dim;
-        size_t dst = (size_t)positions[i] * kv_dim + c;
+        size_t dst = (size_t)(positions[i] % ctx) * kv_dim + c;
         k_cache[dst] = llm_cuda_src_at(k, idx);
         v_cache[dst] = llm_cuda_src_at(v, idx);
     }
 }
 
 void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
-                       int kv_dim)
+                       int kv_dim, int ctx)
 {
     size_t total = (size_t)n * kv_dim;
-    kv_store_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n, kv_dim);
+    kv_store_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n, kv_dim,
+                                                                        ctx);
     LLM_CUDA_LAUNCHED("attention");
 }
 

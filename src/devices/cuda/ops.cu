@@ -9,17 +9,18 @@ static bool op_usable(void) { return g.initialized && !g.failed; }
 
 static const char *const NOTE_NORM_OF_PRODUCT =
     "rmsnorm of a product's output (q/k norm, post-attention or post-FFN norm): the product's epilogue (rope and the "
-    "KV store, residual add) is not fused; the norm runs as its own kernel";
+    "KV store, residual add) is not fused; a post norm runs with the residual add as one kernel, a q/k norm alone";
 static const char *const NOTE_NORM_OFFSET =
-    "rmsnorm in the (1 + w) form (Gemma): its own kernel, not fused into the next product's prologue or with the "
-    "residual add before it";
+    "rmsnorm in the (1 + w) form (Gemma) of a batch or of several heads (q/k norms): its own kernel, not fused with "
+    "the residual add before it";
 static const char *const NOTE_ROPE =
     "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
     "product's epilogue";
 static const char *const NOTE_ATTENTION =
-    "attention with a sliding window, a soft-cap or its own scale: its own kernel, a block a (token, head) (no "
-    "split-KV decode, no tensor-core prefill, not in the persistent step)";
-static const char *const NOTE_GELU = "glu with tanh-GELU (GeGLU): its own kernel, not the gate/up product's epilogue";
+    "attention with a sliding window, a soft-cap or its own scale: the split-KV decode kernel but not the persistent "
+    "step; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core prefill)";
+static const char *const NOTE_GELU =
+    "glu with tanh-GELU (GeGLU) of a batch: its own kernel, without the split for the next product that SwiGLU's does";
 static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
 
 /* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
@@ -90,9 +91,11 @@ static void issue_program(void)
         llm_cuda_step_op *o = &g.prog[i];
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
-        else
+        else {
+            const llm_attention_params llama = {1.0f / sqrtf((float)o->head_dim), 0.0f, 0}; /* only Llama's records */
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
-                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, o->stored);
+                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
+        }
         after_op(o->name);
     }
 }
@@ -121,8 +124,18 @@ static void retire_pending(void)
         after_op("add");
         return;
     }
+    if (kind == PEND_POST_NORM) {
+        llm_cuda_rmsnorm_offset(P->job.norm_out, P->job.norm_out, &P->norm_w, (int)P->count, P->dim, P->job.eps,
+                                P->job.norm_offset);
+        after_op("rmsnorm");
+        return;
+    }
     if (kind == PEND_NORM) {
-        llm_cuda_rmsnorm(P->job.norm_out, P->job.norm_src, &P->norm_w, 1, P->dim, P->job.eps, NULL);
+        if (P->job.norm_offset != 0.0f)
+            llm_cuda_rmsnorm_offset(P->job.norm_out, P->job.norm_src, &P->norm_w, 1, P->dim, P->job.eps,
+                                    P->job.norm_offset);
+        else
+            llm_cuda_rmsnorm(P->job.norm_out, P->job.norm_src, &P->norm_w, 1, P->dim, P->job.eps, NULL);
         after_op("rmsnorm");
         return;
     }
@@ -199,13 +212,24 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
 {
     if (!op_usable()) return;
     forget_split();
-    if (offset != 0.0f) {
+    const bool one_gemv_input = g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim);
+    if (offset != 0.0f && !one_gemv_input) {
         rmsnorm_offset(out, x, weight, n, dim, eps, offset);
         return;
     }
     if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
     pending_t *P = &g.pend;
     size_t all = (size_t)n * dim * sizeof(float);
+    /* In place (a post norm, or q/k's): held back, so that a residual add of its result makes one pass with it. */
+    if (g.fuse && out == x) {
+        retire_pending();
+        settle(x, all);
+        written(out, all);
+        P->kind = PEND_POST_NORM;
+        P->job.norm_out = out, P->norm_w = *weight, P->dim = dim, P->count = (size_t)n, P->job.eps = eps;
+        P->job.norm_offset = offset;
+        return;
+    }
     if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
         !overlaps(out, all, x, all) && !src_overlaps(P->add_y, P->count, out, all) && !owed_any(x, all) &&
         !owed_partly(out, all)) {
@@ -223,10 +247,15 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
     written(out, all);
     size_t bytes = (size_t)dim * sizeof(float);
     /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
-    if (g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim) && !overlaps(out, bytes, x, bytes)) {
+    if (one_gemv_input && !overlaps(out, bytes, x, bytes)) {
         pending_t *P = &g.pend;
         P->kind = PEND_NORM;
         P->job.norm_out = out, P->job.norm_src = x, P->norm_w = *weight, P->dim = dim, P->job.eps = eps;
+        P->job.norm_offset = offset;
+        return;
+    }
+    if (offset != 0.0f) {
+        rmsnorm_offset(out, x, weight, n, dim, eps, offset);
         return;
     }
     issue_program();
@@ -244,6 +273,7 @@ static void pend_gemv(const float *x, int cols, llm_dtype dtype)
     pending_t *P = &g.pend;
     llm_cuda_gemv job = {};
     job.norm_src = P->job.norm_src, job.norm_out = P->job.norm_out, job.eps = P->job.eps;
+    job.norm_offset = P->job.norm_offset;
     job.x = x, job.cols = cols, job.dtype = dtype, job.epi = LLM_CUDA_EPI_NONE;
     P->job = job;
     P->kind = PEND_GEMV;
@@ -356,9 +386,11 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     pending_t *P = &g.pend;
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    /* The split-KV, tensor-core and persistent kernels compute Llama's attention: 1/sqrt(head_dim), no more. */
+    /* The tensor-core batch kernels and the persistent step compute Llama's attention: 1/sqrt(head_dim), no more;
+     * the split-KV decode kernel any scale, soft-cap and window (head_dim a multiple of 4 up to 256). */
     bool llama = p->window == 0 && p->softcap == 0.0f && p->scale == 1.0f / sqrtf((float)head_dim);
-    if (!llama && !llm_cuda_attention_params_fits(head_dim)) {
+    bool split_kv = n <= 4 && head_dim % 4 == 0 && head_dim <= 256;
+    if (!llama && !split_kv && !llm_cuda_attention_params_fits(head_dim)) {
         llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
                       "(at most %d)", head_dim, 1024);
         return;
@@ -386,14 +418,13 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
     settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
     written(out, (size_t)n * n_heads * head_dim * sizeof(float));
-    if (!llama) {
-        notice(NOTE_ATTENTION);
+    if (!llama) notice(NOTE_ATTENTION);
+    if (!llama && !split_kv)
         llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
                                   ctx, p, stored);
-    } else {
-        llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx,
+    else
+        llm_cuda_attention(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p,
                            stored);
-    }
     after_op("attention");
 }
 
@@ -402,6 +433,13 @@ void op_glu(float *out, const float *gate, const float *up, size_t count, llm_ac
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
+    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
+        P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
+        count == P->mats[0].w.rows) {
+        P->job.epi = LLM_CUDA_EPI_SWIGLU, P->job.act = act; /* the gate's activation, SiLU or tanh-GELU */
+        retire_pending();
+        return;
+    }
     if (act != LLM_ACT_SILU) {
         notice(NOTE_GELU);
         flush_pending();
@@ -409,13 +447,6 @@ void op_glu(float *out, const float *gate, const float *up, size_t count, llm_ac
         written(out, count * sizeof(float));
         llm_cuda_geglu(out, gate_src, up_src, count);
         after_op("glu");
-        return;
-    }
-    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
-        P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
-        count == P->mats[0].w.rows) {
-        P->job.epi = LLM_CUDA_EPI_SWIGLU;
-        retire_pending();
         return;
     }
     flush_pending();
@@ -444,6 +475,15 @@ void op_add(float *x, const float *y, size_t count)
         P->job.epi = LLM_CUDA_EPI_ADD;
         P->job.resid = x;
         retire_pending();
+        return;
+    }
+    if (P->kind == PEND_POST_NORM && P->job.norm_out == y && count == P->count * P->dim &&
+        !overlaps(x, bytes, y, bytes)) {
+        P->kind = PEND_NONE;
+        issue_program(); /* what was recorded runs before this */
+        settle(x, bytes);
+        llm_cuda_rmsnorm_add(x, P->job.norm_out, &P->norm_w, (int)P->count, P->dim, P->job.eps, P->job.norm_offset);
+        after_op("rmsnorm+add");
         return;
     }
     flush_pending();

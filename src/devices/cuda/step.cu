@@ -98,6 +98,8 @@ struct step_phase {
     const void *norm_w;   /* rmsnorm prologue, or NULL */
     int norm_dtype;
     float eps;
+    float norm_offset;    /* the prologue's weights are (norm_offset + norm_w) */
+    int act;              /* EPI_SWIGLU's gate: LLM_ACT_SILU or LLM_ACT_GELU_TANH */
     step_vec staged;      /* the input as the product sees it (normalised, or attention combined), by block 0 */
     float *wide;          /* a normalised or combined input's columns past HELD_COLS, cols a block (else NULL) */
     step_mat mats[LLM_CUDA_GEMV_MATS];
@@ -468,13 +470,14 @@ __device__ __forceinline__ uint4 norm_weights(const step_phase &P, int c, int ws
     return make_uint4(h.x, h.y, 0, 0);
 }
 
-__device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float scale)
+__device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float scale, float offset)
 {
     float g[4];
     if (dtype == LLM_DTYPE_F32)
         memcpy(g, &w, 16);
     else
         for (int j = 0; j < 4; j++) g[j] = llm_cuda_load(&w, dtype, (size_t)j);
+    for (int j = 0; j < 4; j++) g[j] += offset;
     x = make_float4(g[0] * (x.x * scale), g[1] * (x.y * scale), g[2] * (x.z * scale), g[3] * (x.w * scale));
 }
 
@@ -520,12 +523,12 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
 #pragma unroll
         for (int i = 0; i < X_GROUPS; i++) {
             const int c = group_col<VPT>(i, ct);
-            if (c < cols) normalise4(xin[i], nw[i], P.norm_dtype, scale);
+            if (c < cols) normalise4(xin[i], nw[i], P.norm_dtype, scale, P.norm_offset);
         }
         if (WIDE)
             for (int i = X_GROUPS; i < groups; i++) {
                 const int c = group_col<VPT>(i, ct);
-                normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale);
+                normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale, P.norm_offset);
             }
     }
     if (blockIdx.x == 0 && (P.staged.arena || P.staged.real)) {
@@ -830,7 +833,7 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
         y = lane & 4 ? y * c + other * s : y * c - other * s;
     } else if (M.kind == TILE_PAIRED) {
         const float up = __shfl_down_sync(0xffffffffu, y, 4);
-        if (lane < 4) y = y / (1.0f + expf(-y)) * up;
+        if (lane < 4) y = llm_cuda_gate(y, P.act) * up;
     }
     if (e.row < 0) return;
     if (R.cache) R.cache[(size_t)pos * R.rows + e.row] = y;
@@ -1227,10 +1230,11 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
     if (job.epi == LLM_CUDA_EPI_SWIGLU && (job.n_mats != 2 || job.mats[0].rows % 4)) return false;
     if (job.epi == LLM_CUDA_EPI_ADD && job.n_mats != 1) return false;
     P.kind = PHASE_GEMV, P.cols = job.cols, P.dtype = job.dtype, P.n_mats = job.n_mats, P.epi = job.epi;
+    P.act = job.act;
     P.eps = job.eps, P.inv_freq = job.inv_freq, P.head_dim = job.head_dim;
     if (job.norm_src) {
         if (!aligned16(job.norm_w)) return false;
-        P.norm_w = job.norm_w, P.norm_dtype = job.norm_dtype;
+        P.norm_w = job.norm_w, P.norm_dtype = job.norm_dtype, P.norm_offset = job.norm_offset;
     }
     int tiles = 0;
     for (int m = 0; m < job.n_mats; m++) {
