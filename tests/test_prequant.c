@@ -327,6 +327,10 @@ static void test_ignore_lists(void **state)
     assert_true(llm_prequant_ignored(&ct, "model.layers.3.mlp.down_proj"));
     assert_false(llm_prequant_ignored(&ct, "model.layers.3.mlp.up_proj"));
     assert_false(llm_prequant_ignored(&ct, "model.lm_head_x"));
+    llm_prequant backref = {.ignore_regex = true, .n_ignore = 1};
+    static const char backref_list[] = "re:(m.*)*\\1";
+    memcpy(backref.ignore, backref_list, sizeof backref_list);
+    assert_false(llm_prequant_ignored(&backref, "model.layers.0.mlp.up_proj")); /* back-references match nothing */
     assert_true(llm_prequant_ignored(&tf, "lm_head"));
     assert_true(llm_prequant_ignored(&tf, "model.layers.1.mlp.up_proj"));
     assert_false(llm_prequant_ignored(&tf, "model.layers.11.mlp.up_proj"));

@@ -257,6 +257,15 @@ int llm_prequant_parse(llm_prequant *q, const json_t *qc, const char *file, char
     return bad(err, err_len, file, "quant_method", method, SUPPORTED);
 }
 
+static bool has_backref(const char *e)
+{
+    for (const char *p = strchr(e, '\\'); p; p = strchr(p + 2, '\\')) {
+        if (p[1] >= '1' && p[1] <= '9') return true;
+        if (!p[1]) break;
+    }
+    return false;
+}
+
 /* compressed-tensors: an exact name, or "re:PATTERN" matched from the start (Python's re.match). transformers'
  * modules_to_not_convert: the module itself, a module above it ("model.layers.1" covers "model.layers.1.mlp.up_proj"),
  * or a suffix of its name ("lm_head"). */
@@ -268,7 +277,9 @@ bool llm_prequant_ignored(const llm_prequant *q, const char *module)
         size_t n = strlen(e);
         if (strcmp(e, module) == 0) return true;
         if (q->ignore_regex) {
-            if (strncmp(e, "re:", 3) != 0) continue;
+            /* glibc's regexec backtracks on back-references (exponential time on a hostile pattern): an entry
+             * with one, or longer than any real one, matches nothing */
+            if (strncmp(e, "re:", 3) != 0 || n > 1024 || has_backref(e)) continue;
             size_t plen = n - 3 + 5;
             char *pattern = malloc(plen);
             if (!pattern) continue;
