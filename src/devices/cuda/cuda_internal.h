@@ -353,6 +353,13 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
 void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset);
 /* A post norm and the residual add after it: y = rmsnorm(y) with (offset + w) weights, then resid += y. (n, dim) */
 void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, int dim, float eps, float offset);
+/* Per-head q and k norms ((offset + w) weights of head_dim) and rope after them (the first rot_dim dims of each head,
+ * cos and sin times rope_scale), in place, as rmsnorm, rmsnorm and rope would; with k_cache, one token's k and v
+ * rows also go to the caches (row positions[i] % ctx). q (n, heads * head_dim), k and v (n, kv_heads * head_dim). */
+void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
+                           float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
+                           int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
+                           int ctx);
 /* out = gelu_tanh(gate) * up (llm_cuda_gelu_tanh) */
 void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count);
 /* x = cap * tanh(x / cap) in place */

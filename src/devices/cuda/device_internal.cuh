@@ -30,8 +30,10 @@ typedef struct {
  * pass over the rows). Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
  * pending first, so every op still computes what ops.h says, in order. Batch products also skip work: see gemm's
  * split of x, which a norm or swiglu before them may have written on the way. */
-/* PEND_POST_NORM: an in-place norm (a post norm, or q/k's) that the residual add after it may join (op_add) */
-enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM };
+/* PEND_POST_NORM: an in-place norm (a post norm, or q/k's) that the residual add after it may join (op_add);
+ * PEND_QK_NORM: two in-place norms of one width (q's and k's), which the rope after them joins (PEND_QK_ROPE), and
+ * that one token's attention stores the KV row with (op_attention) */
+enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM, PEND_QK_NORM, PEND_QK_ROPE };
 
 typedef struct {
     int kind;
@@ -46,6 +48,17 @@ typedef struct {
     pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
     size_t count;       /* PEND_ADD's value count */
     llm_cuda_src add_y; /* PEND_ADD's y, or the halves of a sum owed to it */
+    struct {            /* PEND_QK_NORM's two norms (rows of dim), PEND_QK_ROPE's rope after them */
+        float *q, *k;
+        llm_weight q_w, k_w;
+        size_t q_rows, k_rows;
+        int dim;
+        float eps, offset;
+        const int32_t *positions;
+        const float *inv_freq;
+        int n, heads, kv_heads, rot;
+        float scale;
+    } qk;
 } pending_t;
 
 typedef struct {

@@ -66,6 +66,70 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
     LLM_CUDA_LAUNCHED("softcap");
 }
 
+#define QK_WARPS 4 /* heads a block of the q/k norm + rope kernel: a warp each */
+
+/* A warp per (token, unit): units are q heads, k heads, and with caches v heads. A q or k head is normalised
+ * ((offset + w) * (x * scale), scale from its own squares), rotated (its first rot dims, pairs (j, j + rot/2), cos
+ * and sin times rscale) through the warp's row of shared memory, written back, and a k head also to its cache row
+ * (position % ctx); a v head is only copied to its cache row. The reference's order within each value. */
+__global__ void __launch_bounds__(QK_WARPS * 32)
+qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_dtype, const void *k_w, int k_dtype,
+                    float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
+                    int kv_heads, int hd, int rot, float rscale, float *k_cache, float *v_cache, int ctx)
+{
+    extern __shared__ float qk_rows[]; /* QK_WARPS rows of hd */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int units = heads + kv_heads * (k_cache ? 2 : 1);
+    const size_t unit = (size_t)blockIdx.x * QK_WARPS + warp, kv_dim = (size_t)kv_heads * hd;
+    if (unit >= (size_t)n * units) return; /* (only warp-level synchronisation below) */
+    const int i = (int)(unit / units), u = (int)(unit % units), p = positions[i];
+    const size_t cache_row = (size_t)(p % ctx) * kv_dim;
+    if (u >= heads + kv_heads) {
+        const int g = u - heads - kv_heads;
+        for (int d = lane; d < hd; d += 32) v_cache[cache_row + (size_t)g * hd + d] = v[i * kv_dim + (size_t)g * hd + d];
+        return;
+    }
+    const bool is_q = u < heads;
+    const int h = is_q ? u : u - heads;
+    float *x = is_q ? q + ((size_t)i * heads + h) * hd : k + i * kv_dim + (size_t)h * hd, *row = qk_rows + warp * hd;
+    const void *w = is_q ? q_w : k_w;
+    const int w_dtype = is_q ? q_dtype : k_dtype;
+    float ss = 0.0f;
+    for (int d = lane; d < hd; d += 32) {
+        const float t = x[d];
+        row[d] = t;
+        ss += t * t;
+    }
+    const float scale = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, eps);
+    for (int d = lane; d < hd; d += 32) row[d] = (offset + llm_cuda_load(w, w_dtype, (size_t)d)) * (row[d] * scale);
+    __syncwarp();
+    const int half = rot / 2;
+    for (int j = lane; j < half; j += 32) {
+        const float angle = (float)p * inv_freq[j], c = cosf(angle) * rscale, s = sinf(angle) * rscale;
+        const float a = row[j], b = row[j + half];
+        row[j] = a * c - b * s;
+        row[j + half] = b * c + a * s;
+    }
+    __syncwarp();
+    for (int d = lane; d < hd; d += 32) {
+        x[d] = row[d];
+        if (!is_q && k_cache) k_cache[cache_row + (size_t)h * hd + d] = row[d];
+    }
+}
+
+void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
+                           float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
+                           int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
+                           int ctx)
+{
+    const size_t units = (size_t)n * (heads + kv_heads * (k_cache ? 2 : 1));
+    const unsigned blocks = (unsigned)((units + QK_WARPS - 1) / QK_WARPS);
+    qk_norm_rope_kernel<<<blocks, QK_WARPS * 32, QK_WARPS * head_dim * sizeof(float), llm_cuda.stream>>>(
+        q, k, v, q_norm->data, q_norm->dtype, k_norm->data, k_norm->dtype, eps, offset, positions, inv_freq, n, heads,
+        kv_heads, head_dim, rot_dim, rope_scale, k_cache, v_cache, ctx);
+    LLM_CUDA_LAUNCHED("q/k norm+rope");
+}
+
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
 #define ATT_WARPS 8 /* warps a (token, head): each takes every ATT_WARPS-th run of ATT_ROWS rows */
 #define ATT_ROWS 4  /* rows a warp has in flight at once */

@@ -9,7 +9,8 @@ static bool op_usable(void) { return g.initialized && !g.failed; }
 
 static const char *const NOTE_NORM_OF_PRODUCT =
     "rmsnorm of a product's output (q/k norm, post-attention or post-FFN norm): the product's epilogue (rope and the "
-    "KV store, residual add) is not fused; a post norm runs with the residual add as one kernel, a q/k norm alone";
+    "KV store, residual add) is not fused; a post norm runs with the residual add as one kernel, q/k norms with the "
+    "rope and the KV store";
 static const char *const NOTE_NORM_OFFSET =
     "rmsnorm in the (1 + w) form (Gemma) of a batch or of several heads (q/k norms): its own kernel, not fused with "
     "the residual add before it";
@@ -130,6 +131,19 @@ static void retire_pending(void)
         after_op("rmsnorm");
         return;
     }
+    if (kind == PEND_QK_NORM) { /* no rope joined them */
+        llm_cuda_rmsnorm_offset(P->qk.q, P->qk.q, &P->qk.q_w, (int)P->qk.q_rows, P->qk.dim, P->qk.eps, P->qk.offset);
+        llm_cuda_rmsnorm_offset(P->qk.k, P->qk.k, &P->qk.k_w, (int)P->qk.k_rows, P->qk.dim, P->qk.eps, P->qk.offset);
+        after_op("rmsnorm");
+        return;
+    }
+    if (kind == PEND_QK_ROPE) { /* no attention of one token took the KV store */
+        llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, NULL, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, P->qk.positions,
+                              P->qk.inv_freq, P->qk.n, P->qk.heads, P->qk.kv_heads, P->qk.dim, P->qk.rot,
+                              P->qk.scale, NULL, NULL, 1);
+        after_op("q/k norm+rope");
+        return;
+    }
     if (kind == PEND_NORM) {
         if (P->job.norm_offset != 0.0f)
             llm_cuda_rmsnorm_offset(P->job.norm_out, P->job.norm_src, &P->norm_w, 1, P->dim, P->job.eps,
@@ -212,14 +226,21 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
 {
     if (!op_usable()) return;
     forget_split();
-    const bool one_gemv_input = g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim);
-    if (offset != 0.0f && !one_gemv_input) {
-        rmsnorm_offset(out, x, weight, n, dim, eps, offset);
-        return;
-    }
     if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
     pending_t *P = &g.pend;
     size_t all = (size_t)n * dim * sizeof(float);
+    /* In place, after another in place of the same width, parameters and apart from it: q's and k's norms, held
+     * for the rope after them (op_rope). */
+    if (g.fuse && out == x && P->kind == PEND_POST_NORM && P->dim == dim && P->job.eps == eps &&
+        P->job.norm_offset == offset && !overlaps(x, all, P->job.norm_out, P->count * P->dim * sizeof(float))) {
+        settle(x, all);
+        written(out, all);
+        P->kind = PEND_QK_NORM;
+        P->qk.q = P->job.norm_out, P->qk.q_w = P->norm_w, P->qk.q_rows = P->count, P->qk.dim = dim;
+        P->qk.eps = eps, P->qk.offset = offset;
+        P->qk.k = out, P->qk.k_w = *weight, P->qk.k_rows = (size_t)n;
+        return;
+    }
     /* In place (a post norm, or q/k's): held back, so that a residual add of its result makes one pass with it. */
     if (g.fuse && out == x) {
         retire_pending();
@@ -228,6 +249,11 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
         P->kind = PEND_POST_NORM;
         P->job.norm_out = out, P->norm_w = *weight, P->dim = dim, P->count = (size_t)n, P->job.eps = eps;
         P->job.norm_offset = offset;
+        return;
+    }
+    const bool one_gemv_input = g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim);
+    if (offset != 0.0f && !one_gemv_input) {
+        rmsnorm_offset(out, x, weight, n, dim, eps, offset);
         return;
     }
     if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
@@ -356,6 +382,13 @@ void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq
     pending_t *P = &g.pend;
     bool whole = rot_dim == head_dim && scale == 1.0f;
     if (!whole) notice(NOTE_ROPE);
+    if (P->kind == PEND_QK_NORM && P->qk.q == q && P->qk.k == k && P->qk.dim == head_dim &&
+        P->qk.q_rows == (size_t)n * n_heads && P->qk.k_rows == (size_t)n * n_kv_heads) {
+        P->kind = PEND_QK_ROPE; /* q/k norms and this rope, one kernel (with the KV store, if attention follows) */
+        P->qk.positions = positions, P->qk.inv_freq = inv_freq, P->qk.n = n, P->qk.heads = n_heads;
+        P->qk.kv_heads = n_kv_heads, P->qk.rot = rot_dim, P->qk.scale = scale;
+        return;
+    }
     if (g.fuse && whole && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
         P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
         P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
@@ -386,6 +419,18 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     pending_t *P = &g.pend;
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
+    /* q/k norms and rope held back (op_rope): one kernel, which for one token also stores the KV row */
+    if (P->kind == PEND_QK_ROPE && n == 1 && P->qk.q == q && P->qk.k == k && P->qk.n == 1 &&
+        P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.dim == head_dim &&
+        P->qk.positions == positions) {
+        P->kind = PEND_NONE;
+        issue_program(); /* what was recorded runs before this */
+        llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, v, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, positions,
+                              P->qk.inv_freq, 1, n_heads, n_kv_heads, head_dim, P->qk.rot, P->qk.scale, k_cache,
+                              v_cache, ctx);
+        after_op("q/k norm+rope");
+        stored = true;
+    }
     /* The tensor-core batch kernels and the persistent step compute Llama's attention: 1/sqrt(head_dim), no more;
      * the split-KV decode kernel any scale, soft-cap and window (head_dim a multiple of 4 up to 256). */
     bool llama = p->window == 0 && p->softcap == 0.0f && p->scale == 1.0f / sqrtf((float)head_dim);
