@@ -419,6 +419,7 @@ static void test_fused_layer(void **state)
 
 #define DECODE_STEPS 64
 
+static int last_cut; /* the last decode_dir's counters.persistent_cut */
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
 /* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
@@ -461,6 +462,7 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
         m.rt.dev->counters(&count);
         *persisted = count.persistent_steps;
         last_ring = count.ring_stages;
+        last_cut = count.persistent_cut;
     }
     llm_state_free(&s, &m);
     llm_model_free(&m);
@@ -567,6 +569,7 @@ static void test_persistent_step(void **state)
             /* it ran: once per step without graphs (the prompt is a batch); with them, until the step is captured
              * (the first upload of the program's table drops the graphs recorded so far: one more issued step) */
             assert_int_equal(n_plain, DECODE_STEPS);
+            assert_int_equal(last_cut, 0); /* a Llama step is one program */
             assert_true(n_graphs >= 1 && n_graphs <= 3);
             assert_memory_equal(graphs, plain, n * sizeof *graphs);
             /* the same ops with f32 sums in another order */
@@ -577,6 +580,28 @@ static void test_persistent_step(void **state)
         }
         free(kernels), free(cpu);
     }
+}
+
+/* A step the persistent kernel would run in pieces (Qwen3's q/k norms cut it before each attention) turns it off
+ * after the first step, counted; the logits are those of the kernel-per-op step. */
+static void test_persistent_cut(void **state)
+{
+    (void)state;
+    persistent_or_skip();
+    dev->release();
+    int vocab = 0;
+    size_t n_persisted = 0, n_plain = 0;
+    float *persist = decode_run_with("qwen3", "cuda", "0", "1", "1", &vocab, &n_persisted);
+    assert_int_equal(last_cut, 1);
+    float *plain = decode_run_with("qwen3", "cuda", "0", "1", "0", &vocab, &n_plain);
+    assert_int_equal(last_cut, 0);
+    size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+    double e = rel_error(persist, plain, n);
+    print_message("qwen3: %zu persistent launches (the first step's pieces), then a kernel per op; vs "
+                  "LLM_CUDA_PERSIST=0 %.2g\n", n_persisted, e);
+    assert_true(n_persisted >= 2 && n_persisted <= 4); /* its 2 layers: a piece before each q/k norm, one after */
+    assert_true(e < 1e-5); /* the same ops, the first step's sums in another order */
+    free(persist), free(plain);
 }
 
 /* A bf16 tensor of n random values in [-scale, scale) (+ offset), as safetensors data. */
@@ -780,6 +805,7 @@ int main(void)
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_persistent_wide_inputs),
+        cmocka_unit_test(test_persistent_cut),
         cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),

@@ -23,6 +23,7 @@ typedef struct {
     size_t persistent_steps; /* decode steps launched as one persistent kernel (a replayed graph's not counted) */
     int ring_stages;         /* the shared-memory ring stages of the last persistent step; 0 when none ran */
     int persistent_capable;  /* 1 when this GPU and build can run a persistent step at all (cuda: the Hopper code) */
+    int persistent_cut;      /* 1 when it was turned off because the model's step would run in pieces */
 } llm_device_counters;
 
 typedef struct {

@@ -117,6 +117,8 @@ struct cuda_state {
     llm_cuda_step_op *prog;   /* PROG_MAX of them */
     int prog_n;
     size_t persisted;         /* persistent launches issued (a replayed graph's are not counted) */
+    int step_programs;        /* recorded programs issued in this one-token step (more than one: cut in pieces) */
+    bool persist_cut;         /* the persistent step was turned off because a step ran in pieces */
     /* the last split of a batch (see gemm): of x (count values), into these halves */
     struct { const float *x; size_t count; llm_cuda_halves halves; } split;
     llm_dtype batch_dtype; /* of the last batched product's weights */
@@ -146,6 +148,7 @@ static cudaEvent_t (&timer_events)[LLM_TIMER_SLOTS] = llm_cuda_timer_events;
 
 /* ops.cu */
 bool recording(void);
+void persist_or_cut(void);
 void flush_pending(void);
 void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
 void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);

@@ -45,6 +45,7 @@ int cuda_step_begin(int n_tokens)
     if (!g.initialized || g.failed) return 0;
     flush_pending();
     g.step_tokens = n_tokens;
+    g.step_programs = 0;
     if (!g.use_graphs || g.capturing) return 0;
     settle_all();
     int slot = -1;
@@ -94,6 +95,7 @@ void cuda_step_end(void)
     }
     flush_pending(); /* the step's last op joins what was recorded, which runs now */
     g.step_tokens = 0;
+    persist_or_cut();
     settle_all();
     if (!g.capturing) return;
     cudaGraphExec_t exec = end_capture(); /* failing here fails the step: its ops have not run */

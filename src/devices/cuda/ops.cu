@@ -43,12 +43,20 @@ static void say_once(const char *what)
 }
 
 static const char *const NOTE_PERSIST =
-    "the persistent decode step runs in pieces, cut at each op named above (a launch a piece)";
+    "the persistent decode step would run in pieces, cut at the ops named above: a kernel per op instead (Qwen3-1.7B "
+    "on an H100: 536 tok/s against 491 in pieces; a persistent launch a piece costs more than the launches it saves)";
 
-static void notice(const char *what)
+static void notice(const char *what) { say_once(what); }
+
+/* At the end of a one-token step: one that was issued as more than one recorded program (cut by ops the persistent
+ * step does not take) turns the persistent step off for the rest of the run, said once and counted. */
+void persist_or_cut(void)
 {
-    say_once(what);
-    if (recording()) say_once(NOTE_PERSIST);
+    if (g.step_programs > 1 && g.persist) {
+        g.persist = false, g.persist_cut = true;
+        say_once(NOTE_PERSIST);
+    }
+    g.step_programs = 0;
 }
 
 /* A GEMV launched on its own. One whose rows go to shared host memory (the logits) writes a scratch buffer, and the
@@ -77,6 +85,7 @@ static void issue_program(void)
     int n = g.prog_n;
     if (n == 0) return;
     g.prog_n = 0; /* taken: anything the launch below flushes finds nothing recorded */
+    if (g.step_tokens == 1) g.step_programs++;
     if (n >= 2) {
         int ran = llm_cuda_step_launch(g.prog, n, g.capturing);
         if (ran == LLM_CUDA_STEP_UNAVAILABLE) g.persist = false; /* not tried again: kernel per op from now */
