@@ -606,6 +606,93 @@ static void s_hf_cache_shards(void)
 static void s_prompt_bad_utf8(void) { put_bytes("p.txt", "def \xc3\x28 f():", 12); }
 static void s_none(void) {}
 
+/* pre-quantized checkpoints: tests/fixtures/prequant/NAME with the members of `qc_edit` set in its
+ * quantization_config, and in its model.safetensors one tensor's header shape replaced (the same element count, so the
+ * file stays well-formed) and/or `len` bytes of its data at `offset` overwritten. */
+static void put_prequant(const char *name, const char *qc_edit, const char *tensor, const char *shape, size_t offset,
+                         const void *patch, size_t len)
+{
+    char src[4352];
+    snprintf(src, sizeof src, "%s/tests/fixtures/prequant/%s/config.json", cwd, name);
+    json_t *cfg = json_load_file(src, 0, NULL), *e = json_loads(qc_edit ? qc_edit : "{}", 0, NULL);
+    assert_true(cfg && e);
+    const char *key;
+    json_t *v;
+    json_object_foreach(e, key, v) json_object_set(json_object_get(cfg, "quantization_config"), key, v);
+    char *text = json_dumps(cfg, JSON_INDENT(1));
+    put_text("m/config.json", text);
+    free(text), json_decref(cfg), json_decref(e);
+
+    snprintf(src, sizeof src, "%s/tests/fixtures/prequant/%s/model.safetensors", cwd, name);
+    size_t n;
+    unsigned char *bytes = fixture_read_file(src, &n);
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; i--) header_len = header_len << 8 | bytes[i];
+    json_t *header = json_loadb((const char *)bytes + 8, (size_t)header_len, 0, NULL);
+    assert_non_null(header);
+    json_t *entry = tensor ? json_object_get(header, tensor) : NULL;
+    if (tensor) assert_non_null(entry);
+    if (shape) json_object_set_new(entry, "shape", json_loads(shape, 0, NULL));
+    if (patch) {
+        size_t begin = (size_t)json_integer_value(json_array_get(json_object_get(entry, "data_offsets"), 0));
+        memcpy(bytes + 8 + header_len + begin + offset, patch, len);
+    }
+    text = json_dumps(header, JSON_COMPACT);
+    size_t text_len = strlen(text), padded = (text_len + 7) / 8 * 8, data_len = n - 8 - (size_t)header_len;
+    unsigned char *out = malloc(8 + padded + data_len);
+    assert_non_null(out);
+    for (int i = 0; i < 8; i++) out[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    memset(out + 8, ' ', padded);
+    memcpy(out + 8, text, text_len);
+    memcpy(out + 8 + padded, bytes + 8 + header_len, data_len);
+    put_bytes("m/model.safetensors", out, 8 + padded + data_len);
+    free(out), free(text), free(bytes), json_decref(header);
+}
+
+#define Q(layer_tensor) "model.layers.0." layer_tensor
+static void s_pq_method(void) { put_prequant("awq", "{\"quant_method\": \"bitsandbytes\"}", NULL, NULL, 0, NULL, 0); }
+static void s_pq_awq_group(void) { put_prequant("awq", "{\"group_size\": 64}", NULL, NULL, 0, NULL, 0); }
+static void s_pq_awq_group_odd(void) { put_prequant("awq", "{\"group_size\": 96}", NULL, NULL, 0, NULL, 0); }
+static void s_pq_group_1e30(void) { put_prequant("awq", "{\"group_size\": 1e30}", NULL, NULL, 0, NULL, 0); }
+static void s_pq_scales_transposed(void)
+{
+    put_prequant("gptq-sym", NULL, Q("self_attn.q_proj.scales"), "[256, 2]", 0, NULL, 0);
+}
+static void s_pq_g_idx_past(void)
+{
+    int32_t g = 1000;
+    put_prequant("gptq-asym-actorder", NULL, Q("self_attn.q_proj.g_idx"), NULL, 5 * sizeof g, &g, sizeof g);
+}
+static void s_pq_g_idx_negative(void)
+{
+    int32_t g = INT32_MIN;
+    put_prequant("gptq-asym-actorder", NULL, Q("mlp.down_proj.g_idx"), NULL, 0, &g, sizeof g);
+}
+static void s_pq_qweight_lies(void) { put_prequant("awq", NULL, Q("mlp.up_proj.qweight"), "[768, 32]", 0, NULL, 0); }
+static void s_pq_weight_shape_huge(void)
+{
+    int64_t rows = INT64_MAX;
+    put_prequant("ct-w4a16-sym", NULL, Q("self_attn.k_proj.weight_shape"), NULL, 0, &rows, sizeof rows);
+}
+static void s_pq_fp8_blocks(void) { put_prequant("fp8-block", "{\"weight_block_size\": [64, 128]}", NULL, NULL, 0, NULL, 0); }
+static void s_pq_fp8_block_2e9(void)
+{
+    put_prequant("fp8-block", "{\"weight_block_size\": [2147483648, 128]}", NULL, NULL, 0, NULL, 0);
+}
+static void s_pq_fp8_scale_vector(void)
+{
+    put_prequant("ct-fp8-channel", NULL, Q("self_attn.q_proj.weight_scale"), "[1, 256]", 0, NULL, 0);
+}
+static void s_pq_ct_group_odd(void) { put_prequant("ct-w4a16-asym", "{\"config_groups\": {\"g\": {\"targets\": "
+    "[\"Linear\"], \"weights\": {\"num_bits\": 4, \"type\": \"int\", \"strategy\": \"group\", \"group_size\": 96, "
+    "\"symmetric\": false}}}}", NULL, NULL, 0, NULL, 0); }
+static void s_pq_scale_inf(void)
+{
+    uint16_t inf = 0x7c00; /* an f16 infinity as a group's scale: loads, computes what the file says */
+    put_prequant("awq", NULL, Q("self_attn.o_proj.scales"), NULL, 0, &inf, sizeof inf);
+}
+#undef Q
+
 static const hostile_case cases[] = {
     /* paths: an index names plain files in the model folder, and only regular files are opened */
     {"index ../ traversal", s_index_traversal, NULL, "model.safetensors.index.json", "expected a file name in the model folder", 1, NULL},
@@ -695,6 +782,21 @@ static const hostile_case cases[] = {
     {"config.json with a 1e30 integer in an unused key loads", s_cfg_unused_1e30, NULL, NULL, NULL, 0, NULL},
     {"Hugging Face cache layout loads", s_hf_cache, "{R}/hub/snapshots/0123abcd -p hi -n 2 --device cpu", NULL, NULL, 0, NULL},
     {"Hugging Face cache layout with shards loads", s_hf_cache_shards, "{R}/hub/snapshots/0123abcd --tokens 1,2,3 -n 2 --device cpu", NULL, NULL, 0, NULL},
+    /* pre-quantized checkpoints (quantization_config) */
+    {"quant_method bitsandbytes", s_pq_method, NULL, "config.json", "quantization_config quant_method 'bitsandbytes' is not supported (supported: fp8,", 1, NULL},
+    {"awq group_size disagreeing with qzeros", s_pq_awq_group, NULL, "model.safetensors", "q_proj.qzeros' has shape [2, 32], expected [4, 32]", 1, NULL},
+    {"awq group_size not dividing the columns", s_pq_awq_group_odd, NULL, "model.safetensors", "cannot hold a [256, 256] linear in AWQ's layout", 1, NULL},
+    {"awq group_size 1e30", s_pq_group_1e30, NULL, "config.json", "\"group_size\" is 1", 1, NULL},
+    {"gptq scales transposed", s_pq_scales_transposed, NULL, "model.safetensors", "q_proj.scales' has shape [256, 2], expected [2, 256]", 1, NULL},
+    {"gptq g_idx past the groups", s_pq_g_idx_past, NULL, "model.safetensors", "q_proj.g_idx' [5] is 1000, expected a group in 0..1", 1, NULL},
+    {"gptq g_idx -2^31", s_pq_g_idx_negative, NULL, "model.safetensors", "down_proj.g_idx' [0] is -2147483648", 1, NULL},
+    {"awq qweight of a lying shape", s_pq_qweight_lies, NULL, "model.safetensors", "up_proj.qweight' has shape [768, 32], expected [256, 96]", 1, NULL},
+    {"compressed-tensors weight_shape 2^63-1", s_pq_weight_shape_huge, NULL, "model.safetensors", "k_proj.weight_shape' says [9223372036854775807, 256], config.json says [128, 256]", 1, NULL},
+    {"fp8 weight_block_size disagreeing with the scales", s_pq_fp8_blocks, NULL, "model.safetensors", "q_proj.weight_scale_inv' has shape [2, 2], expected [4, 2]", 1, NULL},
+    {"fp8 weight_block_size 2^31", s_pq_fp8_block_2e9, NULL, "config.json", "needs \"weight_block_size\"", 1, NULL},
+    {"fp8 per-channel scales as a row", s_pq_fp8_scale_vector, NULL, "model.safetensors", "q_proj.weight_scale' has shape [1, 256], expected [256, 1]", 1, NULL},
+    {"compressed-tensors group_size not dividing", s_pq_ct_group_odd, NULL, "model.safetensors", "256 columns are not a whole number of groups of 96", 1, NULL},
+    {"awq with an infinite scale loads", s_pq_scale_inf, NULL, NULL, NULL, 0, NULL},
     /* prompts */
     {"-f /dev/zero", s_none, "{M} -f /dev/zero --device cpu", "/dev/zero", "more than the 67108864 bytes a prompt may hold", 1, NULL},
     {"stdin from /dev/zero", s_none, "{M} --device cpu < /dev/zero", "stdin", "more than the 67108864 bytes", 1, NULL},

@@ -336,6 +336,10 @@ static int read_config(const json_t *root, llm_config *c, const char *file, char
         text = merged;
     }
     int rc = read_model_config(text, c, file, err, err_len);
+    /* quantization_config sits at the top level (and in a multimodal config's text part, if anywhere else). */
+    const json_t *qc = json_object_get(root, "quantization_config");
+    if (!qc || json_is_null(qc)) qc = json_object_get(text, "quantization_config");
+    if (rc == 0 && qc && !json_is_null(qc)) rc = llm_prequant_parse(&c->prequant, qc, file, err, err_len);
     /* A multimodal config's end ids are at its top level too. */
     if (rc == 0 && text != root) rc = read_eos(root, c, file, err, err_len);
     json_decref(merged);

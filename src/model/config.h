@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "../ops/ops.h"
+#include "../quant/prequant.h"
 #include "arch.h"
 
 typedef enum { LLM_ROPE_DEFAULT, LLM_ROPE_LINEAR, LLM_ROPE_LLAMA3, LLM_ROPE_LONGROPE } llm_rope_type;
@@ -55,6 +56,7 @@ typedef struct {
     int eos_token_ids[LLM_MAX_EOS];
     int n_eos;
     char torch_dtype[16];     /* as written ("bfloat16"), informative only */
+    llm_prequant prequant;    /* quantization_config: how the checkpoint's linears are stored (format NONE: as floats) */
 } llm_config;
 
 /* Read dir/config.json and, when present, dir/generation_config.json. 0 on success, else one line in err. */

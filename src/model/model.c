@@ -115,6 +115,137 @@ device_error:;
     return -1;
 }
 
+/* A dequantized matrix (host memory, malloc'd, `dtype` an element type) onto the device: a device that copies it
+ * (blas's huge pages, a GPU) lets it go at once; one that computes on it in place leaves it to the model. */
+static int place_owned(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype, const llm_st_tensor *t, char *err,
+                       size_t err_len)
+{
+    const llm_device *dev = m->rt.dev;
+    size_t bytes = w->rows * w->cols * llm_dtype_size(dtype);
+    w->dtype = dtype;
+    if (dev->weight_load ? dev->weight_load(w, buf, dtype, w->rows, w->cols) != 0
+                         : !dev->host_memory && (!(w->data = dev->alloc(bytes)) || dev->upload(w->data, buf, bytes))) {
+        free(buf);
+        char why_dev[256] = "";
+        dev->status(why_dev, sizeof why_dev);
+        snprintf(err, err_len, "%s: cannot place tensor '%s' dequantized (%zu bytes) on %s: %s", t->file, t->name,
+                 bytes, dev->name, why_dev[0] ? why_dev : "out of memory");
+        return -1;
+    }
+    if (!dev->weight_load && dev->host_memory) w->data = buf;
+    if (w->data != buf) {
+        free(buf);
+        return 0;
+    }
+    m->owned[m->n_owned++] = buf; /* room made by llm_model_load: one slot per matrix */
+    return 0;
+}
+
+/* A linear of a pre-quantized checkpoint (config.json's quantization_config). Into a block format the device's
+ * products take when that holds every value exactly (4-bit groups of 32 or more: (q - zero) in int8 under the
+ * group's f16 scale is Q8_0, and Q4_0 when every q - zero is in -8..7); else dequantized on load: to F32 on the
+ * reference (exact), to the checkpoint's compute dtype (the embeddings') elsewhere, rounding where it must.
+ * `head`: the LM head, whose product is logits. Returns 1 when the module is not stored quantized. */
+static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, bool head,
+                         char *err, size_t err_len)
+{
+    const llm_prequant *q = &m->config.prequant;
+    char module[256];
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") != 0 || n - 7 >= sizeof module) return 1;
+    snprintf(module, sizeof module, "%.*s", (int)(n - 7), name);
+    if (llm_prequant_ignored(q, module)) {
+        m->pq_stored++;
+        return 1;
+    }
+    llm_pq_parts p;
+    int rc = llm_pq_parts_find(&p, q, m->st, module, rows, cols, err, err_len);
+    if (rc) {
+        if (rc == 1) m->pq_stored++;
+        return rc;
+    }
+    const llm_device *dev = m->rt.dev;
+    int threads = llm_host_physical_cores();
+    w->rows = rows, w->cols = cols;
+    llm_op op = head ? LLM_OP_LOGITS : LLM_OP_MATMUL;
+    const llm_device *who = m->rt.op_device[op] ? m->rt.op_device[op] : dev; /* --op-device may pin the product */
+    if (p.traits->integer && dev->host_memory && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
+        size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_Q8_0, rows, cols);
+        void *q8 = bytes ? malloc(bytes) : NULL;
+        if (q8 && llm_pq_convert(&p, LLM_DTYPE_Q8_0, q8, threads, NULL) == 0) {
+            w->data = q8, w->dtype = LLM_DTYPE_Q8_0;
+            size_t bytes4 = llm_quant_matrix_bytes(LLM_QUANT_Q4_0, rows, cols);
+            void *q4 = NULL;
+            if (who->supports(op, LLM_DTYPE_Q4_0) && llm_pq_q8_0_fits_q4_0(q8, rows, cols) && (q4 = malloc(bytes4))) {
+                llm_pq_q8_0_to_q4_0(q4, q8, rows, cols);
+                free(q8);
+                w->data = q4, w->dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
+            }
+            if (llm_runtime_require(&m->rt, op, w->dtype, NULL, err, err_len)) return -1;
+            m->weight_bytes += bytes;
+            m->pq_count[w->dtype]++;
+            goto release;
+        }
+        free(q8); /* not exact (or no memory for it): dequantized below */
+    }
+    llm_dtype to = dev == llm_device_find("cpu") ? LLM_DTYPE_F32 : m->weight_dtype;
+    if (!who->supports(op, to)) to = LLM_DTYPE_BF16;
+    size_t bytes = rows * cols * llm_dtype_size(to), rounded = 0;
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf || llm_pq_convert(&p, to, buf, threads, &rounded) != 0) {
+        free(buf);
+        snprintf(err, err_len, "%s: out of memory dequantizing tensor '%s' to %s (%zu bytes)", p.values->file,
+                 p.values->name, llm_dtype_name(to), bytes);
+        return -1;
+    }
+    if (place_owned(m, w, buf, to, p.values, err, err_len)) return -1;
+    m->weight_bytes += bytes;
+    m->pq_count[to]++;
+    m->pq_rounded += rounded;
+release: /* the weights live once: as converted */
+    if (dev->host_memory) {
+        const llm_st_tensor *parts[] = {p.values, p.scales, p.zeros, p.g_idx};
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+            if (parts[i]) llm_st_release(m->st, parts[i]);
+    }
+    return 0;
+}
+
+/* The summary line of a pre-quantized checkpoint: which format, and what each group of tensors became. */
+static void print_prequant(const llm_model *m, FILE *log)
+{
+    const llm_prequant *q = &m->config.prequant;
+    fprintf(log, "quantization_config: %s (%s):", q->desc, llm_pq_traits_of(q->format)->name);
+    const char *sep = "";
+    for (int d = 0; d < LLM_DTYPE_COUNT; d++) {
+        if (!m->pq_count[d]) continue;
+        fprintf(log, "%s %d matri%s ", sep, m->pq_count[d], m->pq_count[d] == 1 ? "x" : "ces");
+        if (llm_dtype_is_block(d))
+            fprintf(log, "as %s (exact)", llm_dtype_name(d));
+        else if (d == LLM_DTYPE_F32)
+            fprintf(log, "dequantized on load to F32 (exact)");
+        else /* the device has no product for the format, and no exact block format holds it */
+            fprintf(log, "dequantized on load to %s (%s; %s has no kernel for it)", llm_dtype_name(d),
+                    m->pq_rounded ? "rounded" : "exact", m->rt.dev->name);
+        sep = ",";
+    }
+    fprintf(log, "%s %d stored unquantized; embeddings %s as stored%s\n", sep, m->pq_stored,
+            llm_dtype_name(m->weight_dtype), q->act_quant ? "; activations in f32 (the checkpoint's activation "
+                                                           "quantization is not emulated)" : "");
+}
+
+/* A linear (a layer's projection, or the LM head when `head`): its pre-quantized form where the checkpoint has one,
+ * else load_weight (`quant`: --quant applies to it). */
+static int load_linear(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
+                       bool quant, bool head, char *err, size_t err_len)
+{
+    if (m->config.prequant.format != LLM_PQ_NONE) {
+        int rc = load_prequant(m, w, name, rows, cols, head, err, err_len);
+        if (rc <= 0) return rc;
+    }
+    return load_weight(m, w, name, rows, cols, why, quant, err, err_len);
+}
+
 int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
 {
     int n = 0;
@@ -172,7 +303,9 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
 #define LOAD(field, suffix, rows, cols, why)                                                                        \
     do {                                                                                                            \
         snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, l, suffix);                                        \
-        if (load_weight(m, &L->field, name, rows, cols, why, strstr(suffix, "_proj.weight") != NULL, err, err_len)) \
+        bool linear_ = strstr(suffix, "_proj.weight") != NULL;                                                      \
+        if (linear_ ? load_linear(m, &L->field, name, rows, cols, why, true, false, err, err_len)                   \
+                    : load_weight(m, &L->field, name, rows, cols, why, false, err, err_len))                        \
             return -1;                                                                                              \
     } while (0)
 #define NORM(field, tensor)                                                                                         \
@@ -319,6 +452,18 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     /* --quant: the products see block formats; the head only when it is its own tensor. */
     m->quant = opt && llm_dtype_is_block(opt->quant) ? opt->quant : m->weight_dtype;
     bool quant_head = llm_dtype_is_block(m->quant) && opt->quant_head && !c->tie_word_embeddings;
+    if (llm_dtype_is_block(m->quant) && c->prequant.format != LLM_PQ_NONE) {
+        snprintf(err, err_len, "--quant %s: the checkpoint is quantized already (config.json: %s); drop --quant",
+                 llm_dtype_name(m->quant), c->prequant.desc);
+        goto fail;
+    }
+    if (c->prequant.format != LLM_PQ_NONE) { /* one slot per matrix a dequantized buffer may stay in */
+        m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + 2;
+        if (!(m->owned = calloc((size_t)m->cap_owned, sizeof *m->owned))) {
+            snprintf(err, err_len, "out of memory for %d weights", m->cap_owned);
+            goto fail;
+        }
+    }
     if (llm_dtype_is_block(m->quant)) {
         if (!dev->host_memory) {
             snprintf(err, err_len, "%s: matmul has no kernel for %s weights yet; --quant runs on blas and cpu",
@@ -374,9 +519,10 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     } else {
         const char *head = f->lm_heads[0];
         if (f->lm_heads[1] && !llm_st_find(m->st, head)) head = f->lm_heads[1];
-        if (load_weight(m, &m->lm_head, head, vocab, hidden, "vocab_size, hidden_size", quant_head, err, err_len))
+        if (load_linear(m, &m->lm_head, head, vocab, hidden, "vocab_size, hidden_size", quant_head, true, err, err_len))
             goto fail;
     }
+    if (c->prequant.format != LLM_PQ_NONE && opt && opt->log) print_prequant(m, opt->log);
     if (llm_dtype_is_block(m->quant) && opt && opt->log) {
         fprintf(opt->log, "quant: %s for the layers' linears (%d matrices%s)", llm_dtype_name(m->quant), m->quant_count,
                 quant_head ? " with the LM head" : "");
@@ -421,6 +567,8 @@ void llm_model_free(llm_model *m)
         if (m->inv_freq_local) dev->free(m->inv_freq_local);
         llm_runtime_close(&m->rt);
     }
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->layers);
     llm_st_close(m->st);
     memset(m, 0, sizeof *m);

@@ -59,6 +59,13 @@ typedef struct llm_model {
     int quant_count;         /* matrices quantized on load (owned by the model: host memory) */
     int quant_kept;          /* linears left as stored: columns not a whole number of blocks */
     llm_dtype cache_type;    /* the KV cache's element type (ops.h, attention) */
+    /* A pre-quantized checkpoint (config.json's quantization_config): its linears by the dtype they were loaded as
+     * (an exact Q8_0 or Q4_0, else dequantized), those it stores unquantized, and values F16/BF16 had to round. */
+    int pq_count[LLM_DTYPE_COUNT];
+    int pq_stored;
+    size_t pq_rounded;
+    void **owned;            /* (n_owned) host buffers of dequantized weights that no device copied */
+    int n_owned, cap_owned;
     char dir[4096];          /* folder holding config.json and the tokenizer */
     llm_trace_fn trace;
     void *trace_user;

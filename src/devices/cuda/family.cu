@@ -20,6 +20,8 @@ rmsnorm_offset_kernel(float *out, const float *x, const void *w, int w_dtype, in
 {
     __shared__ float red[32];
     const size_t row = (size_t)blockIdx.x * dim;
+    llm_cuda_allow_next(1); /* the next kernel waits for this one's writes before it reads them (PDL) */
+    llm_cuda_wait_prior();
     const float scale = llm_cuda_rms_scale(llm_cuda_block_sumsq<false>(NULL, x + row, dim, red), dim, eps);
     llm_cuda_block_normalize(out + row, NULL, x + row, w, w_dtype, dim, scale, offset);
     if (resid)
@@ -28,16 +30,18 @@ rmsnorm_offset_kernel(float *out, const float *x, const void *w, int w_dtype, in
 
 void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset)
 {
-    rmsnorm_offset_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(out, x, w->data, w->dtype, dim, eps,
-                                                                         offset, NULL);
-    LLM_CUDA_LAUNCHED("rmsnorm");
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3(n), dim3(LLM_CUDA_NORM_THREADS), 0, &attr);
+    LLM_CUDA_CHECK("rmsnorm", cudaLaunchKernelEx(&cfg, rmsnorm_offset_kernel, out, x, w->data, w->dtype, dim, eps,
+                                                 offset, (float *)NULL));
 }
 
 void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, int dim, float eps, float offset)
 {
-    rmsnorm_offset_kernel<<<n, LLM_CUDA_NORM_THREADS, 0, llm_cuda.stream>>>(y, y, w->data, w->dtype, dim, eps,
-                                                                         offset, resid);
-    LLM_CUDA_LAUNCHED("rmsnorm+add");
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3(n), dim3(LLM_CUDA_NORM_THREADS), 0, &attr);
+    LLM_CUDA_CHECK("rmsnorm+add", cudaLaunchKernelEx(&cfg, rmsnorm_offset_kernel, y, (const float *)y, w->data,
+                                                     w->dtype, dim, eps, offset, resid));
 }
 
 __global__ void geglu_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
@@ -81,8 +85,10 @@ qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_d
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int units = heads + kv_heads * (k_cache ? 2 : 1);
     const size_t unit = (size_t)blockIdx.x * QK_WARPS + warp, kv_dim = (size_t)kv_heads * hd;
+    llm_cuda_allow_next(1); /* the next kernel waits for this one's writes before it reads them (PDL) */
     if (unit >= (size_t)n * units) return; /* (only warp-level synchronisation below) */
     const int i = (int)(unit / units), u = (int)(unit % units), p = positions[i];
+    llm_cuda_wait_prior(); /* (positions were uploaded before the step) */
     const size_t cache_row = (size_t)(p % ctx) * kv_dim;
     if (u >= heads + kv_heads) {
         const int g = u - heads - kv_heads;
@@ -124,10 +130,13 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
 {
     const size_t units = (size_t)n * (heads + kv_heads * (k_cache ? 2 : 1));
     const unsigned blocks = (unsigned)((units + QK_WARPS - 1) / QK_WARPS);
-    qk_norm_rope_kernel<<<blocks, QK_WARPS * 32, QK_WARPS * head_dim * sizeof(float), llm_cuda.stream>>>(
-        q, k, v, q_norm->data, q_norm->dtype, k_norm->data, k_norm->dtype, eps, offset, positions, inv_freq, n, heads,
-        kv_heads, head_dim, rot_dim, rope_scale, k_cache, v_cache, ctx);
-    LLM_CUDA_LAUNCHED("q/k norm+rope");
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg =
+        llm_cuda_launch_config(dim3(blocks), dim3(QK_WARPS * 32), QK_WARPS * head_dim * sizeof(float), &attr);
+    LLM_CUDA_CHECK("q/k norm+rope", cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel, q, k, v, q_norm->data,
+                                                       (int)q_norm->dtype, k_norm->data, (int)k_norm->dtype, eps,
+                                                       offset, positions, inv_freq, n, heads, kv_heads, head_dim,
+                                                       rot_dim, rope_scale, k_cache, v_cache, ctx));
 }
 
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
