@@ -323,7 +323,10 @@ double llm_profile_decode_bytes(const llm_model *m, int kv_len)
     double weights = (double)ws.total_bytes - (double)ws.embed_bytes + (double)ws.embed_row_bytes;
     if (c->tie_word_embeddings) weights += (double)ws.embed_bytes; /* the head reads the whole table */
     size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
-    return weights + 2.0 * c->num_hidden_layers * (double)kv_len * (double)llm_cache_row_bytes(m->cache_type, kv_dim);
+    double rows = 0.0; /* cache rows the step's attention reads, over the layers: a windowed layer's last W only */
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        rows += c->layer_sliding[l] && c->sliding_window > 0 && kv_len > c->sliding_window ? c->sliding_window : kv_len;
+    return weights + 2.0 * rows * (double)llm_cache_row_bytes(m->cache_type, kv_dim);
 }
 
 /* ---- reports ---- */

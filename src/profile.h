@@ -79,7 +79,8 @@ typedef struct {
 
 void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws);
 /* Bytes one decode step reads when the cache holds kv_len positions: every weight once (the head reads the whole
- * table, a tied embedding included; the lookup reads one row) and the K and V cache rows 0 .. kv_len-1. */
+ * table, a tied embedding included; the lookup reads one row) and the K and V cache rows 0 .. kv_len-1 (a
+ * sliding-window layer's last sliding_window of them). */
 double llm_profile_decode_bytes(const llm_model *m, int kv_len);
 
 /* The per-op tables (prefill, decode) and the memory report, for people. */
