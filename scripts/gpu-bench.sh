@@ -41,7 +41,7 @@ if has build; then
     say "build"
     # -k: a teammate's half-finished file elsewhere must not stop the GPU checks; what is missing is reported.
     make -k -j"$(nproc)" "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda build/tests/test_models \
-        $( [ -f tests/test_ops.c ] && echo build/tests/test_ops ) >"$OUT/build.log" 2>&1 ||
+        build/tests/test_ops build/tests/test_prequant >"$OUT/build.log" 2>&1 ||
         grep -E "error|Error" "$OUT/build.log" | head -20 | tee -a "$summary"
     [ -x build/tests/test_cuda ] || { tail -30 "$OUT/build.log"; echo "build failed" | tee -a "$summary"; exit 1; }
     # The library without the commands (main.o and cmd_*.o: the tool needs none, and chat's libedit stays out).
@@ -58,7 +58,7 @@ fi
 gpu_tests() {
     local dir=$1 label=$2 t rc p f s
     : >"$OUT/tests$label.log"
-    for t in test_cuda test_models test_ops; do
+    for t in test_cuda test_models test_ops test_prequant; do
         [ -x "$dir/build/tests/$t" ] || continue
         (cd "$dir" && timeout 900 build/tests/$t) >"$OUT/$t.log" 2>&1
         rc=$?
@@ -86,7 +86,7 @@ if has portable; then
     pt=build/ptx80
     rm -rf "$pt" && mkdir -p "$pt" && cp -r Makefile src tests scripts models "$pt"/
     make -C "$pt" -k -j"$(nproc)" "${MAKEVARS[@]}" CUDA_ARCH=ptx80 build/llm-run build/tests/test_cuda \
-        build/tests/test_models build/tests/test_ops >"$OUT/build-ptx80.log" 2>&1 ||
+        build/tests/test_models build/tests/test_ops build/tests/test_prequant >"$OUT/build-ptx80.log" 2>&1 ||
         grep -E "error|Error" "$OUT/build-ptx80.log" | head -20 | tee -a "$summary"
     if [ -x "$pt/build/llm-run" ]; then
         cp "$pt/build/llm-run" build/llm-run-ptx80
