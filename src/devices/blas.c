@@ -462,6 +462,86 @@ static const blas_kernels kernels_avx512 = {
     .silu_mul = silu_mul_avx512, .exp_shift = exp_shift_avx512,
 };
 
+/* ---- AVX-512 BF16: prompt batches with BF16 weights (vdpbf16ps: 32 bf16 products into 16 f32 sums each) ----
+ * The weights stay as stored. Each activation x is split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi),
+ * both rounded to nearest: |x - hi| <= 2^-8 |x| and |(x - hi) - lo| <= 2^-8 |x - hi|, so |x - (hi + lo)| <= 2^-16 |x|.
+ * Products of two bf16 are exact in f32, so out[i, r] = w[r, :] . hi + w[r, :] . lo differs from the f32 product by
+ * at most 2^-16 sum_c |w[r, c] x[i, c]| (ops.h), plus f32 summation error in another order. Costs two products
+ * instead of one: as many instructions as f32 FMAs, without converting a single weight. */
+#define BF16DP __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma,f16c")))
+
+/* x (n) as hi and lo halves, zero-padded to npad (a multiple of 32). */
+BF16DP static void split_bf16(uint16_t *hi, uint16_t *lo, const float *x, size_t n, size_t npad)
+{
+    for (size_t i = 0; i < npad; i += 16) {
+        __mmask16 m = i + 16 <= n ? (__mmask16)0xffff : i < n ? (__mmask16)((1u << (n - i)) - 1) : 0;
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m256bh h = _mm512_cvtneps_pbh(v);
+        __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+        __m256bh l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, hf));
+        _mm256_storeu_si256((__m256i *)(hi + i), (__m256i)h);
+        _mm256_storeu_si256((__m256i *)(lo + i), (__m256i)l);
+    }
+}
+
+/* out[i * ldo + r] (+)= w[r, k0 .. k1) . x[i, k0 .. k1) for RM rows and RN positions, every product in a register
+ * of its own, reduced at the end. xh/xl are the positions' halves, zero past the last column; w is read masked past
+ * `cols`. */
+#define UNROLL4 _Pragma("GCC unroll 4")
+#define BF16_TILE(RM, RN)                                                                                            \
+    BF16DP static void tile_bf16_##RM##x##RN(float *out, size_t ldo, const uint16_t *w, size_t ldw,                 \
+                                             const uint16_t *xh, const uint16_t *xl, size_t ldx, size_t k0,          \
+                                             size_t k1, size_t cols, bool accumulate)                                \
+    {                                                                                                                 \
+        __m512 acc[RM][RN];                                                                                           \
+        UNROLL4 for (int a = 0; a < RM; a++)                                                                                  \
+            UNROLL4 for (int b = 0; b < RN; b++) acc[a][b] = _mm512_setzero_ps();                                             \
+        for (size_t k = k0; k < k1; k += 32) {                                                                        \
+            __mmask32 m = k + 32 <= cols ? ~(__mmask32)0 : (__mmask32)((1ull << (cols - k)) - 1);                     \
+            __m512bh wv[RM], hv[RN], lv[RN];                                                                          \
+            UNROLL4 for (int a = 0; a < RM; a++) wv[a] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + a * ldw + k);              \
+            UNROLL4 for (int b = 0; b < RN; b++) {                                                                            \
+                hv[b] = (__m512bh)_mm512_loadu_si512(xh + b * ldx + k);                                               \
+                lv[b] = (__m512bh)_mm512_loadu_si512(xl + b * ldx + k);                                               \
+            }                                                                                                         \
+            UNROLL4 for (int a = 0; a < RM; a++)                                                                              \
+                UNROLL4 for (int b = 0; b < RN; b++) {                                                                        \
+                    acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv[a], hv[b]);                                            \
+                    acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv[a], lv[b]);                                            \
+                }                                                                                                     \
+        }                                                                                                             \
+        UNROLL4 for (int a = 0; a < RM; a++)                                                                                  \
+            UNROLL4 for (int b = 0; b < RN; b++) {                                                                            \
+                float s = _mm512_reduce_add_ps(acc[a][b]);                                                            \
+                out[b * ldo + a] = accumulate ? out[b * ldo + a] + s : s;                                             \
+            }                                                                                                         \
+    }
+BF16_TILE(4, 4)
+BF16_TILE(4, 3)
+BF16_TILE(4, 2)
+BF16_TILE(4, 1)
+BF16_TILE(3, 4)
+BF16_TILE(3, 3)
+BF16_TILE(3, 2)
+BF16_TILE(3, 1)
+BF16_TILE(2, 4)
+BF16_TILE(2, 3)
+BF16_TILE(2, 2)
+BF16_TILE(2, 1)
+BF16_TILE(1, 4)
+BF16_TILE(1, 3)
+BF16_TILE(1, 2)
+BF16_TILE(1, 1)
+
+typedef void (*bf16_tile_fn)(float *, size_t, const uint16_t *, size_t, const uint16_t *, const uint16_t *, size_t,
+                             size_t, size_t, size_t, bool);
+static const bf16_tile_fn bf16_tiles[4][4] = {
+    {tile_bf16_1x1, tile_bf16_1x2, tile_bf16_1x3, tile_bf16_1x4},
+    {tile_bf16_2x1, tile_bf16_2x2, tile_bf16_2x3, tile_bf16_2x4},
+    {tile_bf16_3x1, tile_bf16_3x2, tile_bf16_3x3, tile_bf16_3x4},
+    {tile_bf16_4x1, tile_bf16_4x2, tile_bf16_4x3, tile_bf16_4x4},
+};
+
 /* F16C through cpuid: not every compiler's __builtin_cpu_supports knows it. (Every AVX2 CPU made has it.) */
 static bool cpu_has_f16c(void)
 {
@@ -481,11 +561,18 @@ static const blas_kernels *pick_kernels(void)
     return avx512 ? &kernels_avx512 : avx2 ? &kernels_avx2 : &kernels_c;
 }
 
+/* The BF16 prompt products (matmul_bf16) with the AVX-512 kernels, where the CPU has vdpbf16ps. */
+static bool pick_bf16_gemm(const blas_kernels *k)
+{
+    return k == &kernels_avx512 && __builtin_cpu_supports("avx512bf16");
+}
+
 /* ---------------------------------------------------------------------------------------------------------------
  * Device state. The device is a process-wide singleton; init/release are counted so that a test or a second model
  * opening it again does not free the scratch under the first. */
 
 static const blas_kernels *K = &kernels_c;
+static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
 static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
@@ -516,7 +603,7 @@ static const llm_quant_kernels *pick_quant_kernels(void)
 static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
-    if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels();
+    if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
         float *bigger = llm_host_alloc(want * sizeof(float));
@@ -547,8 +634,9 @@ static void blas_describe(char *buf, size_t len)
 {
     int cores = llm_host_physical_cores();
     const llm_quant_kernels *q = QK ? QK : pick_quant_kernels();
-    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels (%s for quantized weights), %s", blas_threads,
-             blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name, q->name, openblas_get_config());
+    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s (%s for quantized weights), %s", blas_threads,
+             blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name,
+             bf16_gemm ? " + avx512_bf16 for BF16 prompts" : "", q->name, openblas_get_config());
 }
 
 /* Weights. Decode reads every matrix once per token, and with 4 KiB pages the TLB misses of that stream cost
@@ -709,6 +797,46 @@ static bool matmul_gemm(float *out, const float *x, const llm_weight *w, int n)
     return true;
 }
 
+/* Columns per pass over a block of positions: the halves of 128 positions (4 bytes a column each) take 512 KiB, and
+ * stay in L2 while the rows of a thread's share go by, 4 at a time (8 KiB of weights, in L1). */
+#define BF16_KC 1024
+/* From this many positions on, matmul_bf16 beats one dot product per (row, position). */
+#define BF16_MIN_N 2
+
+/* out = x w^T for BF16 w with vdpbf16ps (see split_bf16 for the error): the positions' halves are made once into
+ * the scratch (as many positions as it holds at a time), then each thread takes its share of the weight rows, in
+ * blocks of 4 rows by 4 positions. */
+static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
+{
+    size_t rows = w->rows, cols = w->cols, cpad = (cols + 31) / 32 * 32, ldx = 2 * cpad;
+    size_t chunk = scratch_floats * sizeof(float) / (ldx * sizeof(uint16_t));
+    assert(chunk >= 1); /* 4 MiB holds a position of a million columns */
+    const uint16_t *wd = w->data;
+    uint16_t *xs = (uint16_t *)scratch;
+    for (size_t i0 = 0; i0 < (size_t)n; i0 += chunk) {
+        size_t m = (size_t)n - i0 < chunk ? (size_t)n - i0 : chunk;
+#pragma omp parallel num_threads(blas_threads)
+        {
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < m; i++) split_bf16(xs + i * ldx, xs + i * ldx + cpad, x + (i0 + i) * cols, cols, cpad);
+            size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
+            size_t share = ((rows + team - 1) / team + 3) / 4 * 4;
+            size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
+            for (size_t k0 = 0; k0 < cols; k0 += BF16_KC) {
+                size_t k1 = k0 + BF16_KC < cpad ? k0 + BF16_KC : cpad;
+                for (size_t r = begin; r < end; r += 4) {
+                    size_t rm = end - r < 4 ? end - r : 4;
+                    for (size_t i = 0; i < m; i += 4) {
+                        size_t rn = m - i < 4 ? m - i : 4;
+                        bf16_tiles[rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, wd + r * cols, cols, xs + i * ldx,
+                                                   xs + i * ldx + cpad, ldx, k0, k1, cols, k0 > 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* Block-quantized weights: activations quantized to 8 bits a block (into the scratch, as many positions at a time
  * as it holds), integer dot products (quant_dot.h). */
 static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
@@ -727,6 +855,8 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
 {
     if (llm_dtype_is_block(w->dtype)) {
         matmul_quant(out, x, w, n);
+    } else if (w->dtype == LLM_DTYPE_BF16 && bf16_gemm && n >= BF16_MIN_N) {
+        matmul_bf16(out, x, w, n);
     } else if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
         matmul_rows(out, x, w, bias, n);
         return;
