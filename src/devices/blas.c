@@ -1,5 +1,6 @@
 /* The blas device: the fast CPU device. Prompt batches go through OpenBLAS's sgemm (16-bit weights converted to f32
- * a tile at a time into a per-thread scratch buffer); one-token decode reads 16-bit weights directly with a
+ * a tile at a time into a per-thread scratch buffer), or, for BF16 weights where the CPU has AVX-512 BF16, through
+ * our own gemm on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a
  * vectorised dot product per row; attention reads the KV cache in its own type (F32, F16, BF16, Q8_0) with the same
  * dot and axpy kernels; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
  * (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports (LLM_BLAS_KERNELS=avx2|portable
