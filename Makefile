@@ -83,9 +83,10 @@ build/asan/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) -c -o $@ $<
 
+# (the tests know CUDA_ARCH: a ptx80 build must take the portable path)
 build/tests/%: tests/%.c $(TEST_SUPPORT) $(OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $< $(TEST_SUPPORT) $(OBJ) $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) -DLLM_TEST_CUDA_ARCH='"$(CUDA_ARCH)"' -Isrc -o $@ $< $(TEST_SUPPORT) $(OBJ) $(LDLIBS) -lcmocka
 
 build/asan-tests/%: tests/%.c $(TEST_SUPPORT) $(ASAN_OBJ)
 	@mkdir -p $(dir $@)

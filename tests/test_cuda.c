@@ -582,6 +582,21 @@ static void test_persistent_step(void **state)
     }
 }
 
+/* The build's code decides the path: compute_80 PTX alone (make CUDA_ARCH=ptx80), JIT-compiled on any GPU, must run
+ * the portable code, so no persistent step, even on Hopper. (The other side, sm_90 code on Hopper taking the step,
+ * is test_persistent_step's count of launches.) */
+static void test_decode_path(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    llm_device_counters count = {0};
+    dev->counters(&count);
+    char what[512] = "";
+    dev->describe(what, sizeof what);
+    print_message("CUDA_ARCH=%s: %s\n", LLM_TEST_CUDA_ARCH, what);
+    if (strcmp(LLM_TEST_CUDA_ARCH, "ptx80") == 0) assert_int_equal(count.persistent_capable, 0);
+}
+
 /* A step the persistent kernel would run in pieces (Qwen3's q/k norms cut it before each attention) turns it off
  * after the first step, counted; the logits are those of the kernel-per-op step. */
 static void test_persistent_cut(void **state)
@@ -805,7 +820,7 @@ int main(void)
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_persistent_wide_inputs),
-        cmocka_unit_test(test_persistent_cut),
+        cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),
