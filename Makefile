@@ -90,7 +90,8 @@ build/tests/%: tests/%.c $(TEST_SUPPORT) $(OBJ)
 
 build/asan-tests/%: tests/%.c $(TEST_SUPPORT) $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) -Isrc -o $@ $< $(TEST_SUPPORT) $(ASAN_OBJ) \
+	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) -DLLM_TEST_CUDA_ARCH='"$(CUDA_ARCH)"' -Isrc -o $@ $< \
+		$(TEST_SUPPORT) $(ASAN_OBJ) \
 		$(filter-out -lcublas -lcudart -lstdc++,$(LDLIBS)) -lcmocka
 
 build/llm-run-asan: build/asan/main.o $(ASAN_OBJ)
