@@ -83,14 +83,15 @@ build/asan/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) -c -o $@ $<
 
-# (the tests know CUDA_ARCH: a ptx80 build must take the portable path)
+# The tests know CUDA_ARCH (a ptx80 build must take the portable path: test_cuda).
+TEST_DEFS := -DLLM_TEST_CUDA_ARCH='"$(CUDA_ARCH)"'
 build/tests/%: tests/%.c $(TEST_SUPPORT) $(OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DLLM_TEST_CUDA_ARCH='"$(CUDA_ARCH)"' -Isrc -o $@ $< $(TEST_SUPPORT) $(OBJ) $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(TEST_DEFS) -Isrc -o $@ $< $(TEST_SUPPORT) $(OBJ) $(LDLIBS) -lcmocka
 
 build/asan-tests/%: tests/%.c $(TEST_SUPPORT) $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) -DLLM_TEST_CUDA_ARCH='"$(CUDA_ARCH)"' -Isrc -o $@ $< \
+	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) $(TEST_DEFS) -Isrc -o $@ $< \
 		$(TEST_SUPPORT) $(ASAN_OBJ) \
 		$(filter-out -lcublas -lcudart -lstdc++,$(LDLIBS)) -lcmocka
 

@@ -898,8 +898,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     a.kv_dim = n_kv_heads * head_dim, a.group = n_heads / n_kv_heads;
     a.scale = params->scale, a.softcap = params->softcap, a.sliding = params->window, a.ctx = ctx;
     a.pdl_early = llm_cuda.pdl_early;
-    /* the tiled batch kernels compute Llama's attention only: no window, soft-cap or scale of its own */
-    const bool tiled = params->window == 0 && params->softcap == 0.0f && params->scale == 1.0f / sqrtf((float)head_dim);
+    const bool tiled = llm_cuda_is_llama_attention(params, head_dim); /* what the tiled batch kernels compute */
 
     /* Batches: store the new rows first (one token: inside the decode kernel, or already by the GEMV), then the
      * tiled kernel where head_dim has an instance. */

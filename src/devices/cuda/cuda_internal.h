@@ -23,6 +23,18 @@ extern "C" {
 #define LLM_CUDA_PORTABLE_CODE 0
 #endif
 
+/* Llama's attention, the only one the tiled batch kernels and the persistent step compute: q . k scaled by
+ * 1/sqrt(head_dim), no soft-cap, no window (over an f32 cache, the only one cuda_supports). */
+static inline llm_attention_params llm_cuda_llama_attention(int head_dim)
+{
+    const llm_attention_params p = {1.0f / sqrtf((float)head_dim), 0.0f, 0, LLM_DTYPE_F32};
+    return p;
+}
+static inline bool llm_cuda_is_llama_attention(const llm_attention_params *p, int head_dim)
+{
+    return p->window == 0 && p->softcap == 0.0f && p->scale == llm_cuda_llama_attention(head_dim).scale;
+}
+
 /* What every launcher needs from the device. */
 struct llm_cuda_ctx {
     cudaStream_t stream; /* every kernel and copy goes here (a non-default stream, so steps can be captured) */

@@ -102,8 +102,7 @@ static void issue_program(void)
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
         else {
-            /* only Llama's records; an f32 cache, the only one cuda_supports */
-            const llm_attention_params llama = {1.0f / sqrtf((float)o->head_dim), 0.0f, 0, LLM_DTYPE_F32};
+            const llm_attention_params llama = llm_cuda_llama_attention(o->head_dim); /* only Llama's records */
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
                                o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
         }
@@ -443,7 +442,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     }
     /* The tensor-core batch kernels and the persistent step compute Llama's attention: 1/sqrt(head_dim), no more;
      * the split-KV decode kernel any scale, soft-cap and window (head_dim a multiple of 4 up to 256). */
-    bool llama = p->window == 0 && p->softcap == 0.0f && p->scale == 1.0f / sqrtf((float)head_dim);
+    bool llama = llm_cuda_is_llama_attention(p, head_dim);
     bool split_kv = n <= 4 && head_dim % 4 == 0 && head_dim <= 256;
     if (!llama && !split_kv && !llm_cuda_attention_params_fits(head_dim)) {
         llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
