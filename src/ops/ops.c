@@ -7,6 +7,7 @@ static const char *const op_names[LLM_OP_COUNT] = {
     [LLM_OP_EMBED] = "embed",   [LLM_OP_RMSNORM] = "rmsnorm",     [LLM_OP_MATMUL] = "matmul",
     [LLM_OP_ROPE] = "rope",     [LLM_OP_ATTENTION] = "attention", [LLM_OP_GLU] = "glu",
     [LLM_OP_ADD] = "add",       [LLM_OP_LOGITS] = "logits",       [LLM_OP_SOFTCAP] = "softcap",
+    [LLM_OP_ROUTE] = "route",   [LLM_OP_EXPERTS] = "experts",     [LLM_OP_COMBINE] = "combine",
 };
 
 const char *llm_op_name(llm_op op) { return (unsigned)op < LLM_OP_COUNT ? op_names[op] : "?"; }
@@ -34,6 +35,9 @@ bool llm_ops_has(const llm_ops *ops, llm_op op)
     case LLM_OP_ADD: return ops->add != NULL;
     case LLM_OP_LOGITS: return ops->logits != NULL;
     case LLM_OP_SOFTCAP: return ops->softcap != NULL;
+    case LLM_OP_ROUTE: return ops->route != NULL;
+    case LLM_OP_EXPERTS: return ops->experts != NULL;
+    case LLM_OP_COMBINE: return ops->combine != NULL;
     default: return false;
     }
 }
@@ -50,6 +54,9 @@ void llm_ops_copy(llm_ops *dst, const llm_ops *src, llm_op op)
     case LLM_OP_ADD: dst->add = src->add; break;
     case LLM_OP_LOGITS: dst->logits = src->logits; break;
     case LLM_OP_SOFTCAP: dst->softcap = src->softcap; break;
+    case LLM_OP_ROUTE: dst->route = src->route; break;
+    case LLM_OP_EXPERTS: dst->experts = src->experts; break;
+    case LLM_OP_COMBINE: dst->combine = src->combine; break;
     default: break;
     }
 }

@@ -52,6 +52,24 @@ static inline int llm_cache_type_valid(llm_dtype t)
 }
 static inline size_t llm_cache_row_bytes(llm_dtype t, size_t kv_dim) { return llm_dtype_row_bytes(t, kv_dim); }
 
+/* How a mixture-of-experts router turns one token's scores (the router product's output, one per expert) into the
+ * top_k experts it runs and their weights (route). */
+typedef enum {
+    LLM_ROUTE_SOFTMAX,      /* p = softmax(scores) over all experts; weights = p of the chosen (Qwen2-MoE, OLMoE,
+                               Qwen3-MoE without norm_topk_prob) */
+    LLM_ROUTE_SOFTMAX_NORM, /* the same experts; weights = p / (sum of the chosen p), i.e. a softmax over the chosen
+                               scores (Mixtral, Qwen3-MoE with norm_topk_prob, gpt-oss) */
+    LLM_ROUTE_SIGMOID,      /* weights = sigmoid(score) of the chosen (Qwen2-MoE's shared-expert gate: one score,
+                               top_k 1) */
+} llm_route;
+
+/* A layer's experts: n_experts matrices of one shape and dtype, each as matmul's w, with a bias each or none. */
+typedef struct {
+    const llm_weight *w;    /* (n_experts), each (rows, cols) */
+    const llm_weight *bias; /* (n_experts), each (1, rows); NULL: no biases */
+    int n_experts;
+} llm_experts;
+
 typedef enum {
     LLM_OP_EMBED,
     LLM_OP_RMSNORM,
@@ -62,6 +80,9 @@ typedef enum {
     LLM_OP_ADD,
     LLM_OP_LOGITS,
     LLM_OP_SOFTCAP,
+    LLM_OP_ROUTE,
+    LLM_OP_EXPERTS,
+    LLM_OP_COMBINE,
     LLM_OP_COUNT
 } llm_op;
 
@@ -136,6 +157,29 @@ typedef struct llm_ops {
 
     /* x = cap * tanh(x / cap), elementwise, in place (Gemma 2's final-logit soft-capping).  x (count); cap > 0. */
     void (*softcap)(float *x, float cap, size_t count);
+
+    /* Mixture of experts, in three ops: route chooses, experts multiplies by the chosen, combine sums. The router's
+     * scores come from matmul (a linear of n_experts rows), the gate between the experts' products from glu.
+     *
+     * route: for each token i, the top_k experts with the largest scores[i, :], largest first, a tie going to the
+     * lower expert index (softmax and sigmoid keep the order): ids[i, j] and, by rule (llm_route), weights[i, j].
+     * Softmax in f32 as HF computes it: m = max_e s_e, p_e = expf(s_e - m) / sum_e expf(s_e - m), the sum in expert
+     * order. scores (n, n_experts) f32; ids (n, top_k) int32; weights (n, top_k) f32; 1 <= top_k <= n_experts. */
+    void (*route)(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                  llm_route rule);
+
+    /* The chosen experts' products: for token i, slot j < top_k and expert e = ids[i, j],
+     *   out[i, j, r] = sum_c W_e[r, c] * x[i, j * (x_slots > 1), c] (+ bias_e[r] when w->bias is not NULL)
+     * with W_e = w->w[e] and each product the function (and the accuracy) matmul gives that row. x (n, x_slots, cols)
+     * with x_slots 1 (every slot reads the token's row: gate and up) or top_k (slot j reads its own: down);
+     * out (n, top_k, rows); ids (n, top_k) int32, each in [0, n_experts). Only the chosen experts' weights need
+     * be read: a device reads each chosen expert once per call however many tokens chose it. out != x. */
+    void (*experts)(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                    int x_slots);
+
+    /* out[i, :] = sum_{j < top_k} weights[i, j] * y[i, j, :], summed in slot order in f32.
+     * out (n, dim); y (n, top_k, dim); weights (n, top_k). out != y. */
+    void (*combine)(float *out, const float *y, const float *weights, int n, int top_k, int dim);
 } llm_ops;
 
 bool llm_ops_has(const llm_ops *ops, llm_op op);                 /* the table has op (ops may be NULL) */

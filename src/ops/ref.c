@@ -172,6 +172,60 @@ static void ref_softcap(float *x, float cap, size_t count)
     for (size_t i = 0; i < count; i++) x[i] = llm_softcap(x[i], cap);
 }
 
+static void ref_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                      llm_route rule)
+{
+    for (int i = 0; i < n; i++) {
+        const float *s = scores + (size_t)i * n_experts;
+        int32_t *id = ids + (size_t)i * top_k;
+        float *wt = weights + (size_t)i * top_k;
+        /* top_k rounds of "the largest not yet chosen": a strict > keeps the lower index on a tie */
+        for (int j = 0; j < top_k; j++) {
+            int best = -1;
+            for (int e = 0; e < n_experts; e++) {
+                bool taken = false;
+                for (int t = 0; t < j; t++) taken = taken || id[t] == e;
+                if (!taken && (best < 0 || s[e] > s[best])) best = e;
+            }
+            id[j] = best;
+        }
+        if (rule == LLM_ROUTE_SIGMOID) {
+            for (int j = 0; j < top_k; j++) wt[j] = 1.0f / (1.0f + expf(-s[id[j]]));
+            continue;
+        }
+        float m = s[0], sum = 0.0f, chosen = 0.0f;
+        for (int e = 1; e < n_experts; e++) m = s[e] > m ? s[e] : m;
+        for (int e = 0; e < n_experts; e++) sum += expf(s[e] - m);
+        for (int j = 0; j < top_k; j++) wt[j] = expf(s[id[j]] - m) / sum;
+        if (rule != LLM_ROUTE_SOFTMAX_NORM) continue;
+        for (int j = 0; j < top_k; j++) chosen += wt[j];
+        for (int j = 0; j < top_k; j++) wt[j] /= chosen;
+    }
+}
+
+static void ref_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                        int x_slots)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < top_k; j++) {
+            int e = ids[(size_t)i * top_k + j];
+            const llm_weight *we = &w->w[e];
+            const float *row = x + ((size_t)i * x_slots + (x_slots > 1 ? j : 0)) * we->cols;
+            ref_matmul(out + ((size_t)i * top_k + j) * we->rows, row, we, w->bias ? &w->bias[e] : NULL, 1);
+        }
+}
+
+static void ref_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < dim; c++) {
+            float sum = 0.0f;
+            for (int j = 0; j < top_k; j++)
+                sum += weights[(size_t)i * top_k + j] * y[((size_t)i * top_k + j) * dim + c];
+            out[(size_t)i * dim + c] = sum;
+        }
+}
+
 const llm_ops llm_ref_ops = {
     .embed = ref_embed,
     .rmsnorm = ref_rmsnorm,
@@ -182,4 +236,7 @@ const llm_ops llm_ref_ops = {
     .add = ref_add,
     .logits = ref_logits,
     .softcap = ref_softcap,
+    .route = ref_route,
+    .experts = ref_experts,
+    .combine = ref_combine,
 };

@@ -143,10 +143,64 @@ static void wrap_softcap(float *x, float cap, size_t count)
     free(hx);
 }
 
+static void wrap_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                       llm_route rule)
+{
+    size_t picks = (size_t)n * top_k;
+    float *hs = host_copy_of(scores, (size_t)n * n_experts * sizeof(float));
+    int32_t *hi = malloc(picks * sizeof *hi);
+    float *hw = malloc(picks * sizeof *hw);
+    if (hs && hi && hw) {
+        wrap_host.route(hi, hw, hs, n, n_experts, top_k, rule);
+        wrap_dev->upload(ids, hi, picks * sizeof *hi);
+        wrap_dev->upload(weights, hw, picks * sizeof *hw);
+    }
+    free(hs), free(hi), free(hw);
+}
+
+/* Only the chosen experts cross the bus; the others keep a NULL host copy the host op never reads. */
+static void wrap_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                         int x_slots)
+{
+    size_t picks = (size_t)n * top_k, rows = w->w[0].rows, cols = w->w[0].cols;
+    int32_t *hi = host_copy_of(ids, picks * sizeof *hi);
+    float *hx = host_copy_of(x, (size_t)n * x_slots * cols * sizeof(float));
+    float *ho = malloc(picks * rows * sizeof(float));
+    llm_weight *hw = calloc((size_t)w->n_experts, sizeof *hw), *hb = w->bias ? calloc((size_t)w->n_experts, sizeof *hb) : NULL;
+    bool ok = hi && hx && ho && hw && (!w->bias || hb);
+    for (size_t p = 0; ok && p < picks; p++) {
+        int e = hi[p];
+        if (e < 0 || e >= w->n_experts || hw[e].data) continue;
+        hw[e] = host_weight_of(&w->w[e]);
+        if (hb) hb[e] = host_weight_of(&w->bias[e]);
+        ok = hw[e].data && (!hb || hb[e].data);
+    }
+    if (ok) {
+        llm_experts h = {hw, hb, w->n_experts};
+        wrap_host.experts(ho, hx, &h, hi, n, top_k, x_slots);
+        wrap_dev->upload(out, ho, picks * rows * sizeof(float));
+    }
+    for (int e = 0; hw && e < w->n_experts; e++) free(hw[e].data);
+    for (int e = 0; hb && e < w->n_experts; e++) free(hb[e].data);
+    free(hi), free(hx), free(ho), free(hw), free(hb);
+}
+
+static void wrap_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    size_t picks = (size_t)n * top_k;
+    float *hy = host_copy_of(y, picks * dim * sizeof(float)), *hw = host_copy_of(weights, picks * sizeof(float));
+    float *ho = malloc((size_t)n * dim * sizeof(float));
+    if (hy && hw && ho) {
+        wrap_host.combine(ho, hy, hw, n, top_k, dim);
+        wrap_dev->upload(out, ho, (size_t)n * dim * sizeof(float));
+    }
+    free(hy), free(hw), free(ho);
+}
+
 static const llm_ops transfer_wrappers = {
     .embed = wrap_embed, .rmsnorm = wrap_rmsnorm, .matmul = wrap_matmul, .rope = wrap_rope,
     .attention = wrap_attention, .glu = wrap_glu, .add = wrap_add, .logits = wrap_logits,
-    .softcap = wrap_softcap,
+    .softcap = wrap_softcap, .route = wrap_route, .experts = wrap_experts, .combine = wrap_combine,
 };
 
 /* Route `op` to host device `host` (its native op, or the reference when host has none), with transfers
