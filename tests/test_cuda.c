@@ -280,7 +280,7 @@ static void run_attention(const attn_case *c)
     assert_non_null(dout);
     float *ref = malloc((size_t)c->n * q_dim * sizeof *ref);
     assert_non_null(ref);
-    llm_attention_params ap = {1.0f / sqrtf((float)c->hd), 0.0f, 0, LLM_DTYPE_F32};
+    llm_attention_params ap = {1.0f / sqrtf((float)c->hd), 0.0f, 0, LLM_DTYPE_F32, NULL};
     llm_ref_ops.attention(ref, q, k, v, kc, vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
     dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
     float *got = from_device(dout, (size_t)c->n * q_dim);
@@ -351,7 +351,7 @@ static void run_fused_layer(int n)
     int32_t *d_pos = on_device(positions, N * sizeof *positions);
 
     const llm_ops *ops[2] = {&llm_ref_ops, dev->ops};
-    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0, LLM_DTYPE_F32};
+    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0, LLM_DTYPE_F32, NULL};
     for (int side = 0; side < 2; side++) {
         const llm_ops *o = ops[side];
         bool dv = side == 1;
@@ -802,7 +802,7 @@ static void test_fault_names_the_op(void **state)
     float *kc = on_device(zeros, cache * 4), *vc = on_device(zeros, cache * 4), *out = dev->alloc(heads * hd * 4);
     int32_t bad = -(1 << 30); /* far outside the cache (a position past it would wrap: row t % ctx) */
     int32_t *pos = on_device(&bad, sizeof bad);
-    llm_attention_params ap = {0.25f, 0.0f, 0, LLM_DTYPE_F32};
+    llm_attention_params ap = {0.25f, 0.0f, 0, LLM_DTYPE_F32, NULL};
     dev->ops->attention(out, q, k, k, kc, vc, pos, 1, heads, kv_heads, hd, ctx, &ap);
     assert_int_equal(dev->sync(), -1);
     char err[512] = "";

@@ -463,12 +463,14 @@ static void test_attention(void **state)
     static const struct { int n, start, ctx; } batches[] = {
         {1, 0, 16}, {1, 1000, 1024}, {128, 0, 160}, {7, 500, 640}, {16, 77, 100},
     };
-    /* Each case three ways: Llama's (1/sqrt(head_dim), nothing else); Gemma 2's (query_pre_attn_scalar's scale,
-     * scores soft-capped at 5 so that the cap bends them); and a sliding window a third of the positions long, with
-     * the cache rows before every token's window poisoned (NaN) so that a device reading them is caught. And each
+    /* Each case four ways: Llama's (1/sqrt(head_dim), nothing else); Gemma 2's (query_pre_attn_scalar's scale,
+     * scores soft-capped at 5 so that the cap bends them); a sliding window a third of the positions long, with
+     * the cache rows before every token's window poisoned (NaN) so that a device reading them is caught; and
+     * gpt-oss's sinks, a logit per head in the softmax (some heads' far above every score, some far below, the rest
+     * among them; on the window, as gpt-oss's sliding layers have both). And each
      * for every cache type: the device reads what the reference stored (the same values, so the same tolerance as
      * f32), and the reference on the rounded cache stays within tol_cache of the reference on f32. */
-    enum { LLAMA, SOFTCAP, WINDOW, N_VARIANTS };
+    enum { LLAMA, SOFTCAP, WINDOW, SINKS, N_VARIANTS };
     op_stats st = {0};
     for (size_t ci = 0; ci < N_CACHE_TYPES; ci++) {
         llm_dtype ct = cache_types[ci];
@@ -484,9 +486,12 @@ static void test_attention(void **state)
             if (cost > MAX_COST || (var != LLAMA && cost > MAX_COST / 4)) continue;
             if (ct == LLM_DTYPE_Q8_0 && hd % LLM_QK8_0) continue; /* the model refuses it (test_hostile) */
             if (ct != LLM_DTYPE_F32 && cost > MAX_COST / 4) continue; /* the deepest f32 cases cover the depth */
-            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 0, ct};
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 0, ct, NULL};
             if (var == SOFTCAP) p.scale = 1.0f / sqrtf(144.0f), p.softcap = 5.0f;
-            if (var == WINDOW) p.window = (last + 1) / 3 + 1;
+            if (var == WINDOW || var == SINKS) p.window = (last + 1) / 3 + 1;
+            float *sinks = random_floats((size_t)heads, 4.0f), *dsinks = NULL;
+            if (heads > 1) sinks[0] = 30.0f, sinks[1] = -30.0f; /* all but the sink; nearly none of it */
+            if (var == SINKS) p.sinks = dsinks = dev_copy(sinks, (size_t)heads * sizeof *sinks);
             /* rows below the first token's window are never read */
             int unread = var == WINDOW && batches[b].start + 1 > p.window ? batches[b].start + 1 - p.window : 0;
             size_t kvd = (size_t)kvh * hd, qc = (size_t)n * heads * hd, kvc = (size_t)n * kvd, cc = (size_t)ctx * kvd;
@@ -513,7 +518,9 @@ static void test_attention(void **state)
             float *dout = dev_poisoned(qc);
             dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, n, heads, kvh, hd, ctx, &p);
             float *ref = malloc(qc * sizeof *ref);
-            llm_ref_ops.attention(ref, q, k, v, kcache, vcache, pos, n, heads, kvh, hd, ctx, &p);
+            llm_attention_params host_p = p; /* the reference reads the sinks from host memory */
+            if (var == SINKS) host_p.sinks = sinks;
+            llm_ref_ops.attention(ref, q, k, v, kcache, vcache, pos, n, heads, kvh, hd, ctx, &host_p);
             float *got = dev_fetch(dout, qc);
             char *gkc = malloc(cache_bytes), *gvc = malloc(cache_bytes);
             assert_true(gkc && gvc);
@@ -523,8 +530,8 @@ static void test_attention(void **state)
             char what[200];
             double tol = tol_attention(hd, last + 1);
             snprintf(what, sizeof what, "%s: attention heads %d/%d x %d n %d from %d ctx %d scale %.3g softcap %g "
-                     "window %d, %s cache", dev->name, heads, kvh, hd, n, batches[b].start, ctx, p.scale, p.softcap,
-                     p.window, llm_dtype_name(ct));
+                     "window %d%s, %s cache", dev->name, heads, kvh, hd, n, batches[b].start, ctx, p.scale, p.softcap,
+                     p.window, p.sinks ? " sinks" : "", llm_dtype_name(ct));
             note(&st, compare(what, got, ref, qc, tol), tol);
             /* The caches, byte for byte: this call's rows stored as the reference rounds them, every other row
              * (poisoned ones included) untouched. */
@@ -533,7 +540,7 @@ static void test_attention(void **state)
                          "call written)", what);
             if (ct != LLM_DTYPE_F32) {
                 /* The reference on the unrounded rows, and the same k and v stored in f32. */
-                llm_attention_params p32 = p;
+                llm_attention_params p32 = host_p;
                 p32.cache = LLM_DTYPE_F32;
                 float *exact = malloc(qc * sizeof *exact);
                 assert_non_null(exact);
@@ -547,6 +554,8 @@ static void test_attention(void **state)
             }
             dev->free(dq), dev->free(dk), dev->free(dv), dev->free(dkc), dev->free(dvc), dev->free(dpos);
             dev->free(dout);
+            if (dsinks) dev->free(dsinks);
+            free(sinks);
             free(got), free(gkc), free(gvc), free(ref), free(q), free(k), free(v), free(kcache), free(vcache);
             free(kf), free(vf), free(pos);
         }
@@ -559,7 +568,7 @@ static void test_attention(void **state)
                 kvh = head_shapes[h].kv_heads, start = batches[b].start, last = start + n - 1;
             if ((double)n * (last + 1) * heads * hd * 2 > MAX_COST / 4) continue;
             if (ct == LLM_DTYPE_Q8_0 && hd % LLM_QK8_0) continue;
-            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 5, ct};
+            llm_attention_params p = {1.0f / sqrtf((float)hd), 0.0f, 5, ct, NULL};
             int full = last + 1, ring = p.window + n - 1;
             size_t kvd = (size_t)kvh * hd, qc = (size_t)n * heads * hd, kvc = (size_t)n * kvd;
             size_t row_bytes = llm_cache_row_bytes(ct, kvd);
@@ -613,12 +622,15 @@ static void test_glu(void **state)
     op_stats st = {0};
     if (!native(LLM_OP_GLU, LLM_DTYPE_F32, &st)) goto done;
     for (size_t s = 0; s < sizeof counts / sizeof *counts; s++)
-    for (int a = 0; a < 2; a++) {
+    for (int a = 0; a < 3; a++) {
         size_t count = counts[s];
-        llm_act act = a ? LLM_ACT_GELU_TANH : LLM_ACT_SILU;
-        const char *name = a ? "gelu_tanh" : "silu";
+        static const llm_act acts[] = {LLM_ACT_SILU, LLM_ACT_GELU_TANH, LLM_ACT_SWIGLU_OAI};
+        static const char *const names[] = {"silu", "gelu_tanh", "swiglu_oai"};
+        llm_act act = acts[a];
+        const char *name = names[a];
         if ((double)count * 20 > MAX_COST) continue;
-        float *gate = random_floats(count, 4.0f), *up = random_floats(count, 1.0f);
+        /* gpt-oss's clamps at +-7: up wide enough (+-10) that both of its clamps and gate's are crossed */
+        float *gate = random_floats(count, 4.0f), *up = random_floats(count, act == LLM_ACT_SWIGLU_OAI ? 6.0f : 1.0f);
         /* Saturated inputs: exp(-x) overflows to infinity for x < -88.7, and silu must still be finite (tanh
          * saturates to +-1 and x^3 grows large: tanh-GELU too). */
         static const float extremes[] = {-100.0f, 100.0f, -88.0f, 88.0f, -20.0f, 20.0f, 0.0f};

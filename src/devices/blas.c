@@ -910,13 +910,15 @@ static void blas_rope(float *q, float *k, const int32_t *positions, const float 
 /* One query head over the cache rows of positions first .. len-1 (row t % ctx, rows `stride` bytes apart, element
  * type ct read directly by the dot and axpy kernels: no f32 copy of the cache), softmax computed online a block of
  * rows at a time (running maximum and sum, accumulator rescaled when the maximum grows), so no buffer of len scores.
- * softcap > 0 caps each scaled score (tanhf from libm, as the reference). */
+ * softcap > 0 caps each scaled score (tanhf from libm, as the reference); sink, when not NULL, is the head's sink
+ * logit (ops.h). */
 #define ATT_BLOCK 256
 static void attend(float *o, const float *qh, const char *kc, const char *vc, size_t stride, llm_dtype ct, int first,
-                   int len, int ctx, int head_dim, float scale, float softcap)
+                   int len, int ctx, int head_dim, float scale, float softcap, const float *sink)
 {
     float s[ATT_BLOCK];
-    float max = -INFINITY, denom = 0.0f;
+    /* A sink starts the softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
+    float max = sink ? *sink : -INFINITY, denom = sink ? 1.0f : 0.0f;
     float (*dot)(const void *, const float *, size_t) = K->dot[ct];
     void (*axpyw)(float *, float, const void *, size_t) = K->axpyw[ct];
     memset(o, 0, (size_t)head_dim * sizeof *o);
@@ -970,7 +972,8 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
         size_t kv_off = llm_cache_row_bytes(ct, (size_t)(h / group) * head_dim);
         int len = positions[i] + 1, first = p->window > 0 && len > p->window ? len - p->window : 0;
         attend(out + (size_t)t * head_dim, q + (size_t)t * head_dim, (const char *)k_cache + kv_off,
-               (const char *)v_cache + kv_off, stride, ct, first, len, ctx, head_dim, p->scale, p->softcap);
+               (const char *)v_cache + kv_off, stride, ct, first, len, ctx, head_dim, p->scale, p->softcap,
+               p->sinks ? p->sinks + h : NULL);
     }
 }
 
@@ -991,6 +994,8 @@ static void blas_glu(float *out, const float *gate, const float *up, size_t coun
         size_t off = c * CHUNK, len = count - off < CHUNK ? count - off : CHUNK;
         if (act == LLM_ACT_GELU_TANH)
             gelu_mul(out + off, gate + off, up + off, len);
+        else if (act == LLM_ACT_SWIGLU_OAI) /* gpt-oss's experts: a few thousand values a token, the scalar form */
+            for (size_t i = off; i < off + len; i++) out[i] = llm_swiglu_oai(gate[i], up[i]);
         else
             K->silu_mul(out + off, gate + off, up + off, len);
     }

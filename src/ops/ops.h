@@ -25,7 +25,13 @@ typedef struct {
 typedef enum {
     LLM_ACT_SILU,      /* silu(x) = x / (1 + exp(-x)): SwiGLU (Llama, Qwen, Mistral, Phi-3, OLMo 2) */
     LLM_ACT_GELU_TANH, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's gelu_pytorch_tanh: GeGLU (Gemma) */
+    LLM_ACT_SWIGLU_OAI, /* gpt-oss's clamped SwiGLU, a function of gate and up (llm_swiglu_oai): g = min(gate, 7),
+                           u = clamp(up, -7, 7), out = (u + 1) * g * sigmoid(1.702 g) */
 } llm_act;
+
+/* gpt-oss's swiglu_limit and swiglu_alpha, the only values its configs use (config.c refuses others). */
+#define LLM_SWIGLU_OAI_LIMIT 7.0f
+#define LLM_SWIGLU_OAI_ALPHA 1.702f
 
 /* The scalar functions of glu's GeGLU and of soft-capping, one definition for the reference and every device's host
  * code (as dtype.h's conversions are). */
@@ -34,6 +40,15 @@ static inline float llm_gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 static inline float llm_softcap(float x, float cap) { return cap * tanhf(x / cap); }
+/* GptOssExperts._apply_gate in f32, operation for operation: gate.clamp(max=limit), up.clamp(-limit, limit),
+ * gate * sigmoid(gate * alpha) with sigmoid(x) = 1 / (1 + exp(-x)), then (up + 1) * that. */
+static inline float llm_swiglu_oai(float gate, float up)
+{
+    float g = gate < LLM_SWIGLU_OAI_LIMIT ? gate : LLM_SWIGLU_OAI_LIMIT;
+    float u = up < -LLM_SWIGLU_OAI_LIMIT ? -LLM_SWIGLU_OAI_LIMIT : up;
+    u = u > LLM_SWIGLU_OAI_LIMIT ? LLM_SWIGLU_OAI_LIMIT : u;
+    return (u + 1.0f) * (g / (1.0f + expf(-(g * LLM_SWIGLU_OAI_ALPHA))));
+}
 
 /* What varies in attention between model families and between the layers of one model. */
 typedef struct {
@@ -41,6 +56,8 @@ typedef struct {
     float softcap; /* > 0: a scaled score s becomes softcap * tanh(s / softcap) (Gemma 2); 0: none */
     int window;    /* > 0: position p attends to t with p - window < t <= p (sliding-window layers); 0: all t <= p */
     llm_dtype cache; /* the KV cache's element type: F32 (the zero value), F16, BF16 or Q8_0 (see attention) */
+    const float *sinks; /* (n_heads) f32 device buffer: each head's learned sink logit, which joins its softmax's
+                           denominator (gpt-oss's self_attn.sinks; see attention); NULL: none */
 } llm_attention_params;
 
 /* The element types a KV cache may have (--cache-type), and the bytes of one cache row of kv_dim values. Q8_0 blocks
@@ -136,6 +153,9 @@ typedef struct llm_ops {
      * T = {t : t <= p and (p->window == 0 or t > p - p->window)}:
      *   s_t = (q[i, h] . k_cache[t % ctx, g]) * p->scale, then s_t = softcap * tanh(s_t / softcap) when softcap > 0
      *   out[i, h] = sum_{t in T} softmax_T(s)_t v_cache[t % ctx, g].
+     * With p->sinks, head h's sink z = sinks[h] is one more logit in the softmax whose value row is zero (HF's eager
+     * gpt-oss attention appends it as a column, softmaxes and drops it): with m = max(z, max_T s),
+     *   out[i, h] = sum_{t in T} expf(s_t - m) v_cache[t % ctx, g] / (expf(z - m) + sum_{t in T} expf(s_t - m)).
      * Rows in T not written by this call must have been written by an earlier one, and not overwritten since: with
      * a window, ctx >= window + n - 1 keeps every row this call reads from its own stores; without one, every
      * positions[i] < ctx. out, q (n, n_heads * head_dim); k, v (n, n_kv_heads * head_dim), f32.
@@ -144,8 +164,8 @@ typedef struct llm_ops {
                       const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                       const llm_attention_params *p);
 
-    /* out = act(gate) * up, elementwise (SwiGLU with LLM_ACT_SILU, GeGLU with LLM_ACT_GELU_TANH; see llm_act).
-     * out, gate, up (count). out may alias gate. */
+    /* out = act(gate) * up, elementwise (SwiGLU with LLM_ACT_SILU, GeGLU with LLM_ACT_GELU_TANH; see llm_act);
+     * with LLM_ACT_SWIGLU_OAI out = llm_swiglu_oai(gate, up). out, gate, up (count). out may alias gate. */
     void (*glu)(float *out, const float *gate, const float *up, size_t count, llm_act act);
 
     /* x += y, elementwise.  x, y (count). */

@@ -130,13 +130,13 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
             size_t kv_off = (size_t)(h / group) * head_dim;
             float *oh = out + ((size_t)i * n_heads + h) * head_dim;
 
-            /* Two passes: the maximum score first, so exp() never overflows. */
-            float max = -INFINITY;
+            /* Two passes: the maximum score first (the sink's logit among them), so exp() never overflows. */
+            float max = p->sinks ? p->sinks[h] : -INFINITY;
             for (int t = first; t < len; t++) {
                 float s = score(qh, k_cache, ct, (size_t)(t % ctx) * kv_dim + kv_off, head_dim, p);
                 if (s > max) max = s;
             }
-            float denom = 0.0f;
+            float denom = p->sinks ? expf(p->sinks[h] - max) : 0.0f; /* the sink's term: its value row is zero */
             for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
             for (int t = first; t < len; t++) {
                 size_t at = (size_t)(t % ctx) * kv_dim + kv_off;
@@ -153,7 +153,10 @@ static void ref_glu(float *out, const float *gate, const float *up, size_t count
 {
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
-        out[i] = (act == LLM_ACT_GELU_TANH ? llm_gelu_tanh(g) : g / (1.0f + expf(-g))) * up[i];
+        if (act == LLM_ACT_SWIGLU_OAI)
+            out[i] = llm_swiglu_oai(g, up[i]);
+        else
+            out[i] = (act == LLM_ACT_GELU_TANH ? llm_gelu_tanh(g) : g / (1.0f + expf(-g))) * up[i];
     }
 }
 

@@ -4,8 +4,9 @@
  *    position); in a block each warp streams its own rows with q and an online softmax in registers, and the
  *    splits, launched as one thread-block cluster, merge through distributed shared memory (no second launch).
  *  - prefill (a batch): tiled causal attention, 64 queries x 32 keys per tile with an online softmax; the score
- *    matrix never leaves the block. On the tensor cores (mma.sync TF32, each f32 operand split in hi + lo: f32
- *    accuracy) for head_dim 16..128; the f32 SIMT kernel for other head_dims or with LLM_CUDA_ATTN=simt.
+ *    matrix never leaves the block (Llama's attention only: no window, soft-cap, sinks or scale of its own; batches
+ *    with those take the decode kernel a token a grid row). On the tensor cores (mma.sync TF32, each f32 operand
+ *    split in hi + lo: f32 accuracy) for head_dim 16..128; the f32 SIMT kernel for other head_dims or with LLM_CUDA_ATTN=simt.
  * Positions are read from device memory in both. Not here: rope (fused into the q/k/v GEMV, or kernels.cu). */
 #include <math.h>
 
@@ -25,6 +26,7 @@ typedef struct {
     float softcap;  /* > 0: a score s becomes softcap * tanh(s / softcap) */
     int sliding;    /* > 0: position p sees rows p - sliding < t <= p (a sliding-window layer); 0: all t <= p */
     int ctx;        /* rows of the caches: position t's row is t % ctx (a ring for a windowed layer) */
+    const float *sinks; /* (n_heads) each head's sink logit in its softmax's denominator, or NULL (ops.h) */
     /* decode */
     int heads_per_block, head_blocks, n_splits;
     int window;     /* n == 1: rows of a split (before p) staged in shared memory before the wait */
@@ -152,6 +154,13 @@ __device__ __forceinline__ void decode_rows(const float (&q)[DPL], const float (
             for (int e = 0; e < DPL; e++) acc[e] += p * v[r][e];
         }
     m = mn;
+}
+
+/* A head's sink (ops.h) in its softmax's denominator beside the rows' sum, whose maximum is m: exp(sink - m), one
+ * more score with a zero value row; 0 without sinks. */
+__device__ __forceinline__ float sink_term(const attn_args &a, int head, float m)
+{
+    return a.sinks ? expf(a.sinks[head] - m) : 0.0f;
 }
 
 /* Position t's row of a cache of ctx rows: t itself below ctx (every full-attention layer), else a ring's t % ctx. */
@@ -311,7 +320,8 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
     __syncthreads(); /* bo, bm, bl */
     if (a.n_splits == 1) {
-        for (int idx = tid; idx < G * hd; idx += DEC_THREADS) out_i[idx] = bo[idx] / bl[idx / hd];
+        for (int idx = tid; idx < G * hd; idx += DEC_THREADS)
+            out_i[idx] = bo[idx] / (bl[idx / hd] + sink_term(a, h0 + idx / hd, bm[idx / hd]));
         llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
         return;
     }
@@ -338,7 +348,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
             w_split[tid][sp] = w;
             sum += w * __ldcg(parts + sp * stride + G * hd + G + tid);
         }
-        den[tid] = sum;
+        den[tid] = sum + sink_term(a, h0 + tid, M);
     }
     __syncthreads();
     for (int idx = tid; idx < G * hd; idx += DEC_THREADS) {
@@ -384,7 +394,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
         float sum = real ? w * in_l[sp][h] : 0.0f;
         for (int o = DEC_MAX_SPLITS / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o, DEC_MAX_SPLITS);
         if (h < G) w_split[h][sp] = w;
-        if (h < G && sp == 0) den[h] = sum;
+        if (h < G && sp == 0) den[h] = sum + sink_term(a, h0 + h, M);
     }
     __syncthreads();
     float *out_i = a.out + ((size_t)i * a.n_heads + h0) * hd;
@@ -897,6 +907,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     a.n = n, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
     a.kv_dim = n_kv_heads * head_dim, a.group = n_heads / n_kv_heads;
     a.scale = params->scale, a.softcap = params->softcap, a.sliding = params->window, a.ctx = ctx;
+    a.sinks = params->sinks;
     a.pdl_early = llm_cuda.pdl_early;
     const bool tiled = llm_cuda_is_llama_attention(params, head_dim); /* what the tiled batch kernels compute */
 

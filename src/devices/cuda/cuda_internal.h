@@ -24,15 +24,15 @@ extern "C" {
 #endif
 
 /* Llama's attention, the only one the tiled batch kernels and the persistent step compute: q . k scaled by
- * 1/sqrt(head_dim), no soft-cap, no window (over an f32 cache, the only one cuda_supports). */
+ * 1/sqrt(head_dim), no soft-cap, no window, no sinks (over an f32 cache, the only one cuda_supports). */
 static inline llm_attention_params llm_cuda_llama_attention(int head_dim)
 {
-    const llm_attention_params p = {1.0f / sqrtf((float)head_dim), 0.0f, 0, LLM_DTYPE_F32};
+    const llm_attention_params p = {1.0f / sqrtf((float)head_dim), 0.0f, 0, LLM_DTYPE_F32, NULL};
     return p;
 }
 static inline bool llm_cuda_is_llama_attention(const llm_attention_params *p, int head_dim)
 {
-    return p->window == 0 && p->softcap == 0.0f && p->scale == llm_cuda_llama_attention(head_dim).scale;
+    return p->window == 0 && p->softcap == 0.0f && !p->sinks && p->scale == llm_cuda_llama_attention(head_dim).scale;
 }
 
 /* What every launcher needs from the device. */
@@ -153,6 +153,13 @@ __device__ __forceinline__ void llm_cuda_tl_mark(llm_cuda_tl *rec, int field)
 __device__ __forceinline__ float llm_cuda_gelu_tanh(float x)
 {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+/* gpt-oss's clamped SwiGLU, ops.h's llm_swiglu_oai operation for operation (a function of gate and up: no
+ * llm_cuda_gate form, so the GEMV epilogue does not take it). */
+__device__ __forceinline__ float llm_cuda_swiglu_oai(float gate, float up)
+{
+    float g = fminf(gate, LLM_SWIGLU_OAI_LIMIT), u = fminf(fmaxf(up, -LLM_SWIGLU_OAI_LIMIT), LLM_SWIGLU_OAI_LIMIT);
+    return (u + 1.0f) * (g / (1.0f + expf(-(g * LLM_SWIGLU_OAI_ALPHA))));
 }
 __device__ __forceinline__ float llm_cuda_gate(float x, int act)
 {
@@ -372,8 +379,9 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
                            float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
                            int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
                            int ctx);
-/* out = gelu_tanh(gate) * up (llm_cuda_gelu_tanh) */
-void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count);
+/* glu with an activation other than SiLU: out = gelu_tanh(gate) * up (llm_cuda_gelu_tanh) for LLM_ACT_GELU_TANH,
+ * llm_cuda_swiglu_oai(gate, up) for LLM_ACT_SWIGLU_OAI */
+void llm_cuda_glu_act(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, llm_act act);
 /* x = cap * tanh(x / cap) in place */
 void llm_cuda_softcap(float *x, float cap, size_t count);
 /* The attention op with its parameters (scale, soft-cap, window) and a cache of ctx rows (a ring where positions

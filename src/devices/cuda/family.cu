@@ -44,17 +44,17 @@ void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, in
                                                      w->dtype, dim, eps, offset, resid));
 }
 
-__global__ void geglu_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
+__global__ void glu_act_kernel(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, int act)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
-        float g = llm_cuda_src_at(gate, i);
-        out[i] = llm_cuda_gelu_tanh(g) * llm_cuda_src_at(up, i);
+        float g = llm_cuda_src_at(gate, i), u = llm_cuda_src_at(up, i);
+        out[i] = act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(g, u) : llm_cuda_gelu_tanh(g) * u;
     }
 }
 
-void llm_cuda_geglu(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count)
+void llm_cuda_glu_act(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, llm_act act)
 {
-    geglu_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count);
+    glu_act_kernel<<<blocks_for(count, 256), 256, 0, llm_cuda.stream>>>(out, gate, up, count, (int)act);
     LLM_CUDA_LAUNCHED("glu");
 }
 
@@ -150,7 +150,7 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
                         const int32_t *positions, int n_heads, int n_kv_heads, int head_dim, int ctx, float scale,
-                        float softcap, int window)
+                        float softcap, int window, const float *sinks)
 {
     __shared__ float w_max[ATT_WARPS], w_den[ATT_WARPS];
     __shared__ float w_acc[ATT_WARPS][32 * ATT_DIMS];
@@ -226,6 +226,7 @@ attention_params_kernel(float *out, const float *q, const float *k_cache, const 
         f[w] = w_den[w] > 0.0f ? expf(w_max[w] - m) : 0.0f; /* a warp without rows adds nothing */
         den += w_den[w] * f[w];
     }
+    if (sinks) den += expf(sinks[h] - m); /* the head's sink: one more score, a zero value row (ops.h) */
     float *oh = out + (size_t)item * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += ATT_WARPS * 32) {
         float o = 0.0f;
@@ -244,6 +245,7 @@ void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_c
     int kv_dim = n_kv_heads * head_dim;
     if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, kv_dim, ctx);
     attention_params_kernel<<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
-        out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window);
+        out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window,
+        p->sinks);
     LLM_CUDA_LAUNCHED("attention");
 }

@@ -21,7 +21,8 @@ static const char *const NOTE_ATTENTION =
     "attention with a sliding window, a soft-cap or its own scale: the split-KV decode kernel but not the persistent "
     "step; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core prefill)";
 static const char *const NOTE_GELU =
-    "glu with tanh-GELU (GeGLU) of a batch: its own kernel, without the split for the next product that SwiGLU's does";
+    "glu with tanh-GELU (GeGLU) or gpt-oss's clamped SwiGLU: its own kernel, without the split for the next product "
+    "that SwiGLU's does (and the clamped SwiGLU never in the GEMV's epilogue)";
 static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
 
 /* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
@@ -487,9 +488,11 @@ void op_glu(float *out, const float *gate, const float *up, size_t count, llm_ac
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
-    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
-        P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
-        count == P->mats[0].w.rows) {
+    /* The GEMV's epilogue computes gate(g) * u (llm_cuda_gate): SiLU and tanh-GELU, not the clamped SwiGLU. */
+    bool gated = act == LLM_ACT_SILU || act == LLM_ACT_GELU_TANH;
+    if (g.fuse && gated && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
+        P->job.n_mats == 2 && P->mats[0].out == gate && P->mats[1].out == up && out == gate &&
+        P->mats[0].w.rows == P->mats[1].w.rows && count == P->mats[0].w.rows) {
         P->job.epi = LLM_CUDA_EPI_SWIGLU, P->job.act = act; /* the gate's activation, SiLU or tanh-GELU */
         retire_pending();
         return;
@@ -499,7 +502,7 @@ void op_glu(float *out, const float *gate, const float *up, size_t count, llm_ac
         flush_pending();
         llm_cuda_src gate_src = src_of(gate, count), up_src = src_of(up, count);
         written(out, count * sizeof(float));
-        llm_cuda_geglu(out, gate_src, up_src, count);
+        llm_cuda_glu_act(out, gate_src, up_src, count, act);
         after_op("glu");
         return;
     }
