@@ -215,8 +215,8 @@ static void test_bad_configs(void **state)
     expect_config_error("{\"hidden_size\": \"64\"}", "config.json: \"hidden_size\" must be an integer");
     expect_config_error("{\"num_attention_heads\": 3}", "num_attention_heads 3 is not a multiple of");
     expect_config_error("{\"vocab_size\": null}", "config.json: missing \"vocab_size\"");
-    expect_config_error("{\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 2.0}}",
-                        "rope scaling type \"yarn\" is not supported");
+    expect_config_error("{\"rope_parameters\": {\"rope_type\": \"dynamic\", \"rope_theta\": 10000.0, \"factor\": 2.0}}",
+                        "rope scaling type \"dynamic\" is not supported");
     expect_config_error("{\"hidden_act\": \"gelu\"}", "hidden_act \"gelu\" is not supported");
     expect_config_error("{\"eos_token_id\": 99999}", "eos_token_id 99999 is outside the vocabulary");
 }

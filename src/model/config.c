@@ -88,6 +88,8 @@ static int read_eos(const json_t *obj, llm_config *c, const char *file, char *er
 
 static int read_longrope(const json_t *root, const json_t *scaling, llm_config *c, const char *file, char *err,
                          size_t err_len);
+static int read_yarn(const json_t *root, const json_t *scaling, llm_config *c, const char *file, char *err,
+                     size_t err_len);
 
 /* transformers 5.x writes rope_parameters {rope_type, rope_theta, ...}; 4.x writes rope_theta and rope_scaling
  * {type or rope_type, factor, ...} at the top level. 5.x gives models with two kinds of layers one rope_parameters
@@ -163,9 +165,13 @@ static int read_rope(const json_t *root, llm_config *c, const char *file, char *
         c->rope_scaling.rope_type = LLM_ROPE_LONGROPE;
         return read_longrope(root, scaling, c, file, err, err_len);
     }
+    if (strcmp(t, "yarn") == 0) {
+        c->rope_scaling.rope_type = LLM_ROPE_YARN;
+        return read_yarn(root, scaling, c, file, err, err_len);
+    }
     char shown[80];
     snprintf(err, err_len, "%s: rope scaling type \"%s\" is not supported (supported: default, linear, llama3, "
-             "longrope)", file, llm_escape(shown, sizeof shown, t, strlen(t), 64));
+             "longrope, yarn)", file, llm_escape(shown, sizeof shown, t, strlen(t), 64));
     return -1;
 }
 
@@ -410,6 +416,55 @@ int llm_config_load(llm_config *c, const char *dir, char *err, size_t err_len)
     return rc;
 }
 
+/* transformers' _compute_yarn_parameters (with standardize_rope_params before it): original_max_position_embeddings
+ * at the top level first (as for Phi-3), else among the rope parameters, else max_position_embeddings; factor null:
+ * max_position_embeddings over it; beta_fast and beta_slow 32 and 1 when absent, null or 0 (Python's `or`); the
+ * attention factor, unless given, 0.1 ln(factor) + 1 (1 for factor <= 1), or with mscale and mscale_all_dim both
+ * given and nonzero the ratio of that form with each. */
+static double yarn_mscale(double factor, double mscale)
+{
+    return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+static int read_yarn(const json_t *root, const json_t *scaling, llm_config *c, const char *file, char *err,
+                     size_t err_len)
+{
+    int orig = 0;
+    float mscale = 0.0f, mscale_all_dim = 0.0f;
+    const json_t *orig_from = json_object_get(root, "original_max_position_embeddings") ? root : scaling;
+    if (get_int(orig_from, "original_max_position_embeddings", 1, 1 << 24, true, c->max_position_embeddings, &orig,
+                file, err, err_len) ||
+        get_real(scaling, "attention_factor", 0.0, 1e3, -1.0, &c->rope_scaling.attention_factor, file, err,
+                 err_len) ||
+        get_real(scaling, "beta_fast", -1e6, 1e6, 0.0, &c->rope_scaling.beta_fast, file, err, err_len) ||
+        get_real(scaling, "beta_slow", -1e6, 1e6, 0.0, &c->rope_scaling.beta_slow, file, err, err_len) ||
+        get_real(scaling, "mscale", -1e6, 1e6, 0.0, &mscale, file, err, err_len) ||
+        get_real(scaling, "mscale_all_dim", -1e6, 1e6, 0.0, &mscale_all_dim, file, err, err_len))
+        return -1;
+    c->rope_scaling.original_max_position_embeddings = orig;
+    const json_t *f = json_object_get(scaling, "factor");
+    if (!f || json_is_null(f)) c->rope_scaling.factor = (float)((double)c->max_position_embeddings / orig);
+    if (c->rope_scaling.beta_fast == 0.0f) c->rope_scaling.beta_fast = 32.0f;
+    if (c->rope_scaling.beta_slow == 0.0f) c->rope_scaling.beta_slow = 1.0f;
+    c->rope_scaling.truncate = get_bool(scaling, "truncate", true);
+    if (c->rope_scaling.attention_factor < 0.0f) {
+        double factor = c->rope_scaling.factor;
+        c->rope_scaling.attention_factor =
+            mscale != 0.0f && mscale_all_dim != 0.0f
+                ? (float)(yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim))
+                : (float)yarn_mscale(factor, 1.0);
+    }
+    return 0;
+}
+
+/* YaRN's correction range: the pair index at which a frequency turns `rotations` times over the original context
+ * (find_correction_dim, in double as Python computes it). */
+static double yarn_dim(const llm_config *c, double rotations)
+{
+    return (c->rotary_dim * log(c->rope_scaling.original_max_position_embeddings / (rotations * 2 * M_PI))) /
+           (2 * log((double)c->rope_theta));
+}
+
 void llm_config_inv_freq(const llm_config *c, llm_rope_table table, float *inv_freq)
 {
     int half = c->rotary_dim / 2;
@@ -442,6 +497,21 @@ void llm_config_inv_freq(const llm_config *c, llm_rope_table table, float *inv_f
                 scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
             }
             f = scaled;
+        } else if (type == LLM_ROPE_YARN) {
+            /* the correction range [low, high], floored and ceiled unless truncate is false, clipped to
+             * [0, rotary_dim - 1]; then in f32 interpolation * (1 - e) + extrapolation * e, the extrapolation factor
+             * e = 1 - clamp((j - low) / (high - low), 0, 1) a ramp over the pairs */
+            double low = yarn_dim(c, c->rope_scaling.beta_fast), high = yarn_dim(c, c->rope_scaling.beta_slow);
+            if (c->rope_scaling.truncate) low = floor(low), high = ceil(high);
+            low = low > 0.0 ? low : 0.0;
+            high = high < c->rotary_dim - 1 ? high : c->rotary_dim - 1;
+            if (low == high) high += 0.001; /* transformers' guard against a zero-width ramp */
+            float pos_freq = powf(theta, exponent);
+            float ramp = ((float)j - (float)low) / (float)(high - low);
+            ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+            float extrapolation = 1.0f - ramp;
+            float interpolation = 1.0f / (factor * pos_freq);
+            f = interpolation * (1.0f - extrapolation) + (1.0f / pos_freq) * extrapolation;
         }
         inv_freq[j] = f;
     }

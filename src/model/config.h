@@ -10,7 +10,7 @@
 #include "../quant/prequant.h"
 #include "arch.h"
 
-typedef enum { LLM_ROPE_DEFAULT, LLM_ROPE_LINEAR, LLM_ROPE_LLAMA3, LLM_ROPE_LONGROPE } llm_rope_type;
+typedef enum { LLM_ROPE_DEFAULT, LLM_ROPE_LINEAR, LLM_ROPE_LLAMA3, LLM_ROPE_LONGROPE, LLM_ROPE_YARN } llm_rope_type;
 
 /* Which rotary table: the model's own; the windowed layers' own base (Gemma 3); LongRoPE's long factors. */
 typedef enum { LLM_ROPE_TABLE_GLOBAL, LLM_ROPE_TABLE_LOCAL, LLM_ROPE_TABLE_LONG } llm_rope_table;
@@ -39,7 +39,12 @@ typedef struct {
         /* longrope ("su"): per-pair factors (rotary_dim / 2 each), the short ones up to
          * original_max_position_embeddings, and the factor cos and sin are multiplied by */
         float short_factor[LLM_MAX_ROPE_PAIRS], long_factor[LLM_MAX_ROPE_PAIRS];
-        float attention_factor;
+        float attention_factor; /* longrope and yarn: multiplies cos and sin (rope's scale) */
+        /* yarn: the pairs between the correction range [low, high] (from beta_fast and beta_slow rotations over
+         * original_max_position_embeddings, floored and ceiled unless truncate is false) blend from the original
+         * frequencies to frequencies divided by factor */
+        float beta_fast, beta_slow;
+        bool truncate;
     } rope_scaling;
     int rotary_dim;           /* the rotated part of a head: head_dim * partial_rotary_factor (even) */
     float rope_local_base_freq; /* the windowed layers' rope_theta (Gemma 3); 0: they rotate like the others */

@@ -501,7 +501,9 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     m->attn_scale = attention_scale(c);
     /* transformers multiplies cos and sin by LongRoPE's attention factor: the rotated part of q and k grows, the
      * rest of a partially rotated head does not. */
-    m->rope_scale = c->rope_scaling.rope_type == LLM_ROPE_LONGROPE ? c->rope_scaling.attention_factor : 1.0f;
+    m->rope_scale = c->rope_scaling.rope_type == LLM_ROPE_LONGROPE || c->rope_scaling.rope_type == LLM_ROPE_YARN
+                        ? c->rope_scaling.attention_factor
+                        : 1.0f;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
     if (!m->layers) {
         snprintf(err, err_len, "out of memory for %d layers", c->num_hidden_layers);

@@ -51,7 +51,7 @@ typedef struct llm_model {
     bool rope_long;          /* inv_freq holds LongRoPE's long factors (llm_forward switches it in place) */
     float embed_scale;       /* embeddings are multiplied by it: 1, or sqrt(hidden) in the weights' dtype (Gemma) */
     float attn_scale;        /* multiplies q . k (see llm_attention_params) */
-    float rope_scale;        /* multiplies the rotary cos and sin: 1, or LongRoPE's attention factor */
+    float rope_scale;        /* multiplies the rotary cos and sin: 1, or LongRoPE's or YaRN's attention factor */
     char prefix[32];         /* where the decoder's tensors are: "model.", "language_model.model." */
     llm_dtype weight_dtype;  /* dtype of the matrices (the embedding table's) */
     size_t weight_bytes;     /* bytes of all weights as held: as stored, or as quantized on load */
