@@ -66,7 +66,7 @@ int llm_cli_max_threads(void)
 
 int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_len)
 {
-    for (llm_dtype d = LLM_DTYPE_ELEMENT_COUNT; d < LLM_DTYPE_COUNT; d++)
+    for (llm_dtype d = LLM_DTYPE_ELEMENT_COUNT; d <= LLM_DTYPE_Q4_K; d++) /* MXFP4 comes only as shipped */
         if (strcasecmp(text, llm_dtype_name(d)) == 0) {
             *out = d;
             return 0;

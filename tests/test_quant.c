@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "ops/dtype.h"
 #include "ops/ref.h"
+#include "quant/mxfp4.h"
 #include "quant/quant_dot.h"
 #include "support/fixture_util.h"
 
@@ -134,6 +135,82 @@ static void test_traits(void **state)
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q4_K, 2, 512), 2 * 2 * 144);
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, 3, 48), 0);           /* not a whole block */
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, SIZE_MAX / 2, 64), 0); /* overflow */
+}
+
+/* MXFP4 against its owners (tests/fixtures/quant/mxfp4.json, scripts/make-mxfp4-fixtures.py): a checkpoint's
+ * `*_blocks` / `*_scales` bytes dequantized as transformers' convert_moe_packed_tensors does, value for value (sign of
+ * zero included), both directly and through our block format (llm_mxfp4_from_checkpoint: the same values, bar the
+ * sign of zero that ggml's integers drop); and ggml's quantizer and dequantizer byte for byte and value for value. */
+static void test_mxfp4(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *root = json_load_file("tests/fixtures/quant/mxfp4.json", 0, &jerr);
+    if (!root) fail_msg("tests/fixtures/quant/mxfp4.json: %s", jerr.text);
+    const json_t *ck = json_object_get(root, "checkpoint");
+    size_t experts = (size_t)json_integer_value(json_object_get(ck, "experts"));
+    size_t rows = (size_t)json_integer_value(json_object_get(ck, "rows"));
+    size_t cols = (size_t)json_integer_value(json_object_get(ck, "cols")), groups = cols / 32;
+    size_t nb = experts * rows * groups;
+    const json_t *jb = json_object_get(ck, "blocks"), *js = json_object_get(ck, "scales");
+    const json_t *jd = json_object_get(ck, "dequantized");
+    assert_int_equal(json_array_size(jb), nb * 16);
+    assert_int_equal(json_array_size(js), nb);
+    assert_int_equal(json_array_size(jd), nb * 32);
+    uint8_t *blocks = malloc(nb * 16), *scales = malloc(nb);
+    float *hf = malloc(nb * 32 * sizeof *hf), *got = malloc(nb * 32 * sizeof *got), *via = malloc(nb * 32 * sizeof *via);
+    llm_block_mxfp4 *packed = malloc(nb * sizeof *packed);
+    assert_true(blocks && scales && hf && got && via && packed);
+    for (size_t i = 0; i < nb * 16; i++) blocks[i] = (uint8_t)json_integer_value(json_array_get(jb, i));
+    for (size_t i = 0; i < nb; i++) scales[i] = (uint8_t)json_integer_value(json_array_get(js, i));
+    for (size_t i = 0; i < nb * 32; i++) hf[i] = (float)json_number_value(json_array_get(jd, i));
+    llm_mxfp4_dequantize_checkpoint(got, blocks, scales, nb);
+    llm_mxfp4_from_checkpoint(packed, blocks, scales, nb);
+    llm_mxfp4_dequantize(via, packed, nb * 32);
+    /* ours: expert e's (rows, cols) matrix row after row; transformers': (experts, cols, rows) */
+    int differ = 0;
+    for (size_t e = 0; e < experts; e++)
+        for (size_t r = 0; r < rows; r++)
+            for (size_t c = 0; c < cols; c++) {
+                size_t at = (e * rows + r) * cols + c;
+                float want = hf[(e * cols + c) * rows + r];
+                if (memcmp(&got[at], &want, sizeof want) != 0 || via[at] != want) {
+                    if (differ++ < 5)
+                        print_error("expert %zu [%zu, %zu]: transformers %.9g, ours %.9g, through blocks %.9g\n", e, r,
+                                    c, (double)want, (double)got[at], (double)via[at]);
+                }
+            }
+    print_message("MXFP4 checkpoint: %zu values of %zu experts against transformers %s, %d differ\n", nb * 32,
+                  experts, json_string_value(json_object_get(root, "transformers")), differ);
+    assert_int_equal(differ, 0);
+
+    const json_t *rows_g = json_object_get(root, "ggml");
+    assert_true(json_array_size(rows_g) >= 4);
+    for (size_t i = 0; i < json_array_size(rows_g); i++) {
+        const json_t *row = json_array_get(rows_g, i), *in = json_object_get(row, "input");
+        const json_t *q = json_object_get(row, "quantized"), *dq = json_object_get(row, "dequantized");
+        size_t n = json_array_size(in);
+        assert_true(n % 32 == 0 && json_array_size(q) == n / 32 * 17 && json_array_size(dq) == n);
+        float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+        uint8_t *bytes = malloc(n / 32 * 17);
+        assert_true(x && y && bytes);
+        for (size_t j = 0; j < n; j++) x[j] = (float)json_number_value(json_array_get(in, j));
+        llm_quant_traits_of(LLM_QUANT_MXFP4)->quantize(bytes, x, n);
+        llm_quant_traits_of(LLM_QUANT_MXFP4)->dequantize(y, bytes, n);
+        for (size_t j = 0; j < n / 32 * 17; j++)
+            if (bytes[j] != (uint8_t)json_integer_value(json_array_get(q, j)))
+                fail_msg("MXFP4 %s row: byte %zu is %u, ggml's %u", json_string_value(json_object_get(row, "label")),
+                         j, bytes[j], (unsigned)json_integer_value(json_array_get(q, j)));
+        for (size_t j = 0; j < n; j++)
+            if (y[j] != (float)json_number_value(json_array_get(dq, j)))
+                fail_msg("MXFP4 %s row: value %zu is %.9g, ggml's %.9g", json_string_value(json_object_get(row, "label")),
+                         j, (double)y[j], json_number_value(json_array_get(dq, j)));
+        free(x), free(y), free(bytes);
+    }
+    print_message("MXFP4 quantize and dequantize: %zu rows byte for byte as ggml's\n", json_array_size(rows_g));
+    assert_true(llm_quant_bits_per_weight(LLM_QUANT_MXFP4) == 4.25);
+    free(blocks), free(scales), free(hf), free(got), free(via), free(packed);
+    json_decref(root);
 }
 
 /* A BF16 matrix quantized on load equals the reference quantizer on its rows converted to f32, whatever the threads. */
@@ -294,19 +371,21 @@ static void test_products(void **state)
             print_message("%-12s not supported by this CPU\n", sets[si]);
             continue;
         }
-        for (int t = LLM_QUANT_Q8_0; t <= LLM_QUANT_Q4_K; t++) {
+        static const llm_quant_type formats[] = {LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K, LLM_QUANT_MXFP4};
+        for (size_t fi = 0; fi < sizeof formats / sizeof *formats; fi++) {
+            llm_quant_type t = formats[fi];
             double worst = 0;
             int cases = 0, unsupported = 0;
             for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
                 shape s = shapes[i];
                 if ((double)s.rows * s.cols * s.n > MAX_COST) continue;
-                double e = check_product(k, (llm_quant_type)t, s, 1000 + i, &bad);
+                double e = check_product(k, t, s, 1000 + i, &bad);
                 if (e < 0) unsupported++;
                 else cases++, worst = fmax(worst, e);
             }
             passed += cases;
             print_message("%-12s %s: %d shapes, relative error (2-norm) at most %.2e (%d shapes not supported: cols not a "
-                          "multiple of the block)\n", k->name, llm_quant_traits_of((llm_quant_type)t)->name, cases,
+                          "multiple of the block)\n", k->name, llm_quant_traits_of(t)->name, cases,
                           worst, unsupported);
         }
     }
@@ -345,7 +424,7 @@ static void test_device_matmul(void **state)
     for (size_t i = 0; i < N * COLS; i++) x[i] = rng_unit();
     for (size_t i = 0; i < ROWS; i++) bias[i] = rng_unit();
     llm_weight b = {.data = bias, .dtype = LLM_DTYPE_F32, .rows = 1, .cols = ROWS};
-    for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_Q4_K; d++) {
+    for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_MXFP4; d++) {
         assert_true(blas->supports(LLM_OP_MATMUL, d) && blas->supports(LLM_OP_LOGITS, d));
         assert_false(blas->supports(LLM_OP_RMSNORM, d));
         llm_weight w = {.dtype = d, .rows = ROWS, .cols = COLS};
@@ -498,6 +577,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits),
+        cmocka_unit_test(test_mxfp4),
         cmocka_unit_test(test_matches_llama_cpp),
         cmocka_unit_test(test_matrix_from_bf16),
         cmocka_unit_test(test_activation_bytes),

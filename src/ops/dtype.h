@@ -10,7 +10,8 @@
 
 /* F32, F16, BF16: one value an element, as checkpoints store them. Q8_0, Q4_0, Q4_K: blocks of 32 or 256 values
  * as ggml lays them out (a row of a matrix is a whole number of blocks), only ever made by quantizing on load and
- * only for matrix products (matmul, logits). */
+ * only for matrix products (matmul, logits). MXFP4: blocks of 32 FP4 (E2M1) values under a power-of-two scale, as
+ * ggml's block_mxfp4 lays them out, made from checkpoints that ship it (gpt-oss's experts; src/quant/mxfp4.h). */
 typedef enum {
     LLM_DTYPE_F32,
     LLM_DTYPE_F16,
@@ -18,6 +19,7 @@ typedef enum {
     LLM_DTYPE_Q8_0,
     LLM_DTYPE_Q4_0,
     LLM_DTYPE_Q4_K,
+    LLM_DTYPE_MXFP4,
     LLM_DTYPE_COUNT
 } llm_dtype;
 #define LLM_DTYPE_ELEMENT_COUNT 3 /* the element types come first */
@@ -35,6 +37,7 @@ static inline size_t llm_dtype_block_bytes(llm_dtype t)
     case LLM_DTYPE_Q8_0: return 34;
     case LLM_DTYPE_Q4_0: return 18;
     case LLM_DTYPE_Q4_K: return 144;
+    case LLM_DTYPE_MXFP4: return 17;
     default: return llm_dtype_size(t);
     }
 }
@@ -52,6 +55,7 @@ static inline const char *llm_dtype_name(llm_dtype t)
     case LLM_DTYPE_Q8_0: return "Q8_0";
     case LLM_DTYPE_Q4_0: return "Q4_0";
     case LLM_DTYPE_Q4_K: return "Q4_K";
+    case LLM_DTYPE_MXFP4: return "MXFP4";
     default: return "?";
     }
 }

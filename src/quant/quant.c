@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "../ops/dtype.h"
+#include "mxfp4.h"
 
 /* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves no fraction bits in an f32, so the
  * addition itself rounds (as ggml's nearest_int does); subtracting it back is exact. (C11 mode: no reassociation,
@@ -257,6 +258,7 @@ static const llm_quant_traits traits[LLM_QUANT_COUNT] = {
     [LLM_QUANT_Q4_0] = {"Q4_0", LLM_QK4_0, sizeof(llm_block_q4_0), quantize_q4_0, dequantize_q4_0},
     [LLM_QUANT_Q4_K] = {"Q4_K", LLM_QK_K, sizeof(llm_block_q4_K), quantize_q4_K, dequantize_q4_K},
     [LLM_QUANT_Q8_K] = {"Q8_K", LLM_QK_K, sizeof(llm_block_q8_K), quantize_q8_K, dequantize_q8_K},
+    [LLM_QUANT_MXFP4] = {"MXFP4", LLM_QK_MXFP4, sizeof(llm_block_mxfp4), llm_mxfp4_quantize, llm_mxfp4_dequantize},
 };
 
 const llm_quant_traits *llm_quant_traits_of(llm_quant_type t)

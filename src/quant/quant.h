@@ -1,6 +1,7 @@
 /* Block-quantized weight formats as data: a traits table (block size, bytes per block, reference quantize and
- * dequantize) with block layouts exactly as ggml defines Q8_0, Q4_0 and Q4_K, so files and numbers compare with
- * llama.cpp's. Also Q8_K, the activation format Q4_K products use. Not here: the fast products (quant_dot.h). */
+ * dequantize) with block layouts exactly as ggml defines Q8_0, Q4_0, Q4_K and MXFP4, so files and numbers compare
+ * with llama.cpp's. Also Q8_K, the activation format Q4_K products use. Not here: the fast products (quant_dot.h),
+ * MXFP4's values and its checkpoints' tensors (mxfp4.h). */
 #ifndef LLM_QUANT_H
 #define LLM_QUANT_H
 
@@ -9,11 +10,19 @@
 
 #include "../ops/dtype.h"
 
-typedef enum { LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K, LLM_QUANT_Q8_K, LLM_QUANT_COUNT } llm_quant_type;
+typedef enum {
+    LLM_QUANT_Q8_0,
+    LLM_QUANT_Q4_0,
+    LLM_QUANT_Q4_K,
+    LLM_QUANT_Q8_K,
+    LLM_QUANT_MXFP4,
+    LLM_QUANT_COUNT
+} llm_quant_type;
 
 #define LLM_QK8_0 32
 #define LLM_QK4_0 32
 #define LLM_QK_K 256
+#define LLM_QK_MXFP4 32
 
 /* value[j] = d * qs[j] */
 typedef struct {
@@ -44,6 +53,15 @@ typedef struct {
     int16_t bsums[LLM_QK_K / 16];
 } llm_block_q8_K;
 
+/* value[j] = fp4(qs[j] & 15) * 2^(e - 127) for j < 16, fp4(qs[j - 16] >> 4) * 2^(e - 127) for j >= 16, fp4 the
+ * E2M1 value of a nibble (mxfp4.h); e an E8M0 exponent. The nibble order is ggml's (Q4_0's); a checkpoint's own
+ * (consecutive values in one byte) is repacked on load. */
+typedef struct {
+    uint8_t e;
+    uint8_t qs[LLM_QK_MXFP4 / 2];
+} llm_block_mxfp4;
+
+_Static_assert(sizeof(llm_block_mxfp4) == 17, "block_mxfp4 is 17 bytes as in ggml");
 _Static_assert(sizeof(llm_block_q8_0) == 34, "block_q8_0 is 34 bytes as in ggml");
 _Static_assert(sizeof(llm_block_q4_0) == 18, "block_q4_0 is 18 bytes as in ggml");
 _Static_assert(sizeof(llm_block_q4_K) == 144, "block_q4_K is 144 bytes as in ggml");
@@ -65,12 +83,12 @@ const llm_quant_traits *llm_quant_traits_of(llm_quant_type t); /* NULL for an un
 static inline llm_quant_type llm_quant_of_dtype(llm_dtype t)
 {
     return t == LLM_DTYPE_Q8_0 ? LLM_QUANT_Q8_0 : t == LLM_DTYPE_Q4_0 ? LLM_QUANT_Q4_0
-         : t == LLM_DTYPE_Q4_K ? LLM_QUANT_Q4_K : LLM_QUANT_COUNT;
+         : t == LLM_DTYPE_Q4_K ? LLM_QUANT_Q4_K : t == LLM_DTYPE_MXFP4 ? LLM_QUANT_MXFP4 : LLM_QUANT_COUNT;
 }
 static inline llm_dtype llm_dtype_of_quant(llm_quant_type q)
 {
     return q == LLM_QUANT_Q8_0 ? LLM_DTYPE_Q8_0 : q == LLM_QUANT_Q4_0 ? LLM_DTYPE_Q4_0
-         : q == LLM_QUANT_Q4_K ? LLM_DTYPE_Q4_K : LLM_DTYPE_COUNT;
+         : q == LLM_QUANT_Q4_K ? LLM_DTYPE_Q4_K : q == LLM_QUANT_MXFP4 ? LLM_DTYPE_MXFP4 : LLM_DTYPE_COUNT;
 }
 int llm_quant_from_name(const char *name, llm_quant_type *t);  /* "q8_0", "Q4_K", ...; 0 on success */
 
@@ -82,7 +100,7 @@ size_t llm_quant_matrix_bytes(llm_quant_type t, size_t rows, size_t cols);
  * 0 on success; -1 when cols is not a multiple of the block or a row buffer cannot be allocated. */
 int llm_quant_matrix(void *dst, const void *src, llm_dtype dtype, llm_quant_type t, size_t rows, size_t cols, int threads);
 
-/* Bits per weight: 8.5 for Q8_0, 4.5 for Q4_0 and Q4_K. */
+/* Bits per weight: 8.5 for Q8_0, 4.5 for Q4_0 and Q4_K, 4.25 for MXFP4. */
 double llm_quant_bits_per_weight(llm_quant_type t);
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K block, as ggml's get_scale_min_k4 unpacks them. */
