@@ -303,7 +303,10 @@ static int read_moe(const json_t *root, llm_config *c, const char *file, char *e
     const llm_moe_family *f = &c->family->moe;
     if (!f->block) return 0;
     int step = 1;
-    if (get_int(root, f->count_key, 1, 1 << 14, false, 0, &c->num_experts, file, err, err_len) ||
+    /* transformers 5.x saves every family's count as num_local_experts (Qwen3-MoE's too) */
+    const char *count_key = json_object_get(root, f->count_key) ? f->count_key : "num_local_experts";
+    if (!json_object_get(root, count_key)) count_key = f->count_key;
+    if (get_int(root, count_key, 1, 1 << 14, false, 0, &c->num_experts, file, err, err_len) ||
         get_int(root, "num_experts_per_tok", 1, 1 << 14, false, 0, &c->num_experts_per_tok, file, err, err_len) ||
         get_int(root, f->inter_key, 1, 1 << 18, false, 0, &c->moe_intermediate_size, file, err, err_len) ||
         (f->shared_expert && get_int(root, "shared_expert_intermediate_size", 0, 1 << 18, true, 0,
@@ -312,7 +315,7 @@ static int read_moe(const json_t *root, llm_config *c, const char *file, char *e
         return -1;
     if (c->num_experts_per_tok > c->num_experts) {
         snprintf(err, err_len, "%s: num_experts_per_tok %d is more than the %d experts (%s)", file,
-                 c->num_experts_per_tok, c->num_experts, f->count_key);
+                 c->num_experts_per_tok, c->num_experts, count_key);
         return -1;
     }
     const json_t *norm = json_object_get(root, "norm_topk_prob");

@@ -406,7 +406,7 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
         LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
         LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
     }
-    LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
+    if (!c->layer_sparse[l]) LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
     NORM(ffn_post_norm, f->ffn_post_norm);
 #undef NORM
 #undef LOAD
