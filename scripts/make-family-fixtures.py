@@ -167,6 +167,27 @@ OLMOE_1B_7B_0924 = """{
   "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 50304
 }"""
 
+GPT_OSS_20B = """{
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0, "eos_token_id": 200002,
+  "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+  "initializer_range": 0.02, "intermediate_size": 2880,
+  "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+    "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention",
+    "full_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+  "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+  "pad_token_id": 199999,
+  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+    "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+    "rope_type": "yarn", "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+  "tie_word_embeddings": false, "transformers_version": "4.55.0.dev0", "use_cache": true, "vocab_size": 201088
+}"""
+
 # The cut: sizes every fixture shares (ids the published configs give past vocabulary 512 come down too).
 CUT = dict(vocab_size=512, hidden_size=64, intermediate_size=128, max_position_embeddings=256,
            initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="float32")
@@ -225,6 +246,11 @@ FAMILIES = [
                                           shared_expert_intermediate_size=96), None),
     ("olmoe", OLMOE_1B_7B_0924, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                                      intermediate_size=32, num_experts=8, num_experts_per_tok=4), None),
+    # gpt-oss-20b: a sliding and a full layer (the window crossed), 8 experts of 32 under its top-4, YaRN as
+    # published, the weights as floats (its MXFP4 quantization_config left out: gpt-oss-mxfp4 below stores them so).
+    ("gpt-oss", GPT_OSS_20B, dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
+                                  num_local_experts=8, sliding_window=WINDOW), ["sliding_attention", "full_attention"]),
 ]
 
 
@@ -234,7 +260,42 @@ def cut_config(text, family_cut, name):
     cfg.update(family_cut)
     if name == "phi3-longrope":
         phi_longrope_cut(cfg)
+    if name.startswith("gpt-oss"):
+        cfg.pop("quantization_config")
     return cfg
+
+
+def gpt_oss_randomize_(model, seed):
+    """HF starts gpt-oss's expert biases at 0 and its sinks near 0; random ones here, sinks of the scores' size, and
+    gate/up products large enough that the SwiGLU's clamps at +-7 bite (watch_clamps counts how often)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("sinks"):
+                p.copy_(2.0 * torch.randn(p.shape, generator=g))
+            elif name.endswith("gate_up_proj"):
+                p.mul_(8.0)
+
+
+def watch_clamps(model):
+    """gpt-oss: how many gate values pass +7 and up values leave [-7, 7] over the recording."""
+    counts = [0, 0, 0]
+    for layer in model.model.layers:
+        experts = getattr(layer.mlp, "experts", None)
+        if experts is None or not hasattr(experts, "_apply_gate"):
+            continue
+        orig = experts._apply_gate
+
+        def apply(gate_up, orig=orig, limit=experts.limit):
+            counts[0] += int((gate_up[..., ::2] > limit).sum())
+            counts[1] += int((gate_up[..., 1::2].abs() > limit).sum())
+            counts[2] += gate_up[..., ::2].numel()
+            return orig(gate_up)
+
+        experts._apply_gate = apply
+    return counts
 
 
 def build(cfg4x):
@@ -281,7 +342,7 @@ def watch_routers(model):
         gaps.append(float((scores[:, top_k - 1] - scores[:, top_k]).min()))
 
     for layer in model.model.layers:
-        gate = getattr(layer.mlp, "gate", None)
+        gate = getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)  # gpt-oss: router
         if gate is not None and hasattr(gate, "top_k"):
             gate.register_forward_hook(hook)
     return gaps
@@ -299,12 +360,15 @@ def record_family(out_dir, i, name, text, family_cut, want_types):
     torch.manual_seed(5000 + i)
     model = cls(config).eval()
     mf.randomize_(model, 6000 + i)
+    if name.startswith("gpt-oss"):
+        gpt_oss_randomize_(model, 6500 + i)
     g = torch.Generator().manual_seed(7000 + i)
     tokens = [1] + torch.randint(3, cfg4x["vocab_size"], (mf.N_PROMPT - 1,), generator=g).tolist()
     path = os.path.join(out_dir, name)
     model.save_pretrained(path, safe_serialization=True)
     ref = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     router_margins = watch_routers(ref)
+    clamps = watch_clamps(ref)
     logits, greedy, margins = mf.record(ref, tokens)
     window_effect = None
     if cfg4x.get("sliding_window") == WINDOW:
@@ -326,6 +390,7 @@ def record_family(out_dir, i, name, text, family_cut, want_types):
         "min_greedy_margin": min(margins), "layer_types": got_types,
         "min_router_margin": min(router_margins) if router_margins else None,
         "max_logit_change_without_window": window_effect,
+        "swiglu_clamps": {"gate_above": clamps[0], "up_outside": clamps[1], "of": clamps[2]} if clamps[2] else None,
         "published_config": "embedded in scripts/make-family-fixtures.py",
         "transformers_version": transformers.__version__, "torch_version": torch.__version__,
         "recorded_by": "scripts/make-family-fixtures.py",

@@ -56,6 +56,11 @@ static const llm_family families[] = {
     /* OLMoE: Llama's norm placement with OLMo 2's whole-projection q/k norms; no sliding window. */
     {.architecture = "OlmoeForCausalLM", DECODER, LLAMA_NORMS, .qk_norm = LLM_QK_NORM_WHOLE, .windows = LLM_WINDOWS_ALL,
      .moe = {"mlp", "gate", {GATE_UP_DOWN}, "num_experts", "intermediate_size"}},
+    /* gpt-oss: layer_types alternate sliding and full attention, learned sinks, a biased router whose top-k scores
+     * are softmaxed, the experts packed (arch.h) with biases and the clamped SwiGLU. */
+    {.architecture = "GptOssForCausalLM", DECODER, LLAMA_NORMS, .windows = LLM_WINDOWS_ALL, .sinks = true,
+     .moe = {"mlp", "router", {"gate_up_proj", "gate_up_proj", "down_proj"}, "num_local_experts", "intermediate_size",
+             .always_norm = true, .packed = true}},
 };
 
 #define N_FAMILIES (sizeof families / sizeof *families)

@@ -34,6 +34,11 @@ typedef struct {
     bool always_norm;         /* the chosen weights renormalised whatever norm_topk_prob says (Mixtral) */
     bool sparse_step;         /* decoder_sparse_step and mlp_only_layers choose the sparse layers (Qwen-MoE) */
     bool shared_expert;       /* a dense expert every token takes, gated by sigmoid(shared_expert_gate) (Qwen2-MoE) */
+    /* gpt-oss (GptOssExperts): the experts of a layer in two tensors, <block>.experts.<proj[0]> (n_experts, hidden,
+     * 2 inter) with gate and up in alternate columns and <proj[2]> (n_experts, inter, hidden), both (in, out) as
+     * x @ W multiplies them, each with a _bias; or as MXFP4 _blocks / _scales (out, in); the router biased; the
+     * clamped SwiGLU (LLM_ACT_SWIGLU_OAI) */
+    bool packed;
 } llm_moe_family;
 
 typedef struct {
@@ -53,6 +58,7 @@ typedef struct {
     bool embed_scale;          /* embeddings times sqrt(hidden_size) in the weights' dtype (Gemma) */
     llm_window_rule windows;
     bool window_flag;          /* sliding_window only with use_sliding_window (the Qwen families) */
+    bool sinks;                /* self_attn.sinks: a learned logit per head in each softmax (gpt-oss) */
     llm_moe_family moe;
 } llm_family;
 

@@ -331,6 +331,18 @@ static int read_moe(const json_t *root, llm_config *c, const char *file, char *e
     }
     c->norm_topk_prob = f->always_norm || json_is_true(norm);
     c->moe_route = c->norm_topk_prob ? LLM_ROUTE_SOFTMAX_NORM : LLM_ROUTE_SOFTMAX;
+    if (f->packed) { /* gpt-oss's experts: the clamped SwiGLU, whatever hidden_act says, at the limit and gain it has */
+        float limit, alpha;
+        if (get_real(root, "swiglu_limit", -1e9, 1e9, LLM_SWIGLU_OAI_LIMIT, &limit, file, err, err_len) ||
+            get_real(root, "swiglu_alpha", -1e9, 1e9, LLM_SWIGLU_OAI_ALPHA, &alpha, file, err, err_len))
+            return -1;
+        if (limit != LLM_SWIGLU_OAI_LIMIT || alpha != LLM_SWIGLU_OAI_ALPHA) {
+            snprintf(err, err_len, "%s: swiglu_limit %g and swiglu_alpha %g are not supported (supported: 7 and "
+                     "1.702, gpt-oss's)", file, limit, alpha);
+            return -1;
+        }
+        c->hidden_act = LLM_ACT_SWIGLU_OAI;
+    }
     int L = c->num_hidden_layers;
     for (int l = 0; l < L; l++) c->layer_sparse[l] = (l + 1) % step == 0;
     const json_t *dense = f->sparse_step ? json_object_get(root, "mlp_only_layers") : NULL;

@@ -53,7 +53,7 @@ typedef struct {
     bool o_bias;
     int sliding_window;       /* 0 when absent or disabled */
     bool layer_sliding[LLM_MAX_LAYERS]; /* layer l attends to the last sliding_window positions only */
-    llm_act hidden_act;       /* hidden_activation, else hidden_act: silu or gelu_pytorch_tanh */
+    llm_act hidden_act;       /* hidden_activation, else hidden_act: silu or gelu_pytorch_tanh (gpt-oss: its own) */
     float query_pre_attn_scalar;   /* attention scores scaled by its -1/2 power; 0 when absent (head_dim's) */
     float attn_logit_softcapping;  /* 0 when absent */
     float final_logit_softcapping; /* 0 when absent */

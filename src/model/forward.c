@@ -222,7 +222,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             cache_at += layer_bytes(s, m, l);
             bool sliding = c->layer_sliding[l];
             const llm_attention_params ap = {m->attn_scale, c->attn_logit_softcapping, sliding ? s->window : 0,
-                                             m->cache_type, NULL};
+                                             m->cache_type, L->sinks};
             /* A block's input: the residual stream itself where the family has no norm before it (OLMo 2). */
             const float *in = L->attn_norm.data ? s->xb : s->x;
 

@@ -11,6 +11,7 @@
 
 #include "../devices/host.h"
 #include "../devices/registry.h"
+#include "../quant/mxfp4.h"
 #include "../quant/quant.h"
 
 void llm_model_dir(const char *path, char *dir, size_t len)
@@ -239,7 +240,9 @@ static void print_prequant(const llm_model *m, FILE *log)
 static int load_linear(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
                        bool quant, bool head, char *err, size_t err_len)
 {
-    if (m->config.prequant.format != LLM_PQ_NONE) {
+    if (m->config.prequant.format == LLM_PQ_MXFP4) { /* only the packed experts are stored so: load_packed_experts */
+        m->pq_stored++;
+    } else if (m->config.prequant.format != LLM_PQ_NONE) {
         int rc = load_prequant(m, w, name, rows, cols, head, err, err_len);
         if (rc <= 0) return rc;
     }
@@ -301,10 +304,225 @@ static void free_weight(const llm_model *m, llm_weight *w)
     w->data = NULL;
 }
 
+/* A tensor of gpt-oss's packed experts, checked: `bytes` (MXFP4's uint8 blocks and scales) or a float dtype, and
+ * the shape config.json gives. NULL with one line in err naming it. */
+static const llm_st_tensor *packed_tensor(llm_model *m, const char *name, bool bytes, int ndim, const size_t *shape,
+                                          const char *why, char *err, size_t err_len)
+{
+    const llm_st_tensor *t = llm_st_find(m->st, name);
+    if (!t) {
+        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
+        return NULL;
+    }
+    if (bytes ? strcmp(t->dtype_name, "U8") != 0 : !t->supported) {
+        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: %s)", t->file, name, t->dtype_name,
+                 bytes ? "U8" : "F32, F16, BF16");
+        return NULL;
+    }
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[192], want[192];
+        llm_st_shape_str(t, got, sizeof got);
+        int n = snprintf(want, sizeof want, "[%zu", shape[0]);
+        for (int i = 1; i < ndim && n < (int)sizeof want; i++)
+            n += snprintf(want + n, sizeof want - (size_t)n, ", %zu", shape[i]);
+        snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says %s] (%s)", t->file, name, got, want,
+                 why);
+        return NULL;
+    }
+    return t;
+}
+
+/* An expert's matrix or bias the loader made in host memory (malloc'd, `dtype` an element type), onto the device:
+ * quantized with --quant (a matrix whose columns are whole blocks), else as it is (place_owned). */
+static int place_packed(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype, const llm_st_tensor *t, char *err,
+                        size_t err_len)
+{
+    size_t bytes = llm_dtype_matrix_bytes(m->quant, w->rows, w->cols);
+    if (w->rows > 1 && llm_dtype_is_block(m->quant) && w->cols % llm_dtype_block(m->quant) == 0) {
+        void *q = malloc(bytes ? bytes : 1);
+        if (!q || llm_quant_matrix(q, buf, dtype, llm_quant_of_dtype(m->quant), w->rows, w->cols, 1) != 0) {
+            free(q), free(buf);
+            snprintf(err, err_len, "%s: out of memory quantizing tensor '%s' to %s", t->file, t->name,
+                     llm_dtype_name(m->quant));
+            return -1;
+        }
+        free(buf);
+        w->data = q, w->dtype = m->quant;
+        m->weight_bytes += bytes;
+        m->quant_count++;
+        return 0;
+    }
+    m->weight_bytes += w->rows * w->cols * llm_dtype_size(dtype);
+    return place_owned(m, w, buf, dtype, t, err, err_len);
+}
+
+/* Expert e's matrix `proj` (0 gate, 1 up, 2 down; rows x cols, out x in) from gpt-oss's MXFP4 blocks and scales (its
+ * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 where the device's experts take
+ * it, else dequantized to BF16, which holds every MXFP4 value exactly. */
+static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *blocks, const llm_st_tensor *scales,
+                             size_t e, int proj, size_t rows, size_t cols, char *err, size_t err_len)
+{
+    size_t nb = cols / LLM_QK_MXFP4, bytes = rows * nb * sizeof(llm_block_mxfp4);
+    size_t stored_rows = proj == 2 ? rows : 2 * rows;
+    llm_block_mxfp4 *dst = malloc(bytes ? bytes : 1);
+    if (!dst) {
+        snprintf(err, err_len, "%s: out of memory for tensor '%s' (%zu bytes)", blocks->file, blocks->name, bytes);
+        return -1;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        size_t sr = e * stored_rows + (proj == 2 ? r : 2 * r + (size_t)proj); /* the row in the checkpoint */
+        llm_mxfp4_from_checkpoint(dst + r * nb, (const uint8_t *)blocks->data + sr * nb * 16,
+                                  (const uint8_t *)scales->data + sr * nb, nb);
+    }
+    w->rows = rows, w->cols = cols;
+    const llm_device *who = m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS] : m->rt.dev;
+    if (who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4)) {
+        w->data = dst, w->dtype = LLM_DTYPE_MXFP4; /* the model's own memory, as quantized weights (free_weight) */
+        m->weight_bytes += bytes;
+        m->pq_count[LLM_DTYPE_MXFP4]++;
+        return 0;
+    }
+    uint16_t *bf = malloc(rows * cols * sizeof *bf + 1);
+    float block[LLM_QK_MXFP4];
+    if (!bf) {
+        free(dst);
+        snprintf(err, err_len, "%s: out of memory dequantizing tensor '%s'", blocks->file, blocks->name);
+        return -1;
+    }
+    for (size_t b = 0; b < rows * nb; b++) {
+        llm_mxfp4_dequantize(block, dst + b, LLM_QK_MXFP4);
+        for (int j = 0; j < LLM_QK_MXFP4; j++) bf[b * LLM_QK_MXFP4 + (size_t)j] = llm_f32_to_bf16(block[j]);
+    }
+    free(dst);
+    m->weight_bytes += rows * cols * sizeof *bf;
+    m->pq_count[LLM_DTYPE_BF16]++;
+    return place_owned(m, w, bf, LLM_DTYPE_BF16, blocks, err, err_len);
+}
+
+/* gpt-oss's experts (arch.h, packed): gate_up_proj (E, hidden, 2 inter) with gate and up in alternate columns and
+ * down_proj (E, inter, hidden), both (in, out), each with a bias; or their MXFP4 _blocks / _scales, (out, in). Each
+ * expert's gate, up and down become (out, in) matrices of their own, as the experts op multiplies them. */
+static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
+{
+    const llm_config *c = &m->config;
+    llm_layer *L = &m->layers[l];
+    size_t hidden = (size_t)c->hidden_size, E = (size_t)c->num_experts, mi = (size_t)c->moe_intermediate_size;
+    char name[256];
+    snprintf(name, sizeof name, "%slayers.%d.mlp.router.weight", m->prefix, l);
+    if (load_linear(m, &L->router, name, E, hidden, "num_local_experts, hidden_size", false, false, err, err_len))
+        return -1;
+    snprintf(name, sizeof name, "%slayers.%d.mlp.router.bias", m->prefix, l);
+    if (load_weight(m, &L->router_bias, name, 0, E, "num_local_experts", false, err, err_len)) return -1;
+    if (!(L->expert_w = calloc(3 * E, sizeof *L->expert_w)) || !(L->expert_b = calloc(3 * E, sizeof *L->expert_b))) {
+        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
+        return -1;
+    }
+    for (int p = 0; p < 3; p++)
+        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, L->expert_b + (size_t)p * E, c->num_experts};
+    const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
+    const char *proj[2] = {"gate_up_proj", "down_proj"};
+
+    /* the biases: gate_up_proj_bias (E, 2 inter), gate and up alternating; down_proj_bias (E, hidden) */
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%s_bias", m->prefix, l, proj[k]);
+        size_t shape[2] = {E, k == 0 ? 2 * mi : hidden};
+        const llm_st_tensor *t = packed_tensor(m, name, false, 2, shape,
+                                               k == 0 ? "num_local_experts, 2 * intermediate_size"
+                                                      : "num_local_experts, hidden_size", err, err_len);
+        if (!t) return -1;
+        size_t esz = llm_dtype_size(t->dtype);
+        for (size_t e = 0; e < E; e++)
+            for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++) {
+                llm_weight *b = &L->expert_b[(size_t)p * E + e];
+                b->rows = 1, b->cols = rows[p];
+                char *buf = malloc(rows[p] * esz);
+                if (!buf) {
+                    snprintf(err, err_len, "%s: out of memory for tensor '%s'", t->file, name);
+                    return -1;
+                }
+                for (size_t r = 0; r < rows[p]; r++) { /* gate: even columns, up: odd ones; down: as stored */
+                    size_t col = k == 0 ? 2 * r + (size_t)p : r;
+                    memcpy(buf + r * esz, (const char *)t->data + (e * shape[1] + col) * esz, esz);
+                }
+                if (place_packed(m, b, buf, t->dtype, t, err, err_len)) return -1;
+            }
+    }
+
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj_blocks", m->prefix, l);
+    if (llm_st_find(m->st, name)) { /* MXFP4 */
+        if (c->prequant.format != LLM_PQ_MXFP4) {
+            snprintf(err, err_len, "%s: tensor '%s' is MXFP4, config.json has no quantization_config mxfp4", m->dir,
+                     name);
+            return -1;
+        }
+        for (int k = 0; k < 2; k++) {
+            size_t out = k == 0 ? 2 * mi : hidden, in = k == 0 ? hidden : mi;
+            if (in % LLM_QK_MXFP4) {
+                snprintf(err, err_len, "%s: MXFP4 %s needs %s a multiple of 32", m->dir, proj[k],
+                         k == 0 ? "hidden_size" : "intermediate_size");
+                return -1;
+            }
+            size_t bshape[4] = {E, out, in / LLM_QK_MXFP4, 16};
+            char bname[256], sname[256];
+            snprintf(bname, sizeof bname, "%slayers.%d.mlp.experts.%s_blocks", m->prefix, l, proj[k]);
+            snprintf(sname, sizeof sname, "%slayers.%d.mlp.experts.%s_scales", m->prefix, l, proj[k]);
+            const char *why = k == 0 ? "num_local_experts, 2 * intermediate_size, hidden_size / 32"
+                                     : "num_local_experts, hidden_size, intermediate_size / 32";
+            const llm_st_tensor *tb = packed_tensor(m, bname, true, 4, bshape, why, err, err_len);
+            const llm_st_tensor *ts = tb ? packed_tensor(m, sname, true, 3, bshape, why, err, err_len) : NULL;
+            if (!ts) return -1;
+            for (size_t e = 0; e < E; e++)
+                for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++)
+                    if (load_mxfp4_expert(m, &L->expert_w[(size_t)p * E + e], tb, ts, e, p, rows[p], cols[p], err,
+                                          err_len))
+                        return -1;
+            if (m->rt.dev->host_memory) llm_st_release(m->st, tb), llm_st_release(m->st, ts);
+        }
+        return 0;
+    }
+    if (c->prequant.format == LLM_PQ_MXFP4) {
+        snprintf(err, err_len, "%s: missing tensor '%s' (config.json's quantization_config is mxfp4)", m->dir, name);
+        return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%s", m->prefix, l, proj[k]);
+        size_t shape[3] = {E, k == 0 ? hidden : mi, k == 0 ? 2 * mi : hidden}; /* (in, out) */
+        const llm_st_tensor *t = packed_tensor(m, name, false, 3, shape,
+                                               k == 0 ? "num_local_experts, hidden_size, 2 * intermediate_size"
+                                                      : "num_local_experts, intermediate_size, hidden_size", err,
+                                               err_len);
+        if (!t) return -1;
+        size_t esz = llm_dtype_size(t->dtype);
+        for (size_t e = 0; e < E; e++)
+            for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++) {
+                llm_weight *w = &L->expert_w[(size_t)p * E + e];
+                w->rows = rows[p], w->cols = cols[p];
+                char *buf = malloc(rows[p] * cols[p] * esz);
+                if (!buf) {
+                    snprintf(err, err_len, "%s: out of memory for tensor '%s'", t->file, name);
+                    return -1;
+                }
+                /* W[r, c] = stored[e, c, column of r]: gate's column 2r, up's 2r + 1, down's r */
+                const char *src = (const char *)t->data + e * shape[1] * shape[2] * esz;
+                for (size_t r = 0; r < rows[p]; r++) {
+                    size_t col = k == 0 ? 2 * r + (size_t)p : r;
+                    for (size_t cc = 0; cc < cols[p]; cc++)
+                        memcpy(buf + (r * cols[p] + cc) * esz, src + (cc * shape[2] + col) * esz, esz);
+                }
+                if (place_packed(m, w, buf, t->dtype, t, err, err_len)) return -1;
+            }
+        if (m->rt.dev->host_memory) llm_st_release(m->st, t);
+    }
+    return 0;
+}
+
 /* A sparse layer's feed-forward as the Hub ships it (arch.h, llm_moe_family): the router, each expert's gate, up
  * and down linears (quantized with --quant as the other linears), and Qwen2-MoE's shared expert and its gate. */
 static int load_experts(llm_model *m, int l, char *err, size_t err_len)
 {
+    if (m->config.family->moe.packed) return load_packed_experts(m, l, err, err_len);
     const llm_config *c = &m->config;
     const llm_moe_family *f = &c->family->moe;
     llm_layer *L = &m->layers[l];
@@ -343,6 +561,28 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     if (load_linear(m, &L->shared_down_proj, name, hidden, si, whys[1], true, false, err, err_len)) return -1;
     snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert_gate.weight", m->prefix, l, sh);
     return load_linear(m, &L->shared_expert_gate, name, 1, hidden, "1, hidden_size", false, false, err, err_len);
+}
+
+/* self_attn.sinks (num_attention_heads), in any float dtype, as the f32 device buffer attention reads. */
+static int load_sinks(llm_model *m, int l, char *err, size_t err_len)
+{
+    char name[192];
+    snprintf(name, sizeof name, "%slayers.%d.self_attn.sinks", m->prefix, l);
+    size_t heads = (size_t)m->config.num_attention_heads;
+    const llm_st_tensor *t = packed_tensor(m, name, false, 1, &heads, "num_attention_heads", err, err_len);
+    if (!t) return -1;
+    float host[1024]; /* num_attention_heads <= 1024 (config.c) */
+    for (size_t h = 0; h < heads; h++) host[h] = llm_dtype_load(t->data, t->dtype, h);
+    const llm_device *dev = m->rt.dev;
+    float *d = dev->alloc(heads * sizeof(float));
+    if (!d || dev->upload(d, host, heads * sizeof(float)) != 0) {
+        if (d) dev->free(d);
+        snprintf(err, err_len, "%s: cannot place tensor '%s' on %s", t->file, name, dev->name);
+        return -1;
+    }
+    m->layers[l].sinks = d;
+    m->weight_bytes += t->nbytes;
+    return 0;
 }
 
 /* A layer's tensors as its family has them (arch.h), each checked against config.json. */
@@ -387,6 +627,7 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
         LOAD(v_bias, "self_attn.v_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim");
     }
     if (c->o_bias) LOAD(o_bias, "self_attn.o_proj.bias", 0, hidden, "hidden_size");
+    if (f->sinks && load_sinks(m, l, err, err_len)) return -1;
     if (f->qk_norm == LLM_QK_NORM_HEAD) {
         LOAD(q_norm, "self_attn.q_norm.weight", 0, hd, "head_dim");
         LOAD(k_norm, "self_attn.k_norm.weight", 0, hd, "head_dim");
@@ -513,7 +754,13 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
                  llm_dtype_name(m->quant), c->prequant.desc);
         goto fail;
     }
-    if (c->prequant.format != LLM_PQ_NONE) { /* one slot per matrix a dequantized buffer may stay in */
+    if (c->prequant.format == LLM_PQ_MXFP4 && !f->moe.packed) {
+        snprintf(err, err_len, "%s/config.json: quantization_config mxfp4 is gpt-oss's (GptOssForCausalLM), not %s's",
+                 m->dir, c->architecture);
+        goto fail;
+    }
+    /* one slot per matrix a dequantized buffer may stay in (gpt-oss's experts are rearranged on load too) */
+    if (c->prequant.format != LLM_PQ_NONE || f->moe.packed) {
         m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + c->n_sparse * 6 * c->num_experts + 2;
         if (!(m->owned = calloc((size_t)m->cap_owned, sizeof *m->owned))) {
             snprintf(err, err_len, "out of memory for %d weights", m->cap_owned);
@@ -621,6 +868,7 @@ void llm_model_free(llm_model *m)
                 for (int i = 0; i < n; i++) free_weight(m, ws[i]);
                 for (int e = 0; L->expert_w && e < 3 * L->experts[0].n_experts; e++) free_weight(m, &L->expert_w[e]);
                 for (int e = 0; L->expert_b && e < 3 * L->experts[0].n_experts; e++) free_weight(m, &L->expert_b[e]);
+                if (L->sinks) dev->free(L->sinks);
             }
         free_weight(m, &m->lm_head);
         free_weight(m, &m->embed_tokens);

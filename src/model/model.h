@@ -37,6 +37,7 @@ typedef struct {
     llm_weight shared_gate_proj, shared_up_proj; /* (shared_expert_intermediate, hidden) Qwen2-MoE's shared expert */
     llm_weight shared_down_proj;         /* (hidden, shared_expert_intermediate) */
     llm_weight shared_expert_gate;       /* (1, hidden): sigmoid of its score weighs the shared expert */
+    float *sinks;                        /* device (num_attention_heads) f32: self_attn.sinks (gpt-oss), or NULL */
 } llm_layer;
 
 /* The weights a layer stores (fused ones instead of their views), absent ones included (data NULL): for code that

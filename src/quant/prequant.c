@@ -24,6 +24,8 @@ static const llm_pq_traits traits[LLM_PQ_COUNT] = {
     [LLM_PQ_GPTQ] = {"GPTQ 4-bit", "qweight", "scales", "qzeros", "g_idx", NULL, true},
     [LLM_PQ_CT_INT4] = {"W4A16 int4", "weight_packed", "weight_scale", "weight_zero_point", NULL, "weight_shape",
                         true},
+    /* not a per-linear format: the packed experts' <proj>_blocks and <proj>_scales, which model.c reads itself */
+    [LLM_PQ_MXFP4] = {"MXFP4", "blocks", "scales", NULL, NULL, NULL, false},
 };
 
 const llm_pq_traits *llm_pq_traits_of(llm_pq_format f)
@@ -49,7 +51,7 @@ float llm_fp8_e4m3_to_f32(unsigned char b)
 
 /* ---- quantization_config ---- */
 
-#define SUPPORTED "fp8, compressed-tensors float-quantized/pack-quantized, awq gemm, gptq 4-bit"
+#define SUPPORTED "fp8, compressed-tensors float-quantized/pack-quantized, awq gemm, gptq 4-bit, mxfp4 (gpt-oss)"
 
 static int bad(char *err, size_t err_len, const char *file, const char *what, const char *found, const char *expected)
 {
@@ -254,6 +256,11 @@ int llm_prequant_parse(llm_prequant *q, const json_t *qc, const char *file, char
     if (strcmp(method, "awq") == 0) return parse_awq(q, qc, file, err, err_len);
     if (strcmp(method, "gptq") == 0) return parse_gptq(q, qc, file, err, err_len);
     if (strcmp(method, "compressed-tensors") == 0) return parse_ct(q, qc, file, err, err_len);
+    if (strcmp(method, "mxfp4") == 0) { /* gpt-oss: only its experts are stored so (model.c checks the family) */
+        q->format = LLM_PQ_MXFP4;
+        snprintf(q->desc, sizeof q->desc, "mxfp4 experts");
+        return 0;
+    }
     return bad(err, err_len, file, "quant_method", method, SUPPORTED);
 }
 

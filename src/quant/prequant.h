@@ -20,6 +20,8 @@ typedef enum {
     LLM_PQ_AWQ,         /* awq gemm: qweight (cols, rows/8), qzeros (cols/group, rows/8), scales (cols/group, rows) */
     LLM_PQ_GPTQ,        /* gptq: qweight (cols/8, rows), qzeros (groups, rows/8), scales (groups, rows), g_idx */
     LLM_PQ_CT_INT4,     /* pack-quantized: weight_packed (rows, cols/8), weight_scale (rows, groups), weight_shape */
+    LLM_PQ_MXFP4,       /* quant_method mxfp4: gpt-oss's experts as *_blocks / *_scales (src/quant/mxfp4.h), read by
+                           model.c with the experts; every other linear stored unquantized */
     LLM_PQ_COUNT
 } llm_pq_format;
 
