@@ -402,6 +402,8 @@ def record_family(out_dir, i, name, text, family_cut, want_types):
           f"min greedy margin {min(margins):.4f}, greedy {greedy[:8]}...")
     if name == "gemma3":
         write_gemma3_mm(out_dir, path, cfg4x, expected)
+    if name == "gpt-oss":
+        write_gpt_oss_mxfp4(out_dir, path, text, tokens, i)
 
 
 def write_gemma3_mm(out_dir, src, text_cfg, expected):
@@ -430,6 +432,61 @@ def write_gemma3_mm(out_dir, src, text_cfg, expected):
               recorded_by="scripts/make-family-fixtures.py (gemma3's record, its weights renamed)")
     with open(os.path.join(dst, "expected.json"), "w") as f:
         json.dump(mm, f, indent=1)
+
+
+FP4_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_pack(w_in_out):
+    """A GptOssExperts weight (E, in, out) as gpt-oss ships it quantized: _blocks (E, out, in / 32, 16) and _scales
+    (E, out, in / 32), values 2i and 2i + 1 of a block in byte i's low and high nibble, each scale byte e standing for
+    2^(e - 127). Quantized as ggml does (e = floor(log2(max|w|)) - 2 + 127, the nearest value); any rounding would do:
+    the fixture's reference is what transformers computes from the bytes."""
+    w = w_in_out.transpose(1, 2).contiguous()  # (E, out, in)
+    E, out, cols = w.shape
+    g = w.reshape(E, out, cols // 32, 32)
+    amax = g.abs().amax(dim=-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2 + 127, torch.zeros_like(amax)).clamp(0, 254)
+    scale = torch.pow(2.0, e - 127).unsqueeze(-1)
+    nib = (g.unsqueeze(-1) - FP4_VALUES * scale.unsqueeze(-1)).abs().argmin(dim=-1).to(torch.uint8)
+    blocks = nib[..., 0::2] | (nib[..., 1::2] << 4)
+    return blocks.contiguous(), e.to(torch.uint8).contiguous()
+
+
+def write_gpt_oss_mxfp4(out_dir, src, published, tokens, i):
+    """gpt-oss's weights with the experts stored as MXFP4 (config.json's quantization_config as published), recorded
+    from what transformers loads of it: its own dequantization of the blocks (Mxfp4Config(dequantize=True), as on a
+    machine without its kernels), float32, eager."""
+    from transformers import Mxfp4Config
+    dst = os.path.join(out_dir, "gpt-oss-mxfp4")
+    os.makedirs(dst, exist_ok=True)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    for k in list(tensors):
+        if k.endswith("mlp.experts.gate_up_proj") or k.endswith("mlp.experts.down_proj"):
+            blocks, scales = mxfp4_pack(tensors.pop(k))
+            tensors[k + "_blocks"], tensors[k + "_scales"] = blocks, scales
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    qc = json.loads(published)["quantization_config"]
+    for f in ("config.json", "config-4x.json"):
+        with open(os.path.join(src, f)) as fh:
+            cfg = json.load(fh)
+        cfg["quantization_config"] = qc
+        with open(os.path.join(dst, f), "w") as fh:
+            json.dump(cfg, fh, indent=2)
+    shutil.copy(os.path.join(src, "generation_config.json"), dst)
+    ref = transformers.GptOssForCausalLM.from_pretrained(dst, dtype=torch.float32, attn_implementation="eager",
+                                                         quantization_config=Mxfp4Config(dequantize=True)).eval()
+    logits, greedy, margins = mf.record(ref, tokens)
+    save_file({"logits": logits.contiguous()}, os.path.join(dst, "logits.safetensors"))
+    with open(os.path.join(src, "expected.json")) as fh:
+        expected = json.load(fh)
+    expected.update(greedy=greedy, max_abs_logit=float(logits.abs().max()), min_greedy_margin=min(margins),
+                    recorded_by="scripts/make-family-fixtures.py (gpt-oss's weights, experts as MXFP4, "
+                                "transformers' Mxfp4Config(dequantize=True))")
+    with open(os.path.join(dst, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
+    print(f"gpt-oss-mxfp4: max|logit| {expected['max_abs_logit']:.3f}, min greedy margin {min(margins):.4f}, "
+          f"greedy {greedy[:8]}...")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ static const char *const fixtures[] = {
     /* scripts/make-family-fixtures.py: each family's published config.json, cut small */
     "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3-window", "phi3-longrope", "olmo2", "mistral-window",
     /* mixtures of experts (qwen3-moe-dense: a dense layer between two sparse ones) */
-    "mixtral", "qwen3-moe", "qwen3-moe-dense", "qwen2-moe", "olmoe", "gpt-oss",
+    "mixtral", "qwen3-moe", "qwen3-moe-dense", "qwen2-moe", "olmoe", "gpt-oss", "gpt-oss-mxfp4",
 };
 #define N_FIXTURES (sizeof fixtures / sizeof *fixtures)
 

@@ -18,6 +18,7 @@
 
 #include "host.h"
 #include "../ops/ref.h"
+#include "../quant/mxfp4.h"
 #include "../quant/quant_dot.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -94,6 +95,23 @@ static void axpyw_q8_0_c(float *y, float a, const void *w, size_t n)
     }
 }
 
+/* MXFP4 weights (gpt-oss's experts): each block's doubled E2M1 integers (llm_mxfp4_kvalues) times x in f32, then
+ * times half its scale, a power of two: kv * x * 2^(e - 128) is the reference's (kv 2^(e - 128)) * x rounded the same
+ * single time (barring f32's subnormals), so the products are the reference's and only the summation order differs. */
+static float dot_mxfp4_c(const void *w, const float *x, size_t n)
+{
+    const llm_block_mxfp4 *b = w;
+    float s = 0.0f;
+    for (size_t k = 0; k < n / LLM_QK_MXFP4; k++, x += LLM_QK_MXFP4) {
+        float bs = 0.0f;
+        for (int j = 0; j < LLM_QK_MXFP4 / 2; j++)
+            bs += (float)llm_mxfp4_kvalues[b[k].qs[j] & 15] * x[j] +
+                  (float)llm_mxfp4_kvalues[b[k].qs[j] >> 4] * x[j + 16];
+        s += bs * llm_e8m0_half(b[k].e);
+    }
+    return s;
+}
+
 static float sumsq_c(const float *x, size_t n) { return dot_f32_c(x, x, n); }
 
 static void add_c(float *x, const float *y, size_t n)
@@ -125,7 +143,7 @@ static float exp_shift_c(float *s, float m, size_t n)
 
 static const blas_kernels kernels_c = {
     .name = "portable",
-    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c},
+    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c, [LLM_DTYPE_MXFP4] = dot_mxfp4_c},
     .axpyw = {axpyw_f32_c, axpyw_f16_c, axpyw_bf16_c, [LLM_DTYPE_Q8_0] = axpyw_q8_0_c},
     .to_f32 = {dot_f32_c_to_f32, dot_f16_c_to_f32, dot_bf16_c_to_f32},
     .sumsq = sumsq_c, .add = add_c, .axpy = axpy_c, .scale = scale_c, .silu_mul = silu_mul_c,
@@ -227,6 +245,27 @@ AVX2 static float dot_q8_0_avx2(const void *w, const float *x, size_t n)
     return hsum8(acc);
 }
 
+/* MXFP4 (dot_mxfp4_c): a block's 32 nibbles to their integers by one byte shuffle of the 16-entry table. */
+AVX2 static float dot_mxfp4_avx2(const void *w, const float *x, size_t n)
+{
+    const llm_block_mxfp4 *b = w;
+    const __m128i lut = _mm_loadu_si128((const __m128i *)llm_mxfp4_kvalues), m4 = _mm_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK_MXFP4; k++, x += LLM_QK_MXFP4) {
+        __m128i q = _mm_loadu_si128((const __m128i *)b[k].qs);
+        __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, m4));
+        __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+        __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(x));
+        __m256 lo1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        __m256 hi1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+        s = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(x + 8), s);
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(x + 16), s);
+        s = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(x + 24), s);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(llm_e8m0_half(b[k].e)), s, acc);
+    }
+    return hsum8(acc);
+}
+
 AVX2 static void axpyw_q8_0_avx2(float *y, float a, const void *w, size_t n)
 {
     const llm_block_q8_0 *b = w;
@@ -303,7 +342,8 @@ AVX2 static float exp_shift_avx2(float *s, float m, size_t n)
 
 static const blas_kernels kernels_avx2 = {
     .name = "avx2",
-    .dot = {dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, [LLM_DTYPE_Q8_0] = dot_q8_0_avx2},
+    .dot = {dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, [LLM_DTYPE_Q8_0] = dot_q8_0_avx2,
+            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx2},
     .axpyw = {axpyw_f32_avx2, axpyw_f16_avx2, axpyw_bf16_avx2, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx2},
     .to_f32 = {dot_f32_avx2_to_f32, dot_f16_avx2_to_f32, dot_bf16_avx2_to_f32},
     .sumsq = sumsq_avx2, .add = add_avx2, .axpy = axpy_avx2, .scale = scale_avx2, .silu_mul = silu_mul_avx2,
@@ -376,6 +416,23 @@ AVX512 static float dot_q8_0_avx512(const void *w, const float *x, size_t n)
         __m512 s = _mm512_mul_ps(ld16_i8(b[k].qs), _mm512_loadu_ps(x));
         s = _mm512_fmadd_ps(ld16_i8(b[k].qs + 16), _mm512_loadu_ps(x + 16), s);
         acc = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(b[k].d)), s, acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* MXFP4 (dot_mxfp4_c): sixteen values a register. */
+AVX512 static float dot_mxfp4_avx512(const void *w, const float *x, size_t n)
+{
+    const llm_block_mxfp4 *b = w;
+    const __m128i lut = _mm_loadu_si128((const __m128i *)llm_mxfp4_kvalues), m4 = _mm_set1_epi8(15);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK_MXFP4; k++, x += LLM_QK_MXFP4) {
+        __m128i q = _mm_loadu_si128((const __m128i *)b[k].qs);
+        __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(q, m4));
+        __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), _mm512_loadu_ps(x));
+        s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), _mm512_loadu_ps(x + 16), s);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(llm_e8m0_half(b[k].e)), s, acc);
     }
     return _mm512_reduce_add_ps(acc);
 }
@@ -456,7 +513,8 @@ AVX512 static float exp_shift_avx512(float *s, float m, size_t n)
 
 static const blas_kernels kernels_avx512 = {
     .name = "avx512",
-    .dot = {dot_f32_avx512, dot_f16_avx512, dot_bf16_avx512, [LLM_DTYPE_Q8_0] = dot_q8_0_avx512},
+    .dot = {dot_f32_avx512, dot_f16_avx512, dot_bf16_avx512, [LLM_DTYPE_Q8_0] = dot_q8_0_avx512,
+            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx512},
     .axpyw = {axpyw_f32_avx512, axpyw_f16_avx512, axpyw_bf16_avx512, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx512},
     .to_f32 = {dot_f32_avx512_to_f32, dot_f16_avx512_to_f32, dot_bf16_avx512_to_f32},
     .sumsq = sumsq_avx512, .add = add_avx512, .axpy = axpy_avx512, .scale = scale_avx512,
@@ -749,7 +807,7 @@ static void blas_rmsnorm(float *out, const float *x, const llm_weight *weight, i
  * memory once and reused from L1 for every position. The decode path (n == 1), where bytes read set the speed. */
 static void matmul_rows(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
-    size_t rows = w->rows, cols = w->cols, row_bytes = cols * llm_dtype_size(w->dtype);
+    size_t rows = w->rows, cols = w->cols, row_bytes = llm_dtype_row_bytes(w->dtype, cols);
     float (*dot)(const void *, const float *, size_t) = K->dot[w->dtype];
     const char *base = w->data;
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if (rows * cols * (size_t)n >= PAR_MIN)
@@ -858,6 +916,10 @@ static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
 
 static void blas_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
+    if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
+        matmul_rows(out, x, w, bias, n);
+        return;
+    }
     if (llm_dtype_is_block(w->dtype)) {
         matmul_quant(out, x, w, n);
     } else if (w->dtype == LLM_DTYPE_BF16 && bf16_gemm && n >= BF16_MIN_N) {
@@ -1129,6 +1191,7 @@ static bool blas_supports(llm_op op, llm_dtype dtype)
 {
     if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype); /* the cache's type; kernels for each above */
     if (!llm_dtype_is_block(dtype)) return dtype < LLM_DTYPE_COUNT;
+    if (dtype == LLM_DTYPE_MXFP4) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
     const llm_quant_kernels *k = QK ? QK : pick_quant_kernels(); /* asked before init by `llm-run devices` */
     return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS) &&
            k->tile[llm_quant_of_dtype(dtype)] != NULL;

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "quant_dot.h"
-#include "mxfp4.h"
 #include "quant_impl.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -41,23 +40,19 @@ AVX2 INLINE float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Q8_0, Q4_0 and MXFP4: per block, maddubs (u8 x s8 -> pairs of i16) then madd with ones (-> 8 i32). Q8_0's signed
+/* Q8_0 and Q4_0: per block, maddubs (u8 x s8 -> pairs of i16) then madd with ones (-> 8 i32). Q8_0's signed
  * weights go through the sign trick (|w| times a with w's sign); Q4_0's nibbles are unsigned, their -8 applied as
- * -8 sum(a); MXFP4's nibbles become their doubled E2M1 integers by one byte shuffle (a 16-entry table), then the
- * sign trick, the block's scale halved (llm_e8m0_half). nr <= 4, np <= 2: 8 accumulators of 16 registers.
- * FMT: 0 Q8_0, 1 Q4_0, 2 MXFP4. */
+ * -8 sum(a). nr <= 4, np <= 2: 8 accumulators of 16 registers. */
 AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
-                              size_t cols, const int NR, const int NP, const int FMT)
+                              size_t cols, const int NR, const int NP, const int Q4)
 {
-    const int Q4 = FMT == 1, FP4 = FMT == 2;
     __m256 acc[4][2];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 2
         for (int p = 0; p < NP; p++) acc[r][p] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)llm_mxfp4_kvalues));
-    const size_t bb = Q4 ? sizeof(llm_block_q4_0) : FP4 ? sizeof(llm_block_mxfp4) : sizeof(llm_block_q8_0);
+    const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0);
     const char *next = (const char *)w + (size_t)NR * rb; /* the next rows into L2, as tile_32_512_x4 explains */
     for (size_t b = 0; b < cols / 32; b++) {
         __m256i wq[4];
@@ -66,12 +61,6 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * rb + b * bb;
-            if (FP4) {
-                dw[r] = llm_e8m0_half(blk[0]);
-                __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
-                wq[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4));
-                continue;
-            }
             uint16_t d16;
             memcpy(&d16, blk, 2);
             dw[r] = _cvtsh_ss(d16);
@@ -218,13 +207,11 @@ AVX2 INLINE void tile_q4_K_avx2_n(float *out, size_t ldo, const uint8_t *w, size
 
 DISPATCH(AVX2, tile_q8_0_avx2, tile_32_avx2, 2, 0)
 DISPATCH(AVX2, tile_q4_0_avx2, tile_32_avx2, 2, 1)
-DISPATCH(AVX2, tile_mxfp4_avx2, tile_32_avx2, 2, 2)
 DISPATCH(AVX2, tile_q4_K_avx2, tile_q4_K_avx2_n, 2)
 
 const llm_quant_kernels llm_quant_kernels_avx2 = {
     .name = "avx2",
-    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_avx2, [LLM_QUANT_Q4_0] = tile_q4_0_avx2, [LLM_QUANT_Q4_K] = tile_q4_K_avx2,
-             [LLM_QUANT_MXFP4] = tile_mxfp4_avx2},
+    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_avx2, [LLM_QUANT_Q4_0] = tile_q4_0_avx2, [LLM_QUANT_Q4_K] = tile_q4_K_avx2},
     .quantize_x = llm_quant_x_portable,
 };
 
@@ -513,8 +500,6 @@ V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, 
 
 const llm_quant_kernels llm_quant_kernels_avx512vnni = {
     .name = "avx512-vnni",
-    /* MXFP4 (gpt-oss's experts) on the AVX2 kernel: one block a register there already */
-    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_512, [LLM_QUANT_Q4_0] = tile_q4_0_512, [LLM_QUANT_Q4_K] = tile_q4_K_512,
-             [LLM_QUANT_MXFP4] = tile_mxfp4_avx2},
+    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_512, [LLM_QUANT_Q4_0] = tile_q4_0_512, [LLM_QUANT_Q4_K] = tile_q4_K_512},
     .quantize_x = quantize_x_512,
 };
