@@ -201,6 +201,15 @@ static void test_bad_family_configs(void **state)
                                 "\"partial_rotary_factor\": 0.75, \"short_factor\": [1.0, 1.0], "
                                 "\"long_factor\": [1.0, 1.0]}}",
                                 "longrope \"short_factor\" must be a list of 6 numbers");
+    expect_fixture_config_error("gpt-oss", "{\"swiglu_limit\": 5.0}",
+                                "swiglu_limit 5 and swiglu_alpha 1.702 are not supported (supported: 7 and 1.702");
+    expect_fixture_config_error("gpt-oss-mxfp4", "{\"quantization_config\": null}",
+                                "mlp.experts.gate_up_proj_blocks' is MXFP4, config.json has no quantization_config");
+    expect_fixture_config_error("gpt-oss", "{\"quantization_config\": {\"quant_method\": \"mxfp4\"}}",
+                                "missing tensor 'model.layers.0.mlp.experts.gate_up_proj_blocks' (config.json's "
+                                "quantization_config is mxfp4)");
+    expect_config_error("{\"quantization_config\": {\"quant_method\": \"mxfp4\"}}",
+                        "quantization_config mxfp4 is gpt-oss's (GptOssForCausalLM), not LlamaForCausalLM's");
     expect_fixture_config_error("phi3-longrope", "{\"rope_parameters\": null, \"partial_rotary_factor\": 0.01}",
                                 "partial_rotary_factor 0.01 of head_dim 16 gives 0 rotated dimensions");
 }

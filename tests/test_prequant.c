@@ -244,7 +244,7 @@ static void test_refused_configs(void **state)
     (void)state;
     expect_error("awq", "{\"quant_method\": \"bitsandbytes\"}",
                  "quantization_config quant_method 'bitsandbytes' is not supported (supported: fp8, compressed-tensors "
-                 "float-quantized/pack-quantized, awq gemm, gptq 4-bit)");
+                 "float-quantized/pack-quantized, awq gemm, gptq 4-bit, mxfp4 (gpt-oss))");
     expect_error("awq", "{\"version\": \"gemv\"}", "awq version 'gemv' is not supported (supported: gemm)");
     expect_error("awq", "{\"bits\": 3}", "awq bits '3' is not supported");
     expect_error("awq", "{\"zero_point\": false}", "awq zero_point 'false'");

@@ -158,7 +158,8 @@ static void test_mxfp4(void **state)
     assert_int_equal(json_array_size(js), nb);
     assert_int_equal(json_array_size(jd), nb * 32);
     uint8_t *blocks = malloc(nb * 16), *scales = malloc(nb);
-    float *hf = malloc(nb * 32 * sizeof *hf), *got = malloc(nb * 32 * sizeof *got), *via = malloc(nb * 32 * sizeof *via);
+    float *hf = malloc(nb * 32 * sizeof *hf), *got = malloc(nb * 32 * sizeof *got);
+    float *via = malloc(nb * 32 * sizeof *via);
     llm_block_mxfp4 *packed = malloc(nb * sizeof *packed);
     assert_true(blocks && scales && hf && got && via && packed);
     for (size_t i = 0; i < nb * 16; i++) blocks[i] = (uint8_t)json_integer_value(json_array_get(jb, i));

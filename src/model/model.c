@@ -359,8 +359,9 @@ static int place_packed(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype,
 }
 
 /* Expert e's matrix `proj` (0 gate, 1 up, 2 down; rows x cols, out x in) from gpt-oss's MXFP4 blocks and scales (its
- * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 where the device's experts take
- * it, else dequantized to BF16, which holds every MXFP4 value exactly. */
+ * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 on a host-memory device whose
+ * experts take it, else dequantized to BF16, which holds every MXFP4 value exactly (a GPU's weights live in its own
+ * memory, where only the element types go). */
 static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *blocks, const llm_st_tensor *scales,
                              size_t e, int proj, size_t rows, size_t cols, char *err, size_t err_len)
 {
@@ -378,7 +379,7 @@ static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *b
     }
     w->rows = rows, w->cols = cols;
     const llm_device *who = m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS] : m->rt.dev;
-    if (who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4)) {
+    if (m->rt.dev->host_memory && who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4)) {
         w->data = dst, w->dtype = LLM_DTYPE_MXFP4; /* the model's own memory, as quantized weights (free_weight) */
         m->weight_bytes += bytes;
         m->pq_count[LLM_DTYPE_MXFP4]++;
