@@ -408,7 +408,7 @@ static void test_devices_listing(void **state)
         const char *out = r.out;
         if (c == 0) print_message("%s", out);
         /* cuda is listed even when this build left it out; blas and cpu are available with every op native, the
-         * products with the quantized formats too (--quant). */
+         * products (the experts' included) with the quantized formats too (--quant). */
         assert_non_null(strstr(out, "cuda "));
         if (!llm_device_find("cuda")) assert_non_null(strstr(out, "cuda   not available: not compiled in"));
         assert_non_null(strstr(out, "blas   CPU, available: "));
