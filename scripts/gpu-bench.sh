@@ -13,7 +13,7 @@
 # qwen3-0.6b, qwen3-1.7b, gemma-2-2b, gemma-3-1b, phi-3.5-mini, olmo-2-1b: scripts/make-family-checkpoint.py), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
 # prefix with include/ and lib/ holding the -dev packages, for machines without them); for the stages quant and
-# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"), LLAMA_SRC (a tarball of llama.cpp's source:
+# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"), LLAMA_SRC (a tarball of llama.cpp's source, gzip or, where zstd is installed, zstd:
 # ggml, src, common, tools/llama-bench, gguf-py), LLAMA_BUILD (default /tmp/llama-build), LLAMA_FA (ON or OFF: its
 # flash-attention kernels, most of its build time; default OFF, and then llama-bench runs without them).
 set -uo pipefail
@@ -226,7 +226,7 @@ if has llama && [ -f "${LLAMA_SRC:-}" ]; then
     say "llama.cpp llama-bench -p 512 -n 128 -d 0,512 -r 3 (flash attention ${LLAMA_FA:-OFF})"
     lb=${LLAMA_BUILD:-/tmp/llama-build}
     if [ ! -x "$lb/bin/llama-bench" ]; then
-        mkdir -p "$lb/src" && tar -I zstd -xf "$LLAMA_SRC" -C "$lb/src" &&
+        mkdir -p "$lb/src" && tar -xf "$LLAMA_SRC" -C "$lb/src" &&
             cmake -S "$lb/src" -B "$lb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DLLAMA_CURL=OFF \
                 -DCMAKE_CUDA_ARCHITECTURES="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
                     tr -d .)" -DGGML_CUDA_FA="${LLAMA_FA:-OFF}" >"$OUT/llama-build.log" 2>&1 &&

@@ -346,6 +346,7 @@ typedef struct {
     float *resid;       /* EPI_ADD: resid += out */
     int pdl_early;      /* set by the launcher */
     llm_cuda_tl *tl;    /* set by the launcher */
+    int q_lanes;        /* set by the launcher: block formats' threads per group of rows (gemv.cu) */
 } llm_cuda_gemv;
 
 /* Can a one-token product with w run as a GEMV (x staged in shared memory)? The first for 16-bit and f32 weights;

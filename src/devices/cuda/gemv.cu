@@ -428,13 +428,22 @@ __device__ __forceinline__ void q_group_rows(const llm_cuda_gemv &job, int g, si
     }
 }
 
+/* Values and 16-byte chunks a block (host side). */
+static inline int qfmt_values(llm_dtype t) { return t == LLM_DTYPE_Q4_K ? 256 : 32; }
+static inline int qfmt_chunks(llm_dtype t) { return t == LLM_DTYPE_Q8_0 ? 2 : t == LLM_DTYPE_Q4_0 ? 1 : 8; }
+
 /* Shared memory of the quantized x after xs, rot and the staged norm weights: xq, xd, xs16. */
 static inline size_t q_x_bytes(size_t cols) { return cols + cols / 32 * sizeof(float) + cols / 16 * sizeof(int); }
 
-/* gemv_kernel for block formats: the same groups, pipelining (one chunk per lane and row: GEMV_ROWS 16-byte loads
- * and their scales in flight), prologue and epilogues; x is rounded to 8 bits once staged (quantize_x). */
+/* gemv_kernel for block formats: the same units, prologue and epilogues, x rounded to 8 bits once staged
+ * (quantize_x). A 4096-column Q4_0 row is only 128 chunks, so a group's rows are spread over `lanes` threads (32 to
+ * 256: job.q_lanes, chosen by the launcher) and the block takes 256 / lanes groups at once,
+ * one chunk per lane and row a step (GEMV_ROWS 16-byte loads and their scales in flight): one group of 8 short rows a
+ * step would leave half the lanes idle and too few bytes in flight to reach the bandwidth. Blocks per SM: 3 where the
+ * scales are 2 bytes (Q8_0, Q4_0), 2 with Q4_K's 16-byte headers in registers. */
 template <int QT, bool VEC>
-__global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_q_kernel(const __grid_constant__ llm_cuda_gemv job)
+__global__ void __launch_bounds__(GEMV_THREADS, QT == LLM_DTYPE_Q4_K ? 2 : 3)
+    gemv_q_kernel(const __grid_constant__ llm_cuda_gemv job)
 {
     typedef qfmt<QT> F;
     constexpr int P = GEMV_ROWS;
@@ -442,21 +451,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_q_kernel(const __grid_co
     float *xs = (float *)smem4;
     __shared__ float red[32];
     __shared__ float part[2][GEMV_WARPS][P];
-    const int cols = job.cols, tid = threadIdx.x;
-    const int groups = (job.units + P / 2 - 1) / (P / 2);
+    const int cols = job.cols, tid = threadIdx.x, lanes = job.q_lanes, per = GEMV_THREADS / lanes;
+    const int sub = tid / lanes, lt = tid - sub * lanes, warp = tid >> 5, lane = tid & 31;
+    const int groups = (job.units + P / 2 - 1) / (P / 2), supers = (groups + per - 1) / per;
     const int nb = cols / F::VALUES, n_chunks = nb * F::CPB;
     const size_t row_bytes = (size_t)nb * (F::QB + F::HEAD);
-    const int ksteps = (n_chunks + GEMV_THREADS - 1) / GEMV_THREADS;
+    const int ksteps = (n_chunks + lanes - 1) / lanes;
 
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_START);
-    int g = blockIdx.x, ks = 0;
+    int sg = blockIdx.x, ks = 0;
     const unsigned char *rowp[P];
     uint4 wq[P], wh[P];
-    if (g < groups) { /* weights are never written: load them while the previous kernel drains */
-        q_group_rows(job, g, row_bytes, rowp);
-        if (tid < n_chunks)
+    if (sg < supers) { /* weights are never written: load them while the previous kernel drains */
+        q_group_rows(job, sg * per + sub, row_bytes, rowp);
+        if (lt < n_chunks)
 #pragma unroll
-            for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r], wh[r], rowp[r], tid, nb);
+            for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r], wh[r], rowp[r], lt, nb);
     }
     if (job.pdl_early == 2) llm_cuda_allow_next(1);
     float *rot = xs + ((cols + 3) & ~3), *norm_smem = rot + ((job.head_dim + 3) & ~3);
@@ -477,31 +487,55 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_q_kernel(const __grid_co
 #pragma unroll
     for (int r = 0; r < P; r++) acc[r] = 0.0f;
     int buf = 0;
-    while (g < groups) {
-        const int k = ks * GEMV_THREADS + tid;
+    while (sg < supers) {
+        const int k = ks * lanes + lt;
         if (k < n_chunks)
 #pragma unroll
             for (int r = 0; r < P; r++) acc[r] += q_dot<QT>(wq[r], wh[r], k, xq, xd, xs16);
-        const int g_now = g;
+        const int sg_now = sg;
         const bool done = ++ks == ksteps;
-        if (done) g += gridDim.x, ks = 0;
-        if (g < groups) {
-            if (done) q_group_rows(job, g, row_bytes, rowp);
-            const int kn = ks * GEMV_THREADS + tid;
+        if (done) sg += gridDim.x, ks = 0;
+        if (sg < supers) {
+            if (done) q_group_rows(job, sg * per + sub, row_bytes, rowp);
+            const int kn = ks * lanes + lt;
             if (kn < n_chunks)
 #pragma unroll
                 for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r], wh[r], rowp[r], kn, nb);
         }
         if (!done) continue;
-        finish_group(job, acc, part, buf, g_now, rot);
+        /* finish_group for `per` groups: warp w's sums belong to group w / (lanes / 32) of this step */
+        const float row_sum = warp_sum8(acc, lane);
+        if (lane % 4 == 0) part[buf][warp][lane / 4] = row_sum;
+#pragma unroll
+        for (int r = 0; r < P; r++) acc[r] = 0.0f;
+        __syncthreads(); /* part[buf] is written again two steps later, after another barrier */
+        const int b = buf;
+        buf ^= 1;
+        if (tid >= per * (P / 2)) continue;
+        const int s = tid / (P / 2), u = tid - s * (P / 2), unit = (sg_now * per + s) * (P / 2) + u;
+        if (unit >= job.units) continue;
+        const int wpg = lanes / 32;
+        float sa = 0.0f, sb = 0.0f;
+        for (int wi = s * wpg; wi < (s + 1) * wpg; wi++) sa += part[b][wi][2 * u], sb += part[b][wi][2 * u + 1];
+        finish_unit(job, unit, sa, sb, rot);
     }
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
 }
 
+/* Eight values rounded to BF16 as one 16-byte store. */
+__device__ __forceinline__ void store8(__nv_bfloat16 *o, const float (&v)[8])
+{
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *(uint4 *)o = u;
+}
+
 /* A block-quantized matrix to BF16 (rows, cols) for the batched products (prefill.cu): each value as the format
  * defines it in f32 (quant.h: d * q, or (d * sc) * q - (dmin * m) for Q4_K), rounded to nearest even. A thread a
- * 16-byte chunk. */
-template <int QT>
+ * 16-byte chunk, its values written 8 at a time (cols is a multiple of 32: every run of 8 is 16-byte aligned). */
+template <int QT, bool VEC>
 __global__ void dequantize_kernel(__nv_bfloat16 *out, const unsigned char *w, int rows, int cols)
 {
     typedef qfmt<QT> F;
@@ -511,47 +545,68 @@ __global__ void dequantize_kernel(__nv_bfloat16 *out, const unsigned char *w, in
         const size_t r = i / chunks;
         const int k = (int)(i - r * chunks);
         uint4 q, h;
-        q_load<QT, false>(q, h, w + r * row_bytes, k, nb);
+        q_load<QT, VEC>(q, h, w + r * row_bytes, k, nb);
         const unsigned char *qb = (const unsigned char *)&q;
         __nv_bfloat16 *o = out + r * cols;
+        float v[8];
         if (QT == LLM_DTYPE_Q8_0) {
             const float d = f16_bits(h.x);
-            for (int j = 0; j < 16; j++) o[16 * k + j] = __float2bfloat16_rn(d * (float)(signed char)qb[j]);
-        } else if (QT == LLM_DTYPE_Q4_0) {
-            const float d = f16_bits(h.x);
-            for (int j = 0; j < 16; j++) {
-                o[32 * k + j] = __float2bfloat16_rn(d * (float)((qb[j] & 15) - 8));
-                o[32 * k + 16 + j] = __float2bfloat16_rn(d * (float)((qb[j] >> 4) - 8));
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = d * (float)(signed char)qb[8 * half + j];
+                store8(o + 16 * k + 8 * half, v);
             }
-        } else {
-            const int b = k >> 3, g = (k >> 1) & 3, base = 256 * b + 64 * g + 16 * (k & 1);
-            const float d = f16_bits(h.x & 0xffffu), dmin = f16_bits(h.x >> 16);
-            float sc0, m0, sc1, m1;
-            q4k_scale_min(h, 2 * g, sc0, m0);
-            q4k_scale_min(h, 2 * g + 1, sc1, m1);
-            const float d0 = d * sc0, n0 = dmin * m0, d1 = d * sc1, n1 = dmin * m1;
-            for (int j = 0; j < 16; j++) {
-                o[base + j] = __float2bfloat16_rn(d0 * (float)(qb[j] & 15) - n0);
-                o[base + 32 + j] = __float2bfloat16_rn(d1 * (float)(qb[j] >> 4) - n1);
-            }
+            continue;
         }
+        int at[2];
+        float dd[2], mm[2];
+        if (QT == LLM_DTYPE_Q4_0) {
+            at[0] = 32 * k, at[1] = 32 * k + 16;
+            dd[0] = dd[1] = f16_bits(h.x), mm[0] = mm[1] = 0.0f;
+        } else {
+            const int b = k >> 3, g = (k >> 1) & 3;
+            at[0] = 256 * b + 64 * g + 16 * (k & 1), at[1] = at[0] + 32;
+            const float d = f16_bits(h.x & 0xffffu), dmin = f16_bits(h.x >> 16);
+            float sc, m;
+            q4k_scale_min(h, 2 * g, sc, m);
+            dd[0] = d * sc, mm[0] = dmin * m;
+            q4k_scale_min(h, 2 * g + 1, sc, m);
+            dd[1] = d * sc, mm[1] = dmin * m;
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) /* low nibbles, then high */
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int nib = n ? qb[8 * half + j] >> 4 : qb[8 * half + j] & 15;
+                    v[j] = QT == LLM_DTYPE_Q4_0 ? dd[n] * (float)(nib - 8) : dd[n] * (float)nib - mm[n];
+                }
+                store8(o + at[n] + 8 * half, v);
+            }
     }
 }
 
 void llm_cuda_dequantize_bf16(void *out, const llm_weight *w, const char *op)
 {
     const int rows = (int)w->rows, cols = (int)w->cols, threads = 256;
-    const size_t chunks = (size_t)rows * (llm_dtype_row_bytes(w->dtype, w->cols) / 16 + 1);
-    const int grid = (int)(chunks / threads + 1 < (size_t)llm_cuda.sm_count * 16 ? chunks / threads + 1
-                                                                                 : (size_t)llm_cuda.sm_count * 16);
+    const size_t row_bytes = llm_dtype_row_bytes(w->dtype, w->cols), chunks = (size_t)rows * (row_bytes / 16 + 1);
+    const size_t most = (size_t)llm_cuda.sm_count * 16, want = chunks / threads + 1;
+    const int grid = (int)(want < most ? want : most);
+    const bool vec = row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0;
     __nv_bfloat16 *o = (__nv_bfloat16 *)out;
     const unsigned char *src = (const unsigned char *)w->data;
+#define LLM_DEQUANT(QT)                                                                                              \
+    (vec ? dequantize_kernel<QT, true><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols)                   \
+         : dequantize_kernel<QT, false><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols))
     if (w->dtype == LLM_DTYPE_Q8_0)
-        dequantize_kernel<LLM_DTYPE_Q8_0><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols);
+        LLM_DEQUANT(LLM_DTYPE_Q8_0);
     else if (w->dtype == LLM_DTYPE_Q4_0)
-        dequantize_kernel<LLM_DTYPE_Q4_0><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols);
+        LLM_DEQUANT(LLM_DTYPE_Q4_0);
     else
-        dequantize_kernel<LLM_DTYPE_Q4_K><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols);
+        LLM_DEQUANT(LLM_DTYPE_Q4_K);
+#undef LLM_DEQUANT
     LLM_CUDA_LAUNCHED(op);
 }
 
@@ -633,9 +688,23 @@ static void launch_quant(llm_cuda_gemv *job, const char *op)
                                  : job->epi == LLM_CUDA_EPI_ADD    ? "add_product"
                                                                    : "product",
                                  job->cols);
-    int per_sm = blocks_per_sm(kernel, smem);
-    int want = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
-    int grid = per_sm * llm_cuda.sm_count;
+    /* Lanes per group: the power of two from 32 to 256 with the fewest steps a block takes (rounds of groups over
+     * the grid times steps a row), on a tie the larger: fewer lanes fill the slots of an odd row length better
+     * (Llama-2's 11008 columns of Q4_0: 344 chunks, 3 steps of 128 against 2 of 256 at 67 %) but hold more rows
+     * per block, which a short product may not have for every block. */
+    const int chunks = (int)(cols / qfmt_values((llm_dtype)QT) * qfmt_chunks((llm_dtype)QT));
+    const int per_sm = blocks_per_sm(kernel, smem), blocks = per_sm * llm_cuda.sm_count;
+    const int groups = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
+    int lanes = GEMV_THREADS;
+    long best = -1;
+    for (int l = GEMV_THREADS; l >= 32; l /= 2) {
+        const int per = GEMV_THREADS / l, supers = (groups + per - 1) / per;
+        const long cost = (long)((supers + blocks - 1) / blocks) * ((chunks + l - 1) / l);
+        if (best < 0 || cost < best) best = cost, lanes = l;
+    }
+    job->q_lanes = lanes;
+    const int per = GEMV_THREADS / lanes, want = (groups + per - 1) / per;
+    int grid = blocks;
     if (want < grid) grid = want;
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3(grid), dim3(GEMV_THREADS), smem, &attr);
