@@ -13,9 +13,10 @@
 # qwen3-0.6b, qwen3-1.7b, gemma-2-2b, gemma-3-1b, phi-3.5-mini, olmo-2-1b: scripts/make-family-checkpoint.py), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
 # prefix with include/ and lib/ holding the -dev packages, for machines without them); for the stages quant and
-# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"), LLAMA_SRC (a tarball of llama.cpp's source, gzip or, where zstd is installed, zstd:
-# ggml, src, common, tools/llama-bench, gguf-py), LLAMA_BUILD (default /tmp/llama-build), LLAMA_FA (ON or OFF: its
-# flash-attention kernels, most of its build time; default OFF, and then llama-bench runs without them).
+# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"), LLAMA_SRC (a tarball of llama.cpp's
+# source, gzip, or zstd where zstd is installed: ggml, src, common, tools/llama-bench, gguf-py), LLAMA_BUILD (default
+# /tmp/llama-build), LLAMA_FA (ON or OFF: its flash-attention kernels, most of its build time; default OFF, and then
+# llama-bench runs without them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
