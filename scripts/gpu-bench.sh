@@ -227,8 +227,11 @@ if has llama && [ -f "${LLAMA_SRC:-}" ]; then
     say "llama.cpp llama-bench -p 512 -n 128 -d 0,512 -r 3 (flash attention ${LLAMA_FA:-OFF})"
     lb=${LLAMA_BUILD:-/tmp/llama-build}
     if [ ! -x "$lb/bin/llama-bench" ]; then
+        # the tarball holds one tool: llama-bench
         mkdir -p "$lb/src" && tar -xf "$LLAMA_SRC" -C "$lb/src" &&
+            echo 'add_subdirectory(llama-bench)' >"$lb/src/tools/CMakeLists.txt" &&
             cmake -S "$lb/src" -B "$lb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DLLAMA_CURL=OFF \
+                -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
                 -DCMAKE_CUDA_ARCHITECTURES="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
                     tr -d .)" -DGGML_CUDA_FA="${LLAMA_FA:-OFF}" >"$OUT/llama-build.log" 2>&1 &&
             cmake --build "$lb" --target llama-bench -j"$(nproc)" >>"$OUT/llama-build.log" 2>&1 ||

@@ -439,10 +439,10 @@ static inline size_t q_x_bytes(size_t cols) { return cols + cols / 32 * sizeof(f
  * (quantize_x). A 4096-column Q4_0 row is only 128 chunks, so a group's rows are spread over `lanes` threads (32 to
  * 256: job.q_lanes, chosen by the launcher) and the block takes 256 / lanes groups at once,
  * one chunk per lane and row a step (GEMV_ROWS 16-byte loads and their scales in flight): one group of 8 short rows a
- * step would leave half the lanes idle and too few bytes in flight to reach the bandwidth. Blocks per SM: 3 where the
- * scales are 2 bytes (Q8_0, Q4_0), 2 with Q4_K's 16-byte headers in registers. */
+ * step would leave half the lanes idle and too few bytes in flight to reach the bandwidth. Two blocks per SM: three
+ * (80 registers) spill the loads in flight to local memory. */
 template <int QT, bool VEC>
-__global__ void __launch_bounds__(GEMV_THREADS, QT == LLM_DTYPE_Q4_K ? 2 : 3)
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_q_kernel(const __grid_constant__ llm_cuda_gemv job)
 {
     typedef qfmt<QT> F;
