@@ -206,10 +206,8 @@ static weight_pair make_quant_weight(llm_dtype t, size_t rows, size_t cols, floa
     return w;
 }
 
-static void test_matmul_quant(void **state)
+static void run_matmul_quant(void)
 {
-    (void)state;
-    cuda_or_skip();
     static const llm_dtype types[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
     /* model shapes (Llama's 4096 and 11008, TinyLlama's 2048 and 5632), rows whose bytes are not a multiple of 16
      * (3 blocks of 32: the 2-byte load path), odd rows, batches of tokens (cuBLAS on dequantized tiles) */
@@ -276,7 +274,22 @@ static void test_matmul_quant(void **state)
             free_weight(&w);
             if (cases[c].bias) free_weight(&b);
         }
+}
+
+/* Each shape with the chunks per lane the GEMV picks, then with one (LLM_CUDA_GEMV_CPL=1), so both variants of the
+ * Q8_0 and Q4_0 kernels run. */
+static void test_matmul_quant(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    run_matmul_quant();
     cuda_done();
+    setenv("LLM_CUDA_GEMV_CPL", "1", 1);
+    cuda_or_skip();
+    print_message("LLM_CUDA_GEMV_CPL=1:\n");
+    run_matmul_quant();
+    cuda_done();
+    unsetenv("LLM_CUDA_GEMV_CPL");
 }
 
 /* ---- the elementwise and normalisation ops ---- */

@@ -441,7 +441,7 @@ static inline size_t q_x_bytes(size_t cols) { return cols + cols / 32 * sizeof(f
  * one chunk per lane and row a step (GEMV_ROWS 16-byte loads and their scales in flight): one group of 8 short rows a
  * step would leave half the lanes idle and too few bytes in flight to reach the bandwidth. Two blocks per SM: three
  * (80 registers) spill the loads in flight to local memory. */
-template <int QT, bool VEC>
+template <int QT, bool VEC, int CPL>
 __global__ void __launch_bounds__(GEMV_THREADS, 2)
     gemv_q_kernel(const __grid_constant__ llm_cuda_gemv job)
 {
@@ -456,17 +456,19 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     const int groups = (job.units + P / 2 - 1) / (P / 2), supers = (groups + per - 1) / per;
     const int nb = cols / F::VALUES, n_chunks = nb * F::CPB;
     const size_t row_bytes = (size_t)nb * (F::QB + F::HEAD);
-    const int ksteps = (n_chunks + lanes - 1) / lanes;
+    const int per_step = lanes * CPL, ksteps = (n_chunks + per_step - 1) / per_step;
 
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_START);
     int sg = blockIdx.x, ks = 0;
     const unsigned char *rowp[P];
-    uint4 wq[P], wh[P];
+    uint4 wq[P][CPL], wh[P][CPL];
     if (sg < supers) { /* weights are never written: load them while the previous kernel drains */
         q_group_rows(job, sg * per + sub, row_bytes, rowp);
-        if (lt < n_chunks)
 #pragma unroll
-            for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r], wh[r], rowp[r], lt, nb);
+        for (int c = 0; c < CPL; c++)
+            if (c * lanes + lt < n_chunks)
+#pragma unroll
+                for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r][c], wh[r][c], rowp[r], c * lanes + lt, nb);
     }
     if (job.pdl_early == 2) llm_cuda_allow_next(1);
     float *rot = xs + ((cols + 3) & ~3), *norm_smem = rot + ((job.head_dim + 3) & ~3);
@@ -488,19 +490,25 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     for (int r = 0; r < P; r++) acc[r] = 0.0f;
     int buf = 0;
     while (sg < supers) {
-        const int k = ks * lanes + lt;
-        if (k < n_chunks)
 #pragma unroll
-            for (int r = 0; r < P; r++) acc[r] += q_dot<QT>(wq[r], wh[r], k, xq, xd, xs16);
+        for (int c = 0; c < CPL; c++) {
+            const int k = ks * per_step + c * lanes + lt;
+            if (k < n_chunks)
+#pragma unroll
+                for (int r = 0; r < P; r++) acc[r] += q_dot<QT>(wq[r][c], wh[r][c], k, xq, xd, xs16);
+        }
         const int sg_now = sg;
         const bool done = ++ks == ksteps;
         if (done) sg += gridDim.x, ks = 0;
         if (sg < supers) {
             if (done) q_group_rows(job, sg * per + sub, row_bytes, rowp);
-            const int kn = ks * lanes + lt;
-            if (kn < n_chunks)
 #pragma unroll
-                for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r], wh[r], rowp[r], kn, nb);
+            for (int c = 0; c < CPL; c++) {
+                const int kn = ks * per_step + c * lanes + lt;
+                if (kn < n_chunks)
+#pragma unroll
+                    for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r][c], wh[r][c], rowp[r], kn, nb);
+            }
         }
         if (!done) continue;
         /* finish_group for `per` groups: warp w's sums belong to group w / (lanes / 32) of this step */
@@ -671,8 +679,9 @@ static void launch_quant(llm_cuda_gemv *job, const char *op)
     const size_t cols = (size_t)job->cols, row_bytes = llm_dtype_row_bytes((llm_dtype)QT, cols);
     bool vec = row_bytes % 16 == 0;
     for (int m = 0; m < job->n_mats; m++) vec = vec && ((uintptr_t)job->mats[m].w % 16 == 0);
-    const void *kernel = vec ? (const void *)gemv_q_kernel<QT, true> : (const void *)gemv_q_kernel<QT, false>;
-    if (!llm_cuda_allow_smem(kernel, op)) return;
+    /* every variant has the same registers' worth of launch bounds and shared memory: one occupancy for all */
+    const void *kernels[2][2] = {{(const void *)gemv_q_kernel<QT, false, 1>, (const void *)gemv_q_kernel<QT, true, 1>},
+                                 {(const void *)gemv_q_kernel<QT, false, 2>, (const void *)gemv_q_kernel<QT, true, 2>}};
     size_t smem = ((cols + 3) / 4 * 4 + (size_t)(job->head_dim + 3) / 4 * 4) * sizeof(float) + q_x_bytes(cols);
     size_t staged = smem + (cols + 3) / 4 * 4 * sizeof(float);
     job->norm_staged = job->norm_src && staged + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
@@ -688,30 +697,40 @@ static void launch_quant(llm_cuda_gemv *job, const char *op)
                                  : job->epi == LLM_CUDA_EPI_ADD    ? "add_product"
                                                                    : "product",
                                  job->cols);
-    /* Lanes per group: the power of two from 32 to 256 with the fewest steps a block takes (rounds of groups over
-     * the grid times steps a row), on a tie the larger: fewer lanes fill the slots of an odd row length better
-     * (Llama-2's 11008 columns of Q4_0: 344 chunks, 3 steps of 128 against 2 of 256 at 67 %) but hold more rows
-     * per block, which a short product may not have for every block. */
+    /* Chunks per lane and row a step (2 where the scales are 2 bytes; Q4_K's 16-byte headers would not fit the
+     * registers twice; LLM_CUDA_GEMV_CPL forces one) and lanes per group (a power of two from 32 to 256): the
+     * choice with the fewest steps a block takes, rounds of groups over the grid times steps a row, a step costing
+     * about one memory latency whatever it loads. On a tie two chunks, then the larger lanes: fewer lanes fill an
+     * odd row length's slots better (Llama-2's 11008 columns of Q4_0: 344 chunks) but hold more rows a block,
+     * which a short product may not have for every block. */
     const int chunks = (int)(cols / qfmt_values((llm_dtype)QT) * qfmt_chunks((llm_dtype)QT));
-    const int per_sm = blocks_per_sm(kernel, smem), blocks = per_sm * llm_cuda.sm_count;
     const int groups = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
-    int lanes = GEMV_THREADS;
+    const int max_cpl = QT == LLM_DTYPE_Q4_K ? 1 : llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : 2;
+    int per_sm = 0, lanes = GEMV_THREADS, cpl = 1;
     long best = -1;
-    for (int l = GEMV_THREADS; l >= 32; l /= 2) {
-        const int per = GEMV_THREADS / l, supers = (groups + per - 1) / per;
-        const long cost = (long)((supers + blocks - 1) / blocks) * ((chunks + l - 1) / l);
-        if (best < 0 || cost < best) best = cost, lanes = l;
+    for (int c = max_cpl; c >= 1; c--) {
+        if (!llm_cuda_allow_smem(kernels[c - 1][vec], op)) return;
+        const int psm = blocks_per_sm(kernels[c - 1][vec], smem), blocks = psm * llm_cuda.sm_count;
+        for (int l = GEMV_THREADS; l >= 32; l /= 2) {
+            const int per = GEMV_THREADS / l, supers = (groups + per - 1) / per;
+            const long cost = (long)((supers + blocks - 1) / blocks) * ((chunks + l * c - 1) / (l * c));
+            if (best < 0 || cost < best) best = cost, lanes = l, cpl = c, per_sm = psm;
+        }
     }
     job->q_lanes = lanes;
     const int per = GEMV_THREADS / lanes, want = (groups + per - 1) / per;
-    int grid = blocks;
+    int grid = per_sm * llm_cuda.sm_count;
     if (want < grid) grid = want;
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3(grid), dim3(GEMV_THREADS), smem, &attr);
-    if (vec)
-        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, true>, *job));
+    if (cpl == 2 && vec)
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, true, 2>, *job));
+    else if (cpl == 2)
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, false, 2>, *job));
+    else if (vec)
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, true, 1>, *job));
     else
-        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, false>, *job));
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, false, 1>, *job));
 }
 
 void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op)
