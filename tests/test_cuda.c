@@ -276,17 +276,17 @@ static void run_matmul_quant(void)
         }
 }
 
-/* Each shape with the chunks per lane the GEMV picks, then with one (LLM_CUDA_GEMV_CPL=1), so both variants of the
- * Q8_0 and Q4_0 kernels run. */
+/* Each shape with one chunk per lane and row (the default), then with two (LLM_CUDA_GEMV_CPL=2), so both variants
+ * of the Q8_0 and Q4_0 kernels run. */
 static void test_matmul_quant(void **state)
 {
     (void)state;
     cuda_or_skip();
     run_matmul_quant();
     cuda_done();
-    setenv("LLM_CUDA_GEMV_CPL", "1", 1);
+    setenv("LLM_CUDA_GEMV_CPL", "2", 1);
     cuda_or_skip();
-    print_message("LLM_CUDA_GEMV_CPL=1:\n");
+    print_message("LLM_CUDA_GEMV_CPL=2:\n");
     run_matmul_quant();
     cuda_done();
     unsetenv("LLM_CUDA_GEMV_CPL");

@@ -697,16 +697,17 @@ static void launch_quant(llm_cuda_gemv *job, const char *op)
                                  : job->epi == LLM_CUDA_EPI_ADD    ? "add_product"
                                                                    : "product",
                                  job->cols);
-    /* Chunks per lane and row a step (2 where the scales are 2 bytes; Q4_K's 16-byte headers would not fit the
-     * registers twice; LLM_CUDA_GEMV_CPL forces one) and lanes per group (a power of two from 32 to 256): the
-     * choice with the fewest steps a block takes, rounds of groups over the grid times steps a row, a step costing
-     * about one memory latency whatever it loads. On a tie two chunks, then the larger lanes: fewer lanes fill an
-     * odd row length's slots better (Llama-2's 11008 columns of Q4_0: 344 chunks) but hold more rows a block,
-     * which a short product may not have for every block. */
+    /* Chunks per lane and row a step: one. Two (LLM_CUDA_GEMV_CPL=2, Q8_0 and Q4_0 only: Q4_K's 16-byte headers
+     * would not fit the registers twice) spill ~150 bytes a thread and measured slower on an H100 (Llama-2-7B
+     * tg128@d512: Q4_0 277 against 306 tok/s, Q8_0 223 against 229). Lanes per group (a power of two from 32 to
+     * 256): the choice with the fewest steps a block takes, rounds of groups over the grid times steps a row, a
+     * step costing about one memory latency whatever it loads; on a tie the larger lanes: fewer fill an odd row
+     * length's slots better (Llama-2's 11008 columns of Q4_0: 344 chunks) but hold more rows a block, which a short
+     * product may not have for every block. */
     const int chunks = (int)(cols / qfmt_values((llm_dtype)QT) * qfmt_chunks((llm_dtype)QT));
     const int groups = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
-    const int max_cpl = QT == LLM_DTYPE_Q4_K ? 1 : llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : 2;
-    int per_sm = 0, lanes = GEMV_THREADS, cpl = 1;
+    const int max_cpl = QT != LLM_DTYPE_Q4_K && llm_cuda.gemv_cpl == 2 ? 2 : 1;
+    int per_sm = 0, lanes = GEMV_THREADS, cpl = max_cpl;
     long best = -1;
     for (int c = max_cpl; c >= 1; c--) {
         if (!llm_cuda_allow_smem(kernels[c - 1][vec], op)) return;
