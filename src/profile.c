@@ -225,10 +225,45 @@ static void p_softcap(float *x, float cap, size_t count)
     call_end(s, LLM_OP_SOFTCAP, llm_profile_cost_add(count)); /* a read and a write a value, like add's half */
 }
 
+static void p_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                    llm_route rule)
+{
+    int s = call_begin();
+    P.inner.route(ids, weights, scores, n, n_experts, top_k, rule);
+    double picks = (double)n * top_k;
+    call_end(s, LLM_OP_ROUTE, (llm_op_cost){(double)n * n_experts * F32 + picks * (sizeof(int32_t) + F32),
+                                            3.0 * (double)n * n_experts});
+}
+
+/* The ids live on the device: the experts read are counted as min(n * top_k, n_experts) of them, exact for a decode
+ * step (a token's top_k are distinct), an upper bound for a batch. */
+static void p_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                      int x_slots)
+{
+    int s = call_begin();
+    P.inner.experts(out, x, w, ids, n, top_k, x_slots);
+    const llm_weight *w0 = &w->w[0];
+    double picks = (double)n * top_k, read = picks < w->n_experts ? picks : (double)w->n_experts;
+    llm_op_cost one = llm_profile_cost_matmul(w0->rows, w0->cols, w0->dtype, w->bias != NULL,
+                                              w->bias ? w->bias[0].dtype : w0->dtype, 1);
+    double weight_bytes = (double)llm_dtype_matrix_bytes(w0->dtype, w0->rows, w0->cols);
+    double act_bytes = one.bytes - weight_bytes; /* one position's input and output (and bias) */
+    call_end(s, LLM_OP_EXPERTS, (llm_op_cost){read * weight_bytes + picks * act_bytes, picks * one.flops});
+    (void)x_slots;
+}
+
+static void p_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    int s = call_begin();
+    P.inner.combine(out, y, weights, n, top_k, dim);
+    double picks = (double)n * top_k;
+    call_end(s, LLM_OP_COMBINE, (llm_op_cost){(picks * dim + picks + (double)n * dim) * F32, 2.0 * picks * dim});
+}
+
 static const llm_ops wrappers = {
     .embed = p_embed, .rmsnorm = p_rmsnorm, .matmul = p_matmul, .rope = p_rope,
     .attention = p_attention, .glu = p_glu, .add = p_add, .logits = p_logits,
-    .softcap = p_softcap,
+    .softcap = p_softcap, .route = p_route, .experts = p_experts, .combine = p_combine,
 };
 
 /* ---- lifetime and step hooks ---- */
@@ -308,6 +343,10 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
         llm_weight *layer[LLM_LAYER_WEIGHTS];
         int n = llm_layer_weights(&m->layers[l], layer);
         for (int i = 0; i < n; i++) add_weight(ws, layer[i]);
+        size_t before = ws->total_bytes; /* the experts apart: decode reads top_k of them */
+        const llm_weight *w;
+        for (int i = 0; (w = llm_layer_expert_weight(&m->layers[l], i)) != NULL; i++) add_weight(ws, w);
+        ws->expert_bytes += ws->total_bytes - before;
     }
     add_weight(ws, &m->norm);
     if (!m->config.tie_word_embeddings) add_weight(ws, &m->lm_head);
@@ -321,6 +360,9 @@ double llm_profile_decode_bytes(const llm_model *m, int kv_len)
     llm_profile_weight_stats(m, &ws);
     const llm_config *c = &m->config;
     double weights = (double)ws.total_bytes - (double)ws.embed_bytes + (double)ws.embed_row_bytes;
+    /* a sparse layer's token reads its top_k experts of num_experts (all of one size) */
+    if (c->num_experts)
+        weights -= (double)ws.expert_bytes * (1.0 - (double)c->num_experts_per_tok / (double)c->num_experts);
     if (c->tie_word_embeddings) weights += (double)ws.embed_bytes; /* the head reads the whole table */
     size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     double rows = 0.0; /* cache rows the step's attention reads, over the layers: a windowed layer's last W only */

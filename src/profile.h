@@ -75,12 +75,13 @@ typedef struct {
     size_t params;
     size_t embed_bytes;     /* the embedding table */
     size_t embed_row_bytes; /* one row of it: what a lookup reads */
+    size_t expert_bytes;    /* the sparse layers' experts, all of them (in total_bytes too) */
 } llm_weight_stats;
 
 void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws);
 /* Bytes one decode step reads when the cache holds kv_len positions: every weight once (the head reads the whole
- * table, a tied embedding included; the lookup reads one row) and the K and V cache rows 0 .. kv_len-1 (a
- * sliding-window layer's last sliding_window of them). */
+ * table, a tied embedding included; the lookup reads one row; a sparse layer's experts only the top_k of them it
+ * takes) and the K and V cache rows 0 .. kv_len-1 (a sliding-window layer's last sliding_window of them). */
 double llm_profile_decode_bytes(const llm_model *m, int kv_len);
 
 /* The per-op tables (prefill, decode) and the memory report, for people. */

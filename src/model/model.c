@@ -79,6 +79,9 @@ static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, 
     return 0;
 }
 
+static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, size_t rows,
+                        size_t cols, bool linear, char *err, size_t err_len);
+
 /* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device;
  * a linear weight (`linear`) is quantized to m->quant when that is a block format. */
 static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
@@ -108,8 +111,13 @@ static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t row
                      shape, rows, cols, why);
         return -1;
     }
-    if (vector) rows = 1;
+    return place_weight(m, w, t, name, vector ? 1 : rows, cols, linear, err, err_len);
+}
 
+/* The checked tensor t as a (rows, cols) matrix on the device (see load_weight). */
+static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, size_t rows,
+                        size_t cols, bool linear, char *err, size_t err_len)
+{
     const llm_device *dev = m->rt.dev;
     w->dtype = t->dtype;
     w->rows = rows;
@@ -278,7 +286,9 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
 {
     int n = 0;
     llm_weight *attn[] = {&L->attn_norm, &L->o_proj, &L->q_bias, &L->k_bias, &L->v_bias, &L->o_bias, &L->q_norm,
-                          &L->k_norm, &L->attn_post_norm, &L->ffn_norm, &L->down_proj, &L->ffn_post_norm};
+                          &L->k_norm, &L->attn_post_norm, &L->ffn_norm, &L->down_proj, &L->ffn_post_norm,
+                          &L->router, &L->router_bias, &L->shared_gate_proj, &L->shared_up_proj,
+                          &L->shared_down_proj, &L->shared_expert_gate};
     for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) out[n++] = attn[i];
     if (L->qkv_proj.data) {
         out[n++] = &L->qkv_proj;
@@ -291,6 +301,14 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
         out[n++] = &L->gate_proj, out[n++] = &L->up_proj;
     }
     return n;
+}
+
+llm_weight *llm_layer_expert_weight(llm_layer *L, int i)
+{
+    int E = L->expert_w ? L->experts[0].n_experts : 0;
+    if (L->experts_stacked[0].rows) return i < 2 ? &L->experts_stacked[i] : NULL; /* rows: freeing keeps them */
+    if (i < 3 * E) return &L->expert_w[i];
+    return L->expert_b && i < 6 * E ? &L->expert_b[i - 3 * E] : NULL;
 }
 
 /* Rows first .. first+rows-1 of a stored matrix, in place (a fused projection's part). */
@@ -317,6 +335,97 @@ static void free_weight(const llm_model *m, llm_weight *w)
     else if (!dev->host_memory)
         dev->free(w->data);
     w->data = NULL;
+}
+
+/* A stack of n (rows, cols) matrices, a 3-D tensor, placed as one (n * rows, cols) linear (quantized with --quant: a
+ * block row never straddles two matrices) that views can cut without copying. */
+static int load_stacked(llm_model *m, llm_weight *w, const char *name, size_t n, size_t rows, size_t cols,
+                        const char *why, char *err, size_t err_len)
+{
+    const llm_st_tensor *t = llm_st_find(m->st, name);
+    if (!t) {
+        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
+        return -1;
+    }
+    if (!t->supported) {
+        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", t->file, name,
+                 t->dtype_name);
+        return -1;
+    }
+    if (t->ndim != 3 || t->shape[0] != n || t->shape[1] != rows || t->shape[2] != cols) {
+        char shape[192];
+        llm_st_shape_str(t, shape, sizeof shape);
+        snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu, %zu, %zu] (%s)", t->file, name,
+                 shape, n, rows, cols, why);
+        return -1;
+    }
+    return place_weight(m, w, t, name, n * rows, cols, true, err, err_len);
+}
+
+/* A sparse layer's feed-forward as the Hub ships it (arch.h, llm_moe_family): the router, each expert's gate, up
+ * and down linears (quantized with --quant as the other linears), and Qwen2-MoE's shared expert and its gate. Or
+ * the experts stacked as transformers 5.x holds them (mlp.experts.gate_up_proj, mlp.experts.down_proj), each a view:
+ * its save_pretrained writes the Hub's layout back, but a state dict saved as it is in memory has these. */
+static int load_experts(llm_model *m, int l, char *err, size_t err_len)
+{
+    const llm_config *c = &m->config;
+    const llm_moe_family *f = &c->family->moe;
+    llm_layer *L = &m->layers[l];
+    size_t hidden = (size_t)c->hidden_size, E = (size_t)c->num_experts, mi = (size_t)c->moe_intermediate_size;
+    size_t si = (size_t)c->shared_expert_intermediate_size;
+    char name[256], why[96];
+    /* transformers 5.x's stacked experts (load_stacked): every family's under mlp., Mixtral's router too */
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
+    bool stacked = llm_st_find(m->st, name) != NULL;
+    const char *block = stacked ? "mlp" : f->block;
+    snprintf(name, sizeof name, "%slayers.%d.%s.%s.weight", m->prefix, l, block, f->router);
+    snprintf(why, sizeof why, "%s, hidden_size", f->count_key);
+    if (load_linear(m, &L->router, name, E, hidden, why, false, false, err, err_len)) return -1;
+    if (!(L->expert_w = calloc(3 * E, sizeof *L->expert_w))) {
+        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
+        return -1;
+    }
+    for (int p = 0; p < 3; p++) L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts};
+    const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
+    char whys[2][96];
+    snprintf(whys[0], sizeof whys[0], "%s, hidden_size", f->inter_key);
+    snprintf(whys[1], sizeof whys[1], "hidden_size, %s", f->inter_key);
+    int quantized = m->quant_count;
+    if (stacked) {
+        snprintf(whys[0], sizeof whys[0], "%s, 2 * %s, hidden_size", f->count_key, f->inter_key);
+        snprintf(whys[1], sizeof whys[1], "%s, hidden_size, %s", f->count_key, f->inter_key);
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
+        if (load_stacked(m, &L->experts_stacked[0], name, E, 2 * mi, hidden, whys[0], err, err_len)) return -1;
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, l);
+        if (load_stacked(m, &L->experts_stacked[1], name, E, hidden, mi, whys[1], err, err_len)) return -1;
+        for (size_t e = 0; e < E; e++) {
+            L->expert_w[e] = view_rows(&L->experts_stacked[0], 2 * mi * e, mi);
+            L->expert_w[E + e] = view_rows(&L->experts_stacked[0], 2 * mi * e + mi, mi);
+            L->expert_w[2 * E + e] = view_rows(&L->experts_stacked[1], hidden * e, hidden);
+        }
+        m->quant_experts += m->quant_count - quantized;
+    }
+    for (int p = 0; p < 3 && !stacked; p++) {
+        for (size_t e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "%slayers.%d.%s.experts.%zu.%s.weight", m->prefix, l, f->block, e, f->proj[p]);
+            if (load_linear(m, &L->expert_w[(size_t)p * E + e], name, rows[p], cols[p], whys[p == 2], true, false, err,
+                            err_len))
+                return -1;
+        }
+    }
+    if (!stacked) m->quant_experts += m->quant_count - quantized;
+    if (!f->shared_expert || si == 0) return 0;
+    const char *sh = f->block;
+    snprintf(whys[0], sizeof whys[0], "shared_expert_intermediate_size, hidden_size");
+    snprintf(whys[1], sizeof whys[1], "hidden_size, shared_expert_intermediate_size");
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.gate_proj.weight", m->prefix, l, sh);
+    if (load_linear(m, &L->shared_gate_proj, name, si, hidden, whys[0], true, false, err, err_len)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.up_proj.weight", m->prefix, l, sh);
+    if (load_linear(m, &L->shared_up_proj, name, si, hidden, whys[0], true, false, err, err_len)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.down_proj.weight", m->prefix, l, sh);
+    if (load_linear(m, &L->shared_down_proj, name, hidden, si, whys[1], true, false, err, err_len)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert_gate.weight", m->prefix, l, sh);
+    return load_linear(m, &L->shared_expert_gate, name, 1, hidden, "1, hidden_size", false, false, err, err_len);
 }
 
 /* A layer's tensors as its family has them (arch.h), each checked against config.json. */
@@ -370,7 +479,9 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
     }
     NORM(attn_post_norm, f->attn_post_norm);
     NORM(ffn_norm, f->ffn_norm);
-    if (f->fused_gate_up) {
+    if (c->layer_sparse[l]) {
+        if (load_experts(m, l, err, err_len)) return -1;
+    } else if (f->fused_gate_up) {
         LOAD(gate_up_proj, "mlp.gate_up_proj.weight", 2 * inter, hidden, "2 * intermediate_size, hidden_size");
         L->gate_proj = view_rows(&L->gate_up_proj, 0, inter);
         L->up_proj = view_rows(&L->gate_up_proj, inter, inter);
@@ -378,7 +489,7 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
         LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
         LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
     }
-    LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
+    if (!c->layer_sparse[l]) LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
     NORM(ffn_post_norm, f->ffn_post_norm);
 #undef NORM
 #undef LOAD
@@ -486,7 +597,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     }
     if (c->prequant.format != LLM_PQ_NONE) { /* one slot per matrix a dequantized buffer may stay in */
-        m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + 2;
+        m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + c->n_sparse * 6 * c->num_experts + 2;
         if (!(m->owned = calloc((size_t)m->cap_owned, sizeof *m->owned))) {
             snprintf(err, err_len, "out of memory for %d weights", m->cap_owned);
             goto fail;
@@ -494,6 +605,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     }
     if (llm_dtype_is_block(m->quant)) {
         if (llm_runtime_require(&m->rt, LLM_OP_MATMUL, m->quant, opt->log, err, err_len) ||
+            (c->n_sparse && llm_runtime_require(&m->rt, LLM_OP_EXPERTS, m->quant, opt->log, err, err_len)) ||
             (quant_head && llm_runtime_require(&m->rt, LLM_OP_LOGITS, m->quant, opt->log, err, err_len)))
             goto fail;
     }
@@ -549,6 +661,8 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     if (llm_dtype_is_block(m->quant) && opt && opt->log) {
         fprintf(opt->log, "quant: %s for the layers' linears (%d matrices%s)", llm_dtype_name(m->quant), m->quant_count,
                 quant_head ? " with the LM head" : "");
+        if (m->quant_experts)
+            fprintf(opt->log, ", the experts' %d among them (routers kept as stored)", m->quant_experts);
         if (m->quant_kept) fprintf(opt->log, ", %d kept as stored (columns not whole blocks)", m->quant_kept);
         fprintf(opt->log, "; embeddings%s %s as stored\n", quant_head ? "" : c->tie_word_embeddings ? " (= the head)" : " and head",
                 llm_dtype_name(m->weight_dtype));
@@ -579,9 +693,12 @@ void llm_model_free(llm_model *m)
         const llm_device *dev = m->rt.dev;
         if (m->layers)
             for (int l = 0; l < m->config.num_hidden_layers; l++) {
+                llm_layer *L = &m->layers[l];
                 llm_weight *ws[LLM_LAYER_WEIGHTS];
-                int n = llm_layer_weights(&m->layers[l], ws);
+                int n = llm_layer_weights(L, ws);
                 for (int i = 0; i < n; i++) free_weight(m, ws[i]);
+                llm_weight *w;
+                for (int i = 0; (w = llm_layer_expert_weight(L, i)) != NULL; i++) free_weight(m, w);
             }
         free_weight(m, &m->lm_head);
         free_weight(m, &m->embed_tokens);
@@ -592,6 +709,8 @@ void llm_model_free(llm_model *m)
     }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    for (int l = 0; m->layers && l < m->config.num_hidden_layers; l++)
+        free(m->layers[l].expert_w), free(m->layers[l].expert_b);
     free(m->layers);
     llm_st_close(m->st);
     memset(m, 0, sizeof *m);
