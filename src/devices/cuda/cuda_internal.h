@@ -78,6 +78,7 @@ enum {
     LLM_CUDA_SCRATCH_LOGITS, /* a GEMV's rows on their way to shared host memory (ops.cu) */
     LLM_CUDA_SCRATCH_ATTN_PARTS,    /* attention.cu, portable code: each decode split's partial output */
     LLM_CUDA_SCRATCH_ATTN_ARRIVALS, /* ... and per (token, head group) the splits done so far (back to 0 after) */
+    LLM_CUDA_SCRATCH_MOE,           /* moe.cu: a batch's (token, slot) pairs sorted by expert, and their tiles */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
 };
@@ -382,6 +383,17 @@ bool llm_cuda_attention_params_fits(int head_dim);
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
                                int head_dim, int ctx, const llm_attention_params *p, bool kv_stored);
+
+/* ---- moe.cu: mixture of experts (ops.h's route, experts, combine), ids and weights on the device ---- */
+void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule);
+/* A few tokens (n * top_k <= 128): a GEMV reading each chosen expert once; a batch: the pairs grouped by expert on
+ * the device, then a tensor-core product per tile of one expert's pairs. Builds the experts' table of device pointers
+ * the first time it meets w (kept until llm_cuda_moe_release). */
+void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                      int x_slots);
+void llm_cuda_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim);
+/* Free the experts' tables (the device is closing). */
+void llm_cuda_moe_release(void);
 
 /* ---- step.cu: a one-token step's GEMVs and attentions as one persistent kernel ---- */
 enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION };

@@ -247,6 +247,7 @@ static void cuda_release(void)
     }
     memset(g.owed, 0, sizeof g.owed);
     llm_cuda_step_forget();
+    llm_cuda_moe_release();
     free(g.prog);
     g.prog = NULL, g.prog_n = 0;
     if (g.blas) cublasDestroy(g.blas);
@@ -301,6 +302,7 @@ static void cuda_counters(llm_device_counters *out)
 
 static const llm_ops cuda_ops = {
     op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
+    op_route, op_experts, op_combine,
 };
 
 /* Positional: C++ has no designated initialisers before C++20. Order as in device.h. */

@@ -564,6 +564,62 @@ void op_softcap(float *x, float cap, size_t count)
     after_op("softcap");
 }
 
+/* ---------- mixture of experts (moe.cu) ---------- */
+
+static const char *const NOTE_MOE_PERSIST =
+    "mixture-of-experts layers (route, experts, combine): the persistent decode step does not take them (the experts "
+    "are known only after the router); a kernel per op, replayed as a CUDA graph";
+
+/* Before each MoE op: what is pending or recorded runs first. A one-token step that would be recorded for the
+ * persistent kernel is cut here, so the persistent step is turned off for the rest of the run, said once and
+ * counted (counters.persistent_cut): the first step runs its recorded part as one launch, the rest a kernel per op,
+ * and every later step a kernel per op, captured in a graph. */
+static void moe_begin(void)
+{
+    forget_split();
+    if (g.persist && g.step_tokens == 1) {
+        g.persist = false, g.persist_cut = true;
+        say_once(NOTE_MOE_PERSIST);
+    }
+    flush_pending();
+}
+
+void op_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, llm_route rule)
+{
+    if (!op_usable()) return;
+    moe_begin();
+    size_t picks = (size_t)n * top_k;
+    settle(scores, (size_t)n * n_experts * sizeof(float));
+    written(ids, picks * sizeof(int32_t));
+    written(weights, picks * sizeof(float));
+    llm_cuda_route(ids, weights, scores, n, n_experts, top_k, (int)rule);
+    after_op("route");
+}
+
+void op_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k, int x_slots)
+{
+    if (!op_usable()) return;
+    moe_begin();
+    if (w->n_experts < 1) return;
+    size_t rows = w->w[0].rows, cols = w->w[0].cols;
+    settle(x, (size_t)n * x_slots * cols * sizeof(float));
+    settle(ids, (size_t)n * top_k * sizeof(int32_t));
+    written(out, (size_t)n * top_k * rows * sizeof(float));
+    llm_cuda_experts(out, x, w, ids, n, top_k, x_slots);
+    after_op("experts");
+}
+
+void op_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    if (!op_usable()) return;
+    moe_begin();
+    settle(y, (size_t)n * top_k * dim * sizeof(float));
+    settle(weights, (size_t)n * top_k * sizeof(float));
+    written(out, (size_t)n * dim * sizeof(float));
+    llm_cuda_combine(out, y, weights, n, top_k, dim);
+    after_op("combine");
+}
+
 bool cuda_supports(llm_op op, llm_dtype dtype)
 {
     /* attention's dtype is the KV cache's: attention.cu, step.cu and gemv.cu's KV store read and write f32 caches */

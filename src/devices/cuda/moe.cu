@@ -1,0 +1,622 @@
+/* Mixture of experts on the GPU: route (scores to the top-k experts and their weights), experts (the chosen experts'
+ * products) and combine (their weighted sum), as ops.h specifies them. ids and weights never leave the device, so a
+ * decode step stays capturable. experts has two paths: a GEMV over (token, slot, row block) that reads each chosen
+ * expert's rows once however many tokens chose it (a few tokens), and a grouped tensor-core product over the tokens
+ * sorted by expert on the device (batches). Not here: the router's product (matmul) and the gate between the
+ * experts' products (glu). */
+#include <mma.h>
+
+#include "cuda_internal.h"
+
+/* ---------- route: one block a token ---------- */
+
+#define ROUTE_THREADS 128
+
+/* (v, e) beats (bv, be): a larger score, or the same score at a lower expert (ops.h's tie rule); e < 0 is none. */
+__device__ __forceinline__ bool route_beats(float v, int e, float bv, int be)
+{
+    return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
+}
+
+/* scores' row in shared memory (n_experts floats, then a taken flag each); the top_k chosen by rounds of a block-wide
+ * arg-max, the softmax's sum in expert order by one thread (ops.h fixes that order), the rest in slot order. */
+__global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n_experts, int top_k, int rule)
+{
+    extern __shared__ float rs[];
+    float *s = rs;
+    int *taken = (int *)(rs + n_experts);
+    __shared__ float best_v[ROUTE_THREADS / 32];
+    __shared__ int best_e[ROUTE_THREADS / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float *row = scores + (size_t)blockIdx.x * n_experts;
+    int32_t *id = ids + (size_t)blockIdx.x * top_k;
+    float *wt = weights + (size_t)blockIdx.x * top_k;
+    for (int e = tid; e < n_experts; e += ROUTE_THREADS) s[e] = row[e], taken[e] = 0;
+    __syncthreads();
+    for (int j = 0; j < top_k; j++) {
+        float bv = 0.0f;
+        int be = -1;
+        for (int e = tid; e < n_experts; e += ROUTE_THREADS)
+            if (!taken[e] && route_beats(s[e], e, bv, be)) bv = s[e], be = e;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (route_beats(ov, oe, bv, be)) bv = ov, be = oe;
+        }
+        if (lane == 0) best_v[warp] = bv, best_e[warp] = be;
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < ROUTE_THREADS / 32; w++)
+                if (route_beats(best_v[w], best_e[w], best_v[0], best_e[0])) best_v[0] = best_v[w], best_e[0] = best_e[w];
+            id[j] = best_e[0];
+            taken[best_e[0]] = 1;
+        }
+        __syncthreads();
+    }
+    if (tid != 0) return;
+    if (rule == LLM_ROUTE_SIGMOID) {
+        for (int j = 0; j < top_k; j++) wt[j] = 1.0f / (1.0f + expf(-s[id[j]]));
+        return;
+    }
+    float m = s[0], sum = 0.0f, chosen = 0.0f;
+    for (int e = 1; e < n_experts; e++) m = s[e] > m ? s[e] : m;
+    for (int e = 0; e < n_experts; e++) sum += expf(s[e] - m);
+    for (int j = 0; j < top_k; j++) wt[j] = expf(s[id[j]] - m) / sum;
+    if (rule != LLM_ROUTE_SOFTMAX_NORM) return;
+    for (int j = 0; j < top_k; j++) chosen += wt[j];
+    for (int j = 0; j < top_k; j++) wt[j] /= chosen;
+}
+
+void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule)
+{
+    size_t smem = (size_t)n_experts * (sizeof(float) + sizeof(int));
+    if (smem + 1024 > llm_cuda.smem_optin) {
+        llm_cuda_fail("route", "%d experts do not fit a block's shared memory", n_experts);
+        return;
+    }
+    if (n == 0 || !llm_cuda_allow_smem((const void *)route_kernel, "route")) return;
+    route_kernel<<<n, ROUTE_THREADS, smem, llm_cuda.stream>>>(ids, weights, scores, n_experts, top_k, rule);
+    LLM_CUDA_LAUNCHED("route");
+}
+
+/* ---------- combine ---------- */
+
+/* out[i, c] = sum_j weights[i, j] * y[i, j, c] in slot order, each product and sum rounded as the reference's (no
+ * fused multiply-add): the same bits. */
+__global__ void combine_kernel(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    size_t count = (size_t)n * dim;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k / dim, c = k - i * dim;
+        const float *w = weights + i * top_k, *yi = y + i * top_k * dim + c;
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; j++) sum = __fadd_rn(sum, __fmul_rn(w[j], yi[(size_t)j * dim]));
+        out[k] = sum;
+    }
+}
+
+void llm_cuda_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    size_t count = (size_t)n * dim, blocks = (count + 255) / 256, cap = (size_t)llm_cuda.sm_count * 16;
+    if (count == 0) return;
+    combine_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, llm_cuda.stream>>>(out, y, weights, n, top_k,
+                                                                                          dim);
+    LLM_CUDA_LAUNCHED("combine");
+}
+
+/* ---------- the experts' table on the device ---------- */
+
+/* One expert as the kernels see it. */
+typedef struct {
+    const void *w;
+    const void *bias;
+} moe_expert;
+
+/* A layer's llm_experts, as last seen (the host pointers of its weights) and their table on the device. Tables are
+ * built once per llm_experts (keyed by its arrays) and kept until the device closes; one whose weights changed (a
+ * model loaded where another was) gets a new table, the old one kept (an earlier captured step may name it). */
+typedef struct {
+    const llm_weight *w, *bias;
+    int n_experts;
+    moe_expert *host;   /* (n_experts): what the device table holds */
+    moe_expert *device; /* (n_experts) */
+    bool aligned;       /* every matrix 16-byte aligned (the vector loads) */
+} moe_table;
+
+static struct {
+    moe_table *t;
+    int n, cap;
+    void **retired; /* device tables replaced, freed at release */
+    int n_retired, cap_retired;
+} tables;
+
+void llm_cuda_moe_release(void)
+{
+    for (int i = 0; i < tables.n; i++) {
+        cudaFree(tables.t[i].device);
+        free(tables.t[i].host);
+    }
+    for (int i = 0; i < tables.n_retired; i++) cudaFree(tables.retired[i]);
+    free(tables.t), free(tables.retired);
+    memset(&tables, 0, sizeof tables);
+    cudaGetLastError();
+}
+
+static bool retire(void *p)
+{
+    if (tables.n_retired == tables.cap_retired) {
+        int cap = tables.cap_retired ? 2 * tables.cap_retired : 16;
+        void **r = (void **)realloc(tables.retired, (size_t)cap * sizeof *r);
+        if (!r) return false;
+        tables.retired = r, tables.cap_retired = cap;
+    }
+    tables.retired[tables.n_retired++] = p;
+    return true;
+}
+
+/* The device table of w, built (or rebuilt) here when needed; NULL after recording an error. Building uploads with
+ * a synchronous copy on the legacy stream, which a step being captured (relaxed mode) allows: the first step of a
+ * shape, which runs uncaptured, builds every layer's. */
+static const moe_table *table_of(const llm_experts *w)
+{
+    moe_table *t = NULL;
+    for (int i = 0; i < tables.n && !t; i++)
+        if (tables.t[i].w == w->w && tables.t[i].bias == w->bias && tables.t[i].n_experts == w->n_experts)
+            t = &tables.t[i];
+    size_t n = (size_t)w->n_experts, bytes = n * sizeof(moe_expert);
+    moe_expert *now = (moe_expert *)malloc(bytes);
+    if (!now) {
+        llm_cuda_fail("experts", "out of host memory for the experts' table");
+        return NULL;
+    }
+    bool aligned = true;
+    for (size_t e = 0; e < n; e++) {
+        now[e].w = w->w[e].data, now[e].bias = w->bias ? w->bias[e].data : NULL;
+        aligned = aligned && (uintptr_t)now[e].w % 16 == 0;
+    }
+    if (t && t->device && memcmp(t->host, now, bytes) == 0) {
+        free(now);
+        return t;
+    }
+    if (!t) {
+        if (tables.n == tables.cap) {
+            int cap = tables.cap ? 2 * tables.cap : 64;
+            moe_table *grown = (moe_table *)realloc(tables.t, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                free(now);
+                llm_cuda_fail("experts", "out of host memory for the experts' tables");
+                return NULL;
+            }
+            tables.t = grown, tables.cap = cap;
+        }
+        t = &tables.t[tables.n++];
+        memset(t, 0, sizeof *t);
+        t->w = w->w, t->bias = w->bias, t->n_experts = w->n_experts;
+    } else if (t->device && !retire(t->device)) {
+        free(now);
+        llm_cuda_fail("experts", "out of host memory for the experts' tables");
+        return NULL;
+    }
+    free(t->host);
+    t->host = now, t->device = NULL, t->aligned = aligned;
+    void *dev = NULL;
+    if (!LLM_CUDA_CHECK("experts", cudaMalloc(&dev, bytes))) return NULL; /* the next call tries again */
+    t->device = (moe_expert *)dev;
+    if (!LLM_CUDA_CHECK("experts", cudaMemcpy(dev, now, bytes, cudaMemcpyHostToDevice))) return NULL;
+    return t;
+}
+
+/* ---------- experts, a few tokens: GEMV over (token, slot, row block) ---------- */
+
+#define GV_WARPS 4
+#define GV_ROWS 4                        /* rows a warp takes at once */
+#define GV_BLOCK_ROWS (GV_WARPS * GV_ROWS) /* rows a block takes */
+#define GV_PASS 4                        /* (token, slot) pairs a pass multiplies by the rows it loaded */
+#define GV_MAX_PAIRS 128                 /* n * top_k the GEMV path takes (a block's ids in shared memory) */
+
+__device__ __forceinline__ float2 mo_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 mo_float2(__half2 h) { return __half22float2(h); }
+
+/* Dot of one 16-byte chunk of weights with the matching f32 values of x. */
+template <typename WT> __device__ __forceinline__ float mo_dot(uint4 w, const float *x);
+template <> __device__ __forceinline__ float mo_dot<float>(uint4 w, const float *x)
+{
+    float4 a = __ldg((const float4 *)x);
+    return __uint_as_float(w.x) * a.x + __uint_as_float(w.y) * a.y + __uint_as_float(w.z) * a.z +
+           __uint_as_float(w.w) * a.w;
+}
+template <typename PAIR> __device__ __forceinline__ float mo_dot16(uint4 w, const float *x)
+{
+    const PAIR *h = (const PAIR *)&w;
+    float4 x0 = __ldg((const float4 *)x), x1 = __ldg((const float4 *)x + 1);
+    float2 a = mo_float2(h[0]), b = mo_float2(h[1]), c = mo_float2(h[2]), d = mo_float2(h[3]);
+    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+}
+template <> __device__ __forceinline__ float mo_dot<__nv_bfloat16>(uint4 w, const float *x)
+{
+    return mo_dot16<__nv_bfloat162>(w, x);
+}
+template <> __device__ __forceinline__ float mo_dot<__half>(uint4 w, const float *x) { return mo_dot16<__half2>(w, x); }
+
+template <typename WT> __device__ __forceinline__ int mo_dtype();
+template <> __device__ __forceinline__ int mo_dtype<float>() { return LLM_DTYPE_F32; }
+template <> __device__ __forceinline__ int mo_dtype<__half>() { return LLM_DTYPE_F16; }
+template <> __device__ __forceinline__ int mo_dtype<__nv_bfloat16>() { return LLM_DTYPE_BF16; }
+
+typedef struct {
+    const moe_expert *tab;
+    int n_experts, bias_dtype;
+    const float *x;
+    const int32_t *ids;
+    float *out;
+    int n, top_k, x_slots, rows, cols;
+    /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
+    const int4 *tiles;
+    const int *n_tiles, *order;
+} gv_args;
+
+__device__ __forceinline__ const float *x_row(const gv_args &a, int pair)
+{
+    int i = pair / a.top_k, j = pair - i * a.top_k;
+    return a.x + ((size_t)i * a.x_slots + (a.x_slots > 1 ? j : 0)) * a.cols;
+}
+
+/* A block takes GV_BLOCK_ROWS rows of one expert and every (token, slot) pair that chose it: the block of the first
+ * such pair (blockIdx.y) does the work, the others leave. Each warp holds GV_ROWS rows' 16-byte chunks, two per lane
+ * and row in flight, and multiplies them by up to GV_PASS pairs' x (read through L1); more pairs take more passes,
+ * whose rows come again from L2. VEC: rows of whole 16-byte chunks, 16-byte aligned; else one element at a time. */
+template <typename WT, bool VEC>
+__global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __grid_constant__ gv_args a)
+{
+    __shared__ int pairs[GV_MAX_PAIRS];
+    __shared__ int n_pairs, expert;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (a.tiles) {
+        if ((int)blockIdx.y >= *a.n_tiles) return;
+        int4 t = a.tiles[blockIdx.y];
+        if (tid < t.z) pairs[tid] = a.order[t.y + tid];
+        if (tid == 0) n_pairs = t.z, expert = t.x;
+        __syncthreads();
+    } else {
+        const int P = a.n * a.top_k, p = blockIdx.y, e = a.ids[p];
+        if (__syncthreads_or(tid < p && a.ids[tid] == e)) return; /* an earlier pair chose it: its block */
+        if (tid == 0) {
+            int k = 0;
+            for (int q = p; q < P; q++)
+                if (a.ids[q] == e) pairs[k++] = q;
+            n_pairs = k, expert = e;
+        }
+        __syncthreads();
+    }
+    const int e = expert, np = n_pairs, rows = a.rows, cols = a.cols;
+    const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
+    if (e < 0 || e >= a.n_experts) { /* outside the table: NaN rows rather than a read out of bounds */
+        for (int q = 0; q < np; q++)
+            for (int r = r0 + lane; r < r0 + GV_ROWS && r < rows; r += 32) a.out[(size_t)pairs[q] * rows + r] = NAN;
+        return;
+    }
+    const WT *w = (const WT *)a.tab[e].w;
+    const void *bias = a.tab[e].bias;
+    const WT *rowp[GV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) rowp[r] = w + (size_t)(r0 + r < rows ? r0 + r : 0) * cols;
+    constexpr int EPC = 16 / sizeof(WT);
+    const int chunks = cols / EPC;
+    for (int q0 = 0; q0 < np; q0 += GV_PASS) {
+        const float *xs[GV_PASS];
+#pragma unroll
+        for (int q = 0; q < GV_PASS; q++) xs[q] = x_row(a, pairs[q0 + q < np ? q0 + q : q0]);
+        float acc[GV_PASS][GV_ROWS];
+#pragma unroll
+        for (int q = 0; q < GV_PASS; q++)
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) acc[q][r] = 0.0f;
+        if (VEC) {
+            for (int k = lane; k < chunks; k += 64) {
+                uint4 wv[2][GV_ROWS];
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+#pragma unroll
+                    for (int r = 0; r < GV_ROWS; r++)
+                        if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    if (k + 32 * c >= chunks) continue;
+#pragma unroll
+                    for (int q = 0; q < GV_PASS; q++) {
+                        if (q0 + q >= np) continue;
+#pragma unroll
+                        for (int r = 0; r < GV_ROWS; r++)
+                            acc[q][r] += mo_dot<WT>(wv[c][r], xs[q] + (size_t)(k + 32 * c) * EPC);
+                    }
+                }
+            }
+        } else {
+            for (int k = lane; k < cols; k += 32) {
+                float wv[GV_ROWS];
+#pragma unroll
+                for (int r = 0; r < GV_ROWS; r++) wv[r] = llm_cuda_load(rowp[r], mo_dtype<WT>(), (size_t)k);
+#pragma unroll
+                for (int q = 0; q < GV_PASS; q++) {
+                    if (q0 + q >= np) continue;
+                    float xv = xs[q][k];
+#pragma unroll
+                    for (int r = 0; r < GV_ROWS; r++) acc[q][r] += wv[r] * xv;
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < GV_PASS; q++) {
+            if (q0 + q >= np) continue;
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                float v = llm_cuda_warp_sum(acc[q][r]);
+                if (lane == r && r0 + r < rows)
+                    a.out[(size_t)pairs[q0 + q] * rows + r0 + r] =
+                        v + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)(r0 + r)) : 0.0f);
+            }
+        }
+    }
+}
+
+template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsigned grid_y)
+{
+    dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
+    if (vec)
+        experts_gemv_kernel<WT, true><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+    else
+        experts_gemv_kernel<WT, false><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+    LLM_CUDA_LAUNCHED("experts");
+}
+
+/* ---------- experts, a batch: the pairs grouped by expert, on the device ---------- */
+
+#define MM_BM 64 /* pairs a tile takes (of one expert) */
+#define MM_BN 64 /* rows */
+#define MM_BK 32 /* columns a stage */
+#define MM_THREADS 128
+#define MM_LD (MM_BK + 8) /* 16-bit elements a staged row (the pad spreads the banks; wmma wants a multiple of 8) */
+#define GROUP_THREADS 512
+
+/* The most tiles a grouping of P pairs over n_experts makes: each expert's last tile may be partial. */
+static int tiles_bound(int P, int n_experts, int tile) { return P / tile + (P < n_experts ? P : n_experts); }
+
+/* pairs (n * top_k of them) sorted by expert, stably (a pair's place does not depend on timing): order[s] the pair at
+ * sorted place s; tiles of up to `tile` pairs of one expert: {expert, first place, count}; *n_tiles of them. One
+ * block: counts by shared atomics, a scan, then the places a chunk of GROUP_THREADS pairs at a time (a pair's rank
+ * among the earlier pairs of its expert: its warp's lanes by __match_any_sync, earlier warps by their counts). A pair
+ * with an id outside [0, n_experts) gets NaN rows (out, rows) and no place. */
+__global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids, int P, int n_experts, int tile,
+                                                              int *order, int4 *tiles, int *n_tiles, float *out,
+                                                              int rows)
+{
+    extern __shared__ int gs[];
+    constexpr int W = GROUP_THREADS / 32;
+    int *count = gs, *offset = count + n_experts, *running = offset + n_experts, *first_tile = running + n_experts;
+    int *wc = first_tile + n_experts; /* (W, n_experts): a chunk's pairs of each expert, per warp */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int e = tid; e < n_experts; e += GROUP_THREADS) {
+        count[e] = running[e] = 0;
+        for (int w = 0; w < W; w++) wc[w * n_experts + e] = 0;
+    }
+    __syncthreads();
+    for (int p = tid; p < P; p += GROUP_THREADS) {
+        int e = ids[p];
+        if (e >= 0 && e < n_experts)
+            atomicAdd(&count[e], 1);
+        else
+            for (int r = 0; r < rows; r++) out[(size_t)p * rows + r] = NAN;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int at = 0, t = 0;
+        for (int e = 0; e < n_experts; e++) {
+            offset[e] = at, first_tile[e] = t;
+            at += count[e], t += (count[e] + tile - 1) / tile;
+        }
+        *n_tiles = t;
+    }
+    __syncthreads();
+    for (int e = tid; e < n_experts; e += GROUP_THREADS)
+        for (int k = 0, t = first_tile[e]; k < count[e]; k += tile, t++)
+            tiles[t] = make_int4(e, offset[e] + k, count[e] - k < tile ? count[e] - k : tile, 0);
+    for (int base = 0; base < P; base += GROUP_THREADS) {
+        int p = base + tid, e = p < P ? ids[p] : -1;
+        bool valid = e >= 0 && e < n_experts;
+        unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1);
+        int rank = __popc(same & ((1u << lane) - 1));
+        if (valid && rank == 0) wc[warp * n_experts + e] = __popc(same);
+        __syncthreads();
+        if (valid) {
+            int before = 0;
+            for (int w = 0; w < warp; w++) before += wc[w * n_experts + e];
+            order[offset[e] + running[e] + before + rank] = p;
+        }
+        __syncthreads();
+        for (int x = tid; x < n_experts; x += GROUP_THREADS) {
+            int sum = 0;
+            for (int w = 0; w < W; w++) sum += wc[w * n_experts + x], wc[w * n_experts + x] = 0;
+            running[x] += sum;
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T> __device__ __forceinline__ T mo_round(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 mo_round<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half mo_round<__half>(float v) { return __float2half_rn(v); }
+template <typename T> __device__ __forceinline__ float mo_f32(T v);
+template <> __device__ __forceinline__ float mo_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float mo_f32<__half>(__half v) { return __half2float(v); }
+
+/* One tile of MM_BM pairs of one expert times MM_BN of its rows, on the tensor cores (wmma, 16x16x16, f32
+ * accumulation). Each x value is split into hi + lo in the weights' 16-bit type as the batched matmul splits it
+ * (prefill.cu, gemm): both halves are multiplied and summed in f32, so the products keep f32-level accuracy (about
+ * 2^-16 relative for bf16) and the expert's weights are read once for its tile. The next stage's global loads are
+ * issued before the current stage's products. 4 warps, each 32 pairs x 32 rows. VEC: cols a multiple of 8 and the
+ * matrices 16-byte aligned. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(MM_THREADS) experts_mma_kernel(const __grid_constant__ gv_args a)
+{
+    using namespace nvcuda;
+    __shared__ __align__(32) T sa_hi[MM_BM * MM_LD], sa_lo[MM_BM * MM_LD], sb[MM_BN * MM_LD];
+    __shared__ __align__(32) float sc[MM_BM * (MM_BN + 4)];
+    __shared__ const float *xrow[MM_BM];
+    __shared__ int pair_of[MM_BM];
+    if ((int)blockIdx.y >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    const int e = t.x, count = t.z, n0 = blockIdx.x * MM_BN, rows = a.rows, cols = a.cols;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (tid < MM_BM) {
+        int p = tid < count ? a.order[t.y + tid] : -1;
+        pair_of[tid] = p;
+        xrow[tid] = p >= 0 ? x_row(a, p) : NULL;
+    }
+    __syncthreads();
+    const T *w = (const T *)a.tab[e].w;
+    const void *bias = a.tab[e].bias;
+
+    /* This thread's share of a stage: A row tid / 2, columns (tid % 2) * 16 .. + 16 (f32); B row tid / 2, the same
+     * 16 columns (16-bit). */
+    const int lr = tid >> 1, lc = (tid & 1) * 16;
+    const float *xr = xrow[lr];
+    const int wrow = n0 + lr;
+    const T *wr = wrow < rows ? w + (size_t)wrow * cols : NULL;
+    float av[16];
+    uint4 bv[2]; /* 16 values of T */
+    auto load = [&](int k0) {
+        if (VEC) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = k0 + lc + 4 * u;
+                float4 v = xr && c < cols ? __ldg((const float4 *)(xr + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                av[4 * u] = v.x, av[4 * u + 1] = v.y, av[4 * u + 2] = v.z, av[4 * u + 3] = v.w;
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int c = k0 + lc + 8 * u;
+                bv[u] = wr && c < cols ? __ldcs((const uint4 *)(wr + c)) : make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            unsigned b[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                int c = k0 + lc + u;
+                av[u] = xr && c < cols ? xr[c] : 0.0f;
+                b[u] = wr && c < cols ? ((const unsigned short *)wr)[c] : 0u; /* 0 is +0 in both types */
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+                bv[u] = make_uint4(b[8 * u] | b[8 * u + 1] << 16, b[8 * u + 2] | b[8 * u + 3] << 16,
+                                   b[8 * u + 4] | b[8 * u + 5] << 16, b[8 * u + 6] | b[8 * u + 7] << 16);
+        }
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    load(0);
+    for (int k0 = 0; k0 < cols; k0 += MM_BK) {
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            T hi = mo_round<T>(av[u]);
+            sa_hi[lr * MM_LD + lc + u] = hi;
+            sa_lo[lr * MM_LD + lc + u] = mo_round<T>(av[u] - mo_f32(hi));
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) *(uint4 *)&sb[lr * MM_LD + lc + 8 * u] = bv[u];
+        __syncthreads();
+        if (k0 + MM_BK < cols) load(k0 + MM_BK);
+#pragma unroll
+        for (int kk = 0; kk < MM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ah[2], al[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(ah[i], sa_hi + (wm + 16 * i) * MM_LD + kk, MM_LD);
+                wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM_LD + kk, MM_LD);
+                wmma::load_matrix_sync(b[i], sb + (wn + 16 * i) * MM_LD + kk, MM_LD);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    wmma::mma_sync(acc[i][j], ah[i], b[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wm + 16 * i) * (MM_BN + 4) + wn + 16 * j, acc[i][j], MM_BN + 4,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int k = tid; k < MM_BM * MM_BN; k += MM_THREADS) {
+        int m = k / MM_BN, c = k - m * MM_BN, r = n0 + c;
+        if (m < count && r < rows)
+            a.out[(size_t)pair_of[m] * rows + r] =
+                sc[m * (MM_BN + 4) + c] + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)r) : 0.0f);
+    }
+}
+
+/* ---------- the experts op ---------- */
+
+void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                      int x_slots)
+{
+    if (n == 0 || w->n_experts == 0) return;
+    const moe_table *t = table_of(w);
+    if (!t) return;
+    const llm_weight *w0 = &w->w[0];
+    gv_args a = {};
+    a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
+    a.x = x, a.ids = ids, a.out = out, a.n = n, a.top_k = top_k, a.x_slots = x_slots;
+    a.rows = (int)w0->rows, a.cols = (int)w0->cols;
+    const int P = n * top_k, dtype = (int)w0->dtype;
+    const size_t es = llm_dtype_size(w0->dtype);
+    const bool vec = t->aligned && (size_t)a.cols * es % 16 == 0 && (uintptr_t)x % 16 == 0;
+    if (P <= GV_MAX_PAIRS) {
+        /* a few tokens: a block per (pair, row block), the first pair of each expert doing its work */
+        if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)P);
+        else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)P);
+        else gemv_launch<float>(a, vec, (unsigned)P);
+        return;
+    }
+    /* a batch: group the pairs by expert, then a tile of pairs per expert; f32 experts (no 16-bit tensor cores
+     * for them) take the GEMV's blocks over the same tiles */
+    const int tile = dtype == LLM_DTYPE_F32 ? GV_MAX_PAIRS : MM_BM, bound = tiles_bound(P, w->n_experts, tile);
+    size_t order_bytes = ((size_t)P * sizeof(int) + 15) / 16 * 16, tile_bytes = (size_t)bound * sizeof(int4);
+    char *scratch = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE, order_bytes + tile_bytes + 16, "experts");
+    if (!scratch) return;
+    int *order = (int *)scratch, *n_tiles = (int *)(scratch + order_bytes + tile_bytes);
+    int4 *tiles = (int4 *)(scratch + order_bytes);
+    size_t smem = (size_t)w->n_experts * (4 + GROUP_THREADS / 32) * sizeof(int);
+    if (smem + 1024 > llm_cuda.smem_optin) {
+        llm_cuda_fail("experts", "%d experts do not fit the grouping's shared memory", w->n_experts);
+        return;
+    }
+    if (!llm_cuda_allow_smem((const void *)group_kernel, "experts")) return;
+    group_kernel<<<1, GROUP_THREADS, smem, llm_cuda.stream>>>(ids, P, w->n_experts, tile, order, tiles, n_tiles, out,
+                                                              a.rows);
+    if (!LLM_CUDA_LAUNCHED("experts")) return;
+    a.tiles = tiles, a.n_tiles = n_tiles, a.order = order;
+    if (dtype == LLM_DTYPE_F32) {
+        gemv_launch<float>(a, vec, (unsigned)bound);
+        return;
+    }
+    dim3 grid((unsigned)((a.rows + MM_BN - 1) / MM_BN), (unsigned)bound);
+    if (dtype == LLM_DTYPE_BF16 && vec)
+        experts_mma_kernel<__nv_bfloat16, true><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
+    else if (dtype == LLM_DTYPE_BF16)
+        experts_mma_kernel<__nv_bfloat16, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
+    else if (vec)
+        experts_mma_kernel<__half, true><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
+    else
+        experts_mma_kernel<__half, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
+    LLM_CUDA_LAUNCHED("experts");
+}
