@@ -121,6 +121,52 @@ MISTRAL_7B_V0_1 = """{
   "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000
 }"""
 
+# The mixtures of experts. Recalled from the Hub's config.json files (no network here): every key and value as
+# those files carry them to the best of our knowledge; the values the cut below replaces matter least.
+MIXTRAL_8X7B_V0_1 = """{
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": true,
+  "vocab_size": 32000
+}"""
+
+QWEN3_30B_A3B = """{
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+  "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936
+}"""
+
+QWEN1_5_MOE_A2_7B = """{
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+  "model_type": "qwen2_moe", "moe_intermediate_size": 1408, "norm_topk_prob": false, "num_attention_heads": 16,
+  "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+  "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+  "shared_expert_intermediate_size": 5632, "sliding_window": 32768, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936
+}"""
+
+OLMOE_1B_7B_0924 = """{
+  "architectures": ["OlmoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "clip_qkv": null,
+  "eos_token_id": 50279, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 1024, "max_position_embeddings": 4096, "model_type": "olmoe", "norm_topk_prob": false,
+  "num_attention_heads": 16, "num_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 16,
+  "num_key_value_heads": 16, "output_router_logits": false, "pad_token_id": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "rope_theta": 10000.0, "router_aux_loss_coef": 0.01, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 50304
+}"""
+
 # The cut: sizes every fixture shares (ids the published configs give past vocabulary 512 come down too).
 CUT = dict(vocab_size=512, hidden_size=64, intermediate_size=128, max_position_embeddings=256,
            initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="float32")
@@ -164,6 +210,21 @@ FAMILIES = [
     ("olmo2", OLMO2_0425_1B, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4), None),
     ("mistral-window", MISTRAL_7B_V0_1, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                              sliding_window=WINDOW), ["sliding_attention"] * 2),
+    # Mixtures of experts: 8 experts of 32 (the routing rule and, where the published model has fewer than 8, the
+    # expert count kept); Mixtral's top-2 kept, the others take 4.
+    ("mixtral", MIXTRAL_8X7B_V0_1, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        intermediate_size=32), None),
+    ("qwen3-moe", QWEN3_30B_A3B, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                      num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32), None),
+    # a dense layer (intermediate_size) between two sparse ones
+    ("qwen3-moe-dense", QWEN3_30B_A3B, dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=32, num_experts=8, num_experts_per_tok=4,
+                                            moe_intermediate_size=32, mlp_only_layers=[1]), None),
+    ("qwen2-moe", QWEN1_5_MOE_A2_7B, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                          num_experts=8, num_experts_per_tok=4, moe_intermediate_size=32,
+                                          shared_expert_intermediate_size=96), None),
+    ("olmoe", OLMOE_1B_7B_0924, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                     intermediate_size=32, num_experts=8, num_experts_per_tok=4), None),
 ]
 
 
@@ -207,6 +268,25 @@ def main():
             print(f"{name}: FAILED")
 
 
+def watch_routers(model):
+    """For a mixture of experts: over every router call of the recording, the smallest gap between the top_k-th and
+    the next expert's score. A gap near f32 rounding would let an exact implementation choose another expert."""
+    gaps = []
+    top_k = getattr(model.config, "num_experts_per_tok", None)
+    if not top_k:
+        return gaps
+
+    def hook(module, args, out):
+        scores = torch.sort(out[0].float(), dim=-1, descending=True).values  # the router's logits
+        gaps.append(float((scores[:, top_k - 1] - scores[:, top_k]).min()))
+
+    for layer in model.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "top_k"):
+            gate.register_forward_hook(hook)
+    return gaps
+
+
 def record_family(out_dir, i, name, text, family_cut, want_types):
     cfg4x = cut_config(text, family_cut, name)
     cls, config = build(cfg4x)
@@ -224,6 +304,7 @@ def record_family(out_dir, i, name, text, family_cut, want_types):
     path = os.path.join(out_dir, name)
     model.save_pretrained(path, safe_serialization=True)
     ref = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    router_margins = watch_routers(ref)
     logits, greedy, margins = mf.record(ref, tokens)
     window_effect = None
     if cfg4x.get("sliding_window") == WINDOW:
@@ -243,6 +324,7 @@ def record_family(out_dir, i, name, text, family_cut, want_types):
         "architecture": cls.__name__, "dtype": "float32", "tokens": tokens, "greedy": greedy,
         "n_prompt": mf.N_PROMPT, "max_abs_logit": float(logits.abs().max()),
         "min_greedy_margin": min(margins), "layer_types": got_types,
+        "min_router_margin": min(router_margins) if router_margins else None,
         "max_logit_change_without_window": window_effect,
         "published_config": "embedded in scripts/make-family-fixtures.py",
         "transformers_version": transformers.__version__, "torch_version": torch.__version__,

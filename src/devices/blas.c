@@ -579,6 +579,8 @@ static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
 static size_t scratch_floats;
+static void *moe_ws;          /* the experts' picks sorted by expert and one group's rows (blas_experts), grown */
+static size_t moe_ws_bytes;
 
 /* Per thread: 4 MiB, a tile of weights converted to f32 that stays in cache while sgemm reads it back. */
 #define SCRATCH_BYTES ((size_t)4 << 20)
@@ -630,6 +632,9 @@ static void blas_release(void)
     llm_host_free(scratch);
     scratch = NULL;
     scratch_floats = 0;
+    llm_host_free(moe_ws);
+    moe_ws = NULL;
+    moe_ws_bytes = 0;
 }
 
 static void blas_describe(char *buf, size_t len)
@@ -1012,12 +1017,116 @@ static void blas_add(float *x, const float *y, size_t count)
     }
 }
 
+/* ---- Mixture of experts ---- */
+
+/* route as the reference computes it (the same comparisons, expf and sums in the same order: the same ids and
+ * weights), a token per thread; the chosen experts marked in a bitmap instead of searched. */
+static void blas_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                       llm_route rule)
+{
+#pragma omp parallel for num_threads(blas_threads) schedule(static) if ((size_t)n * n_experts * top_k >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *s = scores + (size_t)i * n_experts;
+        int32_t *id = ids + (size_t)i * top_k;
+        float *wt = weights + (size_t)i * top_k;
+        uint64_t taken[(1 << 14) / 64] = {0}; /* config.c bounds num_experts by 2^14 */
+        assert(n_experts <= 1 << 14);
+        for (int j = 0; j < top_k; j++) {
+            int best = -1;
+            for (int e = 0; e < n_experts; e++)
+                if (!(taken[e / 64] >> (e % 64) & 1) && (best < 0 || s[e] > s[best])) best = e;
+            id[j] = best;
+            taken[best / 64] |= (uint64_t)1 << (best % 64);
+        }
+        if (rule == LLM_ROUTE_SIGMOID) {
+            for (int j = 0; j < top_k; j++) wt[j] = 1.0f / (1.0f + expf(-s[id[j]]));
+            continue;
+        }
+        float m = s[0], sum = 0.0f, chosen = 0.0f;
+        for (int e = 1; e < n_experts; e++) m = s[e] > m ? s[e] : m;
+        for (int e = 0; e < n_experts; e++) sum += expf(s[e] - m);
+        for (int j = 0; j < top_k; j++) wt[j] = expf(s[id[j]] - m) / sum;
+        if (rule != LLM_ROUTE_SOFTMAX_NORM) continue;
+        for (int j = 0; j < top_k; j++) chosen += wt[j];
+        for (int j = 0; j < top_k; j++) wt[j] /= chosen;
+    }
+}
+
+/* One product per pick (token, slot), each through blas_matmul's one-position path: decode, where a token's top_k
+ * experts are distinct and each pick reads its expert's weights once, and the fallback when no workspace fits. */
+static void experts_by_pick(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                            int x_slots)
+{
+    for (size_t p = 0; p < (size_t)n * top_k; p++) {
+        size_t i = p / (size_t)top_k, j = p % (size_t)top_k;
+        int e = ids[p];
+        const llm_weight *we = &w->w[e];
+        const float *row = x + (i * (size_t)x_slots + (x_slots > 1 ? j : 0)) * we->cols;
+        blas_matmul(out + p * we->rows, row, we, w->bias ? &w->bias[e] : NULL, 1);
+    }
+}
+
+/* out[p] = W_ids[p] x[p's row] for every pick p: the picks grouped by expert (a counting sort), each group's input
+ * rows gathered into one block, one blas_matmul per group (its GEMV or GEMM path, for every dtype it takes), the
+ * output rows scattered back to their picks. Each chosen expert's weights are read once per call; a group holds at
+ * most n picks at a time (a token takes an expert once, so one block almost always holds the whole group). */
+static void blas_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                         int x_slots)
+{
+    size_t picks = (size_t)n * top_k, E = (size_t)w->n_experts, rows = w->w[0].rows, cols = w->w[0].cols;
+    if (n == 1) {
+        experts_by_pick(out, x, w, ids, n, top_k, x_slots);
+        return;
+    }
+    size_t need = (E + 1 + picks) * sizeof(size_t) + (size_t)n * (rows + cols) * sizeof(float);
+    if (need > moe_ws_bytes) {
+        void *bigger = llm_host_alloc(need);
+        if (!bigger) { /* slower, never wrong */
+            experts_by_pick(out, x, w, ids, n, top_k, x_slots);
+            return;
+        }
+        llm_host_free(moe_ws);
+        moe_ws = bigger, moe_ws_bytes = need;
+    }
+    size_t *start = moe_ws, *order = start + E + 1; /* order[start[e] .. start[e+1]) are expert e's picks */
+    float *xg = (float *)(order + picks), *og = xg + (size_t)n * cols;
+    memset(start, 0, (E + 1) * sizeof *start);
+    for (size_t p = 0; p < picks; p++) start[ids[p] + 1]++;
+    for (size_t e = 0; e < E; e++) start[e + 1] += start[e];
+    for (size_t p = 0; p < picks; p++) order[start[ids[p]]++] = p; /* start[e] moves to expert e's end ... */
+    for (size_t e = E; e > 0; e--) start[e] = start[e - 1];         /* ... and back to its beginning */
+    start[0] = 0;
+    for (size_t e = 0; e < E; e++)
+        for (size_t g = start[e]; g < start[e + 1]; g += (size_t)n) {
+            size_t m = start[e + 1] - g < (size_t)n ? start[e + 1] - g : (size_t)n;
+            for (size_t r = 0; r < m; r++) {
+                size_t p = order[g + r], i = p / (size_t)top_k, j = p % (size_t)top_k;
+                memcpy(xg + r * cols, x + (i * (size_t)x_slots + (x_slots > 1 ? j : 0)) * cols, cols * sizeof(float));
+            }
+            blas_matmul(og, xg, &w->w[e], w->bias ? &w->bias[e] : NULL, (int)m);
+            for (size_t r = 0; r < m; r++) memcpy(out + order[g + r] * rows, og + r * rows, rows * sizeof(float));
+        }
+}
+
+/* out[i] = sum_j weights[i, j] y[i, j], in slot order, a token per thread. */
+static void blas_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+#pragma omp parallel for num_threads(blas_threads) schedule(static) if ((size_t)n * top_k * dim >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * dim;
+        memset(o, 0, (size_t)dim * sizeof *o);
+        for (int j = 0; j < top_k; j++)
+            K->axpy(o, weights[(size_t)i * top_k + j], y + ((size_t)i * top_k + j) * dim, (size_t)dim);
+    }
+}
+
 static bool blas_supports(llm_op op, llm_dtype dtype)
 {
     if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype); /* the cache's type; kernels for each above */
     if (!llm_dtype_is_block(dtype)) return dtype < LLM_DTYPE_COUNT;
     const llm_quant_kernels *k = QK ? QK : pick_quant_kernels(); /* asked before init by `llm-run devices` */
-    return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS) && k->tile[llm_quant_of_dtype(dtype)] != NULL;
+    return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS) &&
+           k->tile[llm_quant_of_dtype(dtype)] != NULL;
 }
 
 static const llm_ops blas_ops = {
@@ -1030,6 +1139,9 @@ static const llm_ops blas_ops = {
     .add = blas_add,
     .logits = blas_logits,
     .softcap = blas_softcap,
+    .route = blas_route,
+    .experts = blas_experts,
+    .combine = blas_combine,
 };
 
 static double blas_measure_bandwidth(void) { return llm_host_measure_read_bandwidth(blas_threads); }

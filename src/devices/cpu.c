@@ -20,7 +20,7 @@ static bool cpu_supports(llm_op op, llm_dtype dtype)
     /* attention's dtype is the KV cache's (--cache-type); block formats (--quant) otherwise only reach the products;
      * the reference rounds and dequantizes them exactly */
     if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype);
-    return !llm_dtype_is_block(dtype) || op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
+    return !llm_dtype_is_block(dtype) || op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
 }
 
 static double cpu_measure_bandwidth(void) { return llm_host_measure_read_bandwidth(1); }

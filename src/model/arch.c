@@ -9,6 +9,7 @@
     .attn_norm = "input_layernorm", .attn_post_norm = "post_attention_layernorm",                                   \
     .ffn_norm = "pre_feedforward_layernorm", .ffn_post_norm = "post_feedforward_layernorm", .norm_offset = 1.0f,    \
     .embed_scale = true
+#define GATE_UP_DOWN "gate_proj", "up_proj", "down_proj"
 #define DECODER .prefixes = {"model."}, .lm_heads = {"lm_head.weight"}
 
 /* Gemma3TextConfig's defaults: google/gemma-3-4b-it's text_config leaves most of them out. */
@@ -22,9 +23,10 @@
 static const llm_family families[] = {
     {.architecture = "LlamaForCausalLM", DECODER, LLAMA_NORMS, .windows = LLM_WINDOWS_ALL},
     {.architecture = "MistralForCausalLM", DECODER, LLAMA_NORMS, .windows = LLM_WINDOWS_ALL},
-    {.architecture = "Qwen2ForCausalLM", DECODER, LLAMA_NORMS, .qkv_bias = true, .windows = LLM_WINDOWS_FROM_LAYER},
+    {.architecture = "Qwen2ForCausalLM", DECODER, LLAMA_NORMS, .qkv_bias = true, .windows = LLM_WINDOWS_FROM_LAYER,
+     .window_flag = true},
     {.architecture = "Qwen3ForCausalLM", DECODER, LLAMA_NORMS, .qk_norm = LLM_QK_NORM_HEAD,
-     .windows = LLM_WINDOWS_FROM_LAYER},
+     .windows = LLM_WINDOWS_FROM_LAYER, .window_flag = true},
     /* Gemma2Config alternates: layers 0, 2, 4, ... slide (a pattern of 2). */
     {.architecture = "Gemma2ForCausalLM", DECODER, GEMMA_NORMS,
      .defaults = "{\"tie_word_embeddings\": true, \"sliding_window_pattern\": 2}", .windows = LLM_WINDOWS_PATTERN},
@@ -39,6 +41,21 @@ static const llm_family families[] = {
      .windows = LLM_WINDOWS_ALL},
     {.architecture = "Olmo2ForCausalLM", DECODER, .attn_post_norm = "post_attention_layernorm",
      .ffn_post_norm = "post_feedforward_layernorm", .qk_norm = LLM_QK_NORM_WHOLE, .windows = LLM_WINDOWS_ALL},
+    /* Mixtures of experts (arch.h, llm_moe_family). Mixtral: Mistral's layer, every feed-forward sparse. */
+    {.architecture = "MixtralForCausalLM", DECODER, LLAMA_NORMS, .windows = LLM_WINDOWS_ALL,
+     .moe = {"block_sparse_moe", "gate", {"w1", "w3", "w2"}, "num_local_experts", "intermediate_size",
+             .always_norm = true}},
+    /* Qwen3-MoE's sliding window, when on, is every layer's (its attention ignores max_window_layers). */
+    {.architecture = "Qwen3MoeForCausalLM", DECODER, LLAMA_NORMS, .qk_norm = LLM_QK_NORM_HEAD,
+     .windows = LLM_WINDOWS_ALL, .window_flag = true,
+     .moe = {"mlp", "gate", {GATE_UP_DOWN}, "num_experts", "moe_intermediate_size", .sparse_step = true}},
+    {.architecture = "Qwen2MoeForCausalLM", DECODER, LLAMA_NORMS, .qkv_bias = true, .windows = LLM_WINDOWS_ODD_BELOW,
+     .window_flag = true,
+     .moe = {"mlp", "gate", {GATE_UP_DOWN}, "num_experts", "moe_intermediate_size", .sparse_step = true,
+             .shared_expert = true}},
+    /* OLMoE: Llama's norm placement with OLMo 2's whole-projection q/k norms; no sliding window. */
+    {.architecture = "OlmoeForCausalLM", DECODER, LLAMA_NORMS, .qk_norm = LLM_QK_NORM_WHOLE, .windows = LLM_WINDOWS_ALL,
+     .moe = {"mlp", "gate", {GATE_UP_DOWN}, "num_experts", "intermediate_size"}},
 };
 
 #define N_FAMILIES (sizeof families / sizeof *families)

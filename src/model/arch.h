@@ -19,7 +19,22 @@ typedef enum {
     LLM_WINDOWS_ALL,        /* every layer (Mistral, Phi-3) */
     LLM_WINDOWS_PATTERN,    /* all but every sliding_window_pattern-th (Gemma 3: five of six; Gemma 2: 2) */
     LLM_WINDOWS_FROM_LAYER, /* layers from max_window_layers on, and only with use_sliding_window (Qwen2, Qwen3) */
+    LLM_WINDOWS_ODD_BELOW,  /* layers 0, 2, 4, ... below max_window_layers, only with use_sliding_window (Qwen2-MoE) */
 } llm_window_rule;
+
+/* A family's mixture-of-experts feed-forward (moe.block NULL: a dense family). A sparse layer's tensors are
+ * <prefix>layers.N.<block>.<router>.weight (n_experts, hidden) and <block>.experts.E.<proj[0..2]>.weight, the
+ * expert's gate, up and down projections; each layer is sparse or dense by config.json (llm_config.layer_sparse). */
+typedef struct {
+    const char *block;        /* "mlp" (Qwen-MoE, OLMoE), "block_sparse_moe" (Mixtral); NULL: no experts */
+    const char *router;       /* the router's linear under block: "gate" */
+    const char *proj[3];      /* gate, up, down: {"gate_proj", "up_proj", "down_proj"}, Mixtral's {"w1", "w3", "w2"} */
+    const char *count_key;    /* config.json's expert count: "num_experts", Mixtral's "num_local_experts" */
+    const char *inter_key;    /* an expert's intermediate size: "moe_intermediate_size", or "intermediate_size" */
+    bool always_norm;         /* the chosen weights renormalised whatever norm_topk_prob says (Mixtral) */
+    bool sparse_step;         /* decoder_sparse_step and mlp_only_layers choose the sparse layers (Qwen-MoE) */
+    bool shared_expert;       /* a dense expert every token takes, gated by sigmoid(shared_expert_gate) (Qwen2-MoE) */
+} llm_moe_family;
 
 typedef struct {
     const char *architecture;  /* config.json's architectures[0] */
@@ -37,6 +52,8 @@ typedef struct {
     bool qkv_bias;             /* q, k, v biased whatever attention_bias says (Qwen2) */
     bool embed_scale;          /* embeddings times sqrt(hidden_size) in the weights' dtype (Gemma) */
     llm_window_rule windows;
+    bool window_flag;          /* sliding_window only with use_sliding_window (the Qwen families) */
+    llm_moe_family moe;
 } llm_family;
 
 /* The family of an architecture name, or NULL. */

@@ -257,7 +257,7 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
     /* The window: sliding_window (null: none; Qwen's only with use_sliding_window), on the layers that layer_types
      * names sliding_attention, else on those the family's rule picks. */
     int sw = 0;
-    bool wanted = f->windows != LLM_WINDOWS_FROM_LAYER || get_bool(root, "use_sliding_window", false);
+    bool wanted = !f->window_flag || get_bool(root, "use_sliding_window", false);
     if (wanted && get_int(root, "sliding_window", 0, INT32_MAX, true, 0, &sw, file, err, err_len)) return -1;
     c->sliding_window = sw;
     if (sw == 0) return 0;
@@ -290,7 +290,60 @@ static int read_family(const json_t *root, llm_config *c, const char *file, char
     for (int l = 0; l < L; l++)
         c->layer_sliding[l] = f->windows == LLM_WINDOWS_ALL       ? true
                               : f->windows == LLM_WINDOWS_PATTERN ? (l + 1) % pattern != 0
+                              : f->windows == LLM_WINDOWS_ODD_BELOW ? l % 2 == 0 && l < from
                                                                   : l >= from;
+    return 0;
+}
+
+/* The experts (arch.h, llm_moe_family): how many, how many a token takes, their size, the routing rule, and which
+ * layers are sparse: all, or (Qwen-MoE) those not in mlp_only_layers whose number + 1 is a multiple of
+ * decoder_sparse_step. The bounds keep n * top_k * size products far from overflow, as read_model_config's do. */
+static int read_moe(const json_t *root, llm_config *c, const char *file, char *err, size_t err_len)
+{
+    const llm_moe_family *f = &c->family->moe;
+    if (!f->block) return 0;
+    int step = 1;
+    /* transformers 5.x saves every family's count as num_local_experts (Qwen3-MoE's too) */
+    const char *count_key = json_object_get(root, f->count_key) ? f->count_key : "num_local_experts";
+    if (!json_object_get(root, count_key)) count_key = f->count_key;
+    if (get_int(root, count_key, 1, 1 << 14, false, 0, &c->num_experts, file, err, err_len) ||
+        get_int(root, "num_experts_per_tok", 1, 1 << 14, false, 0, &c->num_experts_per_tok, file, err, err_len) ||
+        get_int(root, f->inter_key, 1, 1 << 18, false, 0, &c->moe_intermediate_size, file, err, err_len) ||
+        (f->shared_expert && get_int(root, "shared_expert_intermediate_size", 0, 1 << 18, true, 0,
+                                     &c->shared_expert_intermediate_size, file, err, err_len)) ||
+        (f->sparse_step && get_int(root, "decoder_sparse_step", 1, 1 << 20, true, 1, &step, file, err, err_len)))
+        return -1;
+    if (c->num_experts_per_tok > c->num_experts) {
+        snprintf(err, err_len, "%s: num_experts_per_tok %d is more than the %d experts (%s)", file,
+                 c->num_experts_per_tok, c->num_experts, count_key);
+        return -1;
+    }
+    const json_t *norm = json_object_get(root, "norm_topk_prob");
+    if (norm && !json_is_null(norm) && !json_is_boolean(norm)) {
+        snprintf(err, err_len, "%s: \"norm_topk_prob\" must be true or false, found %s", file, llm_json_kind(norm));
+        return -1;
+    }
+    c->norm_topk_prob = f->always_norm || json_is_true(norm);
+    c->moe_route = c->norm_topk_prob ? LLM_ROUTE_SOFTMAX_NORM : LLM_ROUTE_SOFTMAX;
+    int L = c->num_hidden_layers;
+    for (int l = 0; l < L; l++) c->layer_sparse[l] = (l + 1) % step == 0;
+    const json_t *dense = f->sparse_step ? json_object_get(root, "mlp_only_layers") : NULL;
+    if (dense && !json_is_null(dense)) {
+        if (!json_is_array(dense)) {
+            snprintf(err, err_len, "%s: \"mlp_only_layers\" must be a list of layer numbers, found %s", file,
+                     llm_json_kind(dense));
+            return -1;
+        }
+        for (size_t i = 0; i < json_array_size(dense); i++) {
+            int64_t l;
+            if (!llm_json_int_value(json_array_get(dense, i), 0, L - 1, &l)) {
+                snprintf(err, err_len, "%s: mlp_only_layers[%zu] is not a layer number in 0..%d", file, i, L - 1);
+                return -1;
+            }
+            c->layer_sparse[l] = false;
+        }
+    }
+    for (int l = 0; l < L; l++) c->n_sparse += c->layer_sparse[l];
     return 0;
 }
 
@@ -352,6 +405,11 @@ static int read_model_config(const json_t *root, llm_config *c, const char *file
         snprintf(err, err_len, "%s: mlp_bias is not supported", file);
         return -1;
     }
+    const json_t *clip = json_object_get(root, "clip_qkv"); /* OLMoE's clamp of q, k, v: null in every release */
+    if (clip && !json_is_null(clip)) {
+        snprintf(err, err_len, "%s: clip_qkv is not supported (only null)", file);
+        return -1;
+    }
 
     /* Upper bounds keep every later size product far from overflow and reject nonsense early. */
     if (get_int(root, "hidden_size", 1, 1 << 16, false, 0, &c->hidden_size, file, err, err_len) ||
@@ -368,7 +426,7 @@ static int read_model_config(const json_t *root, llm_config *c, const char *file
         get_int(root, "bos_token_id", -1, 1 << 22, true, -1, &c->bos_token_id, file, err, err_len) ||
         get_real(root, "rms_norm_eps", 1e-12, 1.0, 1e-6, &c->rms_norm_eps, file, err, err_len) ||
         read_rope(root, c, file, err, err_len) || read_eos(root, c, file, err, err_len) ||
-        read_family(root, c, file, err, err_len))
+        read_family(root, c, file, err, err_len) || read_moe(root, c, file, err, err_len))
         return -1;
     if (c->head_dim % 2) {
         snprintf(err, err_len, "%s: head_dim %d must be even for rotary embeddings", file, c->head_dim);

@@ -57,6 +57,15 @@ typedef struct {
     int n_eos;
     char torch_dtype[16];     /* as written ("bfloat16"), informative only */
     llm_prequant prequant;    /* quantization_config: how the checkpoint's linears are stored (format NONE: as floats) */
+    /* Mixture of experts (family->moe.block; num_experts 0: a dense model). */
+    int num_experts;          /* num_experts, Mixtral's num_local_experts */
+    int num_experts_per_tok;  /* top_k: the experts a token takes, in 1..num_experts */
+    int moe_intermediate_size; /* an expert's intermediate size (Mixtral, OLMoE: intermediate_size) */
+    int shared_expert_intermediate_size; /* Qwen2-MoE's shared expert; 0: none */
+    bool norm_topk_prob;      /* the chosen weights renormalised to sum 1 (Mixtral always) */
+    llm_route moe_route;      /* route's rule, from the two above */
+    bool layer_sparse[LLM_MAX_LAYERS]; /* layer l's feed-forward is the experts (else the dense one of intermediate_size) */
+    int n_sparse;             /* layers with layer_sparse set */
 } llm_config;
 
 /* Read dir/config.json and, when present, dir/generation_config.json. 0 on success, else one line in err. */

@@ -70,7 +70,13 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     s->window = c->sliding_window < ctx ? c->sliding_window : 0;
     s->window_rows = s->window && s->window + max_batch - 1 < ctx ? s->window + max_batch - 1 : ctx;
 
-    size_t B = (size_t)max_batch, hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size;
+    /* gate and up serve the dense layers and Qwen2-MoE's shared expert: the larger of the two that occur */
+    size_t inter = c->n_sparse < c->num_hidden_layers ? (size_t)c->intermediate_size : 1;
+    if ((size_t)c->shared_expert_intermediate_size > inter) inter = (size_t)c->shared_expert_intermediate_size;
+    size_t B = (size_t)max_batch, hidden = (size_t)c->hidden_size;
+    /* the experts' buffers, only where some layer is sparse */
+    size_t E = c->n_sparse ? (size_t)c->num_experts : 0, picks = c->n_sparse ? B * (size_t)c->num_experts_per_tok : 0;
+    size_t mi = (size_t)c->moe_intermediate_size;
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     size_t n_logits = all_logits ? B : 1, vocab = (size_t)c->vocab_size;
     size_t cache = 0; /* bytes of one of the two caches */
@@ -90,13 +96,18 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->logits, n_logits * vocab * sizeof(float)},
         {(void **)&s->key_cache, cache},                  {(void **)&s->value_cache, cache},
         {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
+        {(void **)&s->scores, B * E * sizeof(float)},     {(void **)&s->expert_ids, picks * sizeof(int32_t)},
+        {(void **)&s->expert_weights, picks * sizeof(float)},
+        {(void **)&s->moe_gate, picks * mi * sizeof(float)}, {(void **)&s->moe_up, picks * mi * sizeof(float)},
+        {(void **)&s->moe_out, picks * hidden * sizeof(float)},
+        {(void **)&s->moe_sum, (E ? B : 0) * hidden * sizeof(float)},
     };
     if (state_fits(dev, bufs, sizeof bufs / sizeof *bufs, 2 * cache, ctx, max_batch, err, err_len)) {
         llm_state_free(s, m);
         return -1;
     }
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
-        if (*bufs[i].buf) continue; /* the shared logits */
+        if (*bufs[i].buf || bufs[i].bytes == 0) continue; /* the shared logits; the experts' in a dense model */
         *bufs[i].buf = dev->alloc(bufs[i].bytes);
         if (!*bufs[i].buf) {
             char why[256] = "";
@@ -130,7 +141,8 @@ void llm_state_free(llm_state *s, const llm_model *m)
 {
     if (!s) return;
     void *bufs[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->gate, s->up, s->logits, s->key_cache, s->value_cache,
-                    s->step_ids};
+                    s->step_ids, s->scores, s->expert_ids, s->expert_weights, s->moe_gate, s->moe_up, s->moe_out,
+                    s->moe_sum};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i] && !(s->logits_shared && bufs[i] == s->logits)) m->rt.dev->free(bufs[i]);
     if (s->logits_pinned)
@@ -187,6 +199,8 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     const float *global_freq = m->inv_freq;
     const float *local_freq = m->inv_freq_local ? m->inv_freq_local : global_freq;
     size_t xs = (size_t)n * dim, gs = (size_t)n * c->intermediate_size;
+    int n_exp = c->num_experts, top_k = c->num_experts_per_tok;
+    size_t ms = (size_t)n * top_k * c->moe_intermediate_size, ss = (size_t)n * c->shared_expert_intermediate_size;
     int n_out = s->all_logits ? n : 1;
     /* Without all_logits only the last position's hidden state reaches the head. */
     float *x_out = s->all_logits ? s->x : s->x + (size_t)(n - 1) * dim;
@@ -235,18 +249,41 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             trace(m, "attn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
 
-            /* feed-forward block */
+            /* feed-forward block: dense, or (a sparse layer) the experts the router chooses */
             in = L->ffn_norm.data ? s->xb : s->x;
+            float *ffn = s->xb; /* the block's output */
             if (L->ffn_norm.data) op->rmsnorm(s->xb, s->x, &L->ffn_norm, n, dim, eps, offset);
             trace(m, "ffn_norm", l, in, xs);
-            op->matmul(s->gate, in, &L->gate_proj, NULL, n);
-            op->matmul(s->up, in, &L->up_proj, NULL, n);
-            op->glu(s->gate, s->gate, s->up, gs, c->hidden_act);
-            trace(m, "glu", l, s->gate, gs);
-            op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
-            if (L->ffn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->ffn_post_norm, n, dim, eps, offset);
-            trace(m, "ffn_out", l, s->xb, xs);
-            op->add(s->x, s->xb, xs);
+            if (!c->layer_sparse[l]) {
+                op->matmul(s->gate, in, &L->gate_proj, NULL, n);
+                op->matmul(s->up, in, &L->up_proj, NULL, n);
+                op->glu(s->gate, s->gate, s->up, gs, c->hidden_act);
+                trace(m, "glu", l, s->gate, gs);
+                op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
+            } else {
+                ffn = s->moe_sum;
+                op->matmul(s->scores, in, &L->router, L->router_bias.data ? &L->router_bias : NULL, n);
+                op->route(s->expert_ids, s->expert_weights, s->scores, n, n_exp, top_k, c->moe_route);
+                op->experts(s->moe_gate, in, &L->experts[0], s->expert_ids, n, top_k, 1);
+                op->experts(s->moe_up, in, &L->experts[1], s->expert_ids, n, top_k, 1);
+                op->glu(s->moe_gate, s->moe_gate, s->moe_up, ms, c->hidden_act);
+                trace(m, "glu", l, s->moe_gate, ms);
+                op->experts(s->moe_out, s->moe_gate, &L->experts[2], s->expert_ids, n, top_k, top_k);
+                op->combine(ffn, s->moe_out, s->expert_weights, n, top_k, dim);
+                if (L->shared_expert_gate.data) { /* every token's shared expert, weighted by sigmoid(its gate) */
+                    op->matmul(s->gate, in, &L->shared_gate_proj, NULL, n);
+                    op->matmul(s->up, in, &L->shared_up_proj, NULL, n);
+                    op->glu(s->gate, s->gate, s->up, ss, c->hidden_act);
+                    op->matmul(s->moe_out, s->gate, &L->shared_down_proj, NULL, n);
+                    op->matmul(s->scores, in, &L->shared_expert_gate, NULL, n);
+                    op->route(s->expert_ids, s->expert_weights, s->scores, n, 1, 1, LLM_ROUTE_SIGMOID);
+                    op->combine(s->xb, s->moe_out, s->expert_weights, n, 1, dim);
+                    op->add(ffn, s->xb, xs);
+                }
+            }
+            if (L->ffn_post_norm.data) op->rmsnorm(ffn, ffn, &L->ffn_post_norm, n, dim, eps, offset);
+            trace(m, "ffn_out", l, ffn, xs);
+            op->add(s->x, ffn, xs);
             trace(m, "residual", l, s->x, xs);
         }
 

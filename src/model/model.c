@@ -250,7 +250,9 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
 {
     int n = 0;
     llm_weight *attn[] = {&L->attn_norm, &L->o_proj, &L->q_bias, &L->k_bias, &L->v_bias, &L->o_bias, &L->q_norm,
-                          &L->k_norm, &L->attn_post_norm, &L->ffn_norm, &L->down_proj, &L->ffn_post_norm};
+                          &L->k_norm, &L->attn_post_norm, &L->ffn_norm, &L->down_proj, &L->ffn_post_norm,
+                          &L->router, &L->router_bias, &L->shared_gate_proj, &L->shared_up_proj,
+                          &L->shared_down_proj, &L->shared_expert_gate};
     for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) out[n++] = attn[i];
     if (L->qkv_proj.data) {
         out[n++] = &L->qkv_proj;
@@ -262,6 +264,14 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
     } else {
         out[n++] = &L->gate_proj, out[n++] = &L->up_proj;
     }
+    return n;
+}
+
+int llm_layer_expert_weights(llm_layer *L, llm_weight **out)
+{
+    int n = 0, E = L->expert_w ? L->experts[0].n_experts : 0;
+    for (int i = 0; i < 3 * E; i++) out[n++] = &L->expert_w[i];
+    for (int i = 0; L->expert_b && i < 3 * E; i++) out[n++] = &L->expert_b[i];
     return n;
 }
 
@@ -289,6 +299,50 @@ static void free_weight(const llm_model *m, llm_weight *w)
     else if (!dev->host_memory)
         dev->free(w->data);
     w->data = NULL;
+}
+
+/* A sparse layer's feed-forward as the Hub ships it (arch.h, llm_moe_family): the router, each expert's gate, up
+ * and down linears (quantized with --quant as the other linears), and Qwen2-MoE's shared expert and its gate. */
+static int load_experts(llm_model *m, int l, char *err, size_t err_len)
+{
+    const llm_config *c = &m->config;
+    const llm_moe_family *f = &c->family->moe;
+    llm_layer *L = &m->layers[l];
+    size_t hidden = (size_t)c->hidden_size, E = (size_t)c->num_experts, mi = (size_t)c->moe_intermediate_size;
+    size_t si = (size_t)c->shared_expert_intermediate_size;
+    char name[256], why[96];
+    snprintf(name, sizeof name, "%slayers.%d.%s.%s.weight", m->prefix, l, f->block, f->router);
+    snprintf(why, sizeof why, "%s, hidden_size", f->count_key);
+    if (load_linear(m, &L->router, name, E, hidden, why, false, false, err, err_len)) return -1;
+    if (!(L->expert_w = calloc(3 * E, sizeof *L->expert_w))) {
+        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
+        return -1;
+    }
+    const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
+    char whys[2][96];
+    snprintf(whys[0], sizeof whys[0], "%s, hidden_size", f->inter_key);
+    snprintf(whys[1], sizeof whys[1], "hidden_size, %s", f->inter_key);
+    for (int p = 0; p < 3; p++) {
+        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts};
+        for (size_t e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "%slayers.%d.%s.experts.%zu.%s.weight", m->prefix, l, f->block, e, f->proj[p]);
+            if (load_linear(m, &L->expert_w[(size_t)p * E + e], name, rows[p], cols[p], whys[p == 2], true, false, err,
+                            err_len))
+                return -1;
+        }
+    }
+    if (!f->shared_expert || si == 0) return 0;
+    const char *sh = f->block;
+    snprintf(whys[0], sizeof whys[0], "shared_expert_intermediate_size, hidden_size");
+    snprintf(whys[1], sizeof whys[1], "hidden_size, shared_expert_intermediate_size");
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.gate_proj.weight", m->prefix, l, sh);
+    if (load_linear(m, &L->shared_gate_proj, name, si, hidden, whys[0], true, false, err, err_len)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.up_proj.weight", m->prefix, l, sh);
+    if (load_linear(m, &L->shared_up_proj, name, si, hidden, whys[0], true, false, err, err_len)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.down_proj.weight", m->prefix, l, sh);
+    if (load_linear(m, &L->shared_down_proj, name, hidden, si, whys[1], true, false, err, err_len)) return -1;
+    snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert_gate.weight", m->prefix, l, sh);
+    return load_linear(m, &L->shared_expert_gate, name, 1, hidden, "1, hidden_size", false, false, err, err_len);
 }
 
 /* A layer's tensors as its family has them (arch.h), each checked against config.json. */
@@ -342,7 +396,9 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
     }
     NORM(attn_post_norm, f->attn_post_norm);
     NORM(ffn_norm, f->ffn_norm);
-    if (f->fused_gate_up) {
+    if (c->layer_sparse[l]) {
+        if (load_experts(m, l, err, err_len)) return -1;
+    } else if (f->fused_gate_up) {
         LOAD(gate_up_proj, "mlp.gate_up_proj.weight", 2 * inter, hidden, "2 * intermediate_size, hidden_size");
         L->gate_proj = view_rows(&L->gate_up_proj, 0, inter);
         L->up_proj = view_rows(&L->gate_up_proj, inter, inter);
@@ -350,7 +406,7 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
         LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
         LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
     }
-    LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
+    if (!c->layer_sparse[l]) LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
     NORM(ffn_post_norm, f->ffn_post_norm);
 #undef NORM
 #undef LOAD
@@ -458,7 +514,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     }
     if (c->prequant.format != LLM_PQ_NONE) { /* one slot per matrix a dequantized buffer may stay in */
-        m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + 2;
+        m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + c->n_sparse * 6 * c->num_experts + 2;
         if (!(m->owned = calloc((size_t)m->cap_owned, sizeof *m->owned))) {
             snprintf(err, err_len, "out of memory for %d weights", m->cap_owned);
             goto fail;
@@ -471,6 +527,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
             goto fail;
         }
         if (llm_runtime_require(&m->rt, LLM_OP_MATMUL, m->quant, opt->log, err, err_len) ||
+            (c->n_sparse && llm_runtime_require(&m->rt, LLM_OP_EXPERTS, m->quant, opt->log, err, err_len)) ||
             (quant_head && llm_runtime_require(&m->rt, LLM_OP_LOGITS, m->quant, opt->log, err, err_len)))
             goto fail;
     }
@@ -556,9 +613,12 @@ void llm_model_free(llm_model *m)
         const llm_device *dev = m->rt.dev;
         if (m->layers)
             for (int l = 0; l < m->config.num_hidden_layers; l++) {
+                llm_layer *L = &m->layers[l];
                 llm_weight *ws[LLM_LAYER_WEIGHTS];
-                int n = llm_layer_weights(&m->layers[l], ws);
+                int n = llm_layer_weights(L, ws);
                 for (int i = 0; i < n; i++) free_weight(m, ws[i]);
+                for (int e = 0; L->expert_w && e < 3 * L->experts[0].n_experts; e++) free_weight(m, &L->expert_w[e]);
+                for (int e = 0; L->expert_b && e < 3 * L->experts[0].n_experts; e++) free_weight(m, &L->expert_b[e]);
             }
         free_weight(m, &m->lm_head);
         free_weight(m, &m->embed_tokens);
@@ -569,6 +629,8 @@ void llm_model_free(llm_model *m)
     }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    for (int l = 0; m->layers && l < m->config.num_hidden_layers; l++)
+        free(m->layers[l].expert_w), free(m->layers[l].expert_b);
     free(m->layers);
     llm_st_close(m->st);
     memset(m, 0, sizeof *m);

@@ -28,12 +28,25 @@ typedef struct {
     /* Fused storage (Phi-3): q/k/v_proj are row views into qkv_proj (q_dim + 2 kv_dim, hidden), gate/up_proj into
      * gate_up_proj (2 intermediate, hidden). Views own nothing. */
     llm_weight qkv_proj, gate_up_proj;
+    /* A sparse layer (config.layer_sparse[l]): gate/up/down_proj absent, the experts instead. */
+    llm_weight router;                   /* (num_experts, hidden): scores for route */
+    llm_weight router_bias;              /* (num_experts), or absent */
+    llm_experts experts[3];              /* gate, up: each (moe_intermediate, hidden); down: (hidden, moe_intermediate) */
+    llm_weight *expert_w;                /* (3, num_experts): what experts[i].w point into (owned by the layer) */
+    llm_weight *expert_b;                /* (3, num_experts) biases, or NULL */
+    llm_weight shared_gate_proj, shared_up_proj; /* (shared_expert_intermediate, hidden) Qwen2-MoE's shared expert */
+    llm_weight shared_down_proj;         /* (hidden, shared_expert_intermediate) */
+    llm_weight shared_expert_gate;       /* (1, hidden): sigmoid of its score weighs the shared expert */
 } llm_layer;
 
 /* The weights a layer stores (fused ones instead of their views), absent ones included (data NULL): for code that
  * visits each stored tensor once (freeing, counting bytes by dtype). Returns how many it wrote to out. */
-#define LLM_LAYER_WEIGHTS 18
+#define LLM_LAYER_WEIGHTS 24
 int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS]);
+/* The layer's expert matrices (not in llm_layer_weights: their count is config's), gate, up, down for each expert,
+ * biases after them: 3 * num_experts pointers, or 6 * num_experts with biases, into out (room for 6 * num_experts).
+ * Returns how many; 0 for a dense layer. */
+int llm_layer_expert_weights(llm_layer *L, llm_weight **out);
 
 /* Called after each traced step of the forward pass with a device buffer of `count` floats (llm-run compare). */
 typedef void (*llm_trace_fn)(void *user, const char *what, int layer, const float *buf, size_t count);
@@ -114,7 +127,14 @@ typedef struct {
     float *xb;               /* (max_batch, hidden) normalised input of a block, then its output */
     float *q, *att;          /* (max_batch, n_heads * head_dim) */
     float *k, *v;            /* (max_batch, kv_dim) */
-    float *gate, *up;        /* (max_batch, intermediate) */
+    float *gate, *up;        /* (max_batch, ffn_inter): the dense feed-forward's, or Qwen2-MoE's shared expert's */
+    /* The experts (a model with sparse layers; NULL otherwise) */
+    float *scores;           /* (max_batch, num_experts) the router's */
+    int32_t *expert_ids;     /* (max_batch, top_k) the chosen experts, by route */
+    float *expert_weights;   /* (max_batch, top_k) their weights */
+    float *moe_gate, *moe_up; /* (max_batch, top_k, moe_intermediate) */
+    float *moe_out;          /* (max_batch, top_k, hidden) each chosen expert's output */
+    float *moe_sum;          /* (max_batch, hidden) their weighted sum: the sparse block's output */
     float *logits;           /* (max_batch or 1, vocab) */
     void *key_cache;         /* each layer's (ctx or window_rows, kv_dim) in m->cache_type, layer after layer, each
                               * layer's from a multiple of 64 bytes (a Q8_0 row is 34 bytes a block) */
