@@ -130,6 +130,36 @@ static void accumulate(int end_slot)
     next_slot = 1;
 }
 
+llm_op_cost llm_profile_cost_route(int n, int n_experts, int top_k)
+{
+    /* the scores read, ids and weights written; per score an exponential and a sum, per pick a pass to compare */
+    double scores = (double)n * n_experts, picks = (double)n * top_k;
+    return (llm_op_cost){scores * F32 + picks * (sizeof(int32_t) + F32), scores * (3.0 + top_k)};
+}
+
+/* One expert's weights (its matrix and bias) in bytes. */
+static double expert_bytes(const llm_experts *w)
+{
+    const llm_weight *m = &w->w[0];
+    double b = (double)llm_dtype_matrix_bytes(m->dtype, m->rows, m->cols);
+    if (w->bias) b += (double)llm_dtype_matrix_bytes(w->bias[0].dtype, w->bias[0].rows, w->bias[0].cols);
+    return b;
+}
+
+llm_op_cost llm_profile_cost_experts(const llm_experts *w, int n, int top_k, int x_slots)
+{
+    double picks = (double)n * top_k, rows = (double)w->w[0].rows, cols = (double)w->w[0].cols;
+    double read = picks < w->n_experts ? picks : (double)w->n_experts;
+    double bytes = read * expert_bytes(w) + (double)n * x_slots * cols * F32 + picks * (rows * F32 + sizeof(int32_t));
+    return (llm_op_cost){bytes, 2.0 * picks * rows * cols};
+}
+
+llm_op_cost llm_profile_cost_combine(int n, int top_k, int dim)
+{
+    double picks = (double)n * top_k;
+    return (llm_op_cost){picks * ((double)dim + 1.0) * F32 + (double)n * dim * F32, 2.0 * picks * dim};
+}
+
 /* Close the current segment: mark its end, wait for the device so the marks can be read, add them up. */
 static void flush_segment(void)
 {
@@ -225,10 +255,33 @@ static void p_softcap(float *x, float cap, size_t count)
     call_end(s, LLM_OP_SOFTCAP, llm_profile_cost_add(count)); /* a read and a write a value, like add's half */
 }
 
+static void p_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                    llm_route rule)
+{
+    int s = call_begin();
+    P.inner.route(ids, weights, scores, n, n_experts, top_k, rule);
+    call_end(s, LLM_OP_ROUTE, llm_profile_cost_route(n, n_experts, top_k));
+}
+
+static void p_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                      int x_slots)
+{
+    int s = call_begin();
+    P.inner.experts(out, x, w, ids, n, top_k, x_slots);
+    call_end(s, LLM_OP_EXPERTS, llm_profile_cost_experts(w, n, top_k, x_slots));
+}
+
+static void p_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    int s = call_begin();
+    P.inner.combine(out, y, weights, n, top_k, dim);
+    call_end(s, LLM_OP_COMBINE, llm_profile_cost_combine(n, top_k, dim));
+}
+
 static const llm_ops wrappers = {
     .embed = p_embed, .rmsnorm = p_rmsnorm, .matmul = p_matmul, .rope = p_rope,
     .attention = p_attention, .glu = p_glu, .add = p_add, .logits = p_logits,
-    .softcap = p_softcap,
+    .softcap = p_softcap, .route = p_route, .experts = p_experts, .combine = p_combine,
 };
 
 /* ---- lifetime and step hooks ---- */
@@ -308,6 +361,12 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
         llm_weight *layer[LLM_LAYER_WEIGHTS];
         int n = llm_layer_weights(&m->layers[l], layer);
         for (int i = 0; i < n; i++) add_weight(ws, layer[i]);
+        const llm_layer *L = &m->layers[l];
+        for (int p = 0; p < 3 && L->expert_w; p++)
+            for (int e = 0; e < L->experts[p].n_experts; e++) {
+                add_weight(ws, &L->experts[p].w[e]);
+                if (L->experts[p].bias) add_weight(ws, &L->experts[p].bias[e]);
+            }
     }
     add_weight(ws, &m->norm);
     if (!m->config.tie_word_embeddings) add_weight(ws, &m->lm_head);
@@ -322,6 +381,11 @@ double llm_profile_decode_bytes(const llm_model *m, int kv_len)
     const llm_config *c = &m->config;
     double weights = (double)ws.total_bytes - (double)ws.embed_bytes + (double)ws.embed_row_bytes;
     if (c->tie_word_embeddings) weights += (double)ws.embed_bytes; /* the head reads the whole table */
+    for (int l = 0; l < c->num_hidden_layers; l++) /* a sparse layer reads its top_k experts, not all of them */
+        for (int p = 0; p < 3 && c->layer_sparse[l] && m->layers[l].expert_w; p++) {
+            const llm_experts *E = &m->layers[l].experts[p];
+            weights -= (double)(E->n_experts - c->num_experts_per_tok) * expert_bytes(E);
+        }
     size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     double rows = 0.0; /* cache rows the step's attention reads, over the layers: a windowed layer's last W only */
     for (int l = 0; l < c->num_hidden_layers; l++)

@@ -778,6 +778,42 @@ static void test_graph_replay(void **state)
     }
 }
 
+/* MoE models decoding: the persistent step is turned off at the first MoE op (counted), the rest of the run a kernel
+ * per op; replayed graphs give the bits of plain issue, and both the logits of the reference. */
+static void test_moe_decode(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    llm_device_counters count = {0};
+    dev->counters(&count);
+    dev->release();
+    const char *fixtures[] = {"qwen3-moe", "qwen3-moe-dense", "mixtral", "qwen2-moe", "olmoe"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        int vocab = 0;
+        size_t n_persisted = 0;
+        float *persist = decode_run_with(fixtures[f], "cuda", "1", "1", "1", &vocab, &n_persisted);
+        int cut = last_cut;
+        float *graphs = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
+        float *plain = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
+        float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
+        size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+        double e_persist = rel_error(persist, plain, n), e_cpu = rel_error(graphs, cpu, n);
+        print_message("%s, %d decode steps: %zu persistent launches then a kernel per op (cut %d); vs plain %.2g, "
+                      "cuda vs cpu %.2g\n", fixtures[f], DECODE_STEPS, n_persisted, cut, e_persist, e_cpu);
+        if (count.persistent_capable) {
+            assert_int_equal(cut, 1);
+            assert_true(n_persisted <= 1); /* at most the first step's ops before its first MoE op */
+        }
+        /* the same kernels with the same arguments */
+        assert_memory_equal(graphs, plain, n * sizeof *graphs);
+        /* the first step's recorded part summed in another order */
+        assert_true(e_persist < 1e-5);
+        /* as test_graph_replay */
+        assert_true(e_cpu < 1e-4);
+        free(persist), free(graphs), free(plain), free(cpu);
+    }
+}
+
 /* ---- the persistent decode step (step.cu) against the kernel-per-op step and the reference ---- */
 
 /* Shorter rings (on a GPU with less shared memory than an H100's 227 KB a block) add the same sums in the same
@@ -1088,11 +1124,14 @@ int main(void)
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_moe_graph_replay), cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_moe_decode),
         cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_persistent_wide_inputs),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),
     };
+    const char *only = getenv("LLM_TEST_FILTER"); /* e.g. "test_moe*": a subset while working on one part */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }
