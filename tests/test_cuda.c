@@ -586,18 +586,19 @@ static void test_moe_combine(void **state)
     cuda_done();
 }
 
-/* One token through a MoE block (router product, route, gate and up experts, SwiGLU, down experts, combine) as a
- * step: the first runs as issued, the second is captured, later ones replay the graph. Replays read the ids the
- * route kernel wrote on the device, so a new x routes to other experts without any host work. */
+/* One token through a MoE block (router product, route, gate and up experts, SwiGLU, down experts, combine, the
+ * residual add) as a step: the first runs as issued, the second is captured, later ones replay the graph. Replays
+ * read the ids the route kernel wrote on the device, so a new x routes to other experts without any host work. With
+ * fusion on, gate, up and SwiGLU are one launch and the combine takes the add. */
 typedef struct {
     int dim, inter, experts, top_k;
     weight_pair router;
     experts_pair gate, up, down;
-    float *x, *scores, *g, *u, *y, *w, *out; /* device */
+    float *x, *scores, *g, *u, *y, *w, *out, *resid; /* device */
     int32_t *ids;
 } moe_block;
 
-static void moe_block_ref(moe_block *b, const float *x, float *out)
+static void moe_block_ref(moe_block *b, const float *x, const float *resid, float *out)
 {
     int k = b->top_k;
     float *scores = malloc((size_t)b->experts * sizeof *scores), *w = malloc((size_t)k * sizeof *w);
@@ -612,6 +613,7 @@ static void moe_block_ref(moe_block *b, const float *x, float *out)
     llm_ref_ops.glu(g, g, u, (size_t)k * b->inter, LLM_ACT_SILU);
     llm_ref_ops.experts(y, g, &b->down.host, ids, 1, k, k);
     llm_ref_ops.combine(out, y, w, 1, k, b->dim);
+    for (int c = 0; c < b->dim; c++) out[c] += resid[c];
     free(scores), free(w), free(g), free(u), free(y), free(ids);
 }
 
@@ -629,57 +631,94 @@ static void moe_block_step(moe_block *b)
     dev->ops->glu(b->g, b->g, b->u, (size_t)k * b->inter, LLM_ACT_SILU);
     dev->ops->experts(b->y, b->g, &b->down.device, b->ids, 1, k, k);
     dev->ops->combine(b->out, b->y, b->w, 1, k, b->dim);
+    dev->ops->add(b->resid, b->out, (size_t)b->dim);
     dev->step_end();
+}
+
+/* The block's weights and buffers on the (initialised) device, inputs xs[2] and resid on the host. */
+static void moe_block_make(moe_block *b)
+{
+    size_t kd = (size_t)b->top_k * b->dim, ki = (size_t)b->top_k * b->inter;
+    b->router = make_weight(LLM_DTYPE_BF16, (size_t)b->experts, (size_t)b->dim, 0.2f);
+    b->gate = make_experts(b->experts, LLM_DTYPE_BF16, (size_t)b->inter, (size_t)b->dim, false);
+    b->up = make_experts(b->experts, LLM_DTYPE_BF16, (size_t)b->inter, (size_t)b->dim, false);
+    b->down = make_experts(b->experts, LLM_DTYPE_BF16, (size_t)b->dim, (size_t)b->inter, false);
+    b->x = dev->alloc((size_t)b->dim * 4), b->resid = dev->alloc((size_t)b->dim * 4);
+    b->scores = dev->alloc((size_t)b->experts * 4), b->g = dev->alloc(ki * 4), b->u = dev->alloc(ki * 4);
+    b->y = dev->alloc(kd * 4), b->w = dev->alloc((size_t)b->top_k * 4), b->out = dev->alloc((size_t)b->dim * 4);
+    b->ids = dev->alloc((size_t)b->top_k * sizeof(int32_t));
+    assert_true(b->x && b->resid && b->scores && b->g && b->u && b->y && b->w && b->out && b->ids);
+}
+
+static void moe_block_free(moe_block *b)
+{
+    void *bufs[] = {b->x, b->resid, b->scores, b->g, b->u, b->y, b->w, b->out, b->ids};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
+    free_weight(&b->router);
+    free_experts(&b->gate), free_experts(&b->up), free_experts(&b->down);
+}
+
+/* The block's output for x and resid: one step run on the device. */
+static float *moe_block_run(moe_block *b, const float *x, const float *resid)
+{
+    assert_int_equal(dev->upload(b->x, x, (size_t)b->dim * 4), 0);
+    assert_int_equal(dev->upload(b->resid, resid, (size_t)b->dim * 4), 0);
+    moe_block_step(b);
+    return from_device(b->resid, (size_t)b->dim);
 }
 
 static void test_moe_graph_replay(void **state)
 {
     (void)state;
-    cuda_or_skip();
-    moe_block b = {.dim = 512, .inter = 96, .experts = 32, .top_k = 4};
-    size_t kd = (size_t)b.top_k * b.dim, ki = (size_t)b.top_k * b.inter;
-    b.router = make_weight(LLM_DTYPE_BF16, (size_t)b.experts, (size_t)b.dim, 0.2f);
-    b.gate = make_experts(b.experts, LLM_DTYPE_BF16, (size_t)b.inter, (size_t)b.dim, false);
-    b.up = make_experts(b.experts, LLM_DTYPE_BF16, (size_t)b.inter, (size_t)b.dim, false);
-    b.down = make_experts(b.experts, LLM_DTYPE_BF16, (size_t)b.dim, (size_t)b.inter, false);
-    float *xs[2] = {random_floats((size_t)b.dim, 1.0f), random_floats((size_t)b.dim, 1.0f)};
-    b.x = on_device(xs[0], (size_t)b.dim * 4);
-    b.scores = dev->alloc((size_t)b.experts * 4), b.g = dev->alloc(ki * 4), b.u = dev->alloc(ki * 4);
-    b.y = dev->alloc(kd * 4), b.w = dev->alloc((size_t)b.top_k * 4), b.out = dev->alloc((size_t)b.dim * 4);
-    b.ids = dev->alloc((size_t)b.top_k * sizeof(int32_t));
-    assert_true(b.scores && b.g && b.u && b.y && b.w && b.out && b.ids);
-    float *ref[2] = {malloc((size_t)b.dim * 4), malloc((size_t)b.dim * 4)}, *first[2] = {NULL, NULL};
+    float *xs[2] = {random_floats(512, 1.0f), random_floats(512, 1.0f)}, *resid = random_floats(512, 1.0f);
+    float *ref[2] = {malloc(512 * 4), malloc(512 * 4)}, *first[2] = {NULL, NULL}, *unfused = NULL;
     assert_true(ref[0] && ref[1]);
-    moe_block_ref(&b, xs[0], ref[0]);
-    moe_block_ref(&b, xs[1], ref[1]);
-    /* steps 0 and 1: issued and captured; 2 to 5 replayed, with x alternating between two inputs */
-    for (int step = 0; step < 6; step++) {
-        int which = step < 2 ? 0 : step % 2;
-        assert_int_equal(dev->upload(b.x, xs[which], (size_t)b.dim * 4), 0);
-        moe_block_step(&b);
-        float *got = from_device(b.out, (size_t)b.dim);
-        double err = rel_error(got, ref[which], (size_t)b.dim);
-        print_message("MoE block step %d (x %d): vs the reference %.2g\n", step, which, err);
-        /* f32 sums in other orders, as test_matmul; expf in the router as test_moe_route */
-        assert_true(err < 1e-5);
-        if (!first[which]) {
-            first[which] = got;
+    const uint64_t seed = rng;
+    for (int fuse = 0; fuse < 2; fuse++) {
+        setenv("LLM_CUDA_FUSE", fuse ? "1" : "0", 1);
+        cuda_or_skip();
+        unsetenv("LLM_CUDA_FUSE");
+        rng = seed; /* the same weights both times */
+        moe_block b = {.dim = 512, .inter = 96, .experts = 32, .top_k = 4};
+        moe_block_make(&b);
+        moe_block_ref(&b, xs[0], resid, ref[0]);
+        moe_block_ref(&b, xs[1], resid, ref[1]);
+        if (!fuse) { /* every op its own launch: the fused steps below must compute the same */
+            unfused = moe_block_run(&b, xs[0], resid);
+            print_message("MoE block, unfused: vs the reference %.2g\n", rel_error(unfused, ref[0], 512));
+            assert_true(rel_error(unfused, ref[0], 512) < 1e-5);
+            moe_block_free(&b);
+            cuda_done();
             continue;
         }
-        /* the captured kernels with the same arguments and inputs: the same bits as the first step on this x */
-        assert_memory_equal(got, first[which], (size_t)b.dim * 4);
-        free(got);
+        /* steps 0 and 1: issued and captured; 2 to 5 replayed, with x alternating between two inputs */
+        for (int step = 0; step < 6; step++) {
+            int which = step < 2 ? 0 : step % 2;
+            float *got = moe_block_run(&b, xs[which], resid);
+            double err = rel_error(got, ref[which], 512);
+            print_message("MoE block step %d (x %d): vs the reference %.2g\n", step, which, err);
+            /* f32 sums in other orders, as test_matmul; expf in the router as test_moe_route */
+            assert_true(err < 1e-5);
+            if (!first[which]) {
+                first[which] = got;
+                continue;
+            }
+            /* the captured kernels with the same arguments and inputs: the same bits as the first step on this x */
+            assert_memory_equal(got, first[which], 512 * 4);
+            free(got);
+        }
+        /* gate and up in one launch sum each row as alone, the combine's add rounds once as add does: only SwiGLU's
+         * expf may differ (a few ulp) */
+        print_message("MoE block, fused vs unfused: %.2g\n", rel_error(first[0], unfused, 512));
+        assert_true(rel_error(first[0], unfused, 512) < 1e-6);
+        llm_device_counters count = {0};
+        dev->counters(&count);
+        /* a one-token step with MoE ops is not taken by the persistent step: turned off, counted */
+        if (count.persistent_capable) assert_int_equal(count.persistent_cut, 1);
+        moe_block_free(&b);
+        cuda_done();
     }
-    llm_device_counters count = {0};
-    dev->counters(&count);
-    /* a one-token step with MoE ops is not taken by the persistent step: turned off, counted */
-    if (count.persistent_capable) assert_int_equal(count.persistent_cut, 1);
-    free(xs[0]), free(xs[1]), free(ref[0]), free(ref[1]), free(first[0]), free(first[1]);
-    void *bufs[] = {b.x, b.scores, b.g, b.u, b.y, b.w, b.out, b.ids};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
-    free_weight(&b.router);
-    free_experts(&b.gate), free_experts(&b.up), free_experts(&b.down);
-    cuda_done();
+    free(xs[0]), free(xs[1]), free(resid), free(ref[0]), free(ref[1]), free(first[0]), free(first[1]), free(unfused);
 }
 
 /* ---- a model decoding 64 steps: graph replay against plain issue, fused against unfused, both against cpu ---- */

@@ -391,7 +391,13 @@ void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, in
  * the first time it meets w (kept until llm_cuda_moe_release). */
 void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                       int x_slots);
-void llm_cuda_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim);
+/* gate's and up's products in one launch (a few tokens, x_slots 1: llm_cuda_experts_pair_fits), both written; with
+ * glu, gate_out then holds act(gate) * up, as the glu op after them would leave it. */
+bool llm_cuda_experts_pair_fits(int n, int top_k);
+void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
+                           const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act);
+/* resid: NULL, or also resid += out (the residual add after the combine) */
+void llm_cuda_combine(float *out, float *resid, const float *y, const float *weights, int n, int top_k, int dim);
 /* Free the experts' tables (the device is closing). */
 void llm_cuda_moe_release(void);
 

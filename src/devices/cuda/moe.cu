@@ -8,9 +8,9 @@
 
 #include "cuda_internal.h"
 
-/* ---------- route: one block a token ---------- */
+/* ---------- route: a warp a token ---------- */
 
-#define ROUTE_THREADS 128
+#define ROUTE_MAX_WARPS 4
 
 /* (v, e) beats (bv, be): a larger score, or the same score at a lower expert (ops.h's tie rule); e < 0 is none. */
 __device__ __forceinline__ bool route_beats(float v, int e, float bv, int be)
@@ -18,72 +18,79 @@ __device__ __forceinline__ bool route_beats(float v, int e, float bv, int be)
     return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
 }
 
-/* scores' row in shared memory (n_experts floats, then a taken flag each); the top_k chosen by rounds of a block-wide
- * arg-max, the softmax's sum in expert order by one thread (ops.h fixes that order), the rest in slot order. */
-__global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n_experts, int top_k, int rule)
+/* Each warp takes a token: its scores in shared memory (n_experts floats, a taken flag each, then top_k chosen ids),
+ * top_k rounds of a warp-wide arg-max (no block barrier), then the weights. The softmax's sum runs over the lanes'
+ * strided parts and a fixed shuffle tree: deterministic, within f32 rounding of the reference's sum in expert order. */
+__global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                             int rule)
 {
     extern __shared__ float rs[];
-    float *s = rs;
-    int *taken = (int *)(rs + n_experts);
-    __shared__ float best_v[ROUTE_THREADS / 32];
-    __shared__ int best_e[ROUTE_THREADS / 32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float *row = scores + (size_t)blockIdx.x * n_experts;
-    int32_t *id = ids + (size_t)blockIdx.x * top_k;
-    float *wt = weights + (size_t)blockIdx.x * top_k;
-    for (int e = tid; e < n_experts; e += ROUTE_THREADS) s[e] = row[e], taken[e] = 0;
-    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = 2 * n_experts + top_k;
+    const int token = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (token >= n) return;
+    float *s = rs + (size_t)warp * per;
+    int *taken = (int *)(s + n_experts), *chosen = taken + n_experts;
+    const float *row = scores + (size_t)token * n_experts;
+    float m = -INFINITY;
+    for (int e = lane; e < n_experts; e += 32) {
+        s[e] = row[e], taken[e] = 0;
+        m = fmaxf(m, s[e]);
+    }
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    __syncwarp();
     for (int j = 0; j < top_k; j++) {
         float bv = 0.0f;
         int be = -1;
-        for (int e = tid; e < n_experts; e += ROUTE_THREADS)
+        for (int e = lane; e < n_experts; e += 32)
             if (!taken[e] && route_beats(s[e], e, bv, be)) bv = s[e], be = e;
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oe = __shfl_xor_sync(0xffffffffu, be, o);
             if (route_beats(ov, oe, bv, be)) bv = ov, be = oe;
         }
-        if (lane == 0) best_v[warp] = bv, best_e[warp] = be;
-        __syncthreads();
-        if (tid == 0) {
-            for (int w = 1; w < ROUTE_THREADS / 32; w++)
-                if (route_beats(best_v[w], best_e[w], best_v[0], best_e[0])) best_v[0] = best_v[w], best_e[0] = best_e[w];
-            id[j] = best_e[0];
-            taken[best_e[0]] = 1;
-        }
-        __syncthreads();
+        if (lane == 0) taken[be] = 1, chosen[j] = be;
+        __syncwarp();
     }
-    if (tid != 0) return;
+    int32_t *id = ids + (size_t)token * top_k;
+    float *wt = weights + (size_t)token * top_k;
     if (rule == LLM_ROUTE_SIGMOID) {
-        for (int j = 0; j < top_k; j++) wt[j] = 1.0f / (1.0f + expf(-s[id[j]]));
+        for (int j = lane; j < top_k; j += 32) id[j] = chosen[j], wt[j] = 1.0f / (1.0f + expf(-s[chosen[j]]));
         return;
     }
-    float m = s[0], sum = 0.0f, chosen = 0.0f;
-    for (int e = 1; e < n_experts; e++) m = s[e] > m ? s[e] : m;
-    for (int e = 0; e < n_experts; e++) sum += expf(s[e] - m);
-    for (int j = 0; j < top_k; j++) wt[j] = expf(s[id[j]] - m) / sum;
-    if (rule != LLM_ROUTE_SOFTMAX_NORM) return;
-    for (int j = 0; j < top_k; j++) chosen += wt[j];
-    for (int j = 0; j < top_k; j++) wt[j] /= chosen;
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += 32) sum += expf(s[e] - m);
+    sum = llm_cuda_warp_sum(sum);
+    float part = 0.0f;
+    for (int j = lane; j < top_k; j += 32) part += expf(s[chosen[j]] - m) / sum;
+    const float all = rule == LLM_ROUTE_SOFTMAX_NORM ? llm_cuda_warp_sum(part) : 1.0f;
+    for (int j = lane; j < top_k; j += 32) {
+        float p = expf(s[chosen[j]] - m) / sum;
+        id[j] = chosen[j], wt[j] = rule == LLM_ROUTE_SOFTMAX_NORM ? p / all : p;
+    }
 }
 
 void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule)
 {
-    size_t smem = (size_t)n_experts * (sizeof(float) + sizeof(int));
-    if (smem + 1024 > llm_cuda.smem_optin) {
+    size_t per = (2 * (size_t)n_experts + (size_t)top_k) * sizeof(float);
+    int warps = ROUTE_MAX_WARPS;
+    while (warps > 1 && (size_t)warps * per + 1024 > llm_cuda.smem_optin) warps--;
+    if ((size_t)warps * per + 1024 > llm_cuda.smem_optin) {
         llm_cuda_fail("route", "%d experts do not fit a block's shared memory", n_experts);
         return;
     }
     if (n == 0 || !llm_cuda_allow_smem((const void *)route_kernel, "route")) return;
-    route_kernel<<<n, ROUTE_THREADS, smem, llm_cuda.stream>>>(ids, weights, scores, n_experts, top_k, rule);
+    route_kernel<<<(n + warps - 1) / warps, 32 * warps, (size_t)warps * per, llm_cuda.stream>>>(ids, weights, scores,
+                                                                                                n, n_experts, top_k,
+                                                                                                rule);
     LLM_CUDA_LAUNCHED("route");
 }
 
 /* ---------- combine ---------- */
 
 /* out[i, c] = sum_j weights[i, j] * y[i, j, c] in slot order, each product and sum rounded as the reference's (no
- * fused multiply-add): the same bits. */
-__global__ void combine_kernel(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+ * fused multiply-add): the same bits; with resid, also resid[i, c] += out[i, c] (the add op after it). */
+__global__ void combine_kernel(float *out, float *resid, const float *y, const float *weights, int n, int top_k,
+                               int dim)
 {
     size_t count = (size_t)n * dim;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count; k += (size_t)gridDim.x * blockDim.x) {
@@ -92,15 +99,16 @@ __global__ void combine_kernel(float *out, const float *y, const float *weights,
         float sum = 0.0f;
         for (int j = 0; j < top_k; j++) sum = __fadd_rn(sum, __fmul_rn(w[j], yi[(size_t)j * dim]));
         out[k] = sum;
+        if (resid) resid[k] += sum;
     }
 }
 
-void llm_cuda_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+void llm_cuda_combine(float *out, float *resid, const float *y, const float *weights, int n, int top_k, int dim)
 {
     size_t count = (size_t)n * dim, blocks = (count + 255) / 256, cap = (size_t)llm_cuda.sm_count * 16;
     if (count == 0) return;
-    combine_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, llm_cuda.stream>>>(out, y, weights, n, top_k,
-                                                                                          dim);
+    combine_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, llm_cuda.stream>>>(out, resid, y, weights, n,
+                                                                                          top_k, dim);
     LLM_CUDA_LAUNCHED("combine");
 }
 
@@ -209,10 +217,9 @@ static const moe_table *table_of(const llm_experts *w)
 /* ---------- experts, a few tokens: GEMV over (token, slot, row block) ---------- */
 
 #define GV_WARPS 4
-#define GV_ROWS 4                        /* rows a warp takes at once */
+#define GV_ROWS 4                          /* rows of each matrix a warp takes */
 #define GV_BLOCK_ROWS (GV_WARPS * GV_ROWS) /* rows a block takes */
-#define GV_PASS 4                        /* (token, slot) pairs a pass multiplies by the rows it loaded */
-#define GV_MAX_PAIRS 128                 /* n * top_k the GEMV path takes (a block's ids in shared memory) */
+#define GV_MAX_PAIRS 128                   /* n * top_k the GEMV path takes (a block's ids in shared memory) */
 
 __device__ __forceinline__ float2 mo_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
 __device__ __forceinline__ float2 mo_float2(__half2 h) { return __half22float2(h); }
@@ -244,11 +251,13 @@ template <> __device__ __forceinline__ int mo_dtype<__half>() { return LLM_DTYPE
 template <> __device__ __forceinline__ int mo_dtype<__nv_bfloat16>() { return LLM_DTYPE_BF16; }
 
 typedef struct {
-    const moe_expert *tab;
+    const moe_expert *tab, *tab2; /* tab2: a second projection of the same shape (up, beside gate), or NULL */
     int n_experts, bias_dtype;
     const float *x;
     const int32_t *ids;
-    float *out;
+    float *out, *out2;            /* out2: tab2's products */
+    int glu;                      /* with tab2: out = act(gate) * up (ops.h's glu), out2 = up */
+    int act;
     int n, top_k, x_slots, rows, cols;
     /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
     const int4 *tiles;
@@ -261,13 +270,16 @@ __device__ __forceinline__ const float *x_row(const gv_args &a, int pair)
     return a.x + ((size_t)i * a.x_slots + (a.x_slots > 1 ? j : 0)) * a.cols;
 }
 
-/* A block takes GV_BLOCK_ROWS rows of one expert and every (token, slot) pair that chose it: the block of the first
- * such pair (blockIdx.y) does the work, the others leave. Each warp holds GV_ROWS rows' 16-byte chunks, two per lane
- * and row in flight, and multiplies them by up to GV_PASS pairs' x (read through L1); more pairs take more passes,
- * whose rows come again from L2. VEC: rows of whole 16-byte chunks, 16-byte aligned; else one element at a time. */
-template <typename WT, bool VEC>
+/* A block takes GV_BLOCK_ROWS rows of one expert (of two projections with PAIR: gate and up) and every (token, slot)
+ * pair that chose it: the block of the first such pair (blockIdx.y) does the work, the others leave. Each warp
+ * loads its rows' 16-byte chunks CPL per lane and row at once (16 loads in flight a lane), multiplies them by up to
+ * PASS pairs' x (read through L1), and takes more passes for more pairs (the rows then come again from L2). A lane's
+ * sum runs over chunks lane, lane + 32, ... in order whatever CPL is, so gate's rows come out the same alone or paired.
+ * VEC: rows of whole 16-byte chunks, 16-byte aligned; else one element at a time. */
+template <typename WT, bool VEC, bool PAIR, int PASS>
 __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __grid_constant__ gv_args a)
 {
+    constexpr int NR = PAIR ? 2 * GV_ROWS : GV_ROWS, CPL = PAIR ? 2 : 4, EPC = 16 / sizeof(WT);
     __shared__ int pairs[GV_MAX_PAIRS];
     __shared__ int n_pairs, expert;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -292,80 +304,102 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
     const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
     if (e < 0 || e >= a.n_experts) { /* outside the table: NaN rows rather than a read out of bounds */
         for (int q = 0; q < np; q++)
-            for (int r = r0 + lane; r < r0 + GV_ROWS && r < rows; r += 32) a.out[(size_t)pairs[q] * rows + r] = NAN;
+            for (int r = r0 + lane; r < r0 + GV_ROWS && r < rows; r += 32) {
+                a.out[(size_t)pairs[q] * rows + r] = NAN;
+                if (PAIR) a.out2[(size_t)pairs[q] * rows + r] = NAN;
+            }
         return;
     }
-    const WT *w = (const WT *)a.tab[e].w;
-    const void *bias = a.tab[e].bias;
-    const WT *rowp[GV_ROWS];
+    const WT *rowp[NR];
 #pragma unroll
-    for (int r = 0; r < GV_ROWS; r++) rowp[r] = w + (size_t)(r0 + r < rows ? r0 + r : 0) * cols;
-    constexpr int EPC = 16 / sizeof(WT);
+    for (int r = 0; r < NR; r++) {
+        const WT *w = (const WT *)(r < GV_ROWS ? a.tab[e].w : a.tab2[e].w);
+        int row = r0 + r % GV_ROWS;
+        rowp[r] = w + (size_t)(row < rows ? row : 0) * cols;
+    }
+    const void *bias = a.tab[e].bias, *bias2 = PAIR ? a.tab2[e].bias : NULL;
     const int chunks = cols / EPC;
-    for (int q0 = 0; q0 < np; q0 += GV_PASS) {
-        const float *xs[GV_PASS];
+    for (int q0 = 0; q0 < np; q0 += PASS) {
+        const float *xs[PASS];
 #pragma unroll
-        for (int q = 0; q < GV_PASS; q++) xs[q] = x_row(a, pairs[q0 + q < np ? q0 + q : q0]);
-        float acc[GV_PASS][GV_ROWS];
+        for (int q = 0; q < PASS; q++) xs[q] = x_row(a, pairs[q0 + q < np ? q0 + q : q0]);
+        float acc[PASS][NR];
 #pragma unroll
-        for (int q = 0; q < GV_PASS; q++)
+        for (int q = 0; q < PASS; q++)
 #pragma unroll
-            for (int r = 0; r < GV_ROWS; r++) acc[q][r] = 0.0f;
+            for (int r = 0; r < NR; r++) acc[q][r] = 0.0f;
         if (VEC) {
-            for (int k = lane; k < chunks; k += 64) {
-                uint4 wv[2][GV_ROWS];
+            for (int k = lane; k < chunks; k += 32 * CPL) {
+                uint4 wv[CPL][NR];
 #pragma unroll
-                for (int c = 0; c < 2; c++)
+                for (int c = 0; c < CPL; c++)
 #pragma unroll
-                    for (int r = 0; r < GV_ROWS; r++)
+                    for (int r = 0; r < NR; r++)
                         if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
+                for (int c = 0; c < CPL; c++) {
                     if (k + 32 * c >= chunks) continue;
 #pragma unroll
-                    for (int q = 0; q < GV_PASS; q++) {
+                    for (int q = 0; q < PASS; q++) {
                         if (q0 + q >= np) continue;
 #pragma unroll
-                        for (int r = 0; r < GV_ROWS; r++)
+                        for (int r = 0; r < NR; r++)
                             acc[q][r] += mo_dot<WT>(wv[c][r], xs[q] + (size_t)(k + 32 * c) * EPC);
                     }
                 }
             }
         } else {
             for (int k = lane; k < cols; k += 32) {
-                float wv[GV_ROWS];
+                float wv[NR];
 #pragma unroll
-                for (int r = 0; r < GV_ROWS; r++) wv[r] = llm_cuda_load(rowp[r], mo_dtype<WT>(), (size_t)k);
+                for (int r = 0; r < NR; r++) wv[r] = llm_cuda_load(rowp[r], mo_dtype<WT>(), (size_t)k);
 #pragma unroll
-                for (int q = 0; q < GV_PASS; q++) {
+                for (int q = 0; q < PASS; q++) {
                     if (q0 + q >= np) continue;
                     float xv = xs[q][k];
 #pragma unroll
-                    for (int r = 0; r < GV_ROWS; r++) acc[q][r] += wv[r] * xv;
+                    for (int r = 0; r < NR; r++) acc[q][r] += wv[r] * xv;
                 }
             }
         }
 #pragma unroll
-        for (int q = 0; q < GV_PASS; q++) {
+        for (int q = 0; q < PASS; q++) {
             if (q0 + q >= np) continue;
 #pragma unroll
             for (int r = 0; r < GV_ROWS; r++) {
-                float v = llm_cuda_warp_sum(acc[q][r]);
-                if (lane == r && r0 + r < rows)
-                    a.out[(size_t)pairs[q0 + q] * rows + r0 + r] =
-                        v + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)(r0 + r)) : 0.0f);
+                const int row = r0 + r;
+                float v = llm_cuda_warp_sum(acc[q][r]), u = PAIR ? llm_cuda_warp_sum(acc[q][r + GV_ROWS]) : 0.0f;
+                if (lane != r || row >= rows) continue;
+                const size_t at = (size_t)pairs[q0 + q] * rows + row;
+                v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+                if (PAIR) {
+                    u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+                    a.out2[at] = u;
+                    if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+                }
+                a.out[at] = v;
             }
         }
     }
 }
 
+template <typename WT, bool PAIR, int PASS> static void gemv_launch3(const gv_args &a, bool vec, dim3 grid)
+{
+    if (vec)
+        experts_gemv_kernel<WT, true, PAIR, PASS><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+    else
+        experts_gemv_kernel<WT, false, PAIR, PASS><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+}
+
+/* One token's pairs are its top_k (distinct when route chose them): a pass of one; more tokens may share experts. */
 template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsigned grid_y)
 {
     dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
-    if (vec)
-        experts_gemv_kernel<WT, true><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
-    else
-        experts_gemv_kernel<WT, false><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+    const bool one = a.n == 1 && !a.tiles;
+    if (a.tab2 && one) gemv_launch3<WT, true, 1>(a, vec, grid);
+    else if (a.tab2) gemv_launch3<WT, true, 4>(a, vec, grid);
+    else if (one) gemv_launch3<WT, false, 1>(a, vec, grid);
+    else gemv_launch3<WT, false, 4>(a, vec, grid);
     LLM_CUDA_LAUNCHED("experts");
 }
 
@@ -619,4 +653,28 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     else
         experts_mma_kernel<__half, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
     LLM_CUDA_LAUNCHED("experts");
+}
+
+bool llm_cuda_experts_pair_fits(int n, int top_k) { return n * top_k <= GV_MAX_PAIRS; }
+
+void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
+                           const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act)
+{
+    if (n == 0 || gate->n_experts == 0) return;
+    const moe_table *t = table_of(gate);
+    if (!t) return;
+    const moe_expert *gate_tab = t->device; /* copied out: the next lookup may move the tables */
+    bool aligned = t->aligned;
+    if (!(t = table_of(up))) return;
+    const llm_weight *w0 = &gate->w[0];
+    gv_args a = {};
+    a.tab = gate_tab, a.tab2 = t->device, a.n_experts = gate->n_experts;
+    a.bias_dtype = gate->bias ? (int)gate->bias[0].dtype : 0;
+    a.x = x, a.ids = ids, a.out = gate_out, a.out2 = up_out, a.glu = glu, a.act = act;
+    a.n = n, a.top_k = top_k, a.x_slots = 1, a.rows = (int)w0->rows, a.cols = (int)w0->cols;
+    const bool vec = aligned && t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 &&
+                     (uintptr_t)x % 16 == 0;
+    if (w0->dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)(n * top_k));
+    else if (w0->dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)(n * top_k));
+    else gemv_launch<float>(a, vec, (unsigned)(n * top_k));
 }

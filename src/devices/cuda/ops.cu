@@ -120,9 +120,12 @@ static llm_cuda_step_op *record_op(int kind, const char *name)
     return o;
 }
 
+static void moe_flush(void);
+
 /* The pending op, launched (or recorded into a persistent step: then it is not issued yet; flush_pending issues). */
 static void retire_pending(void)
 {
+    moe_flush(); /* a held MoE op came before anything in g.pend (see moe_begin) */
     pending_t *P = &g.pend;
     if (P->kind == PEND_NONE) return;
     int kind = P->kind;
@@ -482,10 +485,14 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     after_op("attention");
 }
 
+static bool moe_take_glu(float *out, const float *gate, const float *up, size_t count, llm_act act);
+static bool moe_take_add(float *x, const float *y, size_t count);
+
 void op_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     if (!op_usable()) return;
     forget_split();
+    if (moe_take_glu(out, gate, up, count, act)) return;
     pending_t *P = &g.pend;
     if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 &&
         P->mats[0].out == gate && P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
@@ -518,6 +525,7 @@ void op_add(float *x, const float *y, size_t count)
 {
     if (!op_usable()) return;
     forget_split();
+    if (moe_take_add(x, y, count)) return;
     pending_t *P = &g.pend;
     size_t bytes = count * sizeof(float);
     /* resid must not be read by the GEMV itself (its input, or the prologue's source). */
@@ -566,6 +574,74 @@ void op_softcap(float *x, float cap, size_t count)
 
 /* ---------- mixture of experts (moe.cu) ---------- */
 
+/* Held back with fusion on, as g.pend holds the dense ops: a few tokens' gate product waits for the up product of the
+ * same x and ids (one launch reads both: llm_cuda_experts_pair), and the pair for the glu of their outputs (its
+ * epilogue); a combine waits for the residual add of its output (one pass). Anything else launches what is held
+ * first (retire_pending), so every op still computes what ops.h says, in order. */
+enum { MOE_NONE, MOE_GATE, MOE_GATE_UP, MOE_COMBINE };
+static struct {
+    int kind;
+    float *out, *out2;    /* gate's (or the combine's) output, up's */
+    const float *x;       /* the products' input, or the combine's y */
+    llm_experts w, w2;    /* gate, up */
+    const int32_t *ids;
+    const float *weights; /* the combine's */
+    int n, top_k, dim;
+} mp;
+
+static void moe_launch(bool glu, llm_act act, float *resid)
+{
+    int kind = mp.kind;
+    mp.kind = MOE_NONE;
+    if (kind == MOE_GATE) {
+        llm_cuda_experts(mp.out, mp.x, &mp.w, mp.ids, mp.n, mp.top_k, 1);
+        after_op("experts");
+    } else if (kind == MOE_GATE_UP) {
+        llm_cuda_experts_pair(mp.out, mp.out2, mp.x, &mp.w, &mp.w2, mp.ids, mp.n, mp.top_k, glu, (int)act);
+        after_op(glu ? "experts x2+glu" : "experts x2");
+    } else if (kind == MOE_COMBINE) {
+        llm_cuda_combine(mp.out, resid, mp.x, mp.weights, mp.n, mp.top_k, mp.dim);
+        after_op(resid ? "combine+add" : "combine");
+    }
+}
+
+static void moe_flush(void)
+{
+    if (mp.kind == MOE_NONE) return;
+    if (!op_usable()) { /* failed or closed: nothing more runs */
+        mp.kind = MOE_NONE;
+        return;
+    }
+    moe_launch(false, LLM_ACT_SILU, NULL);
+}
+
+static bool same_experts(const llm_experts *a, const llm_experts *b)
+{
+    const llm_weight *x = &a->w[0], *y = &b->w[0];
+    return a->n_experts == b->n_experts && x->rows == y->rows && x->cols == y->cols && x->dtype == y->dtype &&
+           !a->bias == !b->bias && (!a->bias || a->bias[0].dtype == b->bias[0].dtype);
+}
+
+static bool moe_take_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
+{
+    if (mp.kind != MOE_GATE_UP || out != mp.out || gate != mp.out || up != mp.out2 ||
+        count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows)
+        return false;
+    moe_launch(true, act, NULL);
+    return true;
+}
+
+static bool moe_take_add(float *x, const float *y, size_t count)
+{
+    size_t bytes = count * sizeof(float), picks = (size_t)mp.n * mp.top_k;
+    if (mp.kind != MOE_COMBINE || y != mp.out || count != (size_t)mp.n * mp.dim) return false;
+    if (overlaps(x, bytes, y, bytes) || overlaps(x, bytes, mp.x, picks * mp.dim * sizeof(float)) ||
+        overlaps(x, bytes, mp.weights, picks * sizeof(float)) || owed_any(x, bytes))
+        return false;
+    moe_launch(false, LLM_ACT_SILU, x);
+    return true;
+}
+
 static const char *const NOTE_MOE_PERSIST =
     "mixture-of-experts layers (route, experts, combine): the persistent decode step does not take them (the experts "
     "are known only after the router); a kernel per op, replayed as a CUDA graph";
@@ -598,13 +674,24 @@ void op_route(int32_t *ids, float *weights, const float *scores, int n, int n_ex
 
 void op_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k, int x_slots)
 {
-    if (!op_usable()) return;
+    if (!op_usable() || w->n_experts < 1) return;
+    size_t out_bytes = (size_t)n * top_k * w->w[0].rows * sizeof(float);
+    size_t x_bytes = (size_t)n * x_slots * w->w[0].cols * sizeof(float);
+    if (mp.kind == MOE_GATE && x_slots == 1 && x == mp.x && ids == mp.ids && n == mp.n && top_k == mp.top_k &&
+        same_experts(w, &mp.w) && !overlaps(out, out_bytes, mp.out, out_bytes) &&
+        !overlaps(out, out_bytes, x, x_bytes) && !owed_partly(out, out_bytes)) {
+        written(out, out_bytes);
+        mp.kind = MOE_GATE_UP, mp.out2 = out, mp.w2 = *w;
+        return;
+    }
     moe_begin();
-    if (w->n_experts < 1) return;
-    size_t rows = w->w[0].rows, cols = w->w[0].cols;
-    settle(x, (size_t)n * x_slots * cols * sizeof(float));
+    settle(x, x_bytes);
     settle(ids, (size_t)n * top_k * sizeof(int32_t));
-    written(out, (size_t)n * top_k * rows * sizeof(float));
+    written(out, out_bytes);
+    if (g.fuse && x_slots == 1 && llm_cuda_experts_pair_fits(n, top_k) && !overlaps(out, out_bytes, x, x_bytes)) {
+        mp.kind = MOE_GATE, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = n, mp.top_k = top_k;
+        return;
+    }
     llm_cuda_experts(out, x, w, ids, n, top_k, x_slots);
     after_op("experts");
 }
@@ -616,7 +703,12 @@ void op_combine(float *out, const float *y, const float *weights, int n, int top
     settle(y, (size_t)n * top_k * dim * sizeof(float));
     settle(weights, (size_t)n * top_k * sizeof(float));
     written(out, (size_t)n * dim * sizeof(float));
-    llm_cuda_combine(out, y, weights, n, top_k, dim);
+    if (g.fuse) {
+        mp.kind = MOE_COMBINE, mp.out = out, mp.x = y, mp.weights = weights, mp.n = n, mp.top_k = top_k;
+        mp.dim = dim;
+        return;
+    }
+    llm_cuda_combine(out, NULL, y, weights, n, top_k, dim);
     after_op("combine");
 }
 
