@@ -515,7 +515,8 @@ static void test_moe_experts(void **state)
     (void)state;
     cuda_or_skip();
     /* n * top_k <= 128 takes the GEMV (a block per pair, the first of an expert's pairs doing them all); more, the
-     * pairs grouped by expert on the device and a tensor-core tile per expert (a GEMV over the tiles for f32) */
+     * pairs grouped by expert on the device and tensor-core tiles per expert (x gathered and split first, then
+     * pipelined, when rows are whole 16-byte chunks; a GEMV over the tiles for f32) */
     static const struct {
         int experts, top_k, n;
         size_t rows, cols;
@@ -526,6 +527,7 @@ static void test_moe_experts(void **state)
         {128, 8, 1, 2048, 768, LLM_DTYPE_BF16, false}, /* ... and its down */
         {8, 2, 3, 96, 256, LLM_DTYPE_F16, true},       /* a few tokens sharing experts */
         {16, 4, 30, 77, 100, LLM_DTYPE_BF16, true},    /* rows odd, cols % 8 != 0: element-wise loads */
+        {16, 4, 40, 77, 100, LLM_DTYPE_BF16, true},    /* ... batched: the tiles without the pipeline */
         {16, 4, 40, 200, 256, LLM_DTYPE_BF16, true},   /* a batch: grouped, every expert chosen */
         {64, 8, 77, 130, 512, LLM_DTYPE_F16, false},   /* tiles that end part-way */
         {16, 8, 300, 130, 512, LLM_DTYPE_F16, true},   /* 150 pairs an expert: three tiles each */

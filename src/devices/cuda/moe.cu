@@ -416,7 +416,8 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
 static int tiles_bound(int P, int n_experts, int tile) { return P / tile + (P < n_experts ? P : n_experts); }
 
 /* pairs (n * top_k of them) sorted by expert, stably (a pair's place does not depend on timing): order[s] the pair at
- * sorted place s; tiles of up to `tile` pairs of one expert: {expert, first place, count}; *n_tiles of them. One
+ * sorted place s; tiles of up to `tile` pairs of one expert: {expert, first place, count}; n_tiles[0] of them, n_tiles[1] the pairs
+ * placed. One
  * block: counts by shared atomics, a scan, then the places a chunk of GROUP_THREADS pairs at a time (a pair's rank
  * among the earlier pairs of its expert: its warp's lanes by __match_any_sync, earlier warps by their counts). A pair
  * with an id outside [0, n_experts) gets NaN rows (out, rows) and no place. */
@@ -448,7 +449,7 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids
             offset[e] = at, first_tile[e] = t;
             at += count[e], t += (count[e] + tile - 1) / tile;
         }
-        *n_tiles = t;
+        n_tiles[0] = t, n_tiles[1] = at;
     }
     __syncthreads();
     for (int e = tid; e < n_experts; e += GROUP_THREADS)
@@ -598,6 +599,143 @@ __global__ void __launch_bounds__(MM_THREADS) experts_mma_kernel(const __grid_co
     }
 }
 
+/* The faster batch product for 16-bit experts whose rows are whole 16-byte chunks: x's rows are first gathered in
+ * sorted order and split once (gather_split_kernel), so a tile's loads are plain 16-byte copies, issued by cp.async
+ * into a ring of MM2_STAGES stages while the tensor cores work on an earlier one. A tile is MM2_BM pairs of one expert
+ * times MM2_BN of its rows; 8 warps, each 32 pairs x 32 rows. */
+#define MM2_BM 64
+#define MM2_BN 128
+#define MM2_BK 32
+#define MM2_THREADS 256
+#define MM2_STAGES 3
+#define MM2_LD (MM2_BK + 8)
+#define MM2_STAGE_ELEMS ((2 * MM2_BM + MM2_BN) * MM2_LD) /* A's hi and lo, then B, 16-bit */
+#define MM2_SMEM ((size_t)MM2_STAGES * MM2_STAGE_ELEMS * 2)
+
+/* Sorted place s (< *n_valid): hi[s, :] and lo[s, :], x's row for pair order[s] split into two 16-bit halves. */
+template <typename T>
+__global__ void gather_split_kernel(const gv_args a, const int *n_valid, T *hi, T *lo)
+{
+    const int per_row = a.cols / 8, count = *n_valid;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < (size_t)count * per_row;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const int s = (int)(k / per_row), c = (int)(k - (size_t)s * per_row) * 8;
+        const float *x = x_row(a, a.order[s]) + c;
+        float4 v0 = __ldg((const float4 *)x), v1 = __ldg((const float4 *)x + 1);
+        float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        T h[8], l[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) h[u] = mo_round<T>(v[u]), l[u] = mo_round<T>(v[u] - mo_f32(h[u]));
+        *(uint4 *)(hi + (size_t)s * a.cols + c) = *(const uint4 *)h;
+        *(uint4 *)(lo + (size_t)s * a.cols + c) = *(const uint4 *)l;
+    }
+}
+
+/* 16 bytes global -> shared, asynchronously; bytes 0 fills the 16 with zeros (a row past the tile's end). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <typename T>
+__global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_constant__ gv_args a, const T *xhi,
+                                                                  const T *xlo)
+{
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char mm2_smem[];
+    T *ring = (T *)mm2_smem;
+    __shared__ int pair_of[MM2_BM];
+    if ((int)blockIdx.y >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    const int e = t.x, first = t.y, count = t.z, n0 = blockIdx.x * MM2_BN, rows = a.rows, cols = a.cols;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (tid < MM2_BM) pair_of[tid] = tid < count ? a.order[first + tid] : -1;
+    const T *w = (const T *)a.tab[e].w;
+    const void *bias = a.tab[e].bias;
+    const int kt_n = (cols + MM2_BK - 1) / MM2_BK;
+
+    /* a stage: 64 + 64 A rows and 128 B rows of 4 chunks each: 1024 chunks, 4 a thread */
+    auto load_stage = [&](int kt) {
+        T *st = ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS;
+        const int k0 = kt * MM2_BK;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int idx = tid + u * MM2_THREADS, row = idx >> 2, c = k0 + (idx & 3) * 8;
+            const T *src;
+            bool ok;
+            if (row < 2 * MM2_BM) { /* A: hi rows 0..63, lo rows 64..127 */
+                const int m = row & (MM2_BM - 1);
+                ok = m < count && c < cols;
+                src = (row < MM2_BM ? xhi : xlo) + (size_t)(first + (ok ? m : 0)) * cols + (ok ? c : 0);
+            } else {
+                const int r = row - 2 * MM2_BM;
+                ok = n0 + r < rows && c < cols;
+                src = w + (size_t)(ok ? n0 + r : 0) * cols + (ok ? c : 0);
+            }
+            cp_async16(st + row * MM2_LD + (idx & 3) * 8, src, ok ? 16 : 0);
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+#pragma unroll
+    for (int s = 0; s < MM2_STAGES - 1; s++) {
+        if (s < kt_n) load_stage(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < kt_n; kt++) {
+        cp_async_wait<MM2_STAGES - 2>();
+        __syncthreads(); /* stage kt is in; every warp is done with stage kt - 1, which the next load reuses */
+        if (kt + MM2_STAGES - 1 < kt_n) load_stage(kt + MM2_STAGES - 1);
+        cp_async_commit();
+        const T *st = ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS;
+        const T *sa_hi = st, *sa_lo = st + MM2_BM * MM2_LD, *sb = st + 2 * MM2_BM * MM2_LD;
+#pragma unroll
+        for (int kk = 0; kk < MM2_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ah[2], al[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(ah[i], sa_hi + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
+                wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
+                wmma::load_matrix_sync(b[i], sb + (wn + 16 * i) * MM2_LD + kk, MM2_LD);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    wmma::mma_sync(acc[i][j], ah[i], b[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
+                }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the ring becomes the output tile */
+    float *sc = (float *)mm2_smem;
+    constexpr int LDC = MM2_BN + 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wm + 16 * i) * LDC + wn + 16 * j, acc[i][j], LDC, wmma::mem_row_major);
+    __syncthreads();
+    for (int k = tid; k < MM2_BM * MM2_BN; k += MM2_THREADS) {
+        int m = k / MM2_BN, c = k - m * MM2_BN, r = n0 + c;
+        if (m < count && r < rows)
+            a.out[(size_t)pair_of[m] * rows + r] =
+                sc[m * LDC + c] + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)r) : 0.0f);
+    }
+}
+static_assert(MM2_SMEM >= (size_t)MM2_BM * (MM2_BN + 4) * sizeof(float), "the ring holds the output tile");
+static_assert(MM2_BM == MM_BM, "both products take the grouping's tiles");
+
 /* ---------- the experts op ---------- */
 
 void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
@@ -643,13 +781,32 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
         gemv_launch<float>(a, vec, (unsigned)bound);
         return;
     }
+    if (vec) { /* x gathered and split once, then the pipelined tiles */
+        size_t half = (size_t)P * a.cols * 2;
+        char *xs = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_X, 2 * half, "experts");
+        if (!xs) return;
+        dim3 grid((unsigned)((a.rows + MM2_BN - 1) / MM2_BN), (unsigned)bound);
+        size_t chunks = (size_t)P * a.cols / 8, blocks = (chunks + 255) / 256, cap = (size_t)llm_cuda.sm_count * 8;
+        unsigned gblocks = (unsigned)(blocks < cap ? blocks : cap);
+        if (dtype == LLM_DTYPE_BF16) {
+            const void *k = (const void *)experts_mma2_kernel<__nv_bfloat16>;
+            if (!llm_cuda_allow_smem(k, "experts")) return;
+            __nv_bfloat16 *hi = (__nv_bfloat16 *)xs, *lo = (__nv_bfloat16 *)(xs + half);
+            gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
+            experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+        } else {
+            const void *k = (const void *)experts_mma2_kernel<__half>;
+            if (!llm_cuda_allow_smem(k, "experts")) return;
+            __half *hi = (__half *)xs, *lo = (__half *)(xs + half);
+            gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
+            experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+        }
+        LLM_CUDA_LAUNCHED("experts");
+        return;
+    }
     dim3 grid((unsigned)((a.rows + MM_BN - 1) / MM_BN), (unsigned)bound);
-    if (dtype == LLM_DTYPE_BF16 && vec)
-        experts_mma_kernel<__nv_bfloat16, true><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
-    else if (dtype == LLM_DTYPE_BF16)
+    if (dtype == LLM_DTYPE_BF16)
         experts_mma_kernel<__nv_bfloat16, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
-    else if (vec)
-        experts_mma_kernel<__half, true><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
     else
         experts_mma_kernel<__half, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
     LLM_CUDA_LAUNCHED("experts");
