@@ -18,39 +18,48 @@ __device__ __forceinline__ bool route_beats(float v, int e, float bv, int be)
     return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
 }
 
-/* Each warp takes a token: its scores in shared memory (n_experts floats, a taken flag each, then top_k chosen ids),
- * top_k rounds of a warp-wide arg-max (no block barrier), then the weights. The softmax's sum runs over the lanes'
- * strided parts and a fixed shuffle tree: deterministic, within f32 rounding of the reference's sum in expert order. */
+/* Each warp takes a token: its scores in shared memory (n_experts floats, a taken flag each, then top_k chosen ids).
+ * Each lane keeps the best of its strided part; a round is a warp-wide arg-max of those, after which only the lane
+ * that owned the winner looks again. The softmax's sum runs over the lanes' parts and a fixed shuffle tree:
+ * deterministic, within f32 rounding of the reference's sum in expert order. Launched after the router's product
+ * with programmatic dependent launch (scores read after the wait). */
 __global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
-                             int rule)
+                             int rule, int pdl_early)
 {
     extern __shared__ float rs[];
+    if (pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(pdl_early == 1);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = 2 * n_experts + top_k;
     const int token = blockIdx.x * (blockDim.x >> 5) + warp;
     if (token >= n) return;
     float *s = rs + (size_t)warp * per;
     int *taken = (int *)(s + n_experts), *chosen = taken + n_experts;
     const float *row = scores + (size_t)token * n_experts;
-    float m = -INFINITY;
+    float m = -INFINITY, bv = 0.0f;
+    int be = -1;
     for (int e = lane; e < n_experts; e += 32) {
         s[e] = row[e], taken[e] = 0;
         m = fmaxf(m, s[e]);
+        if (route_beats(s[e], e, bv, be)) bv = s[e], be = e;
     }
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    __syncwarp();
     for (int j = 0; j < top_k; j++) {
-        float bv = 0.0f;
-        int be = -1;
-        for (int e = lane; e < n_experts; e += 32)
-            if (!taken[e] && route_beats(s[e], e, bv, be)) bv = s[e], be = e;
+        float wv = bv;
+        int we = be;
         for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (route_beats(ov, oe, bv, be)) bv = ov, be = oe;
+            float ov = __shfl_xor_sync(0xffffffffu, wv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, we, o);
+            if (route_beats(ov, oe, wv, we)) wv = ov, we = oe;
         }
-        if (lane == 0) taken[be] = 1, chosen[j] = be;
-        __syncwarp();
+        if (lane == 0) chosen[j] = we;
+        if (we >= 0 && (we & 31) == lane) { /* the winner was this lane's: its next best */
+            taken[we] = 1, bv = 0.0f, be = -1;
+            for (int e = lane; e < n_experts; e += 32)
+                if (!taken[e] && route_beats(s[e], e, bv, be)) bv = s[e], be = e;
+        }
     }
+    __syncwarp();
     int32_t *id = ids + (size_t)token * top_k;
     float *wt = weights + (size_t)token * top_k;
     if (rule == LLM_ROUTE_SIGMOID) {
@@ -79,10 +88,11 @@ void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, in
         return;
     }
     if (n == 0 || !llm_cuda_allow_smem((const void *)route_kernel, "route")) return;
-    route_kernel<<<(n + warps - 1) / warps, 32 * warps, (size_t)warps * per, llm_cuda.stream>>>(ids, weights, scores,
-                                                                                                n, n_experts, top_k,
-                                                                                                rule);
-    LLM_CUDA_LAUNCHED("route");
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3((unsigned)((n + warps - 1) / warps)), dim3(32 * warps),
+                                                    (size_t)warps * per, &attr);
+    LLM_CUDA_CHECK("route", cudaLaunchKernelEx(&cfg, route_kernel, ids, weights, scores, n, n_experts, top_k, rule,
+                                               llm_cuda.pdl_early));
 }
 
 /* ---------- combine ---------- */
@@ -90,8 +100,11 @@ void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, in
 /* out[i, c] = sum_j weights[i, j] * y[i, j, c] in slot order, each product and sum rounded as the reference's (no
  * fused multiply-add): the same bits; with resid, also resid[i, c] += out[i, c] (the add op after it). */
 __global__ void combine_kernel(float *out, float *resid, const float *y, const float *weights, int n, int top_k,
-                               int dim)
+                               int dim, int pdl_early)
 {
+    if (pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(pdl_early == 1);
     size_t count = (size_t)n * dim;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = k / dim, c = k - i * dim;
@@ -107,9 +120,10 @@ void llm_cuda_combine(float *out, float *resid, const float *y, const float *wei
 {
     size_t count = (size_t)n * dim, blocks = (count + 255) / 256, cap = (size_t)llm_cuda.sm_count * 16;
     if (count == 0) return;
-    combine_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, llm_cuda.stream>>>(out, resid, y, weights, n,
-                                                                                          top_k, dim);
-    LLM_CUDA_LAUNCHED("combine");
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(256), 0, &attr);
+    LLM_CUDA_CHECK("combine", cudaLaunchKernelEx(&cfg, combine_kernel, out, resid, y, weights, n, top_k, dim,
+                                                 llm_cuda.pdl_early));
 }
 
 /* ---------- the experts' table on the device ---------- */
@@ -259,6 +273,7 @@ typedef struct {
     int glu;                      /* with tab2: out = act(gate) * up (ops.h's glu), out2 = up */
     int act;
     int n, top_k, x_slots, rows, cols;
+    int pdl_early;                /* a one-token step's launch: see llm_cuda_launch_config */
     /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
     const int4 *tiles;
     const int *n_tiles, *order;
@@ -283,6 +298,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
     __shared__ int pairs[GV_MAX_PAIRS];
     __shared__ int n_pairs, expert;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (a.pdl_early == 2) llm_cuda_allow_next(1); /* the ids are the route's: nothing to read before the wait */
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early == 1);
     if (a.tiles) {
         if ((int)blockIdx.y >= *a.n_tiles) return;
         int4 t = a.tiles[blockIdx.y];
@@ -383,12 +401,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
     }
 }
 
-template <typename WT, bool PAIR, int PASS> static void gemv_launch3(const gv_args &a, bool vec, dim3 grid)
+template <typename WT, bool PAIR, int PASS> static void gemv_launch3(gv_args a, bool vec, dim3 grid)
 {
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(grid, dim3(GV_WARPS * 32), 0, &attr);
+    a.pdl_early = llm_cuda.pdl_early;
     if (vec)
-        experts_gemv_kernel<WT, true, PAIR, PASS><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, true, PAIR, PASS>, a));
     else
-        experts_gemv_kernel<WT, false, PAIR, PASS><<<grid, GV_WARPS * 32, 0, llm_cuda.stream>>>(a);
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, false, PAIR, PASS>, a));
 }
 
 /* One token's pairs are its top_k (distinct when route chose them): a pass of one; more tokens may share experts. */
@@ -400,7 +421,6 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
     else if (a.tab2) gemv_launch3<WT, true, 4>(a, vec, grid);
     else if (one) gemv_launch3<WT, false, 1>(a, vec, grid);
     else gemv_launch3<WT, false, 4>(a, vec, grid);
-    LLM_CUDA_LAUNCHED("experts");
 }
 
 /* ---------- experts, a batch: the pairs grouped by expert, on the device ---------- */
