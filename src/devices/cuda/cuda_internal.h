@@ -397,6 +397,10 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
 bool llm_cuda_experts_pair_fits(int n, int top_k);
 void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
                            const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act);
+/* One token's down products (x_slots top_k) and the combine after them in one launch: y (top_k, rows) as experts
+ * writes it, sum_out (rows) as combine writes it, and with resid also resid += sum_out. */
+void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const float *x, const llm_experts *w,
+                              const int32_t *ids, const float *weights, int top_k);
 /* resid: NULL, or also resid += out (the residual add after the combine) */
 void llm_cuda_combine(float *out, float *resid, const float *y, const float *weights, int n, int top_k, int dim);
 /* Free the experts' tables (the device is closing). */

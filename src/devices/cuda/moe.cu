@@ -423,6 +423,74 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
     else gemv_launch3<WT, false, 4>(a, vec, grid);
 }
 
+/* One token's down products and the combine after them (and the residual add after that) in one launch: a warp
+ * takes an output row r, the rows r of the token's experts four slots at a time (16 loads in flight a lane, the same
+ * chunks in the same order as experts_gemv_kernel, so y comes out the same bits), writes y[j, r] as the experts op
+ * would, and sums weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is
+ * top_k. */
+template <typename WT, bool VEC>
+__global__ void __launch_bounds__(GV_WARPS * 32) experts_combine_kernel(const __grid_constant__ gv_args a,
+                                                                        const float *weights, float *sum_out,
+                                                                        float *resid)
+{
+    constexpr int CPL = 4, EPC = 16 / sizeof(WT);
+    if (a.pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early == 1);
+    const int lane = threadIdx.x & 31, r = blockIdx.x * GV_WARPS + (threadIdx.x >> 5), cols = a.cols;
+    if (r >= a.rows) return;
+    const int chunks = cols / EPC;
+    float total = 0.0f;
+    for (int j0 = 0; j0 < a.top_k; j0 += 4) {
+        const WT *rowp[4];
+        bool ok[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u, e = j < a.top_k ? a.ids[j] : -1;
+            ok[u] = e >= 0 && e < a.n_experts;
+            rowp[u] = ok[u] ? (const WT *)a.tab[e].w + (size_t)r * cols : (const WT *)a.tab[0].w;
+        }
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (VEC) {
+            for (int k = lane; k < chunks; k += 32 * CPL) {
+                uint4 wv[CPL][4];
+#pragma unroll
+                for (int c = 0; c < CPL; c++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (ok[u] && k + 32 * c < chunks) wv[c][u] = __ldcs((const uint4 *)rowp[u] + k + 32 * c);
+#pragma unroll
+                for (int c = 0; c < CPL; c++) {
+                    if (k + 32 * c >= chunks) continue;
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (ok[u]) acc[u] += mo_dot<WT>(wv[c][u], x_row(a, j0 + u) + (size_t)(k + 32 * c) * EPC);
+                }
+            }
+        } else {
+            for (int k = lane; k < cols; k += 32)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (ok[u]) acc[u] += llm_cuda_load(rowp[u], mo_dtype<WT>(), (size_t)k) * x_row(a, j0 + u)[k];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u;
+            if (j >= a.top_k) continue;
+            float v = llm_cuda_warp_sum(acc[u]);
+            if (!ok[u])
+                v = NAN; /* an id outside the table: NaN rather than a read out of bounds */
+            else if (a.tab[a.ids[j]].bias)
+                v += llm_cuda_load(a.tab[a.ids[j]].bias, a.bias_dtype, (size_t)r);
+            total = __fadd_rn(total, __fmul_rn(weights[j], v));
+            if (lane == 0) a.out[(size_t)j * a.rows + r] = v;
+        }
+    }
+    if (lane != 0) return;
+    sum_out[r] = total;
+    if (resid) resid[r] += total;
+}
+
 /* ---------- experts, a batch: the pairs grouped by expert, on the device ---------- */
 
 #define MM_BM 64 /* pairs a tile takes (of one expert) */
@@ -854,4 +922,31 @@ void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const
     if (w0->dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)(n * top_k));
     else if (w0->dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)(n * top_k));
     else gemv_launch<float>(a, vec, (unsigned)(n * top_k));
+}
+
+void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const float *x, const llm_experts *w,
+                              const int32_t *ids, const float *weights, int top_k)
+{
+    const moe_table *t = table_of(w);
+    if (!t) return;
+    const llm_weight *w0 = &w->w[0];
+    gv_args a = {};
+    a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
+    a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
+    a.rows = (int)w0->rows, a.cols = (int)w0->cols, a.pdl_early = llm_cuda.pdl_early;
+    const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3((unsigned)((a.rows + GV_WARPS - 1) / GV_WARPS)),
+                                                    dim3(GV_WARPS * 32), 0, &attr);
+    cudaError_t e;
+    if (w0->dtype == LLM_DTYPE_BF16)
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, false>, a, weights, sum_out, resid);
+    else if (w0->dtype == LLM_DTYPE_F16)
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, true>, a, weights, sum_out, resid)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, false>, a, weights, sum_out, resid);
+    else
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, true>, a, weights, sum_out, resid)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, false>, a, weights, sum_out, resid);
+    LLM_CUDA_CHECK("experts+combine", e);
 }

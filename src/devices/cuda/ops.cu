@@ -576,12 +576,14 @@ void op_softcap(float *x, float cap, size_t count)
 
 /* Held back with fusion on, as g.pend holds the dense ops: a few tokens' gate product waits for the up product of the
  * same x and ids (one launch reads both: llm_cuda_experts_pair), and the pair for the glu of their outputs (its
- * epilogue); a combine waits for the residual add of its output (one pass). Anything else launches what is held
- * first (retire_pending), so every op still computes what ops.h says, in order. */
-enum { MOE_NONE, MOE_GATE, MOE_GATE_UP, MOE_COMBINE };
+ * epilogue); one token's down product waits for the combine of its output (llm_cuda_experts_combine); a combine
+ * waits for the residual add of its output (one pass). Anything else launches what is held first (retire_pending),
+ * so every op still computes what ops.h says, in order. */
+enum { MOE_NONE, MOE_GATE, MOE_GATE_UP, MOE_DOWN, MOE_DOWN_COMBINE, MOE_COMBINE };
 static struct {
     int kind;
-    float *out, *out2;    /* gate's (or the combine's) output, up's */
+    float *out, *out2;    /* gate's (or down's, or the combine's) output, up's */
+    float *sum;           /* MOE_DOWN_COMBINE: the combine's output */
     const float *x;       /* the products' input, or the combine's y */
     llm_experts w, w2;    /* gate, up */
     const int32_t *ids;
@@ -599,6 +601,12 @@ static void moe_launch(bool glu, llm_act act, float *resid)
     } else if (kind == MOE_GATE_UP) {
         llm_cuda_experts_pair(mp.out, mp.out2, mp.x, &mp.w, &mp.w2, mp.ids, mp.n, mp.top_k, glu, (int)act);
         after_op(glu ? "experts x2+glu" : "experts x2");
+    } else if (kind == MOE_DOWN) {
+        llm_cuda_experts(mp.out, mp.x, &mp.w, mp.ids, 1, mp.top_k, mp.top_k);
+        after_op("experts");
+    } else if (kind == MOE_DOWN_COMBINE) {
+        llm_cuda_experts_combine(mp.out, mp.sum, resid, mp.x, &mp.w, mp.ids, mp.weights, mp.top_k);
+        after_op(resid ? "experts+combine+add" : "experts+combine");
     } else if (kind == MOE_COMBINE) {
         llm_cuda_combine(mp.out, resid, mp.x, mp.weights, mp.n, mp.top_k, mp.dim);
         after_op(resid ? "combine+add" : "combine");
@@ -633,10 +641,14 @@ static bool moe_take_glu(float *out, const float *gate, const float *up, size_t 
 
 static bool moe_take_add(float *x, const float *y, size_t count)
 {
+    const bool down = mp.kind == MOE_DOWN_COMBINE;
+    float *sum = down ? mp.sum : mp.out;
+    const float *ys = down ? mp.out : mp.x; /* the combine's y */
     size_t bytes = count * sizeof(float), picks = (size_t)mp.n * mp.top_k;
-    if (mp.kind != MOE_COMBINE || y != mp.out || count != (size_t)mp.n * mp.dim) return false;
-    if (overlaps(x, bytes, y, bytes) || overlaps(x, bytes, mp.x, picks * mp.dim * sizeof(float)) ||
-        overlaps(x, bytes, mp.weights, picks * sizeof(float)) || owed_any(x, bytes))
+    if ((mp.kind != MOE_COMBINE && !down) || y != sum || count != (size_t)mp.n * mp.dim) return false;
+    if (overlaps(x, bytes, y, bytes) || overlaps(x, bytes, ys, picks * mp.dim * sizeof(float)) ||
+        overlaps(x, bytes, mp.weights, picks * sizeof(float)) || owed_any(x, bytes) ||
+        (down && overlaps(x, bytes, mp.x, picks * mp.w.w[0].cols * sizeof(float))))
         return false;
     moe_launch(false, LLM_ACT_SILU, x);
     return true;
@@ -692,6 +704,11 @@ void op_experts(float *out, const float *x, const llm_experts *w, const int32_t 
         mp.kind = MOE_GATE, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = n, mp.top_k = top_k;
         return;
     }
+    if (g.fuse && n == 1 && x_slots == top_k && !overlaps(out, out_bytes, x, x_bytes)) {
+        mp.kind = MOE_DOWN, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = 1, mp.top_k = top_k;
+        mp.dim = (int)w->w[0].rows;
+        return;
+    }
     llm_cuda_experts(out, x, w, ids, n, top_k, x_slots);
     after_op("experts");
 }
@@ -699,6 +716,15 @@ void op_experts(float *out, const float *x, const llm_experts *w, const int32_t 
 void op_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
 {
     if (!op_usable()) return;
+    size_t out_bytes = (size_t)n * dim * sizeof(float), y_bytes = (size_t)n * top_k * dim * sizeof(float);
+    if (mp.kind == MOE_DOWN && y == mp.out && n == 1 && top_k == mp.top_k && dim == mp.dim &&
+        !overlaps(out, out_bytes, y, y_bytes) && !overlaps(out, out_bytes, weights, (size_t)top_k * sizeof(float)) &&
+        !overlaps(out, out_bytes, mp.x, (size_t)top_k * mp.w.w[0].cols * sizeof(float)) &&
+        !owed_partly(out, out_bytes) && !owed_any(weights, (size_t)top_k * sizeof(float))) {
+        written(out, out_bytes);
+        mp.kind = MOE_DOWN_COMBINE, mp.sum = out, mp.weights = weights;
+        return;
+    }
     moe_begin();
     settle(y, (size_t)n * top_k * dim * sizeof(float));
     settle(weights, (size_t)n * top_k * sizeof(float));
