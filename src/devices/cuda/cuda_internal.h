@@ -57,6 +57,7 @@ struct llm_cuda_ctx {
     int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
                             that fit */
     int step_stages;     /* the ring stages of the last persistent step launched (describe) */
+    int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;

@@ -8,6 +8,18 @@
 
 #include "cuda_internal.h"
 
+/* The launch of a kernel that reads what the kernel before wrote (all of them here: scores, ids, the experts'
+ * inputs): with programmatic dependent launch as llm_cuda.moe_pdl says (LLM_CUDA_MOE_PDL, measurements: 0 none,
+ * 1 launched early but the next one not let in before this one ends, 2 as the GEMVs, LLM_CUDA_PDL_EARLY). *early is
+ * the kernel's pdl_early argument. */
+static cudaLaunchConfig_t moe_launch_config(dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *attr, int *early)
+{
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(grid, block, smem, attr);
+    if (llm_cuda.moe_pdl == 0) cfg.numAttrs = 0;
+    *early = llm_cuda.moe_pdl == 2 ? llm_cuda.pdl_early : 0;
+    return cfg;
+}
+
 /* ---------- route: a warp a token ---------- */
 
 #define ROUTE_MAX_WARPS 4
@@ -89,10 +101,11 @@ void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, in
     }
     if (n == 0 || !llm_cuda_allow_smem((const void *)route_kernel, "route")) return;
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3((unsigned)((n + warps - 1) / warps)), dim3(32 * warps),
-                                                    (size_t)warps * per, &attr);
+    int early;
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((n + warps - 1) / warps)), dim3(32 * warps),
+                                               (size_t)warps * per, &attr, &early);
     LLM_CUDA_CHECK("route", cudaLaunchKernelEx(&cfg, route_kernel, ids, weights, scores, n, n_experts, top_k, rule,
-                                               llm_cuda.pdl_early));
+                                               early));
 }
 
 /* ---------- combine ---------- */
@@ -121,9 +134,9 @@ void llm_cuda_combine(float *out, float *resid, const float *y, const float *wei
     size_t count = (size_t)n * dim, blocks = (count + 255) / 256, cap = (size_t)llm_cuda.sm_count * 16;
     if (count == 0) return;
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(256), 0, &attr);
-    LLM_CUDA_CHECK("combine", cudaLaunchKernelEx(&cfg, combine_kernel, out, resid, y, weights, n, top_k, dim,
-                                                 llm_cuda.pdl_early));
+    int early;
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(256), 0, &attr, &early);
+    LLM_CUDA_CHECK("combine", cudaLaunchKernelEx(&cfg, combine_kernel, out, resid, y, weights, n, top_k, dim, early));
 }
 
 /* ---------- the experts' table on the device ---------- */
@@ -404,8 +417,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
 template <typename WT, bool PAIR, int PASS> static void gemv_launch3(gv_args a, bool vec, dim3 grid)
 {
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = llm_cuda_launch_config(grid, dim3(GV_WARPS * 32), 0, &attr);
-    a.pdl_early = llm_cuda.pdl_early;
+    cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(GV_WARPS * 32), 0, &attr, &a.pdl_early);
     if (vec)
         LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, true, PAIR, PASS>, a));
     else
@@ -933,11 +945,11 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     gv_args a = {};
     a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
-    a.rows = (int)w0->rows, a.cols = (int)w0->cols, a.pdl_early = llm_cuda.pdl_early;
+    a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3((unsigned)((a.rows + GV_WARPS - 1) / GV_WARPS)),
-                                                    dim3(GV_WARPS * 32), 0, &attr);
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + GV_WARPS - 1) / GV_WARPS)),
+                                               dim3(GV_WARPS * 32), 0, &attr, &a.pdl_early);
     cudaError_t e;
     if (w0->dtype == LLM_DTYPE_BF16)
         e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid)
