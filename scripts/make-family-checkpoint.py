@@ -27,6 +27,11 @@ SHAPES = {
     "gemma-3-1b": json.loads(ff.GEMMA3_1B_IT),
     "phi-3.5-mini": json.loads(ff.PHI3_5_MINI),
     "olmo-2-1b": json.loads(ff.OLMO2_0425_1B),
+    # mixtures of experts (Qwen3-30B-A3B: 61 GB, Mixtral-8x7B: 93 GB, OLMoE-1B-7B: 14 GB of BF16)
+    "qwen3-30b-a3b": json.loads(ff.QWEN3_30B_A3B),
+    "mixtral-8x7b": json.loads(ff.MIXTRAL_8X7B_V0_1),
+    "qwen1.5-moe-a2.7b": json.loads(ff.QWEN1_5_MOE_A2_7B),
+    "olmoe-1b-7b": json.loads(ff.OLMOE_1B_7B_0924),
 }
 
 
@@ -35,9 +40,13 @@ def main():
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0, help="keep only the first N layers (0: all), for a smaller file")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
-    cls, config = ff.build(SHAPES[args.shape])
+    shape = dict(SHAPES[args.shape])
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    cls, config = ff.build(shape)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = cls(config).to(torch.bfloat16)

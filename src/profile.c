@@ -130,36 +130,6 @@ static void accumulate(int end_slot)
     next_slot = 1;
 }
 
-llm_op_cost llm_profile_cost_route(int n, int n_experts, int top_k)
-{
-    /* the scores read, ids and weights written; per score an exponential and a sum, per pick a pass to compare */
-    double scores = (double)n * n_experts, picks = (double)n * top_k;
-    return (llm_op_cost){scores * F32 + picks * (sizeof(int32_t) + F32), scores * (3.0 + top_k)};
-}
-
-/* One expert's weights (its matrix and bias) in bytes. */
-static double expert_bytes(const llm_experts *w)
-{
-    const llm_weight *m = &w->w[0];
-    double b = (double)llm_dtype_matrix_bytes(m->dtype, m->rows, m->cols);
-    if (w->bias) b += (double)llm_dtype_matrix_bytes(w->bias[0].dtype, w->bias[0].rows, w->bias[0].cols);
-    return b;
-}
-
-llm_op_cost llm_profile_cost_experts(const llm_experts *w, int n, int top_k, int x_slots)
-{
-    double picks = (double)n * top_k, rows = (double)w->w[0].rows, cols = (double)w->w[0].cols;
-    double read = picks < w->n_experts ? picks : (double)w->n_experts;
-    double bytes = read * expert_bytes(w) + (double)n * x_slots * cols * F32 + picks * (rows * F32 + sizeof(int32_t));
-    return (llm_op_cost){bytes, 2.0 * picks * rows * cols};
-}
-
-llm_op_cost llm_profile_cost_combine(int n, int top_k, int dim)
-{
-    double picks = (double)n * top_k;
-    return (llm_op_cost){picks * ((double)dim + 1.0) * F32 + (double)n * dim * F32, 2.0 * picks * dim};
-}
-
 /* Close the current segment: mark its end, wait for the device so the marks can be read, add them up. */
 static void flush_segment(void)
 {
@@ -260,22 +230,34 @@ static void p_route(int32_t *ids, float *weights, const float *scores, int n, in
 {
     int s = call_begin();
     P.inner.route(ids, weights, scores, n, n_experts, top_k, rule);
-    call_end(s, LLM_OP_ROUTE, llm_profile_cost_route(n, n_experts, top_k));
+    double picks = (double)n * top_k;
+    call_end(s, LLM_OP_ROUTE, (llm_op_cost){(double)n * n_experts * F32 + picks * (sizeof(int32_t) + F32),
+                                            3.0 * (double)n * n_experts});
 }
 
+/* The ids live on the device: the experts read are counted as min(n * top_k, n_experts) of them, exact for a decode
+ * step (a token's top_k are distinct), an upper bound for a batch. */
 static void p_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                       int x_slots)
 {
     int s = call_begin();
     P.inner.experts(out, x, w, ids, n, top_k, x_slots);
-    call_end(s, LLM_OP_EXPERTS, llm_profile_cost_experts(w, n, top_k, x_slots));
+    const llm_weight *w0 = &w->w[0];
+    double picks = (double)n * top_k, read = picks < w->n_experts ? picks : (double)w->n_experts;
+    llm_op_cost one = llm_profile_cost_matmul(w0->rows, w0->cols, w0->dtype, w->bias != NULL,
+                                              w->bias ? w->bias[0].dtype : w0->dtype, 1);
+    double weight_bytes = (double)llm_dtype_matrix_bytes(w0->dtype, w0->rows, w0->cols);
+    double act_bytes = one.bytes - weight_bytes; /* one position's input and output (and bias) */
+    call_end(s, LLM_OP_EXPERTS, (llm_op_cost){read * weight_bytes + picks * act_bytes, picks * one.flops});
+    (void)x_slots;
 }
 
 static void p_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
 {
     int s = call_begin();
     P.inner.combine(out, y, weights, n, top_k, dim);
-    call_end(s, LLM_OP_COMBINE, llm_profile_cost_combine(n, top_k, dim));
+    double picks = (double)n * top_k;
+    call_end(s, LLM_OP_COMBINE, (llm_op_cost){(picks * dim + picks + (double)n * dim) * F32, 2.0 * picks * dim});
 }
 
 static const llm_ops wrappers = {
@@ -361,11 +343,13 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
         llm_weight *layer[LLM_LAYER_WEIGHTS];
         int n = llm_layer_weights(&m->layers[l], layer);
         for (int i = 0; i < n; i++) add_weight(ws, layer[i]);
-        const llm_layer *L = &m->layers[l];
-        for (int p = 0; p < 3 && L->expert_w; p++)
+        llm_layer *L = &m->layers[l];
+        for (int p = 0; L->expert_w && p < 3; p++) /* the experts (and their biases), apart: decode reads top_k */
             for (int e = 0; e < L->experts[p].n_experts; e++) {
+                size_t before = ws->total_bytes;
                 add_weight(ws, &L->experts[p].w[e]);
                 if (L->experts[p].bias) add_weight(ws, &L->experts[p].bias[e]);
+                ws->expert_bytes += ws->total_bytes - before;
             }
     }
     add_weight(ws, &m->norm);
@@ -380,12 +364,10 @@ double llm_profile_decode_bytes(const llm_model *m, int kv_len)
     llm_profile_weight_stats(m, &ws);
     const llm_config *c = &m->config;
     double weights = (double)ws.total_bytes - (double)ws.embed_bytes + (double)ws.embed_row_bytes;
+    /* a sparse layer's token reads its top_k experts of num_experts (all of one size) */
+    if (c->num_experts)
+        weights -= (double)ws.expert_bytes * (1.0 - (double)c->num_experts_per_tok / (double)c->num_experts);
     if (c->tie_word_embeddings) weights += (double)ws.embed_bytes; /* the head reads the whole table */
-    for (int l = 0; l < c->num_hidden_layers; l++) /* a sparse layer reads its top_k experts, not all of them */
-        for (int p = 0; p < 3 && c->layer_sparse[l] && m->layers[l].expert_w; p++) {
-            const llm_experts *E = &m->layers[l].experts[p];
-            weights -= (double)(E->n_experts - c->num_experts_per_tok) * expert_bytes(E);
-        }
     size_t kv_dim = (size_t)c->num_key_value_heads * (size_t)c->head_dim;
     double rows = 0.0; /* cache rows the step's attention reads, over the layers: a windowed layer's last W only */
     for (int l = 0; l < c->num_hidden_layers; l++)

@@ -31,11 +31,6 @@ llm_op_cost llm_profile_cost_rope(int n, int n_heads, int n_kv_heads, int head_d
 llm_op_cost llm_profile_cost_attention(int n, int pos, int n_heads, int n_kv_heads, int head_dim, llm_dtype cache);
 llm_op_cost llm_profile_cost_glu(size_t count);
 llm_op_cost llm_profile_cost_add(size_t count);
-llm_op_cost llm_profile_cost_route(int n, int n_experts, int top_k);
-/* The chosen experts' weights once each: n * top_k of them at most, and never more than the layer has (the ids are
- * on the device, so a batch counts that bound; one token's top_k are distinct, an exact count). */
-llm_op_cost llm_profile_cost_experts(const llm_experts *w, int n, int top_k, int x_slots);
-llm_op_cost llm_profile_cost_combine(int n, int top_k, int dim);
 
 typedef struct {
     uint64_t calls;
@@ -80,12 +75,13 @@ typedef struct {
     size_t params;
     size_t embed_bytes;     /* the embedding table */
     size_t embed_row_bytes; /* one row of it: what a lookup reads */
+    size_t expert_bytes;    /* the sparse layers' experts, all of them (in total_bytes too) */
 } llm_weight_stats;
 
 void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws);
 /* Bytes one decode step reads when the cache holds kv_len positions: every weight once (the head reads the whole
- * table, a tied embedding included; the lookup reads one row; a sparse layer its top_k chosen experts) and the K and V cache rows 0 .. kv_len-1 (a
- * sliding-window layer's last sliding_window of them). */
+ * table, a tied embedding included; the lookup reads one row; a sparse layer's experts only the top_k of them it
+ * takes) and the K and V cache rows 0 .. kv_len-1 (a sliding-window layer's last sliding_window of them). */
 double llm_profile_decode_bytes(const llm_model *m, int kv_len);
 
 /* The per-op tables (prefill, decode) and the memory report, for people. */

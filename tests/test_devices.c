@@ -408,14 +408,14 @@ static void test_devices_listing(void **state)
         const char *out = r.out;
         if (c == 0) print_message("%s", out);
         /* cuda is listed even when this build left it out; blas and cpu are available with every op native, the
-         * products with the quantized formats too (--quant). */
+         * products (the experts' included) with the quantized formats too (--quant). */
         assert_non_null(strstr(out, "cuda "));
         if (!llm_device_find("cuda")) assert_non_null(strstr(out, "cuda   not available: not compiled in"));
         assert_non_null(strstr(out, "blas   CPU, available: "));
         assert_non_null(strstr(out, "cpu    CPU, available: reference ops"));
         assert_non_null(strstr(out, "native ops (F32, F16 and BF16 weights unless noted): embed rmsnorm "
                                     "matmul(+Q8_0,Q4_0,Q4_K) rope attention(F32,F16,BF16,Q8_0 KV cache) glu add "
-                                    "logits(+Q8_0,Q4_0,Q4_K) softcap\n"));
+                                    "logits(+Q8_0,Q4_0,Q4_K) softcap route experts(+Q8_0,Q4_0,Q4_K) combine\n"));
         cli_run_free(&r);
     }
 }

@@ -205,6 +205,97 @@ static void test_bad_family_configs(void **state)
                                 "partial_rotary_factor 0.01 of head_dim 16 gives 0 rotated dimensions");
 }
 
+/* A copy of a fixture whose model.safetensors has tensor `from` renamed `to` (so that `from` is missing). */
+static char *copy_renamed(const char *fixture_dir, const char *from, const char *to)
+{
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", fixture_dir);
+    llm_st *st = NULL;
+    assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+    size_t n = llm_st_count(st);
+    stw_tensor *t = calloc(n, sizeof *t);
+    char (*shapes)[64] = calloc(n, sizeof *shapes);
+    assert_true(t && shapes);
+    bool found = false;
+    for (size_t i = 0; i < n; i++) {
+        const llm_st_tensor *s = llm_st_at(st, i);
+        int len = snprintf(shapes[i], sizeof shapes[i], "[");
+        for (int d = 0; d < s->ndim; d++)
+            len += snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
+        snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "]");
+        found |= strcmp(s->name, from) == 0;
+        t[i] = (stw_tensor){strcmp(s->name, from) == 0 ? to : s->name, s->dtype_name, shapes[i], s->data, s->nbytes};
+    }
+    assert_true(found);
+    size_t bytes_len = 0;
+    unsigned char *bytes = stw_tensors(t, (int)n, NULL, &bytes_len);
+    char *dir = fixture_copy(fixture_dir, NULL, NULL);
+    assert_int_equal(stw_write(dir, "model.safetensors", bytes, bytes_len), 0);
+    free(bytes), free(t), free(shapes);
+    llm_st_close(st);
+    return dir;
+}
+
+static void expect_load_error(const char *dir, const char *fragment)
+{
+    llm_model m;
+    llm_load_options lo = {.device = "cpu"};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, dir, &lo, err, sizeof err), -1);
+    if (!strstr(err, fragment)) print_error("expected '%s' in: %s\n", fragment, err);
+    assert_non_null(strstr(err, fragment));
+}
+
+/* The experts' config.json keys and tensors: bad values and missing or misshapen experts, each one line naming the
+ * file and the key or tensor. */
+static void test_bad_moe(void **state)
+{
+    (void)state;
+    expect_fixture_config_error("mixtral", "{\"num_experts_per_tok\": 9}",
+                                "config.json: num_experts_per_tok 9 is more than the 8 experts (num_local_experts)");
+    expect_fixture_config_error("qwen3-moe", "{\"num_experts_per_tok\": 0}", "config.json: \"num_experts_per_tok\"");
+    expect_fixture_config_error("qwen3-moe", "{\"num_local_experts\": null}", "config.json: missing \"num_experts\"");
+    expect_fixture_config_error("qwen3-moe", "{\"num_local_experts\": 100000}", "config.json: \"num_local_experts\"");
+    expect_fixture_config_error("olmoe", "{\"num_experts\": 9}",
+                                "tensor 'model.layers.0.mlp.gate.weight' has shape [8, 64], config.json says "
+                                "[9, 64] (num_experts, hidden_size)");
+    expect_fixture_config_error("qwen3-moe", "{\"moe_intermediate_size\": 16}",
+                                "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight' has shape [32, 64], config.json "
+                                "says [16, 64] (moe_intermediate_size, hidden_size)");
+    expect_fixture_config_error("mixtral", "{\"intermediate_size\": 16}",
+                                "tensor 'model.layers.0.block_sparse_moe.experts.0.w1.weight' has shape [32, 64]");
+    expect_fixture_config_error("qwen2-moe", "{\"shared_expert_intermediate_size\": 95}",
+                                "tensor 'model.layers.0.mlp.shared_expert.gate_proj.weight' has shape [96, 64], "
+                                "config.json says [95, 64] (shared_expert_intermediate_size, hidden_size)");
+    expect_fixture_config_error("qwen3-moe-dense", "{\"mlp_only_layers\": [3]}",
+                                "config.json: mlp_only_layers[0] is not a layer number in 0..2");
+    expect_fixture_config_error("qwen3-moe-dense", "{\"mlp_only_layers\": {}}",
+                                "config.json: \"mlp_only_layers\" must be a list of layer numbers");
+    /* decoder_sparse_step 2 makes layer 1 the sparse one and 0 and 2 dense: layer 0 has no dense feed-forward */
+    expect_fixture_config_error("qwen3-moe-dense", "{\"mlp_only_layers\": [], \"decoder_sparse_step\": 2}",
+                                "missing tensor 'model.layers.0.mlp.gate_proj.weight'");
+    expect_fixture_config_error("qwen3-moe-dense", "{\"decoder_sparse_step\": 0}", "config.json: \"decoder_sparse_step\"");
+    expect_fixture_config_error("qwen2-moe", "{\"norm_topk_prob\": \"yes\"}",
+                                "config.json: \"norm_topk_prob\" must be true or false");
+    expect_fixture_config_error("olmoe", "{\"clip_qkv\": 8.0}", "config.json: clip_qkv is not supported");
+
+    fixture_expected ex;
+    fixture_load_expected(&ex, "mixtral");
+    char *dir = copy_renamed(ex.dir, "model.layers.1.block_sparse_moe.experts.5.w2.weight", "model.layers.1.unused");
+    expect_load_error(dir, "missing tensor 'model.layers.1.block_sparse_moe.experts.5.w2.weight'");
+    fixture_rmdir(dir);
+    dir = fixture_copy_retyped(ex.dir, "model.layers.0.block_sparse_moe.experts.3.w3.weight", "I32");
+    expect_load_error(dir, "model.safetensors: tensor 'model.layers.0.block_sparse_moe.experts.3.w3.weight' has "
+                           "dtype I32");
+    fixture_rmdir(dir);
+    fixture_free_expected(&ex);
+    fixture_load_expected(&ex, "qwen2-moe");
+    dir = copy_renamed(ex.dir, "model.layers.0.mlp.shared_expert_gate.weight", "model.layers.0.unused");
+    expect_load_error(dir, "missing tensor 'model.layers.0.mlp.shared_expert_gate.weight'");
+    fixture_rmdir(dir);
+    fixture_free_expected(&ex);
+}
+
 static void test_bad_configs(void **state)
 {
     (void)state;
@@ -585,6 +676,7 @@ int main(void)
     const struct CMUnitTest fixed[] = {
         cmocka_unit_test(test_other_layouts),
         cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_bad_family_configs),
+        cmocka_unit_test(test_bad_moe),
         cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
         cmocka_unit_test(test_window_ring),        cmocka_unit_test(test_load_progress),

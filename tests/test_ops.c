@@ -695,6 +695,250 @@ done:
     report(LLM_OP_ADD, &st);
 }
 
+/* ---- mixture of experts ---- */
+
+/* route: the same comparisons on the same floats choose the same experts, so ids must match exactly, ties included.
+ * Weights: expf per expert and a sum over the n_experts of them (a device may sum in another order: eps sqrt(E)),
+ * then a division or two: tol_reduction(E) plus glu's few ulp. */
+static double tol_route(int n_experts) { return tol_reduction((size_t)n_experts) + TOL_GLU; }
+
+/* n tokens' scores: random, or (ties) drawn from 3 values so that most tokens have ties at their top_k-th place. */
+static float *route_scores(int n, int n_experts, bool ties)
+{
+    float *s = random_floats((size_t)n * n_experts, 2.0f);
+    for (size_t i = 0; ties && i < (size_t)n * n_experts; i++) s[i] = (float)(rng_next() % 3) - 1.0f;
+    return s;
+}
+
+static void test_route(void **state)
+{
+    (void)state;
+    /* Qwen2-MoE's shared-expert gate (1 of 1, sigmoid), Mixtral's 2 of 8, OLMoE's 8 of 64, Qwen1.5-MoE's 4 of 60,
+     * Qwen3-MoE's 8 of 128; a decode token, prompt chunks, all experts chosen (top_k == E), ties. */
+    static const struct { int n, n_experts, top_k; llm_route rule; bool ties; } cases[] = {
+        {7, 1, 1, LLM_ROUTE_SIGMOID, false},       {1, 8, 2, LLM_ROUTE_SOFTMAX_NORM, false},
+        {128, 8, 2, LLM_ROUTE_SOFTMAX_NORM, false}, {13, 64, 8, LLM_ROUTE_SOFTMAX, false},
+        {64, 60, 4, LLM_ROUTE_SOFTMAX, true},      {1, 128, 8, LLM_ROUTE_SOFTMAX_NORM, false},
+        {512, 128, 8, LLM_ROUTE_SOFTMAX_NORM, true}, {9, 5, 5, LLM_ROUTE_SOFTMAX, true},
+        {33, 16, 3, LLM_ROUTE_SIGMOID, true},      {5, 3, 1, LLM_ROUTE_SOFTMAX_NORM, true},
+    };
+    op_stats st = {0};
+    if (!native(LLM_OP_ROUTE, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int n = cases[c].n, E = cases[c].n_experts, k = cases[c].top_k;
+        size_t picks = (size_t)n * k;
+        float *scores = route_scores(n, E, cases[c].ties);
+        int32_t *ref_ids = malloc(picks * sizeof *ref_ids);
+        float *ref_w = malloc(picks * sizeof *ref_w);
+        assert_true(ref_ids && ref_w);
+        llm_ref_ops.route(ref_ids, ref_w, scores, n, E, k, cases[c].rule);
+
+        float *ds = dev_copy(scores, (size_t)n * E * sizeof *scores), *dw = dev_poisoned(picks);
+        int32_t *di = (int32_t *)dev_poisoned(picks);
+        dev->ops->route(di, dw, ds, n, E, k, cases[c].rule);
+        float *got_w = dev_fetch(dw, picks);
+        int32_t *got_ids = (int32_t *)dev_fetch((const float *)di, picks);
+        char what[128];
+        snprintf(what, sizeof what, "%s: route %d of %d, n %d, rule %d%s", dev->name, k, E, n, (int)cases[c].rule,
+                 cases[c].ties ? ", ties" : "");
+        for (size_t p = 0; p < picks; p++)
+            if (got_ids[p] != ref_ids[p])
+                fail_msg("%s: token %zu slot %zu chose expert %d, the reference %d", what, p / (size_t)k,
+                         p % (size_t)k, got_ids[p], ref_ids[p]);
+        note(&st, compare(what, got_w, ref_w, picks, tol_route(E)), tol_route(E));
+        dev->free(ds), dev->free(dw), dev->free(di);
+        free(got_w), free(got_ids), free(scores), free(ref_ids), free(ref_w);
+    }
+done:
+    report(LLM_OP_ROUTE, &st);
+}
+
+/* Expert ids for n tokens' top_k slots, distinct within a token as route makes them: random, or (all) expert
+ * (i * top_k + j) mod E for token i's slot j, which chooses every expert at least once when n * top_k >= E. */
+static int32_t *expert_ids(int n, int n_experts, int top_k, bool all)
+{
+    int32_t *ids = malloc((size_t)n * top_k * sizeof *ids), *perm = malloc((size_t)n_experts * sizeof *perm);
+    assert_true(ids && perm);
+    for (int i = 0; i < n; i++) {
+        for (int e = 0; e < n_experts; e++) perm[e] = e;
+        for (int j = 0; j < top_k; j++) { /* a partial Fisher-Yates shuffle */
+            int r = j + (int)(rng_next() % (uint64_t)(n_experts - j));
+            int32_t t = perm[j];
+            perm[j] = perm[r], perm[r] = t;
+            ids[(size_t)i * top_k + j] = all ? (i * top_k + j) % n_experts : perm[j];
+        }
+    }
+    free(perm);
+    return ids;
+}
+
+/* E experts of one shape in dtype t on the host: floats as host_weight makes them, or a block format quantized from
+ * f32 (then `exact` holds each expert's values as stored, for the error bound). */
+static llm_weight *host_experts(llm_dtype t, int E, size_t rows, size_t cols, float **exact)
+{
+    llm_weight *w = calloc((size_t)E, sizeof *w);
+    assert_non_null(w);
+    *exact = llm_dtype_is_block(t) ? malloc((size_t)E * rows * cols * sizeof **exact) : NULL;
+    for (int e = 0; e < E; e++) {
+        if (!llm_dtype_is_block(t)) {
+            w[e] = host_weight(t, rows, cols, 0.05f, 0.0f);
+            continue;
+        }
+        llm_weight f = host_weight(LLM_DTYPE_F32, rows, cols, 0.05f, 0.0f);
+        w[e] = (llm_weight){malloc(llm_dtype_matrix_bytes(t, rows, cols)), t, rows, cols};
+        assert_non_null(w[e].data);
+        llm_quant_type q = llm_quant_of_dtype(t);
+        assert_int_equal(llm_quant_matrix(w[e].data, f.data, LLM_DTYPE_F32, q, rows, cols, 1), 0);
+        llm_quant_traits_of(q)->dequantize(*exact + (size_t)e * rows * cols, w[e].data, rows * cols);
+        free(f.data);
+    }
+    return w;
+}
+
+static const llm_dtype expert_dtypes[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16,
+                                          LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
+
+static void test_experts(void **state)
+{
+    (void)state;
+    /* (rows, cols) of an expert, E experts, top_k, n tokens: Mixtral-like 2 of 8, Qwen3-MoE's 768 x 2048 gate/up and
+     * 2048 x 768 down (16 of its 128 experts), Qwen1.5-MoE's 1408 x 2048 (4 of 60), odd sizes, top_k == E, and
+     * batches where every expert is chosen at least once (all). Each with x_slots 1 (gate, up) and top_k (down). */
+    static const struct { size_t rows, cols; int E, top_k, n; bool bias, all; } cases[] = {
+        {32, 64, 8, 2, 1, false, false},     {32, 64, 8, 2, 7, true, true},      {768, 2048, 16, 8, 1, false, false},
+        {2048, 768, 16, 8, 1, false, false}, {768, 2048, 16, 8, 4, false, true},  {1408, 2048, 60, 4, 3, false, false},
+        {129, 67, 5, 3, 17, true, false},    {64, 256, 4, 4, 13, true, true},     {96, 512, 8, 2, 128, false, true},
+        {33, 32, 3, 1, 5, false, false},
+    };
+    op_stats st = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t d = 0; d < sizeof expert_dtypes / sizeof *expert_dtypes; d++)
+            for (int slots = 0; slots < 2; slots++) {
+                size_t rows = cases[c].rows, cols = cases[c].cols;
+                int E = cases[c].E, k = cases[c].top_k, n = cases[c].n, x_slots = slots ? k : 1;
+                llm_dtype t = expert_dtypes[d];
+                if ((double)rows * cols * n * k > MAX_COST) continue;
+                if (llm_dtype_is_block(t) && cols % llm_dtype_block(t)) continue;
+                if (!native(LLM_OP_EXPERTS, t, &st)) continue;
+                float *exact = NULL;
+                llm_weight *hw = host_experts(t, E, rows, cols, &exact), *hb = NULL;
+                if (cases[c].bias) {
+                    hb = calloc((size_t)E, sizeof *hb);
+                    assert_non_null(hb);
+                    for (int e = 0; e < E; e++) hb[e] = host_weight(LLM_DTYPE_F32, 1, rows, 0.5f, 0.0f);
+                }
+                int32_t *ids = expert_ids(n, E, k, cases[c].all);
+                size_t picks = (size_t)n * k, count = picks * rows;
+                float *x = random_floats((size_t)n * x_slots * cols, 1.0f);
+                float *ref = malloc(count * sizeof *ref);
+                llm_experts he = {hw, hb, E};
+                llm_ref_ops.experts(ref, x, &he, ids, n, k, x_slots);
+
+                llm_weight *dw = calloc((size_t)E, sizeof *dw), *db = hb ? calloc((size_t)E, sizeof *db) : NULL;
+                assert_true(dw && (!hb || db));
+                for (int e = 0; e < E; e++) { /* block formats: computed on in place, as llm_model_load leaves them */
+                    dw[e] = llm_dtype_is_block(t) ? hw[e] : dev_weight(&hw[e]);
+                    if (hb) db[e] = dev_weight(&hb[e]);
+                }
+                llm_experts de = {dw, db, E};
+                int32_t *di = dev_copy(ids, picks * sizeof *ids);
+                float *dx = dev_copy(x, (size_t)n * x_slots * cols * sizeof *x), *dout = dev_poisoned(count);
+                dev->ops->experts(dout, dx, &de, di, n, k, x_slots);
+                float *got = dev_fetch(dout, count);
+                char what[160];
+                snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s %s", dev->name, rows,
+                         cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "", cases[c].all ? " (every expert)" : "",
+                         llm_dtype_name(t));
+                double tol = tol_reduction(cols) + (t == LLM_DTYPE_BF16 ? TOL_BF16_SPLIT : 0.0);
+                if (!llm_dtype_is_block(t)) {
+                    note(&st, compare(what, got, ref, count, tol), tol);
+                } else {
+                    /* matmul's bound for block weights (ops.h): sum_c |w[r, c]| times half a step of x's 8-bit grid
+                     * (its largest |x| / 127 / 2, the largest of any block), plus f32 summation. */
+                    double xmax = 0.0, worst = 0.0, worst_ratio = 0.0;
+                    for (size_t i = 0; i < (size_t)n * x_slots * cols; i++) xmax = fmax(xmax, fabs((double)x[i]));
+                    for (size_t p = 0; p < picks; p++)
+                        for (size_t r = 0; r < rows; r++) {
+                            const float *wr = exact + ((size_t)ids[p] * rows + r) * cols;
+                            double l1 = 0.0;
+                            for (size_t q = 0; q < cols; q++) l1 += fabs((double)wr[q]);
+                            double bound = l1 * xmax / 254.0 * 1.01 + 1e-5 * (1.0 + fabs((double)ref[p * rows + r]));
+                            double diff = fabs((double)got[p * rows + r] - (double)ref[p * rows + r]);
+                            if (!(diff <= bound)) fail_msg("%s: pick %zu row %zu differs by %.3g, bound %.3g", what, p, r,
+                                                           diff, bound);
+                            worst = fmax(worst, diff), worst_ratio = fmax(worst_ratio, diff / bound);
+                        }
+                    if (worst_ratio > st.worst || st.cases == 0) st.worst = worst_ratio, st.worst_rel = worst;
+                    st.cases++;
+                }
+                for (int e = 0; e < E; e++) {
+                    if (!llm_dtype_is_block(t)) dev_weight_free(&dw[e]);
+                    if (db) dev_weight_free(&db[e]);
+                    free(hw[e].data);
+                    if (hb) free(hb[e].data);
+                }
+                dev->free(dout), dev->free(dx), dev->free(di);
+                free(dw), free(db), free(hw), free(hb), free(exact);
+                free(got), free(ref), free(x), free(ids);
+            }
+    report(LLM_OP_EXPERTS, &st);
+}
+
+/* combine: top_k products summed per element (a device may contract them into FMAs): tol_reduction(top_k). */
+static void test_combine(void **state)
+{
+    (void)state;
+    static const struct { int n, top_k, dim; } cases[] = {
+        {1, 2, 4096}, {7, 2, 4096}, {1, 8, 2048}, {128, 8, 2048}, {13, 1, 64}, {5, 3, 129}, {512, 4, 64},
+    };
+    op_stats st = {0};
+    if (!native(LLM_OP_COMBINE, LLM_DTYPE_F32, &st)) goto done;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        int n = cases[c].n, k = cases[c].top_k, dim = cases[c].dim;
+        size_t picks = (size_t)n * k, count = (size_t)n * dim;
+        float *y = random_floats(picks * dim, 1.0f), *w = random_floats(picks, 0.5f);
+        float *ref = malloc(count * sizeof *ref);
+        llm_ref_ops.combine(ref, y, w, n, k, dim);
+        float *dy = dev_copy(y, picks * dim * sizeof *y), *dw = dev_copy(w, picks * sizeof *w);
+        float *dout = dev_poisoned(count);
+        dev->ops->combine(dout, dy, dw, n, k, dim);
+        float *got = dev_fetch(dout, count);
+        char what[96];
+        snprintf(what, sizeof what, "%s: combine n %d top_k %d dim %d", dev->name, n, k, dim);
+        double tol = tol_reduction((size_t)k);
+        note(&st, compare(what, got, ref, count, tol), tol);
+        dev->free(dy), dev->free(dw), dev->free(dout);
+        free(got), free(ref), free(y), free(w);
+    }
+done:
+    report(LLM_OP_COMBINE, &st);
+}
+
+/* The reference's route itself, on scores worked out by hand: ties to the lower index, each rule's weights. */
+static void test_route_reference(void **state)
+{
+    (void)state;
+    const float s[] = {1.0f, 3.0f, 3.0f, 2.0f, 3.0f};
+    int32_t ids[5];
+    float w[5];
+    double z = exp(-2.0) + 3.0 * exp(0.0) + exp(-1.0); /* softmax's denominator, shifted by the largest (3) */
+    llm_ref_ops.route(ids, w, s, 1, 5, 4, LLM_ROUTE_SOFTMAX);
+    assert_int_equal(ids[0], 1), assert_int_equal(ids[1], 2), assert_int_equal(ids[2], 4), assert_int_equal(ids[3], 3);
+    for (int j = 0; j < 3; j++) assert_true(fabs(w[j] - 1.0 / z) < 1e-7);
+    assert_true(fabs(w[3] - exp(-1.0) / z) < 1e-7);
+    llm_ref_ops.route(ids, w, s, 1, 5, 2, LLM_ROUTE_SOFTMAX_NORM); /* a tie across the top_k boundary */
+    assert_int_equal(ids[0], 1), assert_int_equal(ids[1], 2);
+    assert_true(fabs(w[0] - 0.5) < 1e-7 && fabs(w[1] - 0.5) < 1e-7);
+    llm_ref_ops.route(ids, w, s, 1, 5, 5, LLM_ROUTE_SOFTMAX_NORM); /* all chosen: the plain softmax */
+    assert_int_equal(ids[4], 0);
+    assert_true(fabs(w[4] - exp(-2.0) / z) < 1e-7);
+    const float g[] = {0.0f, -1.5f, 2.0f};
+    llm_ref_ops.route(ids, w, g, 3, 1, 1, LLM_ROUTE_SIGMOID); /* three tokens, one score each */
+    assert_int_equal(ids[0], 0), assert_int_equal(ids[1], 0), assert_int_equal(ids[2], 0);
+    assert_true(fabs(w[0] - 0.5) < 1e-7 && fabs(w[1] - 1.0 / (1.0 + exp(1.5))) < 1e-7 &&
+                fabs(w[2] - 1.0 / (1.0 + exp(-2.0))) < 1e-7);
+}
+
 /* ---- one test per (device, op) ---- */
 
 /* A device under test, and for devices with several kernel sets (blas: LLM_BLAS_KERNELS=avx2|portable) the set to
@@ -759,7 +1003,9 @@ static void with_device(void (*body)(void **), void **state)
     body(state);
 }
 
-#define OP_TESTS(X) X(embed) X(rmsnorm) X(matmul) X(rope) X(attention) X(glu) X(add) X(logits) X(softcap)
+#define OP_TESTS(X)                                                                                                 \
+    X(embed) X(rmsnorm) X(matmul) X(rope) X(attention) X(glu) X(add) X(logits) X(softcap) X(route) X(experts)        \
+    X(combine)
 #define WRAP(op) static void run_##op(void **state) { with_device(test_##op, state); }
 OP_TESTS(WRAP)
 #undef WRAP
@@ -778,7 +1024,7 @@ int main(void)
     };
     enum { N_OPS = sizeof runs / sizeof *runs, MAX_TARGETS = 16 };
     static target targets[MAX_TARGETS];
-    static struct CMUnitTest tests[MAX_TARGETS * N_OPS];
+    static struct CMUnitTest tests[MAX_TARGETS * N_OPS + 1];
     static char test_names[MAX_TARGETS * N_OPS][80];
     int n_targets = 0;
     for (int d = 0; d < llm_device_count() && n_targets < MAX_TARGETS - 2; d++) {
@@ -801,5 +1047,6 @@ int main(void)
                                                  &targets[t]};
             n_tests++;
         }
+    tests[n_tests++] = (struct CMUnitTest)cmocka_unit_test(test_route_reference);
     return _cmocka_run_group_tests("ops", tests, n_tests, NULL, NULL);
 }

@@ -233,6 +233,30 @@ static void test_decode_bytes(void **state)
     }
 }
 
+/* A mixture of experts' decode step reads top_k of its num_experts experts per sparse layer, all of one size. */
+static void test_decode_bytes_moe(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen3-moe-dense");
+    llm_model m;
+    load(&m, ex.dir, NULL);
+    const llm_config *c = &m.config;
+    llm_weight_stats ws;
+    llm_profile_weight_stats(&m, &ws);
+    assert_int_equal(ws.total_bytes, m.weight_bytes);
+    size_t expert = 3 * (size_t)c->moe_intermediate_size * c->hidden_size * sizeof(float); /* gate, up, down */
+    assert_int_equal(c->n_sparse, 2);
+    assert_int_equal(ws.expert_bytes, (size_t)c->n_sparse * c->num_experts * expert);
+    size_t embed = (size_t)c->vocab_size * c->hidden_size * sizeof(float), row = (size_t)c->hidden_size * sizeof(float);
+    double kv = 2.0 * c->num_hidden_layers * 10 * c->num_key_value_heads * c->head_dim * sizeof(float);
+    double read_experts = (double)c->n_sparse * c->num_experts_per_tok * expert;
+    double want = (double)m.weight_bytes - (double)ws.expert_bytes + read_experts - (double)embed + (double)row + kv;
+    assert_true(fabs(llm_profile_decode_bytes(&m, 10) - want) < 0.5);
+    llm_model_free(&m);
+    fixture_free_expected(&ex);
+}
+
 static void test_json_report(void **state)
 {
     (void)state;
@@ -274,7 +298,8 @@ static void test_json_report(void **state)
     assert_int_equal(json_integer_value(json_object_get(pre, "steps")), 2);
     assert_int_equal(json_integer_value(json_object_get(pre, "tokens")), 16);
     json_t *ops = json_object_get(pre, "ops");
-    assert_int_equal(json_array_size(ops), LLM_OP_COUNT - 1); /* every op a Llama calls: all but softcap */
+    /* every op a Llama calls: all but softcap and the experts' three (route, experts, combine) */
+    assert_int_equal(json_array_size(ops), LLM_OP_COUNT - 4);
     const char *fields[] = {"op", "device", "fallback", "calls", "total_ms", "pct_step", "mean_us", "bytes_per_call",
                             "flops_per_call", "gb_per_s", "gflop_per_s", "pct_peak_bandwidth"};
     size_t i;
@@ -413,7 +438,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_costs_by_hand),
         cmocka_unit_test(test_profile_adds_up),
-        cmocka_unit_test(test_decode_bytes),
+        cmocka_unit_test(test_decode_bytes), cmocka_unit_test(test_decode_bytes_moe),
         cmocka_unit_test(test_json_report),
         cmocka_unit_test(test_recording_device_runs_op_by_op),
         cmocka_unit_test(test_generate_profile_flags),

@@ -322,6 +322,7 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     char whys[2][96];
     snprintf(whys[0], sizeof whys[0], "%s, hidden_size", f->inter_key);
     snprintf(whys[1], sizeof whys[1], "hidden_size, %s", f->inter_key);
+    int quantized = m->quant_count;
     for (int p = 0; p < 3; p++) {
         L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts};
         for (size_t e = 0; e < E; e++) {
@@ -331,6 +332,7 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
                 return -1;
         }
     }
+    m->quant_experts += m->quant_count - quantized;
     if (!f->shared_expert || si == 0) return 0;
     const char *sh = f->block;
     snprintf(whys[0], sizeof whys[0], "shared_expert_intermediate_size, hidden_size");
@@ -583,6 +585,8 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     if (llm_dtype_is_block(m->quant) && opt && opt->log) {
         fprintf(opt->log, "quant: %s for the layers' linears (%d matrices%s)", llm_dtype_name(m->quant), m->quant_count,
                 quant_head ? " with the LM head" : "");
+        if (m->quant_experts)
+            fprintf(opt->log, ", the experts' %d among them (routers kept as stored)", m->quant_experts);
         if (m->quant_kept) fprintf(opt->log, ", %d kept as stored (columns not whole blocks)", m->quant_kept);
         fprintf(opt->log, "; embeddings%s %s as stored\n", quant_head ? "" : c->tie_word_embeddings ? " (= the head)" : " and head",
                 llm_dtype_name(m->weight_dtype));

@@ -71,6 +71,7 @@ typedef struct llm_model {
     llm_dtype quant;         /* the block format the layers' linears were quantized to on load; or weight_dtype */
     int quant_count;         /* matrices quantized on load (owned by the model: host memory) */
     int quant_kept;          /* linears left as stored: columns not a whole number of blocks */
+    int quant_experts;       /* of quant_count, the experts' matrices */
     llm_dtype cache_type;    /* the KV cache's element type (ops.h, attention) */
     /* A pre-quantized checkpoint (config.json's quantization_config): its linears by the dtype they were loaded as
      * (an exact Q8_0 or Q4_0, else dequantized), those it stores unquantized, and values F16/BF16 had to round. */
