@@ -103,7 +103,7 @@ static int env_int(const char *name, int fallback)
  *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
  *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py)
  *   LLM_CUDA_MOE_PDL=0|1|2      the MoE kernels: no programmatic dependent launch / launched early, the next kernel
- *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2) */
+ *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2; notes: "Mixture of experts") */
 static void cuda_settings_read(cuda_settings *s)
 {
     s->graphs = env_flag("LLM_CUDA_GRAPHS", true);
