@@ -6,18 +6,25 @@
 # profiles, the persistent decode step's phases and the kernel-per-op step's timeline. A summary table goes to
 # stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 8.0 or later:
 #   scripts/gpu-bench.sh                      everything
-#   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests portable ckpt peak compare bench
-#                                             (portable: the CUDA_ARCH=ptx80 build, its tests and bench rows)
+#   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests portable ckpt peak compare bench quant llama
+#                                             (portable: the CUDA_ARCH=ptx80 build, its tests and bench rows;
+#                                             quant and llama, not in the default: --quant beside llama.cpp, below)
 # Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above; also
 # qwen3-0.6b, qwen3-1.7b, gemma-2-2b, gemma-3-1b, phi-3.5-mini, olmo-2-1b: scripts/make-family-checkpoint.py), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
-# prefix with include/ and lib/ holding the -dev packages, for machines without them).
+# prefix with include/ and lib/ holding the -dev packages, for machines without them); for the stages quant and
+# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"), LLAMA_SRC (a tarball of llama.cpp's
+# source, gzip, or zstd where zstd is installed: ggml, src, common, tools/llama-bench, gguf-py), LLAMA_BUILD (default
+# /tmp/llama-build), LLAMA_FA (ON or OFF: its flash-attention kernels, most of its build time; default OFF, and then
+# llama-bench runs without them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
 MODELS=${MODELS:-/tmp/llm-run-models}
 SHAPES=${SHAPES:-"tinyllama-1.1b llama-3.2-1b llama-2-7b"}
 STAGES=${STAGES:-"build tests portable ckpt peak compare bench"}
+QUANT_SHAPES=${QUANT_SHAPES:-llama-2-7b}
+QUANTS=${QUANTS:-"q8_0 q4_0"}
 mkdir -p "$OUT" "$MODELS"
 summary="$OUT/summary.md"
 : >"$summary"
@@ -41,7 +48,7 @@ if has build; then
     say "build"
     # -k: a teammate's half-finished file elsewhere must not stop the GPU checks; what is missing is reported.
     make -k -j"$(nproc)" "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda build/tests/test_models \
-        build/tests/test_ops build/tests/test_prequant >"$OUT/build.log" 2>&1 ||
+        build/tests/test_ops build/tests/test_prequant build/tests/test_quant >"$OUT/build.log" 2>&1 ||
         grep -E "error|Error" "$OUT/build.log" | head -20 | tee -a "$summary"
     [ -x build/tests/test_cuda ] || { tail -30 "$OUT/build.log"; echo "build failed" | tee -a "$summary"; exit 1; }
     # The library without the commands (main.o and cmd_*.o: the tool needs none, and chat's libedit stays out).
@@ -58,7 +65,7 @@ fi
 gpu_tests() {
     local dir=$1 label=$2 t rc p f s
     : >"$OUT/tests$label.log"
-    for t in test_cuda test_models test_ops test_prequant; do
+    for t in test_cuda test_models test_ops test_prequant test_quant; do
         [ -x "$dir/build/tests/$t" ] || continue
         (cd "$dir" && timeout 900 build/tests/$t) >"$OUT/$t.log" 2>&1
         rc=$?
@@ -97,7 +104,7 @@ fi
 
 if has ckpt; then
     say "checkpoints (random BF16 weights) in $MODELS"
-    for s in $SHAPES; do
+    for s in $SHAPES $(has quant && echo "$QUANT_SHAPES"); do
         [ -f "$MODELS/$s/model.safetensors" ] && continue
         case $s in # the other families' shapes through transformers (make-family-checkpoint.py), Llama's directly
         qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$MODELS/$s" ;;
@@ -191,4 +198,54 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
         echo "(dev/cuda/cuda-step-trace.py) and the kernel-per-op step's timeline (dev/cuda/cuda-timeline.py) in"
         echo "$OUT/bench.log"
     } | tee -a "$summary"
+fi
+
+# Block-quantized weights (issue 31): each of QUANT_SHAPES as stored (BF16) and with --quant for each of QUANTS, pp512
+# and tg128 after a 512-token prompt (medians of 3), with the bytes a token reads and the share of the read ceiling.
+if has quant; then
+    say "quantized weights: llm-run bench -p 512 -n 128 --tg-after 512 -r 3 [--quant TYPE]"
+    : >"$OUT/quant.log"
+    for s in $QUANT_SHAPES; do
+        [ -d "$MODELS/$s" ] || continue
+        for q in bf16 $QUANTS; do
+            args=()
+            [ "$q" != bf16 ] && args=(--quant "$q")
+            build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${args[@]}" "$MODELS/$s" \
+                >>"$OUT/quant.log" 2>&1
+        done
+        echo "LLM_CUDA_PERSIST=0 (kernel-per-op step, as quantized weights run), $s BF16:" >>"$OUT/quant.log"
+        LLM_CUDA_PERSIST=0 build/llm-run bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "$MODELS/$s" \
+            >>"$OUT/quant.log" 2>&1
+    done
+    grep -E '^\||cuda:|quant:|LLM_CUDA' "$OUT/quant.log" | tee -a "$summary"
+fi
+
+# llama.cpp beside it: llama-bench built from LLAMA_SRC for this GPU (that target only), on GGUFs of each of
+# QUANT_SHAPES whose layers' linears are quantized as --quant does and whose embeddings and head stay F16
+# (dev/quant/make-random-gguf.py, random weights through llama.cpp's own gguf-py), pp512 and tg128 at depth 0 and 512.
+if has llama && [ -f "${LLAMA_SRC:-}" ]; then
+    say "llama.cpp llama-bench -p 512 -n 128 -d 0,512 -r 3 (flash attention ${LLAMA_FA:-OFF})"
+    lb=${LLAMA_BUILD:-/tmp/llama-build}
+    if [ ! -x "$lb/bin/llama-bench" ]; then
+        # the tarball holds one tool: llama-bench
+        mkdir -p "$lb/src" && tar -xf "$LLAMA_SRC" -C "$lb/src" &&
+            echo 'add_subdirectory(llama-bench)' >"$lb/src/tools/CMakeLists.txt" &&
+            cmake -S "$lb/src" -B "$lb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DLLAMA_CURL=OFF \
+                -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+                -DCMAKE_CUDA_ARCHITECTURES="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
+                    tr -d .)" -DGGML_CUDA_FA="${LLAMA_FA:-OFF}" >"$OUT/llama-build.log" 2>&1 &&
+            cmake --build "$lb" --target llama-bench -j"$(nproc)" >>"$OUT/llama-build.log" 2>&1 ||
+            tail -20 "$OUT/llama-build.log" | tee -a "$summary"
+    fi
+    fa=0
+    [ "${LLAMA_FA:-OFF}" = ON ] && fa=1
+    for s in $QUANT_SHAPES; do
+        for q in $QUANTS; do
+            g="$MODELS/$s-$q.gguf"
+            [ -f "$g" ] || PYTHONPATH="$lb/src/gguf-py" python3 dev/quant/make-random-gguf.py "$g" "$q" "$s" \
+                >>"$OUT/llama-build.log" 2>&1 || { echo "no GGUF for $s $q" | tee -a "$summary"; continue; }
+            [ -x "$lb/bin/llama-bench" ] && "$lb/bin/llama-bench" -m "$g" -ngl 99 -fa "$fa" -p 512 -n 128 -d 0,512 \
+                -r 3 2>&1 | grep -E '^\|' | tee -a "$summary"
+        done
+    done
 fi

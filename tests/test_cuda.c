@@ -18,6 +18,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "ops/ref.h"
+#include "quant/quant.h"
 #include "support/fixture_util.h"
 #include "support/st_writer.h"
 
@@ -186,6 +187,111 @@ static void test_matmul(void **state)
     cuda_done();
 }
 
+
+/* ---- block-quantized weights: the GEMV (x rounded to 8 bits per block in registers) and batches (dequantized to
+ * BF16 for cuBLAS) ---- */
+
+/* A random matrix quantized to t on the host (the reference's weight), its exact values (wf), and on the device. */
+static weight_pair make_quant_weight(llm_dtype t, size_t rows, size_t cols, float **wf)
+{
+    weight_pair w = {{0}, {0}};
+    float *f = random_floats(rows * cols, 0.05f);
+    void *q = malloc(llm_dtype_matrix_bytes(t, rows, cols));
+    assert_non_null(q);
+    assert_int_equal(llm_quant_matrix(q, f, LLM_DTYPE_F32, llm_quant_of_dtype(t), rows, cols, 1), 0);
+    llm_quant_traits_of(llm_quant_of_dtype(t))->dequantize(f, q, rows * cols);
+    *wf = f;
+    w.host = (llm_weight){q, t, rows, cols};
+    assert_int_equal(dev->weight_load(&w.device, q, t, rows, cols), 0);
+    return w;
+}
+
+static void run_matmul_quant(void)
+{
+    static const llm_dtype types[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
+    /* model shapes (Llama's 4096 and 11008, TinyLlama's 2048 and 5632), rows whose bytes are not a multiple of 16
+     * (3 blocks of 32: the 2-byte load path), odd rows, batches of tokens (cuBLAS on dequantized tiles) */
+    static const struct { size_t rows, cols; int n; bool bias; } cases[] = {
+        {2048, 2048, 1, false}, {5632, 2048, 1, true}, {2048, 5632, 1, false}, {4096, 11008, 1, false},
+        {77, 768, 1, true},     {33, 96, 1, false},    {1000, 2048, 17, true}, {100, 512, 5, false},
+        {64, 768, 3, false},
+    };
+    for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            const llm_dtype t = types[ti];
+            const size_t rows = cases[c].rows, cols = cases[c].cols, n = (size_t)cases[c].n;
+            if (cols % llm_dtype_block(t)) continue; /* Q4_K's 256: the 96-column case is Q8_0's and Q4_0's */
+            float *wf;
+            weight_pair w = make_quant_weight(t, rows, cols, &wf);
+            weight_pair b = {{0}, {0}};
+            if (cases[c].bias) b = make_weight(LLM_DTYPE_F32, 1, rows, 0.5f);
+            float *x = random_floats(n * cols, 1.0f), *ref = malloc(n * rows * sizeof *ref);
+            assert_non_null(ref);
+            for (size_t i = 0; i < n * cols; i += 97) x[i] *= 20.0f; /* outliers: coarse blocks of x */
+            llm_ref_ops.matmul(ref, x, &w.host, cases[c].bias ? &b.host : NULL, (int)n);
+            float *dx = on_device(x, n * cols * sizeof *x), *dout = dev->alloc(n * rows * sizeof(float));
+            assert_non_null(dout);
+            dev->ops->matmul(dout, dx, &w.device, cases[c].bias ? &b.device : NULL, (int)n);
+            float *got = from_device(dout, n * rows);
+            /* Per element: ops.h lets a quantized product round x to 8 bits per block of 32 (the GEMV does): at most
+             * half a step, max|x_b| / 254, times sum |w|. A batch rounds each weight to BF16 instead (at most 2^-9
+             * |w x|) and splits x into two BF16 halves (2^-16 |w x|): both under max|x_b| / 254 |w| a term. Plus the
+             * f32 summation, cols eps sum |w x| on either side. */
+            const double eps = 1.0 / 16777216.0;
+            int bad = 0;
+            double worst = 0;
+            for (size_t i = 0; i < n; i++) {
+                double half_step[11008 / 32];
+                for (size_t bl = 0; bl < cols / 32; bl++) {
+                    double amax = 0;
+                    for (size_t j = 0; j < 32; j++) amax = fmax(amax, fabs(x[i * cols + bl * 32 + j]));
+                    half_step[bl] = amax / 254.0 * 1.001;
+                }
+                for (size_t r = 0; r < rows; r++) {
+                    double abs_wx = 0, abs_w_step = 0;
+                    for (size_t k = 0; k < cols; k++) {
+                        double a = fabs(wf[r * cols + k]);
+                        abs_wx += a * fabs(x[i * cols + k]);
+                        abs_w_step += a * half_step[k / 32];
+                    }
+                    double bound = 2.0 * (double)cols * eps * abs_wx + abs_w_step;
+                    double e = fabs((double)got[i * rows + r] - ref[i * rows + r]);
+                    if (!(e <= bound)) {
+                        if (bad < 3)
+                            print_error("matmul %s %zux%zu n=%zu: out[%zu, %zu] = %.7g, reference %.7g, bound %.3g\n",
+                                        llm_dtype_name(t), rows, cols, n, i, r, (double)got[i * rows + r],
+                                        (double)ref[i * rows + r], bound);
+                        bad++;
+                    }
+                    worst = fmax(worst, bound > 0 ? e / bound : 0);
+                }
+            }
+            print_message("matmul %s %zux%zu n=%zu%s: worst error %.2f of its bound (%s)\n", llm_dtype_name(t), rows,
+                          cols, n, cases[c].bias ? " +bias" : "", worst, n == 1 ? "GEMV" : "dequantized to BF16");
+            assert_int_equal(bad, 0);
+            free(x), free(ref), free(got), free(wf);
+            dev->free(dx), dev->free(dout);
+            free_weight(&w);
+            if (cases[c].bias) free_weight(&b);
+        }
+}
+
+/* Each shape with one chunk per lane and row (the default), then with two (LLM_CUDA_GEMV_CPL=2), so both variants
+ * of the Q8_0 and Q4_0 kernels run. */
+static void test_matmul_quant(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    run_matmul_quant();
+    cuda_done();
+    setenv("LLM_CUDA_GEMV_CPL", "2", 1);
+    cuda_or_skip();
+    print_message("LLM_CUDA_GEMV_CPL=2:\n");
+    run_matmul_quant();
+    cuda_done();
+    unsetenv("LLM_CUDA_GEMV_CPL");
+}
+
 /* ---- the elementwise and normalisation ops ---- */
 
 static void test_small_ops(void **state)
@@ -317,17 +423,30 @@ static void test_attention_long(void **state)
 /* One layer, the final norm and the head, in src/model/forward.c's op order, on the reference and on cuda, for n
  * tokens at positions 37.. : one token goes through the fused GEMVs, a batch through cuBLAS with owed sums (read
  * by rope, the KV store, swiglu, the add + rmsnorm pass; settled for a download or a product reading one). */
-static void run_fused_layer(int n)
+/* A linear of the fused layer: BF16, or quantized to t. */
+static weight_pair make_linear(llm_dtype t, size_t rows, size_t cols)
 {
-    const int dim = 512, inter = 1408, heads = 8, kv_heads = 2, hd = 64, vocab = 3000, ctx = 64, pos = 37;
+    if (!llm_dtype_is_block(t)) return make_weight(t, rows, cols, 0.05f);
+    float *wf;
+    weight_pair w = make_quant_weight(t, rows, cols, &wf);
+    free(wf);
+    return w;
+}
+
+/* One layer and the head through the device against the reference, the linears in dtype wt; tol: the largest
+ * relative error (of the largest value) each output may have. */
+static void run_fused_layer(int n, llm_dtype wt, double tol)
+{
+    /* inter: 1536 for block formats (whole Q4_K blocks of 256) */
+    const int dim = 512, inter = llm_dtype_is_block(wt) ? 1536 : 1408, heads = 8, kv_heads = 2, hd = 64, vocab = 3000, ctx = 64, pos = 37;
     const int q_dim = heads * hd, kv_dim = kv_heads * hd;
     weight_pair ln1 = make_weight(LLM_DTYPE_BF16, 1, dim, 1.0f), ln2 = make_weight(LLM_DTYPE_BF16, 1, dim, 1.0f);
     weight_pair norm = make_weight(LLM_DTYPE_BF16, 1, dim, 1.0f);
-    weight_pair wq = make_weight(LLM_DTYPE_BF16, q_dim, dim, 0.05f), wk = make_weight(LLM_DTYPE_BF16, kv_dim, dim, 0.05f);
-    weight_pair wv = make_weight(LLM_DTYPE_BF16, kv_dim, dim, 0.05f), wo = make_weight(LLM_DTYPE_BF16, dim, q_dim, 0.05f);
+    weight_pair wq = make_linear(wt, q_dim, dim), wk = make_linear(wt, kv_dim, dim);
+    weight_pair wv = make_linear(wt, kv_dim, dim), wo = make_linear(wt, dim, q_dim);
     weight_pair bq = make_weight(LLM_DTYPE_BF16, 1, q_dim, 0.1f);
-    weight_pair wg = make_weight(LLM_DTYPE_BF16, inter, dim, 0.05f), wu = make_weight(LLM_DTYPE_BF16, inter, dim, 0.05f);
-    weight_pair wd = make_weight(LLM_DTYPE_BF16, dim, inter, 0.05f), head = make_weight(LLM_DTYPE_BF16, vocab, dim, 0.05f);
+    weight_pair wg = make_linear(wt, inter, dim), wu = make_linear(wt, inter, dim);
+    weight_pair wd = make_linear(wt, dim, inter), head = make_linear(wt, vocab, dim);
     float inv_freq[32];
     for (int j = 0; j < hd / 2; j++) inv_freq[j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)hd);
     int32_t positions[8];
@@ -393,9 +512,9 @@ static void run_fused_layer(int n)
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
         float *got = from_device(checks[i].device, checks[i].n);
         double err = rel_error(got, checks[i].host, checks[i].n);
-        print_message("fused layer, %d token%s: %s rel error %.2g\n", n, n > 1 ? "s" : "", checks[i].name, err);
-        /* f32 arithmetic on both sides, compounded over one layer */
-        assert_true(err < 1e-5);
+        print_message("fused layer, %d token%s, %s linears: %s rel error %.2g\n", n, n > 1 ? "s" : "",
+                      llm_dtype_name(wt), checks[i].name, err);
+        assert_true(err < tol);
         free(got);
     }
     free(x), free(kc), free(vc), free(xb), free(q), free(k), free(v), free(att), free(gate), free(up), free(logits);
@@ -410,8 +529,20 @@ static void test_fused_layer(void **state)
 {
     (void)state;
     cuda_or_skip();
-    run_fused_layer(1);
-    run_fused_layer(6);
+    /* f32 arithmetic on both sides, compounded over one layer */
+    run_fused_layer(1, LLM_DTYPE_BF16, 1e-5);
+    run_fused_layer(6, LLM_DTYPE_BF16, 1e-5);
+    /* Quantized linears (the GEMV's norm prologue, rope + KV store, swiglu and residual-add epilogues on blocks, and
+     * batches dequantized to BF16): each product may round x to 8 bits per block of 32 (ops.h), an error of up to
+     * 1/254 of the block's largest |x| a term; over 512 random-signed terms the errors mostly cancel (test_matmul_quant
+     * checks each product's bound exactly), about 1e-3 of the output's scale, and compound through three products,
+     * the softmax and the head. 2e-2 of the largest value holds that with room, while a wrong block, scale or
+     * nibble order moves outputs by their own size. */
+    static const llm_dtype quant[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
+    for (size_t i = 0; i < sizeof quant / sizeof *quant; i++) {
+        run_fused_layer(1, quant[i], 2e-2);
+        run_fused_layer(6, quant[i], 2e-2);
+    }
     cuda_done();
 }
 
@@ -1160,7 +1291,7 @@ static void test_fault_names_the_op(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matmul),        cmocka_unit_test(test_small_ops),
+        cmocka_unit_test(test_matmul),        cmocka_unit_test(test_matmul_quant),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_combine),

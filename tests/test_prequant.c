@@ -148,8 +148,10 @@ static void test_dequantize_matches_library(void **state)
     llm_st_close(ref);
 }
 
-/* 24 greedy tokens after a short prompt, on `device`; also what the linears were loaded as. 1: device not here. */
-static int greedy(const char *fixture, const char *device, int32_t *out, int n, llm_dtype *loaded_as)
+/* 24 greedy tokens after a short prompt, on `device`; also what the linears were loaded as. 1: device not here.
+ * forced: feed forced[i] after step i instead of the device's own choice (teacher forcing), out still its choices. */
+static int greedy_forced(const char *fixture, const char *device, int32_t *out, int n, llm_dtype *loaded_as,
+                         const int32_t *forced)
 {
     const llm_device *dev = llm_device_find(device);
     char why[256] = "", err[1024] = "", path[512];
@@ -171,11 +173,17 @@ static int greedy(const char *fixture, const char *device, int32_t *out, int n, 
     assert_int_equal(llm_forward(&m, &s, prompt, 5, 0, &logits, err, sizeof err), 0);
     for (int i = 0; i < n; i++) {
         out[i] = next = fixture_argmax(logits, m.config.vocab_size);
+        if (forced) next = forced[i];
         assert_int_equal(llm_forward(&m, &s, &next, 1, 5 + i, &logits, err, sizeof err), 0);
     }
     llm_state_free(&s, &m);
     llm_model_free(&m);
     return 0;
+}
+
+static int greedy(const char *fixture, const char *device, int32_t *out, int n, llm_dtype *loaded_as)
+{
+    return greedy_forced(fixture, device, out, n, loaded_as, NULL);
 }
 
 static void test_greedy_tokens(void **state)
@@ -204,11 +212,23 @@ static void test_greedy_tokens(void **state)
         assert_int_equal(blas_as, c->blas);
         assert_memory_equal(ref, got, sizeof ref);
     }
-    /* cuda has no kernel for these formats: the linears come dequantized to the compute dtype (BF16 here) */
+    /* cuda takes the block formats blas takes (Q8_0, Q4_0), else the compute dtype (BF16 here). On blocks its GEMV
+     * rounds x to 8 bits per block of 32 and its batches round each weight to BF16 (both inside ops.h's allowance,
+     * tests/test_cuda.c), so a step whose two best logits lie within that error may take the other token, and free
+     * running would then diverge for good (gptq-sym on an H100: step 17 of 24). So the reference's tokens are fed
+     * (teacher forcing) and cuda's choice must agree at all but two steps. */
     llm_dtype cuda_as;
-    if (greedy(c->fixture, "cuda", got, N, &cuda_as) == 0) {
-        assert_int_equal(cuda_as, LLM_DTYPE_BF16);
-        assert_memory_equal(ref, got, sizeof ref);
+    if (greedy_forced(c->fixture, "cuda", got, N, &cuda_as, llm_dtype_is_block(c->blas) ? ref : NULL) == 0) {
+        assert_int_equal(cuda_as, c->blas);
+        if (llm_dtype_is_block(cuda_as)) {
+            int agree = 0;
+            for (int i = 0; i < N; i++) agree += got[i] == ref[i];
+            print_message("%s on cuda (%s): %d of %d steps choose the reference's token\n", c->fixture,
+                          llm_dtype_name(cuda_as), agree, N);
+            assert_true(agree >= N - 2);
+        } else {
+            assert_memory_equal(ref, got, sizeof ref);
+        }
     }
 }
 

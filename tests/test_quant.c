@@ -368,7 +368,8 @@ static void test_device_matmul(void **state)
     free(wf), free(x), free(bias), free(ref), free(got);
 }
 
-/* models/tiny (4 layers, hidden 256, intermediate 688) quantized on load: which matrices, how many bytes, and how
+/* models/tiny (4 layers, hidden 256, intermediate 688) quantized on load on cpu, blas and (where a GPU is usable)
+ * cuda: which matrices, how many bytes, and how
  * well its next-token choices agree with the stored BF16 weights over its own greedy text (expected.json's prompt
  * and continuation). down_proj's 688 columns are not whole blocks: its four matrices stay BF16, and say so. */
 static void test_model_quantized(void **state)
@@ -403,11 +404,14 @@ static void test_model_quantized(void **state)
     size_t stored_bytes = stored.weight_bytes;
     llm_model_free(&stored);
 
-    const char *devices[] = {"cpu", "blas"};
-    for (size_t di = 0; di < 2; di++) {
+    const char *devices[] = {"cpu", "blas", "cuda"};
+    for (size_t di = 0; di < 3; di++) {
         const llm_device *dev = llm_device_find(devices[di]);
         char why[256];
-        if (!dev || !dev->probe(why, sizeof why)) continue;
+        if (!dev || !dev->probe(why, sizeof why)) {
+            print_message("%s not usable here: skipped\n", devices[di]);
+            continue;
+        }
         for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_Q4_K; d++) {
             llm_model m;
             llm_load_options q = {.device = devices[di], .threads = 2, .quant = d};
@@ -478,7 +482,7 @@ static void test_refusals(void **state)
     llm_runtime rt;
     assert_int_equal(llm_runtime_open(&rt, &gpu, NULL, LLM_DTYPE_BF16, NULL, 0, NULL, err, sizeof err), 0);
     assert_int_equal(llm_runtime_require(&rt, LLM_OP_MATMUL, LLM_DTYPE_Q4_0, NULL, err, sizeof err), -1);
-    assert_string_equal(err, "fake-gpu: matmul has no kernel for Q4_0 weights yet; --quant runs on blas and cpu");
+    assert_string_equal(err, "fake-gpu: matmul has no kernel for Q4_0 weights yet; --quant runs on cpu, blas and cuda");
     llm_runtime_close(&rt);
     assert_int_equal(llm_runtime_open(&rt, &host, NULL, LLM_DTYPE_BF16, NULL, 0, NULL, err, sizeof err), 0);
     assert_false(rt.op_fallback[LLM_OP_MATMUL]);

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's shape (F16, norms 1, a stand-in vocabulary
-of 32000 pieces), for llama.cpp's llama-quantize and llama-bench beside `llm-run bench` on
-scripts/make-random-checkpoint.py --shape tinyllama-1.1b. Its text is noise; only speed is compared.
+"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's (or Llama-2-7B's) shape (F16, norms 1, a
+stand-in vocabulary of 32000 pieces), for llama.cpp's llama-quantize and llama-bench beside `llm-run bench` on
+scripts/make-random-checkpoint.py --shape tinyllama-1.1b (llama-2-7b). Its text is noise; only speed is compared.
 
-usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0]   (needs llama.cpp's gguf-py: pip install gguf)
+usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0] [tinyllama-1.1b|llama-2-7b]   (needs llama.cpp's gguf-py)
+Every layer holds the same random matrices (made and quantized once per shape: a 7B file in a minute); each layer's
+weights still lie apart in the file and in memory, so a decode step reads them all.
 The layers' linears take the type (quantized by gguf.quants, which matches ggml's reference quantizer); the
 embeddings and the head stay F16, as `llm-run --quant` leaves them (llama-quantize would make the head Q6_K)."""
 import sys
@@ -11,17 +13,19 @@ import sys
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
-H, I, L, NH, NKV, V = 2048, 5632, 22, 32, 4, 32000
+SHAPES = {"tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000), "llama-2-7b": (4096, 11008, 32, 32, 32, 32000)}
 
 
 def main():
-    if len(sys.argv) not in (2, 3):
+    if len(sys.argv) not in (2, 3, 4):
         sys.exit(__doc__)
-    kind = sys.argv[2] if len(sys.argv) == 3 else "f16"
+    kind = sys.argv[2] if len(sys.argv) >= 3 else "f16"
+    shape = sys.argv[3] if len(sys.argv) == 4 else "tinyllama-1.1b"
+    H, I, L, NH, NKV, V = SHAPES[shape]
     qtype = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[kind]
     rng = np.random.default_rng(0)
     w = GGUFWriter(sys.argv[1], "llama")
-    w.add_name("random-tinyllama-1.1b")
+    w.add_name("random-" + shape)
     w.add_context_length(2048)
     w.add_embedding_length(H)
     w.add_block_count(L)
@@ -43,12 +47,16 @@ def main():
     def rand(rows, cols):
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
 
+    made = {}
+
     def linear(name, rows, cols):
-        x = rand(rows, cols)
+        if (rows, cols) not in made:
+            x = rand(rows, cols)
+            made[rows, cols] = x if qtype is None else quants.quantize(x.astype(np.float32), qtype)
         if qtype is None:
-            w.add_tensor(name, x)
+            w.add_tensor(name, made[rows, cols])
         else:
-            w.add_tensor(name, quants.quantize(x.astype(np.float32), qtype), raw_dtype=qtype)
+            w.add_tensor(name, made[rows, cols], raw_dtype=qtype)
 
     w.add_tensor("token_embd.weight", rand(V, H))
     for b in range(L):

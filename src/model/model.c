@@ -27,6 +27,30 @@ void llm_model_dir(const char *path, char *dir, size_t len)
         snprintf(dir, len, "%.*s", (int)(slash - path) > 0 ? (int)(slash - path) : 1, path);
 }
 
+/* A block-quantized matrix q (malloc'd host memory, bytes long) as w: a host-memory device computes on it in place
+ * (the model owns it: free_weight); a device with buffers of its own takes a copy through weight_load and q goes. */
+static int place_blocks(llm_model *m, llm_weight *w, void *q, llm_dtype dtype, const char *name, char *err,
+                        size_t err_len)
+{
+    const llm_device *dev = m->rt.dev;
+    w->dtype = dtype;
+    if (dev->host_memory) {
+        w->data = q;
+        return 0;
+    }
+    int rc = dev->weight_load ? dev->weight_load(w, q, dtype, w->rows, w->cols) : -1;
+    free(q);
+    if (rc) {
+        char why_dev[256] = "";
+        dev->status(why_dev, sizeof why_dev);
+        snprintf(err, err_len, "cannot place tensor '%s' (%s) on %s: %s", name, llm_dtype_name(dtype), dev->name,
+                 why_dev[0] ? why_dev : "out of memory");
+        w->data = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* The checkpoint's matrix t quantized to m->quant into host memory the model owns (freed by free_weight), advised
  * for transparent huge pages as the blas device's own copies are. The device computes on it in place. */
 static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, char *err,
@@ -48,8 +72,7 @@ static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, 
                  llm_dtype_name(m->quant));
         return -1;
     }
-    w->data = q;
-    w->dtype = m->quant;
+    if (place_blocks(m, w, q, m->quant, name, err, err_len)) return -1;
     m->weight_bytes += bytes;
     m->quant_count++;
     llm_st_release(m->st, t); /* the weights live once: as quantized */
@@ -169,19 +192,24 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
     w->rows = rows, w->cols = cols;
     llm_op op = head ? LLM_OP_LOGITS : LLM_OP_MATMUL;
     const llm_device *who = m->rt.op_device[op] ? m->rt.op_device[op] : dev; /* --op-device may pin the product */
-    if (p.traits->integer && dev->host_memory && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
+    if (p.traits->integer && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
         size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_Q8_0, rows, cols);
         void *q8 = bytes ? malloc(bytes) : NULL;
         if (q8 && llm_pq_convert(&p, LLM_DTYPE_Q8_0, q8, threads, NULL) == 0) {
-            w->data = q8, w->dtype = LLM_DTYPE_Q8_0;
+            void *blocks = q8;
+            llm_dtype dtype = LLM_DTYPE_Q8_0;
             size_t bytes4 = llm_quant_matrix_bytes(LLM_QUANT_Q4_0, rows, cols);
             void *q4 = NULL;
             if (who->supports(op, LLM_DTYPE_Q4_0) && llm_pq_q8_0_fits_q4_0(q8, rows, cols) && (q4 = malloc(bytes4))) {
                 llm_pq_q8_0_to_q4_0(q4, q8, rows, cols);
                 free(q8);
-                w->data = q4, w->dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
+                blocks = q4, dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
             }
-            if (llm_runtime_require(&m->rt, op, w->dtype, NULL, err, err_len)) return -1;
+            if (llm_runtime_require(&m->rt, op, dtype, NULL, err, err_len)) {
+                free(blocks);
+                return -1;
+            }
+            if (place_blocks(m, w, blocks, dtype, name, err, err_len)) return -1;
             m->weight_bytes += bytes;
             m->pq_count[w->dtype]++;
             goto release;
@@ -288,12 +316,12 @@ static llm_weight view_rows(const llm_weight *w, size_t first, size_t rows)
 static void free_weight(const llm_model *m, llm_weight *w)
 {
     if (!w->data || (w == &m->lm_head && m->config.tie_word_embeddings)) return;
-    if (llm_dtype_is_block(w->dtype)) { /* quantized on load into the model's own memory */
+    const llm_device *dev = m->rt.dev;
+    if (llm_dtype_is_block(w->dtype) && dev->host_memory) { /* quantized on load into the model's own memory */
         free(w->data);
         w->data = NULL;
         return;
     }
-    const llm_device *dev = m->rt.dev;
     if (dev->weight_free)
         dev->weight_free(w);
     else if (!dev->host_memory)
@@ -523,11 +551,6 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         }
     }
     if (llm_dtype_is_block(m->quant)) {
-        if (!dev->host_memory) {
-            snprintf(err, err_len, "%s: matmul has no kernel for %s weights yet; --quant runs on blas and cpu",
-                     dev->name, llm_dtype_name(m->quant));
-            goto fail;
-        }
         if (llm_runtime_require(&m->rt, LLM_OP_MATMUL, m->quant, opt->log, err, err_len) ||
             (c->n_sparse && llm_runtime_require(&m->rt, LLM_OP_EXPERTS, m->quant, opt->log, err, err_len)) ||
             (quant_head && llm_runtime_require(&m->rt, LLM_OP_LOGITS, m->quant, opt->log, err, err_len)))

@@ -107,7 +107,8 @@ typedef struct llm_ops {
      * out (n, w->rows); x (n, w->cols); w in its stored dtype, products accumulated in f32. out != x.
      * Block-quantized w (Q8_0, Q4_0, Q4_K): w[r, c] is the value the format defines (src/quant/quant.h, exact in
      * f32). A device may instead round each block of x to 8 bits first, as llama.cpp does (quant_dot.h): its error
-     * is then bounded by sum_c |w[r, c]| * (half a step of x[i, c]'s block), which tests/test_quant.c checks.
+     * is then bounded by sum_c |w[r, c]| * (half a step of x[i, c]'s block), which tests/test_quant.c checks; or round
+     * each w[r, c] to BF16 (at most 2^-9 |w[r, c] x[i, c]| a term, inside the same bound: cuda's batches).
      * BF16 w: a device may split x into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and sum
      * w * hi + w * lo, whose products are exact in f32: |x - hi - lo| <= 2^-16 |x|, so the error this adds is at most
      * 2^-16 sum_c |w[r, c] * x[i, c]|. */

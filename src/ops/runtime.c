@@ -229,7 +229,7 @@ int llm_runtime_require(llm_runtime *rt, llm_op op, llm_dtype dtype, FILE *log, 
             snprintf(err, err_len, "%s: attention has no kernel for a %s KV cache yet (--cache-type f32 there)",
                      rt->dev->name, llm_dtype_name(dtype));
         else
-            snprintf(err, err_len, "%s: %s has no kernel for %s weights yet; --quant runs on blas and cpu",
+            snprintf(err, err_len, "%s: %s has no kernel for %s weights yet; --quant runs on cpu, blas and cuda",
                      rt->dev->name, llm_op_name(op), llm_dtype_name(dtype));
         return -1;
     }

@@ -81,6 +81,7 @@ enum {
     LLM_CUDA_SCRATCH_ATTN_ARRIVALS, /* ... and per (token, head group) the splits done so far (back to 0 after) */
     LLM_CUDA_SCRATCH_MOE,           /* moe.cu: a batch's (token, slot) pairs sorted by expert, and their tiles */
     LLM_CUDA_SCRATCH_MOE_X,         /* ... and their x rows in that order, split into 16-bit halves */
+    LLM_CUDA_SCRATCH_DEQUANT, /* prefill.cu: a block-quantized weight as BF16 for a batched product */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
 };
@@ -348,10 +349,15 @@ typedef struct {
     float *resid;       /* EPI_ADD: resid += out */
     int pdl_early;      /* set by the launcher */
     llm_cuda_tl *tl;    /* set by the launcher */
+    int q_lanes;        /* set by the launcher: block formats' threads per group of rows (gemv.cu) */
 } llm_cuda_gemv;
 
-/* Can a one-token product with w run as a GEMV (x staged in shared memory)? */
+/* Can a one-token product with w run as a GEMV (x staged in shared memory)? The first for 16-bit and f32 weights;
+ * the second for any dtype (block formats also stage x rounded to 8 bits). */
 bool llm_cuda_gemv_fits(size_t cols);
+bool llm_cuda_gemv_fits_weight(size_t cols, llm_dtype dtype);
+/* A block-quantized weight (memory.cu's layout) as a BF16 (rows, cols) matrix at out, for cuBLAS (prefill.cu). */
+void llm_cuda_dequantize_bf16(void *out, const llm_weight *w, const char *op);
 void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 
 /* ---- attention.cu ---- */

@@ -22,6 +22,16 @@ bool llm_cuda_gemv_fits(size_t cols)
     return cols <= GEMV_MAX_COLS && cols * sizeof(float) + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
 }
 
+static inline size_t q_x_bytes(size_t cols);
+
+bool llm_cuda_gemv_fits_weight(size_t cols, llm_dtype dtype)
+{
+    if (!llm_dtype_is_block(dtype)) return llm_cuda_gemv_fits(cols);
+    /* x, its quantized form and a rope table of up to 256 (head_dim) values */
+    return cols % llm_dtype_block(dtype) == 0 && cols <= GEMV_MAX_COLS &&
+           cols * sizeof(float) + q_x_bytes(cols) + 256 * sizeof(float) + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
+}
+
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
 __device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
 
@@ -192,6 +202,30 @@ __device__ __forceinline__ void finish_unit(const llm_cuda_gemv &job, int unit, 
     }
 }
 
+/* The end of a group: each warp's partial row sums meet in shared memory (part[buf], then buf flips), one thread
+ * per unit adds them in a fixed order and runs the epilogue; acc is zeroed for the next group. */
+__device__ __forceinline__ void finish_group(const llm_cuda_gemv &job, float (&acc)[GEMV_ROWS],
+                                             float (&part)[2][GEMV_WARPS][GEMV_ROWS], int &buf, int g_now,
+                                             const float *rot)
+{
+    constexpr int P = GEMV_ROWS;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    static_assert(P == 8, "warp_sum8's rows");
+    const float row_sum = warp_sum8(acc, lane); /* row lane / 4's */
+    if (lane % 4 == 0) part[buf][warp][lane / 4] = row_sum;
+#pragma unroll
+    for (int r = 0; r < P; r++) acc[r] = 0.0f;
+    __syncthreads(); /* part[buf] is written again two groups later, after another barrier */
+    const int b = buf;
+    buf ^= 1;
+    if (tid >= P / 2) return;
+    int unit = g_now * (P / 2) + tid;
+    if (unit >= job.units) return;
+    float sa = 0.0f, sb = 0.0f;
+    for (int wi = 0; wi < GEMV_WARPS; wi++) sa += part[b][wi][2 * tid], sb += part[b][wi][2 * tid + 1];
+    finish_unit(job, unit, sa, sb, rot);
+}
+
 /* A block takes GEMV_ROWS rows at a time (GEMV_ROWS / 2 units) and all 8 warps split their columns, GEMV_ROWS * CPL
  * 16-byte loads in flight per lane (CPL: 16-byte chunks per row and lane). The loads of the next step (or group)
  * are issued as soon as the current ones are consumed, before the current group's reduction and epilogue, and the
@@ -209,7 +243,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
     float *xs = (float *)smem4;
     __shared__ float red[32];
     __shared__ float part[2][GEMV_WARPS][P];
-    const int cols = job.cols, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int cols = job.cols, tid = threadIdx.x;
     const int groups = (job.units + P / 2 - 1) / (P / 2);
     const int n_chunks = cols / EPC, per_step = GEMV_THREADS * CPL;
     const int ksteps = VEC ? (n_chunks + per_step - 1) / per_step : 1;
@@ -262,23 +296,326 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
             load_step(w, rowp, ks, n_chunks, tid);
         }
         if (!done) continue;
+        finish_group(job, acc, part, buf, g_now, rot);
+    }
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
+}
 
-        static_assert(P == 8, "warp_sum8's rows");
-        const float row_sum = warp_sum8(acc, lane); /* row lane / 4's */
+/* ---------- block-quantized weights (Q8_0, Q4_0, Q4_K), as memory.cu lays their rows out ----------
+ * A row: its blocks' quants (QB bytes a block), then their scales (HEAD bytes a block: Q8_0's and Q4_0's f16 d,
+ * Q4_K's d, dmin and scales[12]). A lane's 16-byte chunk k of quants is half a Q8_0 block, a whole Q4_0 block, or an
+ * eighth of a Q4_K block (16 values of sub-block 2g in the low nibbles, 16 of sub-block 2g + 1 in the high ones).
+ * The GEMV rounds x to 8 bits in blocks of 32 first (ops.h allows it: the error is at most half a step of x's block
+ * times sum |w|), so a chunk is a few integer dot products (dp4a) and one or two scalings: the arithmetic a decode
+ * step does per byte read stays far under what the SMs issue, where f32 dequantization would not. */
+template <int QT> struct qfmt {
+    static constexpr int QB = QT == LLM_DTYPE_Q8_0 ? 32 : QT == LLM_DTYPE_Q4_0 ? 16 : 128; /* quant bytes a block */
+    static constexpr int HEAD = QT == LLM_DTYPE_Q4_K ? 16 : 2;                              /* scale bytes a block */
+    static constexpr int VALUES = QT == LLM_DTYPE_Q4_K ? 256 : 32;                          /* values a block */
+    static constexpr int CPB = QB / 16;                                                     /* chunks a block */
+};
+
+/* Byte i (0..11) of Q4_K's scales, held in h.y, h.z, h.w; then sub-block j's 6-bit scale and min (quant.h's
+ * llm_q4_K_scale_min, on registers). */
+__device__ __forceinline__ unsigned q4k_byte(uint4 h, int i)
+{
+    unsigned w = i < 4 ? h.y : i < 8 ? h.z : h.w;
+    return (w >> (8 * (i & 3))) & 0xffu;
+}
+__device__ __forceinline__ void q4k_scale_min(uint4 h, int j, float &sc, float &m)
+{
+    if (j < 4) {
+        sc = (float)(q4k_byte(h, j) & 63), m = (float)(q4k_byte(h, j + 4) & 63);
+    } else {
+        sc = (float)((q4k_byte(h, j + 4) & 0xF) | ((q4k_byte(h, j - 4) >> 6) << 4));
+        m = (float)((q4k_byte(h, j + 4) >> 4) | ((q4k_byte(h, j) >> 6) << 4));
+    }
+}
+__device__ __forceinline__ float f16_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+
+/* 16 bytes at p: one load where rows are 16-byte aligned (VEC), else 2-byte loads (every row starts on an even
+ * byte). Streamed: read once a step. */
+template <bool VEC> __device__ __forceinline__ uint4 load16(const unsigned char *p)
+{
+    if (VEC) return __ldcs((const uint4 *)p);
+    const unsigned short *s = (const unsigned short *)p;
+    return make_uint4(s[0] | (unsigned)s[1] << 16, s[2] | (unsigned)s[3] << 16, s[4] | (unsigned)s[5] << 16,
+                      s[6] | (unsigned)s[7] << 16);
+}
+
+/* Chunk k of a row (nb blocks) and its block's scales: q the quants, h the scale bits (h.x for Q8_0 and Q4_0). */
+template <int QT, bool VEC>
+__device__ __forceinline__ void q_load(uint4 &q, uint4 &h, const unsigned char *row, int k, int nb)
+{
+    typedef qfmt<QT> F;
+    q = load16<VEC>(row + (size_t)k * 16);
+    const unsigned char *scales = row + (size_t)nb * F::QB + (size_t)(k / F::CPB) * F::HEAD;
+    if (QT == LLM_DTYPE_Q4_K)
+        h = load16<VEC>(scales);
+    else
+        h.x = *(const unsigned short *)scales;
+}
+
+/* x rounded to 8 bits in blocks of 32 in shared memory: xq the int8 values (4 to an int), xd each block's step
+ * (max|x| / 127), xs16 the sum of each 16 values' xq (Q4_0's -8 and Q4_K's mins). As quant_dot's activations,
+ * with blocks of 32 for Q4_K too (a finer grid than its 256: a smaller error, inside the same bound). */
+__device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, float *xd, int *xs16)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    signed char *q8 = (signed char *)xq;
+    for (int b = warp; b < cols / 32; b += GEMV_WARPS) {
+        const float v = xs[32 * b + lane];
+        float amax = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int q = __float2int_rn(v * id);
+        q8[32 * b + lane] = (signed char)q;
+        int s = q;
+        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* within each half-warp */
+        if (lane == 0) xd[b] = amax / 127.0f;
+        if ((lane & 15) == 0) xs16[2 * b + (lane >> 4)] = s;
+    }
+}
+
+__device__ __forceinline__ int dp4a4(uint4 a, int4 b, int s)
+{
+    s = __dp4a((int)a.x, b.x, s);
+    s = __dp4a((int)a.y, b.y, s);
+    s = __dp4a((int)a.z, b.z, s);
+    return __dp4a((int)a.w, b.w, s);
+}
+__device__ __forceinline__ uint4 nibbles(uint4 q, int shift)
+{
+    return make_uint4((q.x >> shift) & 0x0F0F0F0Fu, (q.y >> shift) & 0x0F0F0F0Fu, (q.z >> shift) & 0x0F0F0F0Fu,
+                      (q.w >> shift) & 0x0F0F0F0Fu);
+}
+
+/* Chunk k of a row times the matching values of x (quantize_x's). */
+template <int QT>
+__device__ __forceinline__ float q_dot(uint4 q, uint4 h, int k, const int *xq, const float *xd, const int *xs16)
+{
+    if (QT == LLM_DTYPE_Q8_0) {
+        const int s = dp4a4(q, *(const int4 *)(xq + 4 * k), 0);
+        return f16_bits(h.x) * xd[k >> 1] * (float)s;
+    }
+    if (QT == LLM_DTYPE_Q4_0) {
+        int s = dp4a4(nibbles(q, 0), *(const int4 *)(xq + 8 * k), 0);
+        s = dp4a4(nibbles(q, 4), *(const int4 *)(xq + 8 * k + 4), s);
+        s -= 8 * (xs16[2 * k] + xs16[2 * k + 1]);
+        return f16_bits(h.x) * xd[k] * (float)s;
+    }
+    const int b = k >> 3, g = (k >> 1) & 3, base = 256 * b + 64 * g + 16 * (k & 1); /* Q4_K */
+    const int lo = dp4a4(nibbles(q, 0), *(const int4 *)(xq + base / 4), 0);
+    const int hi = dp4a4(nibbles(q, 4), *(const int4 *)(xq + (base + 32) / 4), 0);
+    float sc0, m0, sc1, m1;
+    q4k_scale_min(h, 2 * g, sc0, m0);
+    q4k_scale_min(h, 2 * g + 1, sc1, m1);
+    const float x0 = xd[8 * b + 2 * g], x1 = xd[8 * b + 2 * g + 1];
+    return f16_bits(h.x & 0xffffu) * (sc0 * x0 * (float)lo + sc1 * x1 * (float)hi) -
+           f16_bits(h.x >> 16) * (m0 * x0 * (float)xs16[base / 16] + m1 * x1 * (float)xs16[(base + 32) / 16]);
+}
+
+/* The rows of group g as byte pointers (group_rows for block formats). */
+__device__ __forceinline__ void q_group_rows(const llm_cuda_gemv &job, int g, size_t row_bytes,
+                                             const unsigned char *(&rowp)[GEMV_ROWS])
+{
+#pragma unroll
+    for (int u = 0; u < GEMV_ROWS / 2; u++) {
+        int unit = g * (GEMV_ROWS / 2) + u, ma = 0, mb = 0, ra = 0, rb = -1, j;
+        if (unit < job.units) unit_rows(job, unit, ma, mb, ra, rb, j);
+        rowp[2 * u] = (const unsigned char *)mat_at(job, ma).w + (size_t)ra * row_bytes;
+        rowp[2 * u + 1] = (const unsigned char *)mat_at(job, mb).w + (size_t)(rb >= 0 ? rb : 0) * row_bytes;
+    }
+}
+
+/* Values and 16-byte chunks a block (host side). */
+static inline int qfmt_values(llm_dtype t) { return t == LLM_DTYPE_Q4_K ? 256 : 32; }
+static inline int qfmt_chunks(llm_dtype t) { return t == LLM_DTYPE_Q8_0 ? 2 : t == LLM_DTYPE_Q4_0 ? 1 : 8; }
+
+/* Shared memory of the quantized x after xs, rot and the staged norm weights: xq, xd, xs16. */
+static inline size_t q_x_bytes(size_t cols) { return cols + cols / 32 * sizeof(float) + cols / 16 * sizeof(int); }
+
+/* gemv_kernel for block formats: the same units, prologue and epilogues, x rounded to 8 bits once staged
+ * (quantize_x). A 4096-column Q4_0 row is only 128 chunks, so a group's rows are spread over `lanes` threads (32 to
+ * 256: job.q_lanes, chosen by the launcher) and the block takes 256 / lanes groups at once,
+ * one chunk per lane and row a step (GEMV_ROWS 16-byte loads and their scales in flight): one group of 8 short rows a
+ * step would leave half the lanes idle and too few bytes in flight to reach the bandwidth. Two blocks per SM: three
+ * (80 registers) spill the loads in flight to local memory. */
+template <int QT, bool VEC, int CPL>
+__global__ void __launch_bounds__(GEMV_THREADS, 2)
+    gemv_q_kernel(const __grid_constant__ llm_cuda_gemv job)
+{
+    typedef qfmt<QT> F;
+    constexpr int P = GEMV_ROWS;
+    extern __shared__ float4 smem4[];
+    float *xs = (float *)smem4;
+    __shared__ float red[32];
+    __shared__ float part[2][GEMV_WARPS][P];
+    const int cols = job.cols, tid = threadIdx.x, lanes = job.q_lanes, per = GEMV_THREADS / lanes;
+    const int sub = tid / lanes, lt = tid - sub * lanes, warp = tid >> 5, lane = tid & 31;
+    const int groups = (job.units + P / 2 - 1) / (P / 2), supers = (groups + per - 1) / per;
+    const int nb = cols / F::VALUES, n_chunks = nb * F::CPB;
+    const size_t row_bytes = (size_t)nb * (F::QB + F::HEAD);
+    const int per_step = lanes * CPL, ksteps = (n_chunks + per_step - 1) / per_step;
+
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_START);
+    int sg = blockIdx.x, ks = 0;
+    const unsigned char *rowp[P];
+    uint4 wq[P][CPL], wh[P][CPL];
+    if (sg < supers) { /* weights are never written: load them while the previous kernel drains */
+        q_group_rows(job, sg * per + sub, row_bytes, rowp);
+#pragma unroll
+        for (int c = 0; c < CPL; c++)
+            if (c * lanes + lt < n_chunks)
+#pragma unroll
+                for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r][c], wh[r][c], rowp[r], c * lanes + lt, nb);
+    }
+    if (job.pdl_early == 2) llm_cuda_allow_next(1);
+    float *rot = xs + ((cols + 3) & ~3), *norm_smem = rot + ((job.head_dim + 3) & ~3);
+    int *xq = (int *)(norm_smem + (job.norm_staged ? (cols + 3) & ~3 : 0));
+    float *xd = (float *)(xq + cols / 4);
+    int *xs16 = (int *)(xd + cols / 32);
+    prologue_before_wait(job, rot, norm_smem);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(job.pdl_early == 1);
+    llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_WAITED);
+
+    stage_x(job, xs, norm_smem, red);
+    __syncthreads();
+    quantize_x(xs, cols, xq, xd, xs16);
+    __syncthreads();
+
+    float acc[P];
+#pragma unroll
+    for (int r = 0; r < P; r++) acc[r] = 0.0f;
+    int buf = 0;
+    while (sg < supers) {
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            const int k = ks * per_step + c * lanes + lt;
+            if (k < n_chunks)
+#pragma unroll
+                for (int r = 0; r < P; r++) acc[r] += q_dot<QT>(wq[r][c], wh[r][c], k, xq, xd, xs16);
+        }
+        const int sg_now = sg;
+        const bool done = ++ks == ksteps;
+        if (done) sg += gridDim.x, ks = 0;
+        if (sg < supers) {
+            if (done) q_group_rows(job, sg * per + sub, row_bytes, rowp);
+#pragma unroll
+            for (int c = 0; c < CPL; c++) {
+                const int kn = ks * per_step + c * lanes + lt;
+                if (kn < n_chunks)
+#pragma unroll
+                    for (int r = 0; r < P; r++) q_load<QT, VEC>(wq[r][c], wh[r][c], rowp[r], kn, nb);
+            }
+        }
+        if (!done) continue;
+        /* finish_group for `per` groups: warp w's sums belong to group w / (lanes / 32) of this step */
+        const float row_sum = warp_sum8(acc, lane);
         if (lane % 4 == 0) part[buf][warp][lane / 4] = row_sum;
 #pragma unroll
         for (int r = 0; r < P; r++) acc[r] = 0.0f;
-        __syncthreads(); /* part[buf] is written again two groups later, after another barrier */
+        __syncthreads(); /* part[buf] is written again two steps later, after another barrier */
         const int b = buf;
         buf ^= 1;
-        if (tid >= P / 2) continue;
-        int unit = g_now * (P / 2) + tid;
+        if (tid >= per * (P / 2)) continue;
+        const int s = tid / (P / 2), u = tid - s * (P / 2), unit = (sg_now * per + s) * (P / 2) + u;
         if (unit >= job.units) continue;
+        const int wpg = lanes / 32;
         float sa = 0.0f, sb = 0.0f;
-        for (int wi = 0; wi < GEMV_WARPS; wi++) sa += part[b][wi][2 * tid], sb += part[b][wi][2 * tid + 1];
+        for (int wi = s * wpg; wi < (s + 1) * wpg; wi++) sa += part[b][wi][2 * u], sb += part[b][wi][2 * u + 1];
         finish_unit(job, unit, sa, sb, rot);
     }
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
+}
+
+/* Eight values rounded to BF16 as one 16-byte store. */
+__device__ __forceinline__ void store8(__nv_bfloat16 *o, const float (&v)[8])
+{
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *(uint4 *)o = u;
+}
+
+/* A block-quantized matrix to BF16 (rows, cols) for the batched products (prefill.cu): each value as the format
+ * defines it in f32 (quant.h: d * q, or (d * sc) * q - (dmin * m) for Q4_K), rounded to nearest even. A thread a
+ * 16-byte chunk, its values written 8 at a time (cols is a multiple of 32: every run of 8 is 16-byte aligned). */
+template <int QT, bool VEC>
+__global__ void dequantize_kernel(__nv_bfloat16 *out, const unsigned char *w, int rows, int cols)
+{
+    typedef qfmt<QT> F;
+    const int nb = cols / F::VALUES, chunks = nb * F::CPB;
+    const size_t row_bytes = (size_t)nb * (F::QB + F::HEAD), total = (size_t)rows * chunks;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / chunks;
+        const int k = (int)(i - r * chunks);
+        uint4 q, h;
+        q_load<QT, VEC>(q, h, w + r * row_bytes, k, nb);
+        const unsigned char *qb = (const unsigned char *)&q;
+        __nv_bfloat16 *o = out + r * cols;
+        float v[8];
+        if (QT == LLM_DTYPE_Q8_0) {
+            const float d = f16_bits(h.x);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = d * (float)(signed char)qb[8 * half + j];
+                store8(o + 16 * k + 8 * half, v);
+            }
+            continue;
+        }
+        int at[2];
+        float dd[2], mm[2];
+        if (QT == LLM_DTYPE_Q4_0) {
+            at[0] = 32 * k, at[1] = 32 * k + 16;
+            dd[0] = dd[1] = f16_bits(h.x), mm[0] = mm[1] = 0.0f;
+        } else {
+            const int b = k >> 3, g = (k >> 1) & 3;
+            at[0] = 256 * b + 64 * g + 16 * (k & 1), at[1] = at[0] + 32;
+            const float d = f16_bits(h.x & 0xffffu), dmin = f16_bits(h.x >> 16);
+            float sc, m;
+            q4k_scale_min(h, 2 * g, sc, m);
+            dd[0] = d * sc, mm[0] = dmin * m;
+            q4k_scale_min(h, 2 * g + 1, sc, m);
+            dd[1] = d * sc, mm[1] = dmin * m;
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) /* low nibbles, then high */
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int nib = n ? qb[8 * half + j] >> 4 : qb[8 * half + j] & 15;
+                    v[j] = QT == LLM_DTYPE_Q4_0 ? dd[n] * (float)(nib - 8) : dd[n] * (float)nib - mm[n];
+                }
+                store8(o + at[n] + 8 * half, v);
+            }
+    }
+}
+
+void llm_cuda_dequantize_bf16(void *out, const llm_weight *w, const char *op)
+{
+    const int rows = (int)w->rows, cols = (int)w->cols, threads = 256;
+    const size_t row_bytes = llm_dtype_row_bytes(w->dtype, w->cols), chunks = (size_t)rows * (row_bytes / 16 + 1);
+    const size_t most = (size_t)llm_cuda.sm_count * 16, want = chunks / threads + 1;
+    const int grid = (int)(want < most ? want : most);
+    const bool vec = row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    const unsigned char *src = (const unsigned char *)w->data;
+#define LLM_DEQUANT(QT)                                                                                              \
+    (vec ? dequantize_kernel<QT, true><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols)                   \
+         : dequantize_kernel<QT, false><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols))
+    if (w->dtype == LLM_DTYPE_Q8_0)
+        LLM_DEQUANT(LLM_DTYPE_Q8_0);
+    else if (w->dtype == LLM_DTYPE_Q4_0)
+        LLM_DEQUANT(LLM_DTYPE_Q4_0);
+    else
+        LLM_DEQUANT(LLM_DTYPE_Q4_K);
+#undef LLM_DEQUANT
+    LLM_CUDA_LAUNCHED(op);
 }
 
 /* Resident blocks per SM for a kernel at a shared-memory size, remembered (the occupancy query is not free). */
@@ -335,6 +672,68 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
         LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_kernel<WT, true, 2>, *job));
 }
 
+/* The launch of gemv_q_kernel: launch_typed's grid, its shared memory plus the quantized x. */
+template <int QT>
+static void launch_quant(llm_cuda_gemv *job, const char *op)
+{
+    const size_t cols = (size_t)job->cols, row_bytes = llm_dtype_row_bytes((llm_dtype)QT, cols);
+    bool vec = row_bytes % 16 == 0;
+    for (int m = 0; m < job->n_mats; m++) vec = vec && ((uintptr_t)job->mats[m].w % 16 == 0);
+    /* every variant has the same registers' worth of launch bounds and shared memory: one occupancy for all */
+    const void *kernels[2][2] = {{(const void *)gemv_q_kernel<QT, false, 1>, (const void *)gemv_q_kernel<QT, true, 1>},
+                                 {(const void *)gemv_q_kernel<QT, false, 2>, (const void *)gemv_q_kernel<QT, true, 2>}};
+    size_t smem = ((cols + 3) / 4 * 4 + (size_t)(job->head_dim + 3) / 4 * 4) * sizeof(float) + q_x_bytes(cols);
+    size_t staged = smem + (cols + 3) / 4 * 4 * sizeof(float);
+    job->norm_staged = job->norm_src && staged + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
+    if (job->norm_staged) smem = staged;
+    if (smem + GEMV_STATIC_SMEM > llm_cuda.smem_optin) { /* llm_cuda_gemv_fits_weight said no: not launched */
+        llm_cuda_fail(op, "a %s GEMV of %zu columns needs %zu bytes of shared memory", llm_dtype_name((llm_dtype)QT),
+                      cols, smem);
+        return;
+    }
+    job->pdl_early = llm_cuda.pdl_early;
+    job->tl = llm_cuda_tl_record(job->epi == LLM_CUDA_EPI_ROPE     ? "qkv"
+                                 : job->epi == LLM_CUDA_EPI_SWIGLU ? "gate_up"
+                                 : job->epi == LLM_CUDA_EPI_ADD    ? "add_product"
+                                                                   : "product",
+                                 job->cols);
+    /* Chunks per lane and row a step: one. Two (LLM_CUDA_GEMV_CPL=2, Q8_0 and Q4_0 only: Q4_K's 16-byte headers
+     * would not fit the registers twice) spill ~150 bytes a thread and measured slower on an H100 (Llama-2-7B
+     * tg128@d512: Q4_0 277 against 306 tok/s, Q8_0 223 against 229). Lanes per group (a power of two from 32 to
+     * 256): the choice with the fewest steps a block takes, rounds of groups over the grid times steps a row, a
+     * step costing about one memory latency whatever it loads; on a tie the larger lanes: fewer fill an odd row
+     * length's slots better (Llama-2's 11008 columns of Q4_0: 344 chunks) but hold more rows a block, which a short
+     * product may not have for every block. */
+    const int chunks = (int)(cols / qfmt_values((llm_dtype)QT) * qfmt_chunks((llm_dtype)QT));
+    const int groups = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
+    const int max_cpl = QT != LLM_DTYPE_Q4_K && llm_cuda.gemv_cpl == 2 ? 2 : 1;
+    int per_sm = 0, lanes = GEMV_THREADS, cpl = max_cpl;
+    long best = -1;
+    for (int c = max_cpl; c >= 1; c--) {
+        if (!llm_cuda_allow_smem(kernels[c - 1][vec], op)) return;
+        const int psm = blocks_per_sm(kernels[c - 1][vec], smem), blocks = psm * llm_cuda.sm_count;
+        for (int l = GEMV_THREADS; l >= 32; l /= 2) {
+            const int per = GEMV_THREADS / l, supers = (groups + per - 1) / per;
+            const long cost = (long)((supers + blocks - 1) / blocks) * ((chunks + l * c - 1) / (l * c));
+            if (best < 0 || cost < best) best = cost, lanes = l, cpl = c, per_sm = psm;
+        }
+    }
+    job->q_lanes = lanes;
+    const int per = GEMV_THREADS / lanes, want = (groups + per - 1) / per;
+    int grid = per_sm * llm_cuda.sm_count;
+    if (want < grid) grid = want;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3(grid), dim3(GEMV_THREADS), smem, &attr);
+    if (cpl == 2 && vec)
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, true, 2>, *job));
+    else if (cpl == 2)
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, false, 2>, *job));
+    else if (vec)
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, true, 1>, *job));
+    else
+        LLM_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, gemv_q_kernel<QT, false, 1>, *job));
+}
+
 void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op)
 {
     int units = 0;
@@ -351,7 +750,13 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op)
     if (job->epi == LLM_CUDA_EPI_SWIGLU) job->mats[1].unit_begin = units;
     job->units = units;
     if (units == 0) return;
-    if (job->dtype == LLM_DTYPE_BF16)
+    if (job->dtype == LLM_DTYPE_Q8_0)
+        launch_quant<LLM_DTYPE_Q8_0>(job, op);
+    else if (job->dtype == LLM_DTYPE_Q4_0)
+        launch_quant<LLM_DTYPE_Q4_0>(job, op);
+    else if (job->dtype == LLM_DTYPE_Q4_K)
+        launch_quant<LLM_DTYPE_Q4_K>(job, op);
+    else if (job->dtype == LLM_DTYPE_BF16)
         launch_typed<__nv_bfloat16>(job, op);
     else if (job->dtype == LLM_DTYPE_F16)
         launch_typed<__half>(job, op);

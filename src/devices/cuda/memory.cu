@@ -368,12 +368,58 @@ bool llm_cuda_allow_smem(const void *kernel, const char *op)
 
 /* ---------- weights ---------- */
 
+/* Block-quantized weights (Q8_0, Q4_0, Q4_K) stay in blocks, each row regrouped as the kernels read it: the row's
+ * quants first (32, 16 or 128 bytes a block, so a lane's 16-byte load is one aligned chunk), then its blocks' scales
+ * (Q8_0 and Q4_0: the f16 d; Q4_K: the 16-byte d, dmin, scales[12] header). A row keeps its byte count
+ * (llm_dtype_row_bytes), so a row view of a fused projection stays valid and allocated() counts the format's bytes.
+ * gemv.cu reads these rows directly; prefill.cu dequantizes them to BF16 tiles. */
+static void regroup_row(unsigned char *dst, const unsigned char *src, llm_dtype dtype, size_t blocks)
+{
+    const size_t bb = llm_dtype_block_bytes(dtype), head = dtype == LLM_DTYPE_Q4_K ? 16 : 2, qs = bb - head;
+    unsigned char *scales = dst + blocks * qs;
+    for (size_t b = 0; b < blocks; b++) {
+        memcpy(dst + b * qs, src + b * bb + head, qs);
+        memcpy(scales + b * head, src + b * bb, head);
+    }
+}
+
 int cuda_weight_load(llm_weight *w, const void *host, llm_dtype dtype, size_t rows, size_t cols)
 {
-    size_t bytes = rows * cols * llm_dtype_size(dtype);
+    const bool block = llm_dtype_is_block(dtype);
+    if (block && cols % llm_dtype_block(dtype)) {
+        llm_cuda_fail("weight", "%s rows of %zu values are not whole blocks of %zu", llm_dtype_name(dtype), cols,
+                      llm_dtype_block(dtype));
+        return -1;
+    }
+    size_t row_bytes = block ? llm_dtype_row_bytes(dtype, cols) : cols * llm_dtype_size(dtype);
+    if (row_bytes && rows > SIZE_MAX / row_bytes) {
+        llm_cuda_fail("weight", "a (%zu, %zu) matrix overflows size_t", rows, cols);
+        return -1;
+    }
+    size_t bytes = rows * row_bytes;
     void *p = cuda_alloc(bytes);
     if (!p) return -1;
-    if (cuda_upload(p, host, bytes) != 0) {
+    int rc = 0;
+    if (!block) {
+        rc = cuda_upload(p, host, bytes);
+    } else { /* regrouped through a host buffer of a few MiB at a time */
+        size_t chunk_rows = ((size_t)8 << 20) / row_bytes + 1;
+        if (chunk_rows > rows) chunk_rows = rows;
+        unsigned char *buf = (unsigned char *)malloc(chunk_rows * row_bytes);
+        if (!buf) {
+            llm_cuda_fail("weight", "out of host memory regrouping a %s matrix", llm_dtype_name(dtype));
+            rc = -1;
+        }
+        for (size_t r0 = 0; !rc && r0 < rows; r0 += chunk_rows) {
+            size_t n = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
+            for (size_t r = 0; r < n; r++)
+                regroup_row(buf + r * row_bytes, (const unsigned char *)host + (r0 + r) * row_bytes, dtype,
+                            cols / llm_dtype_block(dtype));
+            rc = cuda_upload((char *)p + r0 * row_bytes, buf, n * row_bytes);
+        }
+        free(buf);
+    }
+    if (rc != 0) {
         cuda_free(p);
         return -1;
     }

@@ -48,6 +48,10 @@ static const char *const NOTE_PERSIST =
 
 static void notice(const char *what) { say_once(what); }
 
+static const char *const NOTE_PERSIST_QUANT =
+    "block-quantized weights (Q8_0, Q4_0, Q4_K): the persistent decode step has no GEMV phase for them; a kernel per "
+    "op instead, each GEMV dequantizing in registers with its fusions (counted as persistent_cut)";
+
 /* At the end of a one-token step: one that was issued as more than one recorded program (cut by ops the persistent
  * step does not take) turns the persistent step off for the rest of the run, said once and counted. */
 void persist_or_cut(void)
@@ -368,8 +372,12 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
     if (!op_usable()) return;
     settle(x, (size_t)n * w->cols * sizeof(float));
     written(out, (size_t)n * w->rows * sizeof(float));
-    g.last_batched = !(n == 1 && llm_cuda_gemv_fits(w->cols));
+    g.last_batched = !(n == 1 && llm_cuda_gemv_fits_weight(w->cols, w->dtype));
     if (!g.last_batched) {
+        if (llm_dtype_is_block(w->dtype) && g.persist) { /* before this product is recorded */
+            g.persist = false, g.persist_cut = true;
+            say_once(NOTE_PERSIST_QUANT);
+        }
         one_token_product(out, x, w, bias, logits);
         return;
     }
@@ -742,5 +750,7 @@ bool cuda_supports(llm_op op, llm_dtype dtype)
 {
     /* attention's dtype is the KV cache's: attention.cu, step.cu and gemv.cu's KV store read and write f32 caches */
     if (op == LLM_OP_ATTENTION) return dtype == LLM_DTYPE_F32;
+    /* block formats: the products (gemv.cu's GEMV for one token, dequantized to BF16 for cuBLAS in a batch) */
+    if (llm_dtype_is_block(dtype)) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
     return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;
 }

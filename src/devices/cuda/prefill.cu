@@ -177,6 +177,18 @@ void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bia
 {
     int rows = (int)w->rows, cols = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
+    if (llm_dtype_is_block(w->dtype)) {
+        /* Block-quantized: dequantized to BF16 in a scratch buffer (each value rounded once, at most 2^-9 of it:
+         * under the half step of x's block that ops.h allows a quantized product), then the BF16 path below. The
+         * whole matrix at once: one more read of the blocks and a write and read of BF16 per product, against a
+         * batch's tensor-core work. */
+        void *tile = llm_cuda_scratch(LLM_CUDA_SCRATCH_DEQUANT, w->rows * w->cols * 2, op);
+        if (!tile) return;
+        llm_cuda_dequantize_bf16(tile, w, op);
+        const llm_weight bf = {tile, LLM_DTYPE_BF16, w->rows, w->cols};
+        gemm(out, x, &bf, bias, n, may_owe, op);
+        return;
+    }
     if (w->dtype == LLM_DTYPE_F32) {
         blas_ok(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, w->data, CUDA_R_32F, cols, x,
                              CUDA_R_32F, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F_PEDANTIC,
