@@ -343,14 +343,10 @@ void llm_profile_weight_stats(const llm_model *m, llm_weight_stats *ws)
         llm_weight *layer[LLM_LAYER_WEIGHTS];
         int n = llm_layer_weights(&m->layers[l], layer);
         for (int i = 0; i < n; i++) add_weight(ws, layer[i]);
-        llm_layer *L = &m->layers[l];
-        for (int p = 0; L->expert_w && p < 3; p++) /* the experts (and their biases), apart: decode reads top_k */
-            for (int e = 0; e < L->experts[p].n_experts; e++) {
-                size_t before = ws->total_bytes;
-                add_weight(ws, &L->experts[p].w[e]);
-                if (L->experts[p].bias) add_weight(ws, &L->experts[p].bias[e]);
-                ws->expert_bytes += ws->total_bytes - before;
-            }
+        size_t before = ws->total_bytes; /* the experts apart: decode reads top_k of them */
+        const llm_weight *w;
+        for (int i = 0; (w = llm_layer_expert_weight(&m->layers[l], i)) != NULL; i++) add_weight(ws, w);
+        ws->expert_bytes += ws->total_bytes - before;
     }
     add_weight(ws, &m->norm);
     if (!m->config.tie_word_embeddings) add_weight(ws, &m->lm_head);

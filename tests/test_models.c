@@ -129,6 +129,137 @@ static void expect_hf_logits(const char *dir, const fixture_expected *ex)
     llm_model_free(&m);
 }
 
+static void expect_load_error(const char *dir, const char *fragment);
+
+/* A copy of a mixture-of-experts fixture with its experts stacked as transformers 5.x holds them in memory:
+ * layers.N.mlp.experts.gate_up_proj (E, 2 * inter, hidden), each expert's gate rows then its up rows, and
+ * mlp.experts.down_proj (E, hidden, inter); Mixtral's router renamed to mlp.gate. */
+static char *copy_stacked(const char *fixture_dir, const llm_config *c)
+{
+    char path[600], err[1024] = "";
+    snprintf(path, sizeof path, "%s/model.safetensors", fixture_dir);
+    llm_st *st = NULL;
+    assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+    const llm_moe_family *f = &c->family->moe;
+    size_t n = llm_st_count(st), E = (size_t)c->num_experts, L = (size_t)c->num_hidden_layers;
+    stw_tensor *t = calloc(n + 2 * L, sizeof *t);
+    char (*names)[160] = calloc(n + 2 * L, sizeof *names), (*shapes)[64] = calloc(n + 2 * L, sizeof *shapes);
+    void **bufs = calloc(2 * L, sizeof *bufs);
+    assert_true(t && names && shapes && bufs);
+    int k = 0;
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, ".%s.experts.", f->block);
+    for (size_t i = 0; i < n; i++) { /* everything but the per-expert tensors, as it is */
+        const llm_st_tensor *s = llm_st_at(st, i);
+        if (strstr(s->name, prefix)) continue;
+        const char *router = strstr(s->name, ".block_sparse_moe.gate.");
+        if (router)
+            snprintf(names[k], sizeof names[k], "%.*s.mlp.gate.weight", (int)(router - s->name), s->name);
+        else
+            snprintf(names[k], sizeof names[k], "%s", s->name);
+        int len = snprintf(shapes[k], sizeof shapes[k], "[");
+        for (int d = 0; d < s->ndim; d++)
+            len += snprintf(shapes[k] + len, sizeof shapes[k] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
+        snprintf(shapes[k] + len, sizeof shapes[k] - (size_t)len, "]");
+        t[k] = (stw_tensor){names[k], s->dtype_name, shapes[k], s->data, s->nbytes};
+        k++;
+    }
+    size_t hidden = (size_t)c->hidden_size, mi = (size_t)c->moe_intermediate_size, b = sizeof(float);
+    for (size_t l = 0; l < L; l++) {
+        if (!c->layer_sparse[l]) continue;
+        for (int which = 0; which < 2; which++) { /* gate_up, then down */
+            size_t per = (which ? hidden * mi : 2 * mi * hidden) * b;
+            char *buf = bufs[2 * l + (size_t)which] = malloc(E * per);
+            assert_non_null(buf);
+            for (size_t e = 0; e < E; e++)
+                for (int p = which ? 2 : 0; p < (which ? 3 : 2); p++) {
+                    char name[160];
+                    snprintf(name, sizeof name, "model.layers.%zu.%s.experts.%zu.%s.weight", l, f->block, e, f->proj[p]);
+                    const llm_st_tensor *s = llm_st_find(st, name);
+                    assert_non_null(s);
+                    memcpy(buf + e * per + (p == 1 ? mi * hidden * b : 0), s->data, s->nbytes);
+                }
+            snprintf(names[k], sizeof names[k], "model.layers.%zu.mlp.experts.%s", l, which ? "down_proj" : "gate_up_proj");
+            snprintf(shapes[k], sizeof shapes[k], "[%zu, %zu, %zu]", E, which ? hidden : 2 * mi, which ? mi : hidden);
+            t[k] = (stw_tensor){names[k], "F32", shapes[k], buf, E * per};
+            k++;
+        }
+    }
+    size_t bytes_len = 0;
+    unsigned char *bytes = stw_tensors(t, k, NULL, &bytes_len);
+    char *dir = fixture_copy(fixture_dir, NULL, NULL);
+    assert_int_equal(stw_write(dir, "model.safetensors", bytes, bytes_len), 0);
+    for (size_t i = 0; i < 2 * L; i++) free(bufs[i]);
+    free(bytes), free(t), free(names), free(shapes), free(bufs);
+    llm_st_close(st);
+    return dir;
+}
+
+/* Logits of the model in dir on a device, for the fixture's tokens in one call (a copy the caller frees). */
+static float *logits_of(const char *dir, const fixture_expected *ex, const char *device, llm_dtype quant)
+{
+    llm_model m;
+    llm_load_options lo = {.device = device, .quant = quant};
+    char err[1024] = "";
+    int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
+    const float *logits = NULL;
+    assert_int_equal(llm_forward(&m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err), 0);
+    size_t count = (size_t)ex->n_tokens * m.config.vocab_size;
+    float *copy = malloc(count * sizeof *copy);
+    assert_non_null(copy);
+    memcpy(copy, logits, count * sizeof *copy);
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+    return copy;
+}
+
+/* Stacked experts (copy_stacked) load as views: HF's logits on cpu and blas, and with --quant q8_0 the very logits
+ * of the per-expert checkpoint quantized the same way (a block never straddles two experts' rows). */
+static void test_stacked_experts(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"mixtral", "qwen3-moe-dense"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        fixture_expected ex;
+        fixture_load_expected(&ex, names[i]);
+        llm_config c;
+        char err[1024] = "";
+        assert_int_equal(llm_config_load(&c, ex.dir, err, sizeof err), 0);
+        char *dir = copy_stacked(ex.dir, &c);
+        size_t count = (size_t)ex.n_tokens * c.vocab_size;
+        static const char *const devices[] = {"cpu", "blas"};
+        for (size_t d = 0; d < 2; d++) {
+            const llm_device *dev = llm_device_find(devices[d]);
+            char why[256];
+            if (!dev || !dev->probe(why, sizeof why)) continue;
+            float *got = logits_of(dir, &ex, devices[d], LLM_DTYPE_F32);
+            double rel = fixture_max_rel_error(got, ex.logits, count);
+            print_message("%s stacked on %s: max |logit - HF| / max |HF| = %.3g\n", names[i], devices[d], rel);
+            assert_true(rel <= LOGIT_TOL);
+            free(got);
+            float *q_stacked = logits_of(dir, &ex, devices[d], LLM_DTYPE_Q8_0);
+            float *q_apart = logits_of(ex.dir, &ex, devices[d], LLM_DTYPE_Q8_0);
+            assert_memory_equal(q_stacked, q_apart, count * sizeof *q_apart);
+            free(q_stacked), free(q_apart);
+        }
+        /* a stack of the wrong shape names the tensor and what config.json says */
+        char edit[96];
+        snprintf(edit, sizeof edit, "{\"%s\": %d}", c.family->moe.inter_key, c.moe_intermediate_size + 1);
+        char *bad = fixture_copy_edited(dir, edit);
+        char want[256];
+        snprintf(want, sizeof want, "tensor 'model.layers.0.mlp.experts.gate_up_proj' has shape [8, %d, 64], "
+                 "config.json says [8, %d, 64]", 2 * c.moe_intermediate_size, 2 * c.moe_intermediate_size + 2);
+        expect_load_error(bad, want);
+        fixture_rmdir(bad);
+        fixture_rmdir(dir);
+        fixture_free_expected(&ex);
+    }
+}
+
 /* The same checkpoints stored other ways compute the same logits: config.json in the transformers 4.x layout
  * (top-level rope_theta, rope_scaling, torch_dtype) for every fixture; the weights zstd-compressed; the weights in
  * two shards with model.safetensors.index.json, one shard compressed. */
@@ -676,7 +807,7 @@ int main(void)
     const struct CMUnitTest fixed[] = {
         cmocka_unit_test(test_other_layouts),
         cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_bad_family_configs),
-        cmocka_unit_test(test_bad_moe),
+        cmocka_unit_test(test_bad_moe),           cmocka_unit_test(test_stacked_experts),
         cmocka_unit_test(test_missing_and_malformed_config),
         cmocka_unit_test(test_unsupported_tensor_dtype), cmocka_unit_test(test_context_limits),
         cmocka_unit_test(test_window_ring),        cmocka_unit_test(test_load_progress),

@@ -79,6 +79,9 @@ static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, 
     return 0;
 }
 
+static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, size_t rows,
+                        size_t cols, bool linear, char *err, size_t err_len);
+
 /* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device;
  * a linear weight (`linear`) is quantized to m->quant when that is a block format. */
 static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
@@ -108,8 +111,13 @@ static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t row
                      shape, rows, cols, why);
         return -1;
     }
-    if (vector) rows = 1;
+    return place_weight(m, w, t, name, vector ? 1 : rows, cols, linear, err, err_len);
+}
 
+/* The checked tensor t as a (rows, cols) matrix on the device (see load_weight). */
+static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, size_t rows,
+                        size_t cols, bool linear, char *err, size_t err_len)
+{
     const llm_device *dev = m->rt.dev;
     w->dtype = t->dtype;
     w->rows = rows;
@@ -295,12 +303,12 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS])
     return n;
 }
 
-int llm_layer_expert_weights(llm_layer *L, llm_weight **out)
+llm_weight *llm_layer_expert_weight(llm_layer *L, int i)
 {
-    int n = 0, E = L->expert_w ? L->experts[0].n_experts : 0;
-    for (int i = 0; i < 3 * E; i++) out[n++] = &L->expert_w[i];
-    for (int i = 0; L->expert_b && i < 3 * E; i++) out[n++] = &L->expert_b[i];
-    return n;
+    int E = L->expert_w ? L->experts[0].n_experts : 0;
+    if (L->experts_stacked[0].rows) return i < 2 ? &L->experts_stacked[i] : NULL; /* rows: freeing keeps them */
+    if (i < 3 * E) return &L->expert_w[i];
+    return L->expert_b && i < 6 * E ? &L->expert_b[i - 3 * E] : NULL;
 }
 
 /* Rows first .. first+rows-1 of a stored matrix, in place (a fused projection's part). */
@@ -329,8 +337,35 @@ static void free_weight(const llm_model *m, llm_weight *w)
     w->data = NULL;
 }
 
+/* A stack of n (rows, cols) matrices, a 3-D tensor, placed as one (n * rows, cols) linear (quantized with --quant: a
+ * block row never straddles two matrices) that views can cut without copying. */
+static int load_stacked(llm_model *m, llm_weight *w, const char *name, size_t n, size_t rows, size_t cols,
+                        const char *why, char *err, size_t err_len)
+{
+    const llm_st_tensor *t = llm_st_find(m->st, name);
+    if (!t) {
+        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
+        return -1;
+    }
+    if (!t->supported) {
+        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", t->file, name,
+                 t->dtype_name);
+        return -1;
+    }
+    if (t->ndim != 3 || t->shape[0] != n || t->shape[1] != rows || t->shape[2] != cols) {
+        char shape[192];
+        llm_st_shape_str(t, shape, sizeof shape);
+        snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu, %zu, %zu] (%s)", t->file, name,
+                 shape, n, rows, cols, why);
+        return -1;
+    }
+    return place_weight(m, w, t, name, n * rows, cols, true, err, err_len);
+}
+
 /* A sparse layer's feed-forward as the Hub ships it (arch.h, llm_moe_family): the router, each expert's gate, up
- * and down linears (quantized with --quant as the other linears), and Qwen2-MoE's shared expert and its gate. */
+ * and down linears (quantized with --quant as the other linears), and Qwen2-MoE's shared expert and its gate. Or
+ * the experts stacked as transformers 5.x holds them (mlp.experts.gate_up_proj, mlp.experts.down_proj), each a view:
+ * its save_pretrained writes the Hub's layout back, but a state dict saved as it is in memory has these. */
 static int load_experts(llm_model *m, int l, char *err, size_t err_len)
 {
     const llm_config *c = &m->config;
@@ -339,20 +374,38 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     size_t hidden = (size_t)c->hidden_size, E = (size_t)c->num_experts, mi = (size_t)c->moe_intermediate_size;
     size_t si = (size_t)c->shared_expert_intermediate_size;
     char name[256], why[96];
-    snprintf(name, sizeof name, "%slayers.%d.%s.%s.weight", m->prefix, l, f->block, f->router);
+    /* transformers 5.x's stacked experts (load_stacked): every family's under mlp., Mixtral's router too */
+    snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
+    bool stacked = llm_st_find(m->st, name) != NULL;
+    const char *block = stacked ? "mlp" : f->block;
+    snprintf(name, sizeof name, "%slayers.%d.%s.%s.weight", m->prefix, l, block, f->router);
     snprintf(why, sizeof why, "%s, hidden_size", f->count_key);
     if (load_linear(m, &L->router, name, E, hidden, why, false, false, err, err_len)) return -1;
     if (!(L->expert_w = calloc(3 * E, sizeof *L->expert_w))) {
         snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
         return -1;
     }
+    for (int p = 0; p < 3; p++) L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts};
     const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
     char whys[2][96];
     snprintf(whys[0], sizeof whys[0], "%s, hidden_size", f->inter_key);
     snprintf(whys[1], sizeof whys[1], "hidden_size, %s", f->inter_key);
     int quantized = m->quant_count;
-    for (int p = 0; p < 3; p++) {
-        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts};
+    if (stacked) {
+        snprintf(whys[0], sizeof whys[0], "%s, 2 * %s, hidden_size", f->count_key, f->inter_key);
+        snprintf(whys[1], sizeof whys[1], "%s, hidden_size, %s", f->count_key, f->inter_key);
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
+        if (load_stacked(m, &L->experts_stacked[0], name, E, 2 * mi, hidden, whys[0], err, err_len)) return -1;
+        snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, l);
+        if (load_stacked(m, &L->experts_stacked[1], name, E, hidden, mi, whys[1], err, err_len)) return -1;
+        for (size_t e = 0; e < E; e++) {
+            L->expert_w[e] = view_rows(&L->experts_stacked[0], 2 * mi * e, mi);
+            L->expert_w[E + e] = view_rows(&L->experts_stacked[0], 2 * mi * e + mi, mi);
+            L->expert_w[2 * E + e] = view_rows(&L->experts_stacked[1], hidden * e, hidden);
+        }
+        m->quant_experts += m->quant_count - quantized;
+    }
+    for (int p = 0; p < 3 && !stacked; p++) {
         for (size_t e = 0; e < E; e++) {
             snprintf(name, sizeof name, "%slayers.%d.%s.experts.%zu.%s.weight", m->prefix, l, f->block, e, f->proj[p]);
             if (load_linear(m, &L->expert_w[(size_t)p * E + e], name, rows[p], cols[p], whys[p == 2], true, false, err,
@@ -360,7 +413,7 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
                 return -1;
         }
     }
-    m->quant_experts += m->quant_count - quantized;
+    if (!stacked) m->quant_experts += m->quant_count - quantized;
     if (!f->shared_expert || si == 0) return 0;
     const char *sh = f->block;
     snprintf(whys[0], sizeof whys[0], "shared_expert_intermediate_size, hidden_size");
@@ -644,8 +697,8 @@ void llm_model_free(llm_model *m)
                 llm_weight *ws[LLM_LAYER_WEIGHTS];
                 int n = llm_layer_weights(L, ws);
                 for (int i = 0; i < n; i++) free_weight(m, ws[i]);
-                for (int e = 0; L->expert_w && e < 3 * L->experts[0].n_experts; e++) free_weight(m, &L->expert_w[e]);
-                for (int e = 0; L->expert_b && e < 3 * L->experts[0].n_experts; e++) free_weight(m, &L->expert_b[e]);
+                llm_weight *w;
+                for (int i = 0; (w = llm_layer_expert_weight(L, i)) != NULL; i++) free_weight(m, w);
             }
         free_weight(m, &m->lm_head);
         free_weight(m, &m->embed_tokens);

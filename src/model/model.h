@@ -34,6 +34,9 @@ typedef struct {
     llm_experts experts[3];              /* gate, up: each (moe_intermediate, hidden); down: (hidden, moe_intermediate) */
     llm_weight *expert_w;                /* (3, num_experts): what experts[i].w point into (owned by the layer) */
     llm_weight *expert_b;                /* (3, num_experts) biases, or NULL */
+    llm_weight experts_stacked[2];       /* transformers 5.x's storage the expert_w are row views into, else absent:
+                                          * (num_experts * 2 * moe_intermediate, hidden) gate and up rows by expert,
+                                          * (num_experts * hidden, moe_intermediate) down */
     llm_weight shared_gate_proj, shared_up_proj; /* (shared_expert_intermediate, hidden) Qwen2-MoE's shared expert */
     llm_weight shared_down_proj;         /* (hidden, shared_expert_intermediate) */
     llm_weight shared_expert_gate;       /* (1, hidden): sigmoid of its score weighs the shared expert */
@@ -43,10 +46,10 @@ typedef struct {
  * visits each stored tensor once (freeing, counting bytes by dtype). Returns how many it wrote to out. */
 #define LLM_LAYER_WEIGHTS 24
 int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS]);
-/* The layer's expert matrices (not in llm_layer_weights: their count is config's), gate, up, down for each expert,
- * biases after them: 3 * num_experts pointers, or 6 * num_experts with biases, into out (room for 6 * num_experts).
- * Returns how many; 0 for a dense layer. */
-int llm_layer_expert_weights(llm_layer *L, llm_weight **out);
+/* The layer's stored expert matrices one at a time (not in llm_layer_weights: their count is config's), for i = 0,
+ * 1, ... until NULL: the two stacked ones where the checkpoint stacks them, else each expert's gate, up and down,
+ * then their biases. NULL at once for a dense layer. */
+llm_weight *llm_layer_expert_weight(llm_layer *L, int i);
 
 /* Called after each traced step of the forward pass with a device buffer of `count` floats (llm-run compare). */
 typedef void (*llm_trace_fn)(void *user, const char *what, int layer, const float *buf, size_t count);
