@@ -2,6 +2,8 @@
  *   gpu-bench-tool peak                     read bandwidth (the device's measure_bandwidth) and cuBLAS BF16 GEMM rate
  *   gpu-bench-tool gemv                     one-token products alone, GB/s per shape
  *   gpu-bench-tool gemm                     the split-f32 batch product's variants at 512 tokens, per weight shape
+ *   gpu-bench-tool experts                  the experts op alone in Qwen3-30B-A3B's shapes: one token (GB/s of the
+ *                                           chosen experts' weights) and 512 tokens (TFLOP/s)
  *   gpu-bench-tool bench MODEL [--profile]  pp512 and tg128 after a 512-token prompt, against the bandwidth limit
  *   gpu-bench-tool compare MODEL REF        top-1 agreement over 512 positions with a reference (gpu-bench-ref.py)
  * Device: $LLM_BENCH_DEVICE or cuda. Not a test: it asserts nothing about speed. */
@@ -218,6 +220,22 @@ static void p_logits(float *o, const float *x, const llm_weight *w, int n)
     mark_end(LLM_OP_LOGITS, (double)w->rows * w->cols * llm_dtype_size(w->dtype));
 }
 
+static void p_route(int32_t *ids, float *w, const float *sc, int n, int ne, int k, llm_route rule)
+{
+    mark_begin(), prof_inner.route(ids, w, sc, n, ne, k, rule), mark_end(LLM_OP_ROUTE, 4.0 * n * ne);
+}
+static void p_experts(float *o, const float *x, const llm_experts *w, const int32_t *ids, int n, int k, int slots)
+{
+    /* the chosen experts' weights: at most n * k of them (exact for one token, whose k are distinct) */
+    double picks = (double)n * k, read = picks < w->n_experts ? picks : w->n_experts;
+    mark_begin(), prof_inner.experts(o, x, w, ids, n, k, slots);
+    mark_end(LLM_OP_EXPERTS, read * (double)w->w[0].rows * w->w[0].cols * llm_dtype_size(w->w[0].dtype));
+}
+static void p_combine(float *o, const float *y, const float *w, int n, int k, int dim)
+{
+    mark_begin(), prof_inner.combine(o, y, w, n, k, dim), mark_end(LLM_OP_COMBINE, 4.0 * (n * k + n) * dim);
+}
+
 static void profile_print(const char *title, double step_ms)
 {
     double ms[LLM_OP_COUNT] = {0}, bytes[LLM_OP_COUNT] = {0};
@@ -251,7 +269,8 @@ static void profile_start(llm_model *m)
     prof_dev = m->rt.dev;
     prof_inner = m->rt.ops;
     prof_slot = 0;
-    llm_ops w = {p_embed, p_rmsnorm, p_matmul, p_rope, p_attention, p_glu, p_add, p_logits, p_softcap};
+    llm_ops w = {p_embed, p_rmsnorm, p_matmul, p_rope,    p_attention, p_glu,
+                 p_add,   p_logits,  p_softcap, p_route, p_experts,   p_combine};
     m->rt.ops = w;
 }
 
@@ -407,6 +426,79 @@ static int cmd_gemv(void)
     return 0;
 }
 
+/* ---- experts: the op alone, Qwen3-30B-A3B's shapes (128 experts, top 8, hidden 2048, moe_intermediate 768) ---- */
+
+/* One token: a graph of 48 calls (a layer's worth each), each on another 8 of the 128 experts, so that the 400 MB
+ * of a projection's experts pass through L2 without staying there: GB/s of the chosen experts' weights. 512 tokens:
+ * 8 distinct experts each (a pseudo-random choice), TFLOP/s of the products (the split x's two halves count once). */
+static int cmd_experts(void)
+{
+    const llm_device *dev = llm_device_find(device_name());
+    char err[512] = "";
+    if (!dev || !dev->probe(err, sizeof err)) return die(dev ? err : "device not compiled in");
+    llm_device_options opt = {0};
+    if (dev->init(&opt, err, sizeof err)) return die(err);
+    const int E = 128, K = 8, calls = 48, batch = 512;
+    double bw = dev->measure_bandwidth ? dev->measure_bandwidth() : 0.0;
+    printf("experts (bf16, %d experts, top %d); read bandwidth %.0f GB/s\n", E, K, bw);
+    static const size_t shapes[][2] = {{768, 2048}, {2048, 768}};
+    for (int s = 0; s < 2; s++) {
+        size_t rows = shapes[s][0], cols = shapes[s][1], count = rows * cols;
+        int slots = s == 0 ? 1 : K;
+        uint16_t *h = malloc(count * 2);
+        for (size_t i = 0; i < count; i++) h[i] = llm_f32_to_bf16((float)((i * 2654435761u) % 1000) * 1e-4f - 0.05f);
+        llm_weight *w = calloc((size_t)E, sizeof *w);
+        for (int e = 0; e < E; e++)
+            if (dev->weight_load(&w[e], h, LLM_DTYPE_BF16, rows, cols)) return die("weight_load");
+        free(h);
+        llm_experts ex = {w, NULL, E};
+        size_t xs = (size_t)batch * slots * cols;
+        float *hx = malloc(xs * 4);
+        for (size_t i = 0; i < xs; i++) hx[i] = 0.01f * (float)(i % 7) - 0.03f;
+        float *x = dev->alloc(xs * 4), *out = dev->alloc((size_t)batch * K * rows * 4);
+        dev->upload(x, hx, xs * 4);
+        free(hx);
+        /* decode: set k is experts k, k + 16, ..., k + 112 */
+        int32_t sets[16 * 8];
+        for (int k = 0; k < 16; k++)
+            for (int j = 0; j < K; j++) sets[k * K + j] = k + 16 * j;
+        int32_t *ids = dev->alloc((size_t)batch * K * 4);
+        dev->upload(ids, sets, sizeof sets);
+        double t[8];
+        for (int r = 0; r < 8; r++) {
+            double a = llm_host_now_s();
+            if (!dev->step_begin(20000 + s))
+                for (int c = 0; c < calls; c++) dev->ops->experts(out, x, &ex, ids + (c % 16) * K, 1, K, slots);
+            dev->step_end();
+            if (dev->sync()) return die("sync");
+            t[r] = llm_host_now_s() - a;
+        }
+        double per = median(t + 3, 5) / calls, bytes = (double)K * count * 2;
+        printf("  one token, %zu x %zu, x_slots %d: %6.2f us/call, %5.0f GB/s of the chosen experts (%.0f%% of the "
+               "read bandwidth)\n", rows, cols, slots, per * 1e6, bytes / per / 1e9, bw > 0 ? 100.0 * bytes / per / 1e9 / bw : 0.0);
+        /* a batch: token i's experts (i * 37 + 16 j) % 128 shifted by i / 8, distinct in a token, every one used */
+        int32_t *hid = malloc((size_t)batch * K * 4);
+        for (int i = 0; i < batch; i++)
+            for (int j = 0; j < K; j++) hid[i * K + j] = (i * 37 + i / 8 + 16 * j) % E;
+        dev->upload(ids, hid, (size_t)batch * K * 4);
+        free(hid);
+        for (int r = 0; r < 8; r++) {
+            double a = llm_host_now_s();
+            for (int c = 0; c < 8; c++) dev->ops->experts(out, x, &ex, ids, batch, K, slots);
+            if (dev->sync()) return die("sync");
+            t[r] = llm_host_now_s() - a;
+        }
+        per = median(t + 3, 5) / 8;
+        printf("  %d tokens, %zu x %zu, x_slots %d: %7.1f us/call, %5.1f TFLOP/s\n", batch, rows, cols, slots,
+               per * 1e6, 2.0 * batch * K * (double)count / per / 1e12);
+        for (int e = 0; e < E; e++) dev->weight_free(&w[e]);
+        free(w);
+        dev->free(x), dev->free(out), dev->free(ids);
+    }
+    dev->release();
+    return 0;
+}
+
 /* ---- compare: top-1 against a reference file: int32 n, then n tokens, n argmax, n (top1 - top2) floats ---- */
 
 static int cmd_compare(const char *path, const char *ref_path)
@@ -463,9 +555,10 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "peak") == 0) return cmd_peak();
     if (argc >= 2 && strcmp(argv[1], "gemv") == 0) return cmd_gemv();
     if (argc >= 2 && strcmp(argv[1], "gemm") == 0) return cmd_gemm();
+    if (argc >= 2 && strcmp(argv[1], "experts") == 0) return cmd_experts();
     if (argc >= 3 && strcmp(argv[1], "bench") == 0)
         return cmd_bench(argv[2], argc >= 4 && strcmp(argv[3], "--profile") == 0);
     if (argc >= 4 && strcmp(argv[1], "compare") == 0) return cmd_compare(argv[2], argv[3]);
-    fprintf(stderr, "usage: gpu-bench-tool peak | gemv | bench MODEL [--profile] | compare MODEL REF\n");
+    fprintf(stderr, "usage: gpu-bench-tool peak | gemv | gemm | experts | bench MODEL [--profile] | compare MODEL REF\n");
     return 2;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Write a Llama-family checkpoint with random weights in the shape of a known model, for benchmarks and
-accuracy comparisons where the real weights are not needed (and must not be committed).
+accuracy comparisons where the real weights are not needed (and must not be committed). Also Qwen3-30B-A3B's shape
+(Qwen3MoeForCausalLM, its published config.json's sizes: 128 experts, top 8), whose 61 GB may be cut to fewer layers.
 
     scripts/make-random-checkpoint.py --shape llama-3.2-1b --out /tmp/models/llama-3.2-1b [--dtype bf16] [--seed 0]
+    scripts/make-random-checkpoint.py --shape qwen3-30b-a3b --layers 12 --out /tmp/models/qwen3-30b-a3b-12l
 
 Writes OUT/config.json (transformers 4.x layout, which llm-run and transformers 5 both read) and
 OUT/model.safetensors. Weights are normal(0, 0.02) as transformers initialises them; norms are 1. Uses torch
@@ -29,7 +31,15 @@ SHAPES = {
     "llama-2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                        num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False, rope_theta=10000.0,
                        max_position_embeddings=4096),
+    "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                          rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6, num_experts=128,
+                          num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                          decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False),
 }
+
+# (architectures, model_type) of the shapes that are not Llama's
+FAMILY = {"qwen3-30b-a3b": ("Qwen3MoeForCausalLM", "qwen3_moe")}
 
 DTYPES = {"bf16": ("BF16", "bfloat16"), "f16": ("F16", "float16"), "f32": ("F32", "float32")}
 
@@ -44,9 +54,18 @@ def tensors(cfg):
         p = f"model.layers.{l}."
         out += [(p + "input_layernorm.weight", (h,), "n"), (p + "self_attn.q_proj.weight", (q, h), "w"),
                 (p + "self_attn.k_proj.weight", (kv, h), "w"), (p + "self_attn.v_proj.weight", (kv, h), "w"),
-                (p + "self_attn.o_proj.weight", (h, q), "w"), (p + "post_attention_layernorm.weight", (h,), "n"),
-                (p + "mlp.gate_proj.weight", (i, h), "w"), (p + "mlp.up_proj.weight", (i, h), "w"),
-                (p + "mlp.down_proj.weight", (h, i), "w")]
+                (p + "self_attn.o_proj.weight", (h, q), "w"), (p + "post_attention_layernorm.weight", (h,), "n")]
+        if "num_experts" not in cfg:
+            out += [(p + "mlp.gate_proj.weight", (i, h), "w"), (p + "mlp.up_proj.weight", (i, h), "w"),
+                    (p + "mlp.down_proj.weight", (h, i), "w")]
+            continue
+        mi = cfg["moe_intermediate_size"]  # Qwen3-MoE: q/k norms, the router, the experts as the Hub names them
+        out += [(p + "self_attn.q_norm.weight", (hd,), "n"), (p + "self_attn.k_norm.weight", (hd,), "n"),
+                (p + "mlp.gate.weight", (cfg["num_experts"], h), "w")]
+        for e in range(cfg["num_experts"]):
+            out += [(p + f"mlp.experts.{e}.gate_proj.weight", (mi, h), "w"),
+                    (p + f"mlp.experts.{e}.up_proj.weight", (mi, h), "w"),
+                    (p + f"mlp.experts.{e}.down_proj.weight", (h, mi), "w")]
     out.append(("model.norm.weight", (h,), "n"))
     if not cfg["tie_word_embeddings"]:
         out.append(("lm_head.weight", (cfg["vocab_size"], h), "w"))
@@ -99,12 +118,17 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0, help="keep only the first N layers (0: all)")
     args = ap.parse_args()
 
     cfg = dict(SHAPES[args.shape])
+    if args.layers:
+        cfg["num_hidden_layers"] = args.layers
     st_dtype, torch_name = DTYPES[args.dtype]
-    config = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu", rms_norm_eps=1e-5,
-                  attention_bias=False, bos_token_id=1, eos_token_id=2, torch_dtype=torch_name, **cfg)
+    arch, model_type = FAMILY.get(args.shape, ("LlamaForCausalLM", "llama"))
+    config = dict(architectures=[arch], model_type=model_type, hidden_act="silu", rms_norm_eps=1e-5,
+                  attention_bias=False, bos_token_id=1, eos_token_id=2, torch_dtype=torch_name)
+    config.update(cfg)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

@@ -546,6 +546,316 @@ static void test_fused_layer(void **state)
     cuda_done();
 }
 
+/* ---- mixture of experts: route, experts and combine against the reference, and a MoE block replayed ---- */
+
+/* Scores of few distinct values (quarter steps in [-1, 1]) so that ties are common: each rule must keep the lower
+ * expert first on a tie. */
+static float *tied_scores(size_t n)
+{
+    float *s = malloc(n * sizeof *s);
+    assert_non_null(s);
+    for (size_t i = 0; i < n; i++) s[i] = roundf(uniform() * 4.0f) / 4.0f;
+    return s;
+}
+
+static void test_moe_route(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    static const struct { int n, experts, top_k; bool ties; } cases[] = {
+        {1, 128, 8, false}, {37, 128, 8, true}, {5, 8, 2, true}, {9, 60, 4, false}, {3, 64, 64, true},
+        {4, 1, 1, false}, {300, 300, 3, true},
+    };
+    const llm_route rules[] = {LLM_ROUTE_SOFTMAX, LLM_ROUTE_SOFTMAX_NORM, LLM_ROUTE_SIGMOID};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (size_t r = 0; r < sizeof rules / sizeof *rules; r++) {
+            int n = cases[c].n, ne = cases[c].experts, k = cases[c].top_k;
+            size_t ns = (size_t)n * ne, nk = (size_t)n * k;
+            float *scores = cases[c].ties ? tied_scores(ns) : random_floats(ns, 4.0f);
+            int32_t *ids = malloc(nk * sizeof *ids);
+            float *wts = malloc(nk * sizeof *wts);
+            assert_non_null(ids);
+            assert_non_null(wts);
+            llm_ref_ops.route(ids, wts, scores, n, ne, k, rules[r]);
+            float *ds = on_device(scores, ns * sizeof *scores), *dw = dev->alloc(nk * sizeof(float));
+            int32_t *di = dev->alloc(nk * sizeof(int32_t));
+            assert_non_null(dw);
+            assert_non_null(di);
+            dev->ops->route(di, dw, ds, n, ne, k, rules[r]);
+            int32_t *got_ids = malloc(nk * sizeof *got_ids);
+            assert_non_null(got_ids);
+            assert_int_equal(dev->download(got_ids, di, nk * sizeof *got_ids), 0);
+            float *got_w = from_device(dw, nk);
+            double worst = 0.0;
+            for (size_t i = 0; i < nk; i++) worst = fmax(worst, fabs((double)got_w[i] - wts[i]));
+            print_message("route n=%d experts=%d top_k=%d rule %d%s: ids equal, weights within %.2g\n", n, ne, k,
+                          (int)rules[r], cases[c].ties ? " (ties)" : "", worst);
+            /* the choice and its order are exact (comparisons of the same f32 values) */
+            assert_memory_equal(got_ids, ids, nk * sizeof *ids);
+            /* weights in (0, 1]: expf within 2 ulp on the GPU, 1 in glibc, the same sums in the same order and one
+             * or two divisions: a few ulp of 1 */
+            assert_true(worst < 2e-6);
+            free(scores), free(ids), free(wts), free(got_ids), free(got_w);
+            dev->free(ds), dev->free(dw), dev->free(di);
+        }
+    cuda_done();
+}
+
+/* n_experts random weights (and biases) on the host and on the device, as llm_experts. */
+typedef struct {
+    weight_pair *w, *b;
+    llm_weight *hw, *dw, *hb, *db;
+    llm_experts host, device;
+    int n;
+} experts_pair;
+
+static experts_pair make_experts(int n, llm_dtype dtype, size_t rows, size_t cols, bool bias)
+{
+    experts_pair e = {0};
+    e.n = n;
+    e.w = calloc((size_t)n, sizeof *e.w), e.hw = calloc((size_t)n, sizeof *e.hw), e.dw = calloc((size_t)n, sizeof *e.dw);
+    assert_true(e.w && e.hw && e.dw);
+    if (bias) {
+        e.b = calloc((size_t)n, sizeof *e.b), e.hb = calloc((size_t)n, sizeof *e.hb);
+        e.db = calloc((size_t)n, sizeof *e.db);
+        assert_true(e.b && e.hb && e.db);
+    }
+    for (int i = 0; i < n; i++) {
+        e.w[i] = make_weight(dtype, rows, cols, 0.05f);
+        e.hw[i] = e.w[i].host, e.dw[i] = e.w[i].device;
+        if (!bias) continue;
+        e.b[i] = make_weight(dtype, 1, rows, 0.5f);
+        e.hb[i] = e.b[i].host, e.db[i] = e.b[i].device;
+    }
+    e.host = (llm_experts){e.hw, e.hb, n};
+    e.device = (llm_experts){e.dw, e.db, n};
+    return e;
+}
+
+static void free_experts(experts_pair *e)
+{
+    for (int i = 0; i < e->n; i++) {
+        free_weight(&e->w[i]);
+        if (e->b) free_weight(&e->b[i]);
+    }
+    free(e->w), free(e->hw), free(e->dw), free(e->b), free(e->hb), free(e->db);
+}
+
+static void test_moe_experts(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    /* n * top_k <= 128 takes the GEMV (a block per pair, the first of an expert's pairs doing them all); more, the
+     * pairs grouped by expert on the device and tensor-core tiles per expert (x gathered and split first, then
+     * pipelined, when rows are whole 16-byte chunks; a GEMV over the tiles for f32) */
+    static const struct {
+        int experts, top_k, n;
+        size_t rows, cols;
+        llm_dtype dtype;
+        bool bias;
+    } cases[] = {
+        {128, 8, 1, 768, 2048, LLM_DTYPE_BF16, false}, /* Qwen3-30B-A3B's gate and up, one token */
+        {128, 8, 1, 2048, 768, LLM_DTYPE_BF16, false}, /* ... and its down */
+        {8, 2, 3, 96, 256, LLM_DTYPE_F16, true},       /* a few tokens sharing experts */
+        {16, 4, 30, 77, 100, LLM_DTYPE_BF16, true},    /* rows odd, cols % 8 != 0: element-wise loads */
+        {16, 4, 40, 77, 100, LLM_DTYPE_BF16, true},    /* ... batched: the tiles without the pipeline */
+        {16, 4, 40, 200, 256, LLM_DTYPE_BF16, true},   /* a batch: grouped, every expert chosen */
+        {64, 8, 77, 130, 512, LLM_DTYPE_F16, false},   /* tiles that end part-way */
+        {16, 8, 300, 130, 512, LLM_DTYPE_F16, true},   /* 150 pairs an expert: three tiles each */
+        {8, 2, 600, 64, 96, LLM_DTYPE_F32, true},      /* f32 experts, batched: the GEMV over tiles (two each) */
+        {4, 4, 2, 33, 64, LLM_DTYPE_F32, false},       /* every expert chosen by each token */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int slots = 1; slots <= cases[c].top_k; slots += cases[c].top_k > 1 ? cases[c].top_k - 1 : 1) {
+            int n = cases[c].n, k = cases[c].top_k, ne = cases[c].experts;
+            size_t rows = cases[c].rows, cols = cases[c].cols, P = (size_t)n * k;
+            experts_pair e = make_experts(ne, cases[c].dtype, rows, cols, cases[c].bias);
+            /* each token's experts distinct (as route chooses them), tokens 2i and 2i + 1 the same ones (an expert
+             * chosen twice in a call), and over a batch every expert chosen (the starts step by 3, coprime to the
+             * stride's residues) */
+            int32_t *ids = malloc(P * sizeof *ids);
+            assert_non_null(ids);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < k; j++) ids[(size_t)i * k + j] = ((i / 2) * 3 + j * (ne / k)) % ne;
+            size_t nx = (size_t)n * slots * cols, no = P * rows;
+            float *x = random_floats(nx, 1.0f), *ref = malloc(no * sizeof *ref);
+            assert_non_null(ref);
+            llm_ref_ops.experts(ref, x, &e.host, ids, n, k, slots);
+            float *dx = on_device(x, nx * sizeof *x), *dout = dev->alloc(no * sizeof(float));
+            int32_t *di = on_device(ids, P * sizeof *ids);
+            assert_non_null(dout);
+            dev->ops->experts(dout, dx, &e.device, di, n, k, slots);
+            float *got = from_device(dout, no);
+            double err = rel_error(got, ref, no);
+            print_message("experts %d of %d, %zux%zu %s%s, n=%d x_slots=%d: rel error %.2g\n", k, ne, rows, cols,
+                          llm_dtype_name(cases[c].dtype), cases[c].bias ? " +bias" : "", n, slots, err);
+            /* as matmul (test_matmul): f32 products of the same values summed in another order, or for batches of
+             * 16-bit weights the split of x into two 16-bit halves (about 2^-16): far under 1e-5 of the largest */
+            assert_true(err < 1e-5);
+            free(x), free(ref), free(got), free(ids);
+            dev->free(dx), dev->free(dout), dev->free(di);
+            free_experts(&e);
+        }
+    cuda_done();
+}
+
+static void test_moe_combine(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    int n = 9, k = 8, dim = 2048;
+    size_t ny = (size_t)n * k * dim, nw = (size_t)n * k, no = (size_t)n * dim;
+    float *y = random_floats(ny, 3.0f), *w = random_floats(nw, 1.0f), *ref = malloc(no * sizeof *ref);
+    assert_non_null(ref);
+    llm_ref_ops.combine(ref, y, w, n, k, dim);
+    float *dy = on_device(y, ny * 4), *dw = on_device(w, nw * 4), *dout = dev->alloc(no * 4);
+    assert_non_null(dout);
+    dev->ops->combine(dout, dy, dw, n, k, dim);
+    float *got = from_device(dout, no);
+    /* products and sums rounded one at a time in slot order, as the reference: the same bits */
+    assert_memory_equal(got, ref, no * sizeof *ref);
+    free(y), free(w), free(ref), free(got);
+    dev->free(dy), dev->free(dw), dev->free(dout);
+    cuda_done();
+}
+
+/* One token through a MoE block (router product, route, gate and up experts, SwiGLU, down experts, combine, the
+ * residual add) as a step: the first runs as issued, the second is captured, later ones replay the graph. Replays
+ * read the ids the route kernel wrote on the device, so a new x routes to other experts without any host work. With
+ * fusion on, gate, up and SwiGLU are one launch and the combine takes the add. */
+typedef struct {
+    int dim, inter, experts, top_k;
+    weight_pair router;
+    experts_pair gate, up, down;
+    float *x, *scores, *g, *u, *y, *w, *out, *resid; /* device */
+    int32_t *ids;
+} moe_block;
+
+static void moe_block_ref(moe_block *b, const float *x, const float *resid, float *out)
+{
+    int k = b->top_k;
+    float *scores = malloc((size_t)b->experts * sizeof *scores), *w = malloc((size_t)k * sizeof *w);
+    float *g = malloc((size_t)k * b->inter * sizeof *g), *u = malloc((size_t)k * b->inter * sizeof *u);
+    float *y = malloc((size_t)k * b->dim * sizeof *y);
+    int32_t *ids = malloc((size_t)k * sizeof *ids);
+    assert_true(scores && w && g && u && y && ids);
+    llm_ref_ops.matmul(scores, x, &b->router.host, NULL, 1);
+    llm_ref_ops.route(ids, w, scores, 1, b->experts, k, LLM_ROUTE_SOFTMAX_NORM);
+    llm_ref_ops.experts(g, x, &b->gate.host, ids, 1, k, 1);
+    llm_ref_ops.experts(u, x, &b->up.host, ids, 1, k, 1);
+    llm_ref_ops.glu(g, g, u, (size_t)k * b->inter, LLM_ACT_SILU);
+    llm_ref_ops.experts(y, g, &b->down.host, ids, 1, k, k);
+    llm_ref_ops.combine(out, y, w, 1, k, b->dim);
+    for (int c = 0; c < b->dim; c++) out[c] += resid[c];
+    free(scores), free(w), free(g), free(u), free(y), free(ids);
+}
+
+static void moe_block_step(moe_block *b)
+{
+    int k = b->top_k;
+    if (dev->step_begin(1)) {
+        dev->step_end();
+        return;
+    }
+    dev->ops->matmul(b->scores, b->x, &b->router.device, NULL, 1);
+    dev->ops->route(b->ids, b->w, b->scores, 1, b->experts, k, LLM_ROUTE_SOFTMAX_NORM);
+    dev->ops->experts(b->g, b->x, &b->gate.device, b->ids, 1, k, 1);
+    dev->ops->experts(b->u, b->x, &b->up.device, b->ids, 1, k, 1);
+    dev->ops->glu(b->g, b->g, b->u, (size_t)k * b->inter, LLM_ACT_SILU);
+    dev->ops->experts(b->y, b->g, &b->down.device, b->ids, 1, k, k);
+    dev->ops->combine(b->out, b->y, b->w, 1, k, b->dim);
+    dev->ops->add(b->resid, b->out, (size_t)b->dim);
+    dev->step_end();
+}
+
+/* The block's weights and buffers on the (initialised) device, inputs xs[2] and resid on the host. */
+static void moe_block_make(moe_block *b)
+{
+    size_t kd = (size_t)b->top_k * b->dim, ki = (size_t)b->top_k * b->inter;
+    b->router = make_weight(LLM_DTYPE_BF16, (size_t)b->experts, (size_t)b->dim, 0.2f);
+    b->gate = make_experts(b->experts, LLM_DTYPE_BF16, (size_t)b->inter, (size_t)b->dim, false);
+    b->up = make_experts(b->experts, LLM_DTYPE_BF16, (size_t)b->inter, (size_t)b->dim, false);
+    b->down = make_experts(b->experts, LLM_DTYPE_BF16, (size_t)b->dim, (size_t)b->inter, false);
+    b->x = dev->alloc((size_t)b->dim * 4), b->resid = dev->alloc((size_t)b->dim * 4);
+    b->scores = dev->alloc((size_t)b->experts * 4), b->g = dev->alloc(ki * 4), b->u = dev->alloc(ki * 4);
+    b->y = dev->alloc(kd * 4), b->w = dev->alloc((size_t)b->top_k * 4), b->out = dev->alloc((size_t)b->dim * 4);
+    b->ids = dev->alloc((size_t)b->top_k * sizeof(int32_t));
+    assert_true(b->x && b->resid && b->scores && b->g && b->u && b->y && b->w && b->out && b->ids);
+}
+
+static void moe_block_free(moe_block *b)
+{
+    void *bufs[] = {b->x, b->resid, b->scores, b->g, b->u, b->y, b->w, b->out, b->ids};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
+    free_weight(&b->router);
+    free_experts(&b->gate), free_experts(&b->up), free_experts(&b->down);
+}
+
+/* The block's output for x and resid: one step run on the device. */
+static float *moe_block_run(moe_block *b, const float *x, const float *resid)
+{
+    assert_int_equal(dev->upload(b->x, x, (size_t)b->dim * 4), 0);
+    assert_int_equal(dev->upload(b->resid, resid, (size_t)b->dim * 4), 0);
+    moe_block_step(b);
+    return from_device(b->resid, (size_t)b->dim);
+}
+
+static void test_moe_graph_replay(void **state)
+{
+    (void)state;
+    cuda_or_skip(); /* before anything is allocated: a skip returns from here */
+    dev->release();
+    float *xs[2] = {random_floats(512, 1.0f), random_floats(512, 1.0f)}, *resid = random_floats(512, 1.0f);
+    float *ref[2] = {malloc(512 * 4), malloc(512 * 4)}, *first[2] = {NULL, NULL}, *unfused = NULL;
+    assert_true(ref[0] && ref[1]);
+    const uint64_t seed = rng;
+    for (int fuse = 0; fuse < 2; fuse++) {
+        setenv("LLM_CUDA_FUSE", fuse ? "1" : "0", 1);
+        cuda_or_skip();
+        unsetenv("LLM_CUDA_FUSE");
+        rng = seed; /* the same weights both times */
+        moe_block b = {.dim = 512, .inter = 96, .experts = 32, .top_k = 4};
+        moe_block_make(&b);
+        moe_block_ref(&b, xs[0], resid, ref[0]);
+        moe_block_ref(&b, xs[1], resid, ref[1]);
+        if (!fuse) { /* every op its own launch: the fused steps below must compute the same */
+            unfused = moe_block_run(&b, xs[0], resid);
+            print_message("MoE block, unfused: vs the reference %.2g\n", rel_error(unfused, ref[0], 512));
+            assert_true(rel_error(unfused, ref[0], 512) < 1e-5);
+            moe_block_free(&b);
+            cuda_done();
+            continue;
+        }
+        /* steps 0 and 1: issued and captured; 2 to 5 replayed, with x alternating between two inputs */
+        for (int step = 0; step < 6; step++) {
+            int which = step < 2 ? 0 : step % 2;
+            float *got = moe_block_run(&b, xs[which], resid);
+            double err = rel_error(got, ref[which], 512);
+            print_message("MoE block step %d (x %d): vs the reference %.2g\n", step, which, err);
+            /* f32 sums in other orders, as test_matmul; expf in the router as test_moe_route */
+            assert_true(err < 1e-5);
+            if (!first[which]) {
+                first[which] = got;
+                continue;
+            }
+            /* the captured kernels with the same arguments and inputs: the same bits as the first step on this x */
+            assert_memory_equal(got, first[which], 512 * 4);
+            free(got);
+        }
+        /* gate and up in one launch sum each row as alone, the combine's add rounds once as add does: only SwiGLU's
+         * expf may differ (a few ulp) */
+        print_message("MoE block, fused vs unfused: %.2g\n", rel_error(first[0], unfused, 512));
+        assert_true(rel_error(first[0], unfused, 512) < 1e-6);
+        llm_device_counters count = {0};
+        dev->counters(&count);
+        /* a one-token step with MoE ops is not taken by the persistent step: turned off, counted */
+        if (count.persistent_capable) assert_int_equal(count.persistent_cut, 1);
+        moe_block_free(&b);
+        cuda_done();
+    }
+    free(xs[0]), free(xs[1]), free(resid), free(ref[0]), free(ref[1]), free(first[0]), free(first[1]), free(unfused);
+}
+
 /* ---- a model decoding 64 steps: graph replay against plain issue, fused against unfused, both against cpu ---- */
 
 #define DECODE_STEPS 64
@@ -639,6 +949,42 @@ static void test_graph_replay(void **state)
         /* As tests/test_models.c allows against Hugging Face. */
         assert_true(e_cpu < 1e-4);
         free(graphs), free(plain), free(unfused), free(cpu);
+    }
+}
+
+/* MoE models decoding: the persistent step is turned off at the first MoE op (counted), the rest of the run a kernel
+ * per op; replayed graphs give the bits of plain issue, and both the logits of the reference. */
+static void test_moe_decode(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    llm_device_counters count = {0};
+    dev->counters(&count);
+    dev->release();
+    const char *fixtures[] = {"qwen3-moe", "qwen3-moe-dense", "mixtral", "qwen2-moe", "olmoe"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        int vocab = 0;
+        size_t n_persisted = 0;
+        float *persist = decode_run_with(fixtures[f], "cuda", "1", "1", "1", &vocab, &n_persisted);
+        int cut = last_cut;
+        float *graphs = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
+        float *plain = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
+        float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
+        size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+        double e_persist = rel_error(persist, plain, n), e_cpu = rel_error(graphs, cpu, n);
+        print_message("%s, %d decode steps: %zu persistent launches then a kernel per op (cut %d); vs plain %.2g, "
+                      "cuda vs cpu %.2g\n", fixtures[f], DECODE_STEPS, n_persisted, cut, e_persist, e_cpu);
+        if (count.persistent_capable) {
+            assert_int_equal(cut, 1);
+            assert_true(n_persisted <= 1); /* at most the first step's ops before its first MoE op */
+        }
+        /* the same kernels with the same arguments */
+        assert_memory_equal(graphs, plain, n * sizeof *graphs);
+        /* the first step's recorded part summed in another order */
+        assert_true(e_persist < 1e-5);
+        /* as test_graph_replay */
+        assert_true(e_cpu < 1e-4);
+        free(persist), free(graphs), free(plain), free(cpu);
     }
 }
 
@@ -949,12 +1295,17 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_matmul_quant),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
-        cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_combine),
+        cmocka_unit_test(test_moe_graph_replay), cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_moe_decode),
         cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_persistent_wide_inputs),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),
         cmocka_unit_test(test_fault_names_the_op),
     };
+    const char *only = getenv("LLM_TEST_FILTER"); /* e.g. "test_moe*": a subset while working on one part */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

@@ -57,6 +57,7 @@ struct llm_cuda_ctx {
     int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
                             that fit */
     int step_stages;     /* the ring stages of the last persistent step launched (describe) */
+    int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;
@@ -78,6 +79,8 @@ enum {
     LLM_CUDA_SCRATCH_LOGITS, /* a GEMV's rows on their way to shared host memory (ops.cu) */
     LLM_CUDA_SCRATCH_ATTN_PARTS,    /* attention.cu, portable code: each decode split's partial output */
     LLM_CUDA_SCRATCH_ATTN_ARRIVALS, /* ... and per (token, head group) the splits done so far (back to 0 after) */
+    LLM_CUDA_SCRATCH_MOE,           /* moe.cu: a batch's (token, slot) pairs sorted by expert, and their tiles */
+    LLM_CUDA_SCRATCH_MOE_X,         /* ... and their x rows in that order, split into 16-bit halves */
     LLM_CUDA_SCRATCH_DEQUANT, /* prefill.cu: a block-quantized weight as BF16 for a batched product */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX
@@ -396,6 +399,27 @@ bool llm_cuda_attention_params_fits(int head_dim);
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
                                int head_dim, int ctx, const llm_attention_params *p, bool kv_stored);
+
+/* ---- moe.cu: mixture of experts (ops.h's route, experts, combine), ids and weights on the device ---- */
+void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule);
+/* A few tokens (n * top_k <= 128): a GEMV reading each chosen expert once; a batch: the pairs grouped by expert on
+ * the device, then a tensor-core product per tile of one expert's pairs. Builds the experts' table of device pointers
+ * the first time it meets w (kept until llm_cuda_moe_release). */
+void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                      int x_slots);
+/* gate's and up's products in one launch (a few tokens, x_slots 1: llm_cuda_experts_pair_fits), both written; with
+ * glu, gate_out then holds act(gate) * up, as the glu op after them would leave it. */
+bool llm_cuda_experts_pair_fits(int n, int top_k);
+void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
+                           const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act);
+/* One token's down products (x_slots top_k) and the combine after them in one launch: y (top_k, rows) as experts
+ * writes it, sum_out (rows) as combine writes it, and with resid also resid += sum_out. */
+void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const float *x, const llm_experts *w,
+                              const int32_t *ids, const float *weights, int top_k);
+/* resid: NULL, or also resid += out (the residual add after the combine) */
+void llm_cuda_combine(float *out, float *resid, const float *y, const float *weights, int n, int top_k, int dim);
+/* Free the experts' tables (the device is closing). */
+void llm_cuda_moe_release(void);
 
 /* ---- step.cu: a one-token step's GEMVs and attentions as one persistent kernel ---- */
 enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION };

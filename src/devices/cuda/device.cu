@@ -101,7 +101,9 @@ static int env_int(const char *name, int fallback)
  *   LLM_CUDA_PERSIST_SPLIT_SCALE=N  how fast those splits grow with the position (49; clamped to 0..2^24)
  *   LLM_CUDA_PERSIST_STAGES=N   at most N ring stages in the persistent step (0: all that fit; tests use it)
  *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
- *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py) */
+ *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py)
+ *   LLM_CUDA_MOE_PDL=0|1|2      the MoE kernels: no programmatic dependent launch / launched early, the next kernel
+ *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2; notes: "Mixture of experts") */
 static void cuda_settings_read(cuda_settings *s)
 {
     s->graphs = env_flag("LLM_CUDA_GRAPHS", true);
@@ -136,6 +138,8 @@ static void cuda_settings_read(cuda_settings *s)
         s->gemm_fast = mode && strcmp(mode, "fast") == 0;
     }
     s->owe = env_flag("LLM_CUDA_OWE", true);
+    s->moe_pdl = env_int("LLM_CUDA_MOE_PDL", 2);
+    if (s->moe_pdl < 0 || s->moe_pdl > 2) s->moe_pdl = 2;
     s->timeline = getenv("LLM_CUDA_TIMELINE");
     if (s->timeline && !*s->timeline) s->timeline = NULL;
 }
@@ -187,6 +191,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.sync_each = g.set.sync_each;
     llm_cuda.pdl = g.set.pdl && llm_cuda.hopper_code;
     llm_cuda.pdl_early = g.set.pdl_early;
+    llm_cuda.moe_pdl = llm_cuda.pdl ? g.set.moe_pdl : 0;
     llm_cuda.attn_simt = g.set.attn_simt;
     llm_cuda.dec_heads = g.set.dec_heads;
     llm_cuda.dec_warps = g.set.dec_warps;
@@ -247,6 +252,7 @@ static void cuda_release(void)
     }
     memset(g.owed, 0, sizeof g.owed);
     llm_cuda_step_forget();
+    llm_cuda_moe_release();
     free(g.prog);
     g.prog = NULL, g.prog_n = 0;
     if (g.blas) cublasDestroy(g.blas);
@@ -301,6 +307,7 @@ static void cuda_counters(llm_device_counters *out)
 
 static const llm_ops cuda_ops = {
     op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
+    op_route, op_experts, op_combine,
 };
 
 /* Positional: C++ has no designated initialisers before C++20. Order as in device.h. */

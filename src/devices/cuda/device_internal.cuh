@@ -80,6 +80,7 @@ typedef struct {
 typedef struct {
     bool graphs, fuse, sync_each, pdl, persist, gemm_fast, owe, attn_simt;
     int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
+    int moe_pdl;
     const char *step_trace; /* NULL when unset or empty */
     const char *timeline;   /* NULL when unset or empty */
 } cuda_settings;
@@ -162,6 +163,9 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
 void op_glu(float *out, const float *gate, const float *up, size_t count, llm_act act);
 void op_add(float *x, const float *y, size_t count);
 void op_softcap(float *x, float cap, size_t count);
+void op_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, llm_route rule);
+void op_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k, int x_slots);
+void op_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim);
 bool cuda_supports(llm_op op, llm_dtype dtype);
 
 /* graphs.cu */

@@ -125,9 +125,12 @@ static llm_cuda_step_op *record_op(int kind, const char *name)
     return o;
 }
 
+static void moe_flush(void);
+
 /* The pending op, launched (or recorded into a persistent step: then it is not issued yet; flush_pending issues). */
 static void retire_pending(void)
 {
+    moe_flush(); /* a held MoE op came before anything in g.pend (see moe_begin) */
     pending_t *P = &g.pend;
     if (P->kind == PEND_NONE) return;
     int kind = P->kind;
@@ -491,10 +494,14 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     after_op("attention");
 }
 
+static bool moe_take_glu(float *out, const float *gate, const float *up, size_t count, llm_act act);
+static bool moe_take_add(float *x, const float *y, size_t count);
+
 void op_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
     if (!op_usable()) return;
     forget_split();
+    if (moe_take_glu(out, gate, up, count, act)) return;
     pending_t *P = &g.pend;
     /* The GEMV's epilogue computes gate(g) * u (llm_cuda_gate): SiLU and tanh-GELU, not the clamped SwiGLU. */
     bool gated = act == LLM_ACT_SILU || act == LLM_ACT_GELU_TANH;
@@ -529,6 +536,7 @@ void op_add(float *x, const float *y, size_t count)
 {
     if (!op_usable()) return;
     forget_split();
+    if (moe_take_add(x, y, count)) return;
     pending_t *P = &g.pend;
     size_t bytes = count * sizeof(float);
     /* resid must not be read by the GEMV itself (its input, or the prologue's source). */
@@ -573,6 +581,172 @@ void op_softcap(float *x, float cap, size_t count)
     written(x, count * sizeof(float));
     llm_cuda_softcap(x, cap, count);
     after_op("softcap");
+}
+
+/* ---------- mixture of experts (moe.cu) ---------- */
+
+/* Held back with fusion on, as g.pend holds the dense ops: a few tokens' gate product waits for the up product of the
+ * same x and ids (one launch reads both: llm_cuda_experts_pair), and the pair for the glu of their outputs (its
+ * epilogue); one token's down product waits for the combine of its output (llm_cuda_experts_combine); a combine
+ * waits for the residual add of its output (one pass). Anything else launches what is held first (retire_pending),
+ * so every op still computes what ops.h says, in order. */
+enum { MOE_NONE, MOE_GATE, MOE_GATE_UP, MOE_DOWN, MOE_DOWN_COMBINE, MOE_COMBINE };
+static struct {
+    int kind;
+    float *out, *out2;    /* gate's (or down's, or the combine's) output, up's */
+    float *sum;           /* MOE_DOWN_COMBINE: the combine's output */
+    const float *x;       /* the products' input, or the combine's y */
+    llm_experts w, w2;    /* gate, up */
+    const int32_t *ids;
+    const float *weights; /* the combine's */
+    int n, top_k, dim;
+} mp;
+
+static void moe_launch(bool glu, llm_act act, float *resid)
+{
+    int kind = mp.kind;
+    mp.kind = MOE_NONE;
+    if (kind == MOE_GATE) {
+        llm_cuda_experts(mp.out, mp.x, &mp.w, mp.ids, mp.n, mp.top_k, 1);
+        after_op("experts");
+    } else if (kind == MOE_GATE_UP) {
+        llm_cuda_experts_pair(mp.out, mp.out2, mp.x, &mp.w, &mp.w2, mp.ids, mp.n, mp.top_k, glu, (int)act);
+        after_op(glu ? "experts x2+glu" : "experts x2");
+    } else if (kind == MOE_DOWN) {
+        llm_cuda_experts(mp.out, mp.x, &mp.w, mp.ids, 1, mp.top_k, mp.top_k);
+        after_op("experts");
+    } else if (kind == MOE_DOWN_COMBINE) {
+        llm_cuda_experts_combine(mp.out, mp.sum, resid, mp.x, &mp.w, mp.ids, mp.weights, mp.top_k);
+        after_op(resid ? "experts+combine+add" : "experts+combine");
+    } else if (kind == MOE_COMBINE) {
+        llm_cuda_combine(mp.out, resid, mp.x, mp.weights, mp.n, mp.top_k, mp.dim);
+        after_op(resid ? "combine+add" : "combine");
+    }
+}
+
+static void moe_flush(void)
+{
+    if (mp.kind == MOE_NONE) return;
+    if (!op_usable()) { /* failed or closed: nothing more runs */
+        mp.kind = MOE_NONE;
+        return;
+    }
+    moe_launch(false, LLM_ACT_SILU, NULL);
+}
+
+static bool same_experts(const llm_experts *a, const llm_experts *b)
+{
+    const llm_weight *x = &a->w[0], *y = &b->w[0];
+    return a->n_experts == b->n_experts && x->rows == y->rows && x->cols == y->cols && x->dtype == y->dtype &&
+           !a->bias == !b->bias && (!a->bias || a->bias[0].dtype == b->bias[0].dtype);
+}
+
+static bool moe_take_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
+{
+    if (mp.kind != MOE_GATE_UP || out != mp.out || gate != mp.out || up != mp.out2 ||
+        count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows)
+        return false;
+    moe_launch(true, act, NULL);
+    return true;
+}
+
+static bool moe_take_add(float *x, const float *y, size_t count)
+{
+    const bool down = mp.kind == MOE_DOWN_COMBINE;
+    float *sum = down ? mp.sum : mp.out;
+    const float *ys = down ? mp.out : mp.x; /* the combine's y */
+    size_t bytes = count * sizeof(float), picks = (size_t)mp.n * mp.top_k;
+    if ((mp.kind != MOE_COMBINE && !down) || y != sum || count != (size_t)mp.n * mp.dim) return false;
+    if (overlaps(x, bytes, y, bytes) || overlaps(x, bytes, ys, picks * mp.dim * sizeof(float)) ||
+        overlaps(x, bytes, mp.weights, picks * sizeof(float)) || owed_any(x, bytes) ||
+        (down && overlaps(x, bytes, mp.x, picks * mp.w.w[0].cols * sizeof(float))))
+        return false;
+    moe_launch(false, LLM_ACT_SILU, x);
+    return true;
+}
+
+static const char *const NOTE_MOE_PERSIST =
+    "mixture-of-experts layers (route, experts, combine): the persistent decode step does not take them (the experts "
+    "are known only after the router); a kernel per op, replayed as a CUDA graph";
+
+/* Before each MoE op: what is pending or recorded runs first. A one-token step that would be recorded for the
+ * persistent kernel is cut here, so the persistent step is turned off for the rest of the run, said once and
+ * counted (counters.persistent_cut): the first step runs its recorded part as one launch, the rest a kernel per op,
+ * and every later step a kernel per op, captured in a graph. */
+static void moe_begin(void)
+{
+    forget_split();
+    if (g.persist && g.step_tokens == 1) {
+        g.persist = false, g.persist_cut = true;
+        say_once(NOTE_MOE_PERSIST);
+    }
+    flush_pending();
+}
+
+void op_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, llm_route rule)
+{
+    if (!op_usable()) return;
+    moe_begin();
+    size_t picks = (size_t)n * top_k;
+    settle(scores, (size_t)n * n_experts * sizeof(float));
+    written(ids, picks * sizeof(int32_t));
+    written(weights, picks * sizeof(float));
+    llm_cuda_route(ids, weights, scores, n, n_experts, top_k, (int)rule);
+    after_op("route");
+}
+
+void op_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k, int x_slots)
+{
+    if (!op_usable() || w->n_experts < 1) return;
+    size_t out_bytes = (size_t)n * top_k * w->w[0].rows * sizeof(float);
+    size_t x_bytes = (size_t)n * x_slots * w->w[0].cols * sizeof(float);
+    if (mp.kind == MOE_GATE && x_slots == 1 && x == mp.x && ids == mp.ids && n == mp.n && top_k == mp.top_k &&
+        same_experts(w, &mp.w) && !overlaps(out, out_bytes, mp.out, out_bytes) &&
+        !overlaps(out, out_bytes, x, x_bytes) && !owed_partly(out, out_bytes)) {
+        written(out, out_bytes);
+        mp.kind = MOE_GATE_UP, mp.out2 = out, mp.w2 = *w;
+        return;
+    }
+    moe_begin();
+    settle(x, x_bytes);
+    settle(ids, (size_t)n * top_k * sizeof(int32_t));
+    written(out, out_bytes);
+    if (g.fuse && x_slots == 1 && llm_cuda_experts_pair_fits(n, top_k) && !overlaps(out, out_bytes, x, x_bytes)) {
+        mp.kind = MOE_GATE, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = n, mp.top_k = top_k;
+        return;
+    }
+    if (g.fuse && n == 1 && x_slots == top_k && !overlaps(out, out_bytes, x, x_bytes)) {
+        mp.kind = MOE_DOWN, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = 1, mp.top_k = top_k;
+        mp.dim = (int)w->w[0].rows;
+        return;
+    }
+    llm_cuda_experts(out, x, w, ids, n, top_k, x_slots);
+    after_op("experts");
+}
+
+void op_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    if (!op_usable()) return;
+    size_t out_bytes = (size_t)n * dim * sizeof(float), y_bytes = (size_t)n * top_k * dim * sizeof(float);
+    if (mp.kind == MOE_DOWN && y == mp.out && n == 1 && top_k == mp.top_k && dim == mp.dim &&
+        !overlaps(out, out_bytes, y, y_bytes) && !overlaps(out, out_bytes, weights, (size_t)top_k * sizeof(float)) &&
+        !overlaps(out, out_bytes, mp.x, (size_t)top_k * mp.w.w[0].cols * sizeof(float)) &&
+        !owed_partly(out, out_bytes) && !owed_any(weights, (size_t)top_k * sizeof(float))) {
+        written(out, out_bytes);
+        mp.kind = MOE_DOWN_COMBINE, mp.sum = out, mp.weights = weights;
+        return;
+    }
+    moe_begin();
+    settle(y, (size_t)n * top_k * dim * sizeof(float));
+    settle(weights, (size_t)n * top_k * sizeof(float));
+    written(out, (size_t)n * dim * sizeof(float));
+    if (g.fuse) {
+        mp.kind = MOE_COMBINE, mp.out = out, mp.x = y, mp.weights = weights, mp.n = n, mp.top_k = top_k;
+        mp.dim = dim;
+        return;
+    }
+    llm_cuda_combine(out, NULL, y, weights, n, top_k, dim);
+    after_op("combine");
 }
 
 bool cuda_supports(llm_op op, llm_dtype dtype)

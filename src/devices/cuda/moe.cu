@@ -1,0 +1,964 @@
+/* Mixture of experts on the GPU: route (scores to the top-k experts and their weights), experts (the chosen experts'
+ * products) and combine (their weighted sum), as ops.h specifies them. ids and weights never leave the device, so a
+ * decode step stays capturable. experts has two paths: a GEMV over (token, slot, row block) that reads each chosen
+ * expert's rows once however many tokens chose it (a few tokens), and a grouped tensor-core product over the tokens
+ * sorted by expert on the device (batches). Not here: the router's product (matmul) and the gate between the
+ * experts' products (glu). */
+#include <mma.h>
+
+#include "cuda_internal.h"
+
+/* The launch of a kernel that reads what the kernel before wrote (all of them here: scores, ids, the experts'
+ * inputs): with programmatic dependent launch as llm_cuda.moe_pdl says (LLM_CUDA_MOE_PDL, measurements: 0 none,
+ * 1 launched early but the next one not let in before this one ends, 2 as the GEMVs, LLM_CUDA_PDL_EARLY). *early is
+ * the kernel's pdl_early argument. */
+static cudaLaunchConfig_t moe_launch_config(dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *attr, int *early)
+{
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(grid, block, smem, attr);
+    if (llm_cuda.moe_pdl == 0) cfg.numAttrs = 0;
+    *early = llm_cuda.moe_pdl == 2 ? llm_cuda.pdl_early : 0;
+    return cfg;
+}
+
+/* ---------- route: a warp a token ---------- */
+
+#define ROUTE_MAX_WARPS 4
+
+/* (v, e) beats (bv, be): a larger score, or the same score at a lower expert (ops.h's tie rule); e < 0 is none. */
+__device__ __forceinline__ bool route_beats(float v, int e, float bv, int be)
+{
+    return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
+}
+
+/* Each warp takes a token: its scores in shared memory (n_experts floats, a taken flag each, then top_k chosen ids).
+ * Each lane keeps the best of its strided part; a round is a warp-wide arg-max of those, after which only the lane
+ * that owned the winner looks again. The softmax's sum runs over the lanes' parts and a fixed shuffle tree:
+ * deterministic, within f32 rounding of the reference's sum in expert order. Launched after the router's product
+ * with programmatic dependent launch (scores read after the wait). */
+__global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
+                             int rule, int pdl_early)
+{
+    extern __shared__ float rs[];
+    if (pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(pdl_early == 1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = 2 * n_experts + top_k;
+    const int token = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (token >= n) return;
+    float *s = rs + (size_t)warp * per;
+    int *taken = (int *)(s + n_experts), *chosen = taken + n_experts;
+    const float *row = scores + (size_t)token * n_experts;
+    float m = -INFINITY, bv = 0.0f;
+    int be = -1;
+    for (int e = lane; e < n_experts; e += 32) {
+        s[e] = row[e], taken[e] = 0;
+        m = fmaxf(m, s[e]);
+        if (route_beats(s[e], e, bv, be)) bv = s[e], be = e;
+    }
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int j = 0; j < top_k; j++) {
+        float wv = bv;
+        int we = be;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, wv, o);
+            int oe = __shfl_xor_sync(0xffffffffu, we, o);
+            if (route_beats(ov, oe, wv, we)) wv = ov, we = oe;
+        }
+        if (lane == 0) chosen[j] = we;
+        if (we >= 0 && (we & 31) == lane) { /* the winner was this lane's: its next best */
+            taken[we] = 1, bv = 0.0f, be = -1;
+            for (int e = lane; e < n_experts; e += 32)
+                if (!taken[e] && route_beats(s[e], e, bv, be)) bv = s[e], be = e;
+        }
+    }
+    __syncwarp();
+    int32_t *id = ids + (size_t)token * top_k;
+    float *wt = weights + (size_t)token * top_k;
+    if (rule == LLM_ROUTE_SIGMOID) {
+        for (int j = lane; j < top_k; j += 32) id[j] = chosen[j], wt[j] = 1.0f / (1.0f + expf(-s[chosen[j]]));
+        return;
+    }
+    float sum = 0.0f;
+    for (int e = lane; e < n_experts; e += 32) sum += expf(s[e] - m);
+    sum = llm_cuda_warp_sum(sum);
+    float part = 0.0f;
+    for (int j = lane; j < top_k; j += 32) part += expf(s[chosen[j]] - m) / sum;
+    const float all = rule == LLM_ROUTE_SOFTMAX_NORM ? llm_cuda_warp_sum(part) : 1.0f;
+    for (int j = lane; j < top_k; j += 32) {
+        float p = expf(s[chosen[j]] - m) / sum;
+        id[j] = chosen[j], wt[j] = rule == LLM_ROUTE_SOFTMAX_NORM ? p / all : p;
+    }
+}
+
+void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule)
+{
+    size_t per = (2 * (size_t)n_experts + (size_t)top_k) * sizeof(float);
+    int warps = ROUTE_MAX_WARPS;
+    while (warps > 1 && (size_t)warps * per + 1024 > llm_cuda.smem_optin) warps--;
+    if ((size_t)warps * per + 1024 > llm_cuda.smem_optin) {
+        llm_cuda_fail("route", "%d experts do not fit a block's shared memory", n_experts);
+        return;
+    }
+    if (n == 0 || !llm_cuda_allow_smem((const void *)route_kernel, "route")) return;
+    cudaLaunchAttribute attr;
+    int early;
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((n + warps - 1) / warps)), dim3(32 * warps),
+                                               (size_t)warps * per, &attr, &early);
+    LLM_CUDA_CHECK("route", cudaLaunchKernelEx(&cfg, route_kernel, ids, weights, scores, n, n_experts, top_k, rule,
+                                               early));
+}
+
+/* ---------- combine ---------- */
+
+/* out[i, c] = sum_j weights[i, j] * y[i, j, c] in slot order, each product and sum rounded as the reference's (no
+ * fused multiply-add): the same bits; with resid, also resid[i, c] += out[i, c] (the add op after it). */
+__global__ void combine_kernel(float *out, float *resid, const float *y, const float *weights, int n, int top_k,
+                               int dim, int pdl_early)
+{
+    if (pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(pdl_early == 1);
+    size_t count = (size_t)n * dim;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count; k += (size_t)gridDim.x * blockDim.x) {
+        size_t i = k / dim, c = k - i * dim;
+        const float *w = weights + i * top_k, *yi = y + i * top_k * dim + c;
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; j++) sum = __fadd_rn(sum, __fmul_rn(w[j], yi[(size_t)j * dim]));
+        out[k] = sum;
+        if (resid) resid[k] += sum;
+    }
+}
+
+void llm_cuda_combine(float *out, float *resid, const float *y, const float *weights, int n, int top_k, int dim)
+{
+    size_t count = (size_t)n * dim, blocks = (count + 255) / 256, cap = (size_t)llm_cuda.sm_count * 16;
+    if (count == 0) return;
+    cudaLaunchAttribute attr;
+    int early;
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(256), 0, &attr, &early);
+    LLM_CUDA_CHECK("combine", cudaLaunchKernelEx(&cfg, combine_kernel, out, resid, y, weights, n, top_k, dim, early));
+}
+
+/* ---------- the experts' table on the device ---------- */
+
+/* One expert as the kernels see it. */
+typedef struct {
+    const void *w;
+    const void *bias;
+} moe_expert;
+
+/* A layer's llm_experts, as last seen (the host pointers of its weights) and their table on the device. Tables are
+ * built once per llm_experts (keyed by its arrays) and kept until the device closes; one whose weights changed (a
+ * model loaded where another was) gets a new table, the old one kept (an earlier captured step may name it). */
+typedef struct {
+    const llm_weight *w, *bias;
+    int n_experts;
+    moe_expert *host;   /* (n_experts): what the device table holds */
+    moe_expert *device; /* (n_experts) */
+    bool aligned;       /* every matrix 16-byte aligned (the vector loads) */
+} moe_table;
+
+static struct {
+    moe_table *t;
+    int n, cap;
+    void **retired; /* device tables replaced, freed at release */
+    int n_retired, cap_retired;
+} tables;
+
+void llm_cuda_moe_release(void)
+{
+    for (int i = 0; i < tables.n; i++) {
+        cudaFree(tables.t[i].device);
+        free(tables.t[i].host);
+    }
+    for (int i = 0; i < tables.n_retired; i++) cudaFree(tables.retired[i]);
+    free(tables.t), free(tables.retired);
+    memset(&tables, 0, sizeof tables);
+    cudaGetLastError();
+}
+
+static bool retire(void *p)
+{
+    if (tables.n_retired == tables.cap_retired) {
+        int cap = tables.cap_retired ? 2 * tables.cap_retired : 16;
+        void **r = (void **)realloc(tables.retired, (size_t)cap * sizeof *r);
+        if (!r) return false;
+        tables.retired = r, tables.cap_retired = cap;
+    }
+    tables.retired[tables.n_retired++] = p;
+    return true;
+}
+
+/* The device table of w, built (or rebuilt) here when needed; NULL after recording an error. Building uploads with
+ * a synchronous copy on the legacy stream, which a step being captured (relaxed mode) allows: the first step of a
+ * shape, which runs uncaptured, builds every layer's. */
+static const moe_table *table_of(const llm_experts *w)
+{
+    moe_table *t = NULL;
+    for (int i = 0; i < tables.n && !t; i++)
+        if (tables.t[i].w == w->w && tables.t[i].bias == w->bias && tables.t[i].n_experts == w->n_experts)
+            t = &tables.t[i];
+    size_t n = (size_t)w->n_experts, bytes = n * sizeof(moe_expert);
+    moe_expert *now = (moe_expert *)malloc(bytes);
+    if (!now) {
+        llm_cuda_fail("experts", "out of host memory for the experts' table");
+        return NULL;
+    }
+    bool aligned = true;
+    for (size_t e = 0; e < n; e++) {
+        now[e].w = w->w[e].data, now[e].bias = w->bias ? w->bias[e].data : NULL;
+        aligned = aligned && (uintptr_t)now[e].w % 16 == 0;
+    }
+    if (t && t->device && memcmp(t->host, now, bytes) == 0) {
+        free(now);
+        return t;
+    }
+    if (!t) {
+        if (tables.n == tables.cap) {
+            int cap = tables.cap ? 2 * tables.cap : 64;
+            moe_table *grown = (moe_table *)realloc(tables.t, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                free(now);
+                llm_cuda_fail("experts", "out of host memory for the experts' tables");
+                return NULL;
+            }
+            tables.t = grown, tables.cap = cap;
+        }
+        t = &tables.t[tables.n++];
+        memset(t, 0, sizeof *t);
+        t->w = w->w, t->bias = w->bias, t->n_experts = w->n_experts;
+    } else if (t->device && !retire(t->device)) {
+        free(now);
+        llm_cuda_fail("experts", "out of host memory for the experts' tables");
+        return NULL;
+    }
+    free(t->host);
+    t->host = now, t->device = NULL, t->aligned = aligned;
+    void *dev = NULL;
+    if (!LLM_CUDA_CHECK("experts", cudaMalloc(&dev, bytes))) return NULL; /* the next call tries again */
+    t->device = (moe_expert *)dev;
+    if (!LLM_CUDA_CHECK("experts", cudaMemcpy(dev, now, bytes, cudaMemcpyHostToDevice))) return NULL;
+    return t;
+}
+
+/* ---------- experts, a few tokens: GEMV over (token, slot, row block) ---------- */
+
+#define GV_WARPS 4
+#define GV_ROWS 4                          /* rows of each matrix a warp takes */
+#define GV_BLOCK_ROWS (GV_WARPS * GV_ROWS) /* rows a block takes */
+#define GV_MAX_PAIRS 128                   /* n * top_k the GEMV path takes (a block's ids in shared memory) */
+
+__device__ __forceinline__ float2 mo_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 mo_float2(__half2 h) { return __half22float2(h); }
+
+/* Dot of one 16-byte chunk of weights with the matching f32 values of x. */
+template <typename WT> __device__ __forceinline__ float mo_dot(uint4 w, const float *x);
+template <> __device__ __forceinline__ float mo_dot<float>(uint4 w, const float *x)
+{
+    float4 a = __ldg((const float4 *)x);
+    return __uint_as_float(w.x) * a.x + __uint_as_float(w.y) * a.y + __uint_as_float(w.z) * a.z +
+           __uint_as_float(w.w) * a.w;
+}
+template <typename PAIR> __device__ __forceinline__ float mo_dot16(uint4 w, const float *x)
+{
+    const PAIR *h = (const PAIR *)&w;
+    float4 x0 = __ldg((const float4 *)x), x1 = __ldg((const float4 *)x + 1);
+    float2 a = mo_float2(h[0]), b = mo_float2(h[1]), c = mo_float2(h[2]), d = mo_float2(h[3]);
+    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+}
+template <> __device__ __forceinline__ float mo_dot<__nv_bfloat16>(uint4 w, const float *x)
+{
+    return mo_dot16<__nv_bfloat162>(w, x);
+}
+template <> __device__ __forceinline__ float mo_dot<__half>(uint4 w, const float *x) { return mo_dot16<__half2>(w, x); }
+
+template <typename WT> __device__ __forceinline__ int mo_dtype();
+template <> __device__ __forceinline__ int mo_dtype<float>() { return LLM_DTYPE_F32; }
+template <> __device__ __forceinline__ int mo_dtype<__half>() { return LLM_DTYPE_F16; }
+template <> __device__ __forceinline__ int mo_dtype<__nv_bfloat16>() { return LLM_DTYPE_BF16; }
+
+typedef struct {
+    const moe_expert *tab, *tab2; /* tab2: a second projection of the same shape (up, beside gate), or NULL */
+    int n_experts, bias_dtype;
+    const float *x;
+    const int32_t *ids;
+    float *out, *out2;            /* out2: tab2's products */
+    int glu;                      /* with tab2: out = act(gate) * up (ops.h's glu), out2 = up */
+    int act;
+    int n, top_k, x_slots, rows, cols;
+    int pdl_early;                /* a one-token step's launch: see llm_cuda_launch_config */
+    /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
+    const int4 *tiles;
+    const int *n_tiles, *order;
+} gv_args;
+
+__device__ __forceinline__ const float *x_row(const gv_args &a, int pair)
+{
+    int i = pair / a.top_k, j = pair - i * a.top_k;
+    return a.x + ((size_t)i * a.x_slots + (a.x_slots > 1 ? j : 0)) * a.cols;
+}
+
+/* A block takes GV_BLOCK_ROWS rows of one expert (of two projections with PAIR: gate and up) and every (token, slot)
+ * pair that chose it: the block of the first such pair (blockIdx.y) does the work, the others leave. Each warp
+ * loads its rows' 16-byte chunks CPL per lane and row at once (16 loads in flight a lane), multiplies them by up to
+ * PASS pairs' x (read through L1), and takes more passes for more pairs (the rows then come again from L2). A lane's
+ * sum runs over chunks lane, lane + 32, ... in order whatever CPL is, so gate's rows come out the same alone or paired.
+ * VEC: rows of whole 16-byte chunks, 16-byte aligned; else one element at a time. */
+template <typename WT, bool VEC, bool PAIR, int PASS>
+__global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __grid_constant__ gv_args a)
+{
+    constexpr int NR = PAIR ? 2 * GV_ROWS : GV_ROWS, CPL = PAIR ? 2 : 4, EPC = 16 / sizeof(WT);
+    __shared__ int pairs[GV_MAX_PAIRS];
+    __shared__ int n_pairs, expert;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (a.pdl_early == 2) llm_cuda_allow_next(1); /* the ids are the route's: nothing to read before the wait */
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early == 1);
+    if (a.tiles) {
+        if ((int)blockIdx.y >= *a.n_tiles) return;
+        int4 t = a.tiles[blockIdx.y];
+        if (tid < t.z) pairs[tid] = a.order[t.y + tid];
+        if (tid == 0) n_pairs = t.z, expert = t.x;
+        __syncthreads();
+    } else {
+        const int P = a.n * a.top_k, p = blockIdx.y, e = a.ids[p];
+        if (__syncthreads_or(tid < p && a.ids[tid] == e)) return; /* an earlier pair chose it: its block */
+        if (tid == 0) {
+            int k = 0;
+            for (int q = p; q < P; q++)
+                if (a.ids[q] == e) pairs[k++] = q;
+            n_pairs = k, expert = e;
+        }
+        __syncthreads();
+    }
+    const int e = expert, np = n_pairs, rows = a.rows, cols = a.cols;
+    const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
+    if (e < 0 || e >= a.n_experts) { /* outside the table: NaN rows rather than a read out of bounds */
+        for (int q = 0; q < np; q++)
+            for (int r = r0 + lane; r < r0 + GV_ROWS && r < rows; r += 32) {
+                a.out[(size_t)pairs[q] * rows + r] = NAN;
+                if (PAIR) a.out2[(size_t)pairs[q] * rows + r] = NAN;
+            }
+        return;
+    }
+    const WT *rowp[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const WT *w = (const WT *)(r < GV_ROWS ? a.tab[e].w : a.tab2[e].w);
+        int row = r0 + r % GV_ROWS;
+        rowp[r] = w + (size_t)(row < rows ? row : 0) * cols;
+    }
+    const void *bias = a.tab[e].bias, *bias2 = PAIR ? a.tab2[e].bias : NULL;
+    const int chunks = cols / EPC;
+    for (int q0 = 0; q0 < np; q0 += PASS) {
+        const float *xs[PASS];
+#pragma unroll
+        for (int q = 0; q < PASS; q++) xs[q] = x_row(a, pairs[q0 + q < np ? q0 + q : q0]);
+        float acc[PASS][NR];
+#pragma unroll
+        for (int q = 0; q < PASS; q++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[q][r] = 0.0f;
+        if (VEC) {
+            for (int k = lane; k < chunks; k += 32 * CPL) {
+                uint4 wv[CPL][NR];
+#pragma unroll
+                for (int c = 0; c < CPL; c++)
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
+#pragma unroll
+                for (int c = 0; c < CPL; c++) {
+                    if (k + 32 * c >= chunks) continue;
+#pragma unroll
+                    for (int q = 0; q < PASS; q++) {
+                        if (q0 + q >= np) continue;
+#pragma unroll
+                        for (int r = 0; r < NR; r++)
+                            acc[q][r] += mo_dot<WT>(wv[c][r], xs[q] + (size_t)(k + 32 * c) * EPC);
+                    }
+                }
+            }
+        } else {
+            for (int k = lane; k < cols; k += 32) {
+                float wv[NR];
+#pragma unroll
+                for (int r = 0; r < NR; r++) wv[r] = llm_cuda_load(rowp[r], mo_dtype<WT>(), (size_t)k);
+#pragma unroll
+                for (int q = 0; q < PASS; q++) {
+                    if (q0 + q >= np) continue;
+                    float xv = xs[q][k];
+#pragma unroll
+                    for (int r = 0; r < NR; r++) acc[q][r] += wv[r] * xv;
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < PASS; q++) {
+            if (q0 + q >= np) continue;
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                const int row = r0 + r;
+                float v = llm_cuda_warp_sum(acc[q][r]), u = PAIR ? llm_cuda_warp_sum(acc[q][r + GV_ROWS]) : 0.0f;
+                if (lane != r || row >= rows) continue;
+                const size_t at = (size_t)pairs[q0 + q] * rows + row;
+                v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+                if (PAIR) {
+                    u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+                    a.out2[at] = u;
+                    if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+                }
+                a.out[at] = v;
+            }
+        }
+    }
+}
+
+template <typename WT, bool PAIR, int PASS> static void gemv_launch3(gv_args a, bool vec, dim3 grid)
+{
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(GV_WARPS * 32), 0, &attr, &a.pdl_early);
+    if (vec)
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, true, PAIR, PASS>, a));
+    else
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, false, PAIR, PASS>, a));
+}
+
+/* One token's pairs are its top_k (distinct when route chose them): a pass of one; more tokens may share experts. */
+template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsigned grid_y)
+{
+    dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
+    const bool one = a.n == 1 && !a.tiles;
+    if (a.tab2 && one) gemv_launch3<WT, true, 1>(a, vec, grid);
+    else if (a.tab2) gemv_launch3<WT, true, 4>(a, vec, grid);
+    else if (one) gemv_launch3<WT, false, 1>(a, vec, grid);
+    else gemv_launch3<WT, false, 4>(a, vec, grid);
+}
+
+/* One token's down products and the combine after them (and the residual add after that) in one launch: a warp
+ * takes an output row r, the rows r of the token's experts four slots at a time (16 loads in flight a lane, the same
+ * chunks in the same order as experts_gemv_kernel, so y comes out the same bits), writes y[j, r] as the experts op
+ * would, and sums weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is
+ * top_k. */
+template <typename WT, bool VEC>
+__global__ void __launch_bounds__(GV_WARPS * 32) experts_combine_kernel(const __grid_constant__ gv_args a,
+                                                                        const float *weights, float *sum_out,
+                                                                        float *resid)
+{
+    constexpr int CPL = 4, EPC = 16 / sizeof(WT);
+    if (a.pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early == 1);
+    const int lane = threadIdx.x & 31, r = blockIdx.x * GV_WARPS + (threadIdx.x >> 5), cols = a.cols;
+    if (r >= a.rows) return;
+    const int chunks = cols / EPC;
+    float total = 0.0f;
+    for (int j0 = 0; j0 < a.top_k; j0 += 4) {
+        const WT *rowp[4];
+        bool ok[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u, e = j < a.top_k ? a.ids[j] : -1;
+            ok[u] = e >= 0 && e < a.n_experts;
+            rowp[u] = ok[u] ? (const WT *)a.tab[e].w + (size_t)r * cols : (const WT *)a.tab[0].w;
+        }
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (VEC) {
+            for (int k = lane; k < chunks; k += 32 * CPL) {
+                uint4 wv[CPL][4];
+#pragma unroll
+                for (int c = 0; c < CPL; c++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (ok[u] && k + 32 * c < chunks) wv[c][u] = __ldcs((const uint4 *)rowp[u] + k + 32 * c);
+#pragma unroll
+                for (int c = 0; c < CPL; c++) {
+                    if (k + 32 * c >= chunks) continue;
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        if (ok[u]) acc[u] += mo_dot<WT>(wv[c][u], x_row(a, j0 + u) + (size_t)(k + 32 * c) * EPC);
+                }
+            }
+        } else {
+            for (int k = lane; k < cols; k += 32)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (ok[u]) acc[u] += llm_cuda_load(rowp[u], mo_dtype<WT>(), (size_t)k) * x_row(a, j0 + u)[k];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int j = j0 + u;
+            if (j >= a.top_k) continue;
+            float v = llm_cuda_warp_sum(acc[u]);
+            if (!ok[u])
+                v = NAN; /* an id outside the table: NaN rather than a read out of bounds */
+            else if (a.tab[a.ids[j]].bias)
+                v += llm_cuda_load(a.tab[a.ids[j]].bias, a.bias_dtype, (size_t)r);
+            total = __fadd_rn(total, __fmul_rn(weights[j], v));
+            if (lane == 0) a.out[(size_t)j * a.rows + r] = v;
+        }
+    }
+    if (lane != 0) return;
+    sum_out[r] = total;
+    if (resid) resid[r] += total;
+}
+
+/* ---------- experts, a batch: the pairs grouped by expert, on the device ---------- */
+
+#define MM_BM 64 /* pairs a tile takes (of one expert) */
+#define MM_BN 64 /* rows */
+#define MM_BK 32 /* columns a stage */
+#define MM_THREADS 128
+#define MM_LD (MM_BK + 8) /* 16-bit elements a staged row (the pad spreads the banks; wmma wants a multiple of 8) */
+#define GROUP_THREADS 512
+
+/* The most tiles a grouping of P pairs over n_experts makes: each expert's last tile may be partial. */
+static int tiles_bound(int P, int n_experts, int tile) { return P / tile + (P < n_experts ? P : n_experts); }
+
+/* pairs (n * top_k of them) sorted by expert, stably (a pair's place does not depend on timing): order[s] the pair at
+ * sorted place s; tiles of up to `tile` pairs of one expert: {expert, first place, count}; n_tiles[0] of them, n_tiles[1] the pairs
+ * placed. One
+ * block: counts by shared atomics, a scan, then the places a chunk of GROUP_THREADS pairs at a time (a pair's rank
+ * among the earlier pairs of its expert: its warp's lanes by __match_any_sync, earlier warps by their counts). A pair
+ * with an id outside [0, n_experts) gets NaN rows (out, rows) and no place. */
+__global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids, int P, int n_experts, int tile,
+                                                              int *order, int4 *tiles, int *n_tiles, float *out,
+                                                              int rows)
+{
+    extern __shared__ int gs[];
+    constexpr int W = GROUP_THREADS / 32;
+    int *count = gs, *offset = count + n_experts, *running = offset + n_experts, *first_tile = running + n_experts;
+    int *wc = first_tile + n_experts; /* (W, n_experts): a chunk's pairs of each expert, per warp */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int e = tid; e < n_experts; e += GROUP_THREADS) {
+        count[e] = running[e] = 0;
+        for (int w = 0; w < W; w++) wc[w * n_experts + e] = 0;
+    }
+    __syncthreads();
+    for (int p = tid; p < P; p += GROUP_THREADS) {
+        int e = ids[p];
+        if (e >= 0 && e < n_experts)
+            atomicAdd(&count[e], 1);
+        else
+            for (int r = 0; r < rows; r++) out[(size_t)p * rows + r] = NAN;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int at = 0, t = 0;
+        for (int e = 0; e < n_experts; e++) {
+            offset[e] = at, first_tile[e] = t;
+            at += count[e], t += (count[e] + tile - 1) / tile;
+        }
+        n_tiles[0] = t, n_tiles[1] = at;
+    }
+    __syncthreads();
+    for (int e = tid; e < n_experts; e += GROUP_THREADS)
+        for (int k = 0, t = first_tile[e]; k < count[e]; k += tile, t++)
+            tiles[t] = make_int4(e, offset[e] + k, count[e] - k < tile ? count[e] - k : tile, 0);
+    for (int base = 0; base < P; base += GROUP_THREADS) {
+        int p = base + tid, e = p < P ? ids[p] : -1;
+        bool valid = e >= 0 && e < n_experts;
+        unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1);
+        int rank = __popc(same & ((1u << lane) - 1));
+        if (valid && rank == 0) wc[warp * n_experts + e] = __popc(same);
+        __syncthreads();
+        if (valid) {
+            int before = 0;
+            for (int w = 0; w < warp; w++) before += wc[w * n_experts + e];
+            order[offset[e] + running[e] + before + rank] = p;
+        }
+        __syncthreads();
+        for (int x = tid; x < n_experts; x += GROUP_THREADS) {
+            int sum = 0;
+            for (int w = 0; w < W; w++) sum += wc[w * n_experts + x], wc[w * n_experts + x] = 0;
+            running[x] += sum;
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T> __device__ __forceinline__ T mo_round(float v);
+template <> __device__ __forceinline__ __nv_bfloat16 mo_round<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half mo_round<__half>(float v) { return __float2half_rn(v); }
+template <typename T> __device__ __forceinline__ float mo_f32(T v);
+template <> __device__ __forceinline__ float mo_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float mo_f32<__half>(__half v) { return __half2float(v); }
+
+/* One tile of MM_BM pairs of one expert times MM_BN of its rows, on the tensor cores (wmma, 16x16x16, f32
+ * accumulation). Each x value is split into hi + lo in the weights' 16-bit type as the batched matmul splits it
+ * (prefill.cu, gemm): both halves are multiplied and summed in f32, so the products keep f32-level accuracy (about
+ * 2^-16 relative for bf16) and the expert's weights are read once for its tile. The next stage's global loads are
+ * issued before the current stage's products. 4 warps, each 32 pairs x 32 rows. VEC: cols a multiple of 8 and the
+ * matrices 16-byte aligned. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(MM_THREADS) experts_mma_kernel(const __grid_constant__ gv_args a)
+{
+    using namespace nvcuda;
+    __shared__ __align__(32) T sa_hi[MM_BM * MM_LD], sa_lo[MM_BM * MM_LD], sb[MM_BN * MM_LD];
+    __shared__ __align__(32) float sc[MM_BM * (MM_BN + 4)];
+    __shared__ const float *xrow[MM_BM];
+    __shared__ int pair_of[MM_BM];
+    if ((int)blockIdx.y >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    const int e = t.x, count = t.z, n0 = blockIdx.x * MM_BN, rows = a.rows, cols = a.cols;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (tid < MM_BM) {
+        int p = tid < count ? a.order[t.y + tid] : -1;
+        pair_of[tid] = p;
+        xrow[tid] = p >= 0 ? x_row(a, p) : NULL;
+    }
+    __syncthreads();
+    const T *w = (const T *)a.tab[e].w;
+    const void *bias = a.tab[e].bias;
+
+    /* This thread's share of a stage: A row tid / 2, columns (tid % 2) * 16 .. + 16 (f32); B row tid / 2, the same
+     * 16 columns (16-bit). */
+    const int lr = tid >> 1, lc = (tid & 1) * 16;
+    const float *xr = xrow[lr];
+    const int wrow = n0 + lr;
+    const T *wr = wrow < rows ? w + (size_t)wrow * cols : NULL;
+    float av[16];
+    uint4 bv[2]; /* 16 values of T */
+    auto load = [&](int k0) {
+        if (VEC) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = k0 + lc + 4 * u;
+                float4 v = xr && c < cols ? __ldg((const float4 *)(xr + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                av[4 * u] = v.x, av[4 * u + 1] = v.y, av[4 * u + 2] = v.z, av[4 * u + 3] = v.w;
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int c = k0 + lc + 8 * u;
+                bv[u] = wr && c < cols ? __ldcs((const uint4 *)(wr + c)) : make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            unsigned b[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                int c = k0 + lc + u;
+                av[u] = xr && c < cols ? xr[c] : 0.0f;
+                b[u] = wr && c < cols ? ((const unsigned short *)wr)[c] : 0u; /* 0 is +0 in both types */
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+                bv[u] = make_uint4(b[8 * u] | b[8 * u + 1] << 16, b[8 * u + 2] | b[8 * u + 3] << 16,
+                                   b[8 * u + 4] | b[8 * u + 5] << 16, b[8 * u + 6] | b[8 * u + 7] << 16);
+        }
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    load(0);
+    for (int k0 = 0; k0 < cols; k0 += MM_BK) {
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            T hi = mo_round<T>(av[u]);
+            sa_hi[lr * MM_LD + lc + u] = hi;
+            sa_lo[lr * MM_LD + lc + u] = mo_round<T>(av[u] - mo_f32(hi));
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) *(uint4 *)&sb[lr * MM_LD + lc + 8 * u] = bv[u];
+        __syncthreads();
+        if (k0 + MM_BK < cols) load(k0 + MM_BK);
+#pragma unroll
+        for (int kk = 0; kk < MM_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ah[2], al[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(ah[i], sa_hi + (wm + 16 * i) * MM_LD + kk, MM_LD);
+                wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM_LD + kk, MM_LD);
+                wmma::load_matrix_sync(b[i], sb + (wn + 16 * i) * MM_LD + kk, MM_LD);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    wmma::mma_sync(acc[i][j], ah[i], b[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
+                }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wm + 16 * i) * (MM_BN + 4) + wn + 16 * j, acc[i][j], MM_BN + 4,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int k = tid; k < MM_BM * MM_BN; k += MM_THREADS) {
+        int m = k / MM_BN, c = k - m * MM_BN, r = n0 + c;
+        if (m < count && r < rows)
+            a.out[(size_t)pair_of[m] * rows + r] =
+                sc[m * (MM_BN + 4) + c] + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)r) : 0.0f);
+    }
+}
+
+/* The faster batch product for 16-bit experts whose rows are whole 16-byte chunks: x's rows are first gathered in
+ * sorted order and split once (gather_split_kernel), so a tile's loads are plain 16-byte copies, issued by cp.async
+ * into a ring of MM2_STAGES stages while the tensor cores work on an earlier one. A tile is MM2_BM pairs of one expert
+ * times MM2_BN of its rows; 8 warps, each 32 pairs x 32 rows. */
+#define MM2_BM 64
+#define MM2_BN 128
+#define MM2_BK 32
+#define MM2_THREADS 256
+#define MM2_STAGES 3
+#define MM2_LD (MM2_BK + 8)
+#define MM2_STAGE_ELEMS ((2 * MM2_BM + MM2_BN) * MM2_LD) /* A's hi and lo, then B, 16-bit */
+#define MM2_SMEM ((size_t)MM2_STAGES * MM2_STAGE_ELEMS * 2)
+
+/* Sorted place s (< *n_valid): hi[s, :] and lo[s, :], x's row for pair order[s] split into two 16-bit halves. */
+template <typename T>
+__global__ void gather_split_kernel(const gv_args a, const int *n_valid, T *hi, T *lo)
+{
+    const int per_row = a.cols / 8, count = *n_valid;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < (size_t)count * per_row;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const int s = (int)(k / per_row), c = (int)(k - (size_t)s * per_row) * 8;
+        const float *x = x_row(a, a.order[s]) + c;
+        float4 v0 = __ldg((const float4 *)x), v1 = __ldg((const float4 *)x + 1);
+        float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        T h[8], l[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) h[u] = mo_round<T>(v[u]), l[u] = mo_round<T>(v[u] - mo_f32(h[u]));
+        *(uint4 *)(hi + (size_t)s * a.cols + c) = *(const uint4 *)h;
+        *(uint4 *)(lo + (size_t)s * a.cols + c) = *(const uint4 *)l;
+    }
+}
+
+/* 16 bytes global -> shared, asynchronously; bytes 0 fills the 16 with zeros (a row past the tile's end). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <typename T>
+__global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_constant__ gv_args a, const T *xhi,
+                                                                  const T *xlo)
+{
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char mm2_smem[];
+    T *ring = (T *)mm2_smem;
+    __shared__ int pair_of[MM2_BM];
+    if ((int)blockIdx.y >= *a.n_tiles) return;
+    const int4 t = a.tiles[blockIdx.y];
+    const int e = t.x, first = t.y, count = t.z, n0 = blockIdx.x * MM2_BN, rows = a.rows, cols = a.cols;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (tid < MM2_BM) pair_of[tid] = tid < count ? a.order[first + tid] : -1;
+    const T *w = (const T *)a.tab[e].w;
+    const void *bias = a.tab[e].bias;
+    const int kt_n = (cols + MM2_BK - 1) / MM2_BK;
+
+    /* a stage: 64 + 64 A rows and 128 B rows of 4 chunks each: 1024 chunks, 4 a thread */
+    auto load_stage = [&](int kt) {
+        T *st = ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS;
+        const int k0 = kt * MM2_BK;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int idx = tid + u * MM2_THREADS, row = idx >> 2, c = k0 + (idx & 3) * 8;
+            const T *src;
+            bool ok;
+            if (row < 2 * MM2_BM) { /* A: hi rows 0..63, lo rows 64..127 */
+                const int m = row & (MM2_BM - 1);
+                ok = m < count && c < cols;
+                src = (row < MM2_BM ? xhi : xlo) + (size_t)(first + (ok ? m : 0)) * cols + (ok ? c : 0);
+            } else {
+                const int r = row - 2 * MM2_BM;
+                ok = n0 + r < rows && c < cols;
+                src = w + (size_t)(ok ? n0 + r : 0) * cols + (ok ? c : 0);
+            }
+            cp_async16(st + row * MM2_LD + (idx & 3) * 8, src, ok ? 16 : 0);
+        }
+    };
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * 32;
+#pragma unroll
+    for (int s = 0; s < MM2_STAGES - 1; s++) {
+        if (s < kt_n) load_stage(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < kt_n; kt++) {
+        cp_async_wait<MM2_STAGES - 2>();
+        __syncthreads(); /* stage kt is in; every warp is done with stage kt - 1, which the next load reuses */
+        if (kt + MM2_STAGES - 1 < kt_n) load_stage(kt + MM2_STAGES - 1);
+        cp_async_commit();
+        const T *st = ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS;
+        const T *sa_hi = st, *sa_lo = st + MM2_BM * MM2_LD, *sb = st + 2 * MM2_BM * MM2_LD;
+#pragma unroll
+        for (int kk = 0; kk < MM2_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ah[2], al[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(ah[i], sa_hi + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
+                wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
+                wmma::load_matrix_sync(b[i], sb + (wn + 16 * i) * MM2_LD + kk, MM2_LD);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    wmma::mma_sync(acc[i][j], ah[i], b[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
+                }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the ring becomes the output tile */
+    float *sc = (float *)mm2_smem;
+    constexpr int LDC = MM2_BN + 4;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(sc + (wm + 16 * i) * LDC + wn + 16 * j, acc[i][j], LDC, wmma::mem_row_major);
+    __syncthreads();
+    for (int k = tid; k < MM2_BM * MM2_BN; k += MM2_THREADS) {
+        int m = k / MM2_BN, c = k - m * MM2_BN, r = n0 + c;
+        if (m < count && r < rows)
+            a.out[(size_t)pair_of[m] * rows + r] =
+                sc[m * LDC + c] + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)r) : 0.0f);
+    }
+}
+static_assert(MM2_SMEM >= (size_t)MM2_BM * (MM2_BN + 4) * sizeof(float), "the ring holds the output tile");
+static_assert(MM2_BM == MM_BM, "both products take the grouping's tiles");
+
+/* ---------- the experts op ---------- */
+
+void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                      int x_slots)
+{
+    if (n == 0 || w->n_experts == 0) return;
+    const moe_table *t = table_of(w);
+    if (!t) return;
+    const llm_weight *w0 = &w->w[0];
+    gv_args a = {};
+    a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
+    a.x = x, a.ids = ids, a.out = out, a.n = n, a.top_k = top_k, a.x_slots = x_slots;
+    a.rows = (int)w0->rows, a.cols = (int)w0->cols;
+    const int P = n * top_k, dtype = (int)w0->dtype;
+    const size_t es = llm_dtype_size(w0->dtype);
+    const bool vec = t->aligned && (size_t)a.cols * es % 16 == 0 && (uintptr_t)x % 16 == 0;
+    if (P <= GV_MAX_PAIRS) {
+        /* a few tokens: a block per (pair, row block), the first pair of each expert doing its work */
+        if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)P);
+        else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)P);
+        else gemv_launch<float>(a, vec, (unsigned)P);
+        return;
+    }
+    /* a batch: group the pairs by expert, then a tile of pairs per expert; f32 experts (no 16-bit tensor cores
+     * for them) take the GEMV's blocks over the same tiles */
+    const int tile = dtype == LLM_DTYPE_F32 ? GV_MAX_PAIRS : MM_BM, bound = tiles_bound(P, w->n_experts, tile);
+    size_t order_bytes = ((size_t)P * sizeof(int) + 15) / 16 * 16, tile_bytes = (size_t)bound * sizeof(int4);
+    char *scratch = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE, order_bytes + tile_bytes + 16, "experts");
+    if (!scratch) return;
+    int *order = (int *)scratch, *n_tiles = (int *)(scratch + order_bytes + tile_bytes);
+    int4 *tiles = (int4 *)(scratch + order_bytes);
+    size_t smem = (size_t)w->n_experts * (4 + GROUP_THREADS / 32) * sizeof(int);
+    if (smem + 1024 > llm_cuda.smem_optin) {
+        llm_cuda_fail("experts", "%d experts do not fit the grouping's shared memory", w->n_experts);
+        return;
+    }
+    if (!llm_cuda_allow_smem((const void *)group_kernel, "experts")) return;
+    group_kernel<<<1, GROUP_THREADS, smem, llm_cuda.stream>>>(ids, P, w->n_experts, tile, order, tiles, n_tiles, out,
+                                                              a.rows);
+    if (!LLM_CUDA_LAUNCHED("experts")) return;
+    a.tiles = tiles, a.n_tiles = n_tiles, a.order = order;
+    if (dtype == LLM_DTYPE_F32) {
+        gemv_launch<float>(a, vec, (unsigned)bound);
+        return;
+    }
+    if (vec) { /* x gathered and split once, then the pipelined tiles */
+        size_t half = (size_t)P * a.cols * 2;
+        char *xs = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_X, 2 * half, "experts");
+        if (!xs) return;
+        dim3 grid((unsigned)((a.rows + MM2_BN - 1) / MM2_BN), (unsigned)bound);
+        size_t chunks = (size_t)P * a.cols / 8, blocks = (chunks + 255) / 256, cap = (size_t)llm_cuda.sm_count * 8;
+        unsigned gblocks = (unsigned)(blocks < cap ? blocks : cap);
+        if (dtype == LLM_DTYPE_BF16) {
+            const void *k = (const void *)experts_mma2_kernel<__nv_bfloat16>;
+            if (!llm_cuda_allow_smem(k, "experts")) return;
+            __nv_bfloat16 *hi = (__nv_bfloat16 *)xs, *lo = (__nv_bfloat16 *)(xs + half);
+            gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
+            experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+        } else {
+            const void *k = (const void *)experts_mma2_kernel<__half>;
+            if (!llm_cuda_allow_smem(k, "experts")) return;
+            __half *hi = (__half *)xs, *lo = (__half *)(xs + half);
+            gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
+            experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+        }
+        LLM_CUDA_LAUNCHED("experts");
+        return;
+    }
+    dim3 grid((unsigned)((a.rows + MM_BN - 1) / MM_BN), (unsigned)bound);
+    if (dtype == LLM_DTYPE_BF16)
+        experts_mma_kernel<__nv_bfloat16, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
+    else
+        experts_mma_kernel<__half, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
+    LLM_CUDA_LAUNCHED("experts");
+}
+
+bool llm_cuda_experts_pair_fits(int n, int top_k) { return n * top_k <= GV_MAX_PAIRS; }
+
+void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
+                           const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act)
+{
+    if (n == 0 || gate->n_experts == 0) return;
+    const moe_table *t = table_of(gate);
+    if (!t) return;
+    const moe_expert *gate_tab = t->device; /* copied out: the next lookup may move the tables */
+    bool aligned = t->aligned;
+    if (!(t = table_of(up))) return;
+    const llm_weight *w0 = &gate->w[0];
+    gv_args a = {};
+    a.tab = gate_tab, a.tab2 = t->device, a.n_experts = gate->n_experts;
+    a.bias_dtype = gate->bias ? (int)gate->bias[0].dtype : 0;
+    a.x = x, a.ids = ids, a.out = gate_out, a.out2 = up_out, a.glu = glu, a.act = act;
+    a.n = n, a.top_k = top_k, a.x_slots = 1, a.rows = (int)w0->rows, a.cols = (int)w0->cols;
+    const bool vec = aligned && t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 &&
+                     (uintptr_t)x % 16 == 0;
+    if (w0->dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)(n * top_k));
+    else if (w0->dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)(n * top_k));
+    else gemv_launch<float>(a, vec, (unsigned)(n * top_k));
+}
+
+void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const float *x, const llm_experts *w,
+                              const int32_t *ids, const float *weights, int top_k)
+{
+    const moe_table *t = table_of(w);
+    if (!t) return;
+    const llm_weight *w0 = &w->w[0];
+    gv_args a = {};
+    a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
+    a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
+    a.rows = (int)w0->rows, a.cols = (int)w0->cols;
+    const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + GV_WARPS - 1) / GV_WARPS)),
+                                               dim3(GV_WARPS * 32), 0, &attr, &a.pdl_early);
+    cudaError_t e;
+    if (w0->dtype == LLM_DTYPE_BF16)
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, false>, a, weights, sum_out, resid);
+    else if (w0->dtype == LLM_DTYPE_F16)
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, true>, a, weights, sum_out, resid)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, false>, a, weights, sum_out, resid);
+    else
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, true>, a, weights, sum_out, resid)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, false>, a, weights, sum_out, resid);
+    LLM_CUDA_CHECK("experts+combine", e);
+}
