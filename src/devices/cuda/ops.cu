@@ -643,8 +643,10 @@ static bool same_experts(const llm_experts *a, const llm_experts *b)
 
 static bool moe_take_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
+    /* The pair's epilogue computes llm_cuda_gate(g) * u: SiLU and tanh-GELU, not gpt-oss's clamped SwiGLU, which
+     * then runs as glu's own kernel after the pair. */
     if (mp.kind != MOE_GATE_UP || out != mp.out || gate != mp.out || up != mp.out2 ||
-        count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows)
+        count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows || act == LLM_ACT_SWIGLU_OAI)
         return false;
     moe_launch(true, act, NULL);
     return true;
