@@ -396,6 +396,10 @@ static void test_bad_moe(void **state)
     expect_fixture_config_error("qwen3-moe", "{\"num_experts_per_tok\": 0}", "config.json: \"num_experts_per_tok\"");
     expect_fixture_config_error("qwen3-moe", "{\"num_local_experts\": null}", "config.json: missing \"num_experts\"");
     expect_fixture_config_error("qwen3-moe", "{\"num_local_experts\": 100000}", "config.json: \"num_local_experts\"");
+    /* the reference's route is top_k passes over the experts: bounded so that a hostile config cannot stall it */
+    expect_fixture_config_error("qwen3-moe", "{\"num_local_experts\": 5000}", "config.json: \"num_local_experts\"");
+    expect_fixture_config_error("mixtral", "{\"num_local_experts\": 200, \"num_experts_per_tok\": 65}",
+                                "config.json: \"num_experts_per_tok\"");
     expect_fixture_config_error("olmoe", "{\"num_experts\": 9}",
                                 "tensor 'model.layers.0.mlp.gate.weight' has shape [8, 64], config.json says "
                                 "[9, 64] (num_experts, hidden_size)");

@@ -1086,37 +1086,14 @@ static void blas_add(float *x, const float *y, size_t count)
 
 /* ---- Mixture of experts ---- */
 
-/* route as the reference computes it (the same comparisons, expf and sums in the same order: the same ids and
- * weights), a token per thread; the chosen experts marked in a bitmap instead of searched. */
+/* route is the reference's, a token per thread: its work is a few comparisons an expert, not worth a kernel. */
 static void blas_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
                        llm_route rule)
 {
 #pragma omp parallel for num_threads(blas_threads) schedule(static) if ((size_t)n * n_experts * top_k >= PAR_MIN)
-    for (int i = 0; i < n; i++) {
-        const float *s = scores + (size_t)i * n_experts;
-        int32_t *id = ids + (size_t)i * top_k;
-        float *wt = weights + (size_t)i * top_k;
-        uint64_t taken[(1 << 14) / 64] = {0}; /* config.c bounds num_experts by 2^14 */
-        assert(n_experts <= 1 << 14);
-        for (int j = 0; j < top_k; j++) {
-            int best = -1;
-            for (int e = 0; e < n_experts; e++)
-                if (!(taken[e / 64] >> (e % 64) & 1) && (best < 0 || s[e] > s[best])) best = e;
-            id[j] = best;
-            taken[best / 64] |= (uint64_t)1 << (best % 64);
-        }
-        if (rule == LLM_ROUTE_SIGMOID) {
-            for (int j = 0; j < top_k; j++) wt[j] = 1.0f / (1.0f + expf(-s[id[j]]));
-            continue;
-        }
-        float m = s[0], sum = 0.0f, chosen = 0.0f;
-        for (int e = 1; e < n_experts; e++) m = s[e] > m ? s[e] : m;
-        for (int e = 0; e < n_experts; e++) sum += expf(s[e] - m);
-        for (int j = 0; j < top_k; j++) wt[j] = expf(s[id[j]] - m) / sum;
-        if (rule != LLM_ROUTE_SOFTMAX_NORM) continue;
-        for (int j = 0; j < top_k; j++) chosen += wt[j];
-        for (int j = 0; j < top_k; j++) wt[j] /= chosen;
-    }
+    for (int i = 0; i < n; i++)
+        llm_ref_ops.route(ids + (size_t)i * top_k, weights + (size_t)i * top_k, scores + (size_t)i * n_experts, 1,
+                          n_experts, top_k, rule);
 }
 
 /* One product per pick (token, slot), each through blas_matmul's one-position path: decode, where a token's top_k
