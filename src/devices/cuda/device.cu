@@ -206,6 +206,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.persist_stages = g.set.persist_stages;
     llm_cuda.step_trace = g.set.step_trace;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0, g.step_programs = 0, g.persist_cut = false;
+    g.persist_cut_why = NULL;
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (g.sync_each) g.use_graphs = false;
     g.gemm_accurate = !g.set.gemm_fast;
@@ -277,7 +278,7 @@ static void cuda_describe(char *buf, size_t len)
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
     char persist[64] = "off", probed[160] = "";
-    if (g.initialized && g.persist_cut) snprintf(persist, sizeof persist, "off (the step would run in pieces)");
+    if (g.initialized && g.persist_cut) snprintf(persist, sizeof persist, "off (%s)", g.persist_cut_why);
     const char *path = g.decode_path;
     if (g.initialized && g.persist)
         snprintf(persist, sizeof persist, g.persisted ? "on, %zu run (a ring of %d stages)" : "on, %zu run",

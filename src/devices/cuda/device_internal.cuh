@@ -119,7 +119,8 @@ struct cuda_state {
     int prog_n;
     size_t persisted;         /* persistent launches issued (a replayed graph's are not counted) */
     int step_programs;        /* recorded programs issued in this one-token step (more than one: cut in pieces) */
-    bool persist_cut;         /* the persistent step was turned off because a step ran in pieces */
+    bool persist_cut;         /* the persistent step was turned off for this model: */
+    const char *persist_cut_why; /* why, for describe(): "the step would run in pieces", ... */
     /* the last split of a batch (see gemm): of x (count values), into these halves */
     struct { const float *x; size_t count; llm_cuda_halves halves; } split;
     llm_dtype batch_dtype; /* of the last batched product's weights */

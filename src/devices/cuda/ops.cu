@@ -58,7 +58,7 @@ static const char *const NOTE_PERSIST_QUANT =
 void persist_or_cut(void)
 {
     if (g.step_programs > 1 && g.persist) {
-        g.persist = false, g.persist_cut = true;
+        g.persist = false, g.persist_cut = true, g.persist_cut_why = "the step would run in pieces";
         say_once(NOTE_PERSIST);
     }
     g.step_programs = 0;
@@ -376,7 +376,7 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
     g.last_batched = !(n == 1 && llm_cuda_gemv_fits_weight(w->cols, w->dtype));
     if (!g.last_batched) {
         if (llm_dtype_is_block(w->dtype) && g.persist) { /* before this product is recorded */
-            g.persist = false, g.persist_cut = true;
+            g.persist = false, g.persist_cut = true, g.persist_cut_why = "quantized weights";
             say_once(NOTE_PERSIST_QUANT);
         }
         one_token_product(out, x, w, bias, logits);
@@ -679,7 +679,7 @@ static void moe_begin(void)
 {
     forget_split();
     if (g.persist && g.step_tokens == 1) {
-        g.persist = false, g.persist_cut = true;
+        g.persist = false, g.persist_cut = true, g.persist_cut_why = "mixture-of-experts layers";
         say_once(NOTE_MOE_PERSIST);
     }
     flush_pending();
