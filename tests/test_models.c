@@ -111,11 +111,12 @@ static void test_greedy(void **state)
     fixture_free_expected(&ex);
 }
 
-/* Load the model in `dir` on cpu, run the fixture's tokens in one call and check the logits against HF's. */
-static void expect_hf_logits(const char *dir, const fixture_expected *ex)
+/* Logits of the model in dir on a device, for the fixture's tokens in one call (a copy the caller frees). */
+static float *logits_of(const char *dir, const fixture_expected *ex, const char *device, llm_dtype quant,
+                        size_t *count_out)
 {
     llm_model m;
-    llm_load_options lo = {.device = "cpu"};
+    llm_load_options lo = {.device = device, .quant = quant};
     char err[1024] = "";
     int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
     if (rc) print_error("%s\n", err);
@@ -124,9 +125,23 @@ static void expect_hf_logits(const char *dir, const fixture_expected *ex)
     assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
     const float *logits = NULL;
     assert_int_equal(llm_forward(&m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err), 0);
-    assert_true(fixture_max_rel_error(logits, ex->logits, (size_t)ex->n_tokens * m.config.vocab_size) <= LOGIT_TOL);
+    size_t count = (size_t)ex->n_tokens * m.config.vocab_size;
+    if (count_out) *count_out = count;
+    float *copy = malloc(count * sizeof *copy);
+    assert_non_null(copy);
+    memcpy(copy, logits, count * sizeof *copy);
     llm_state_free(&s, &m);
     llm_model_free(&m);
+    return copy;
+}
+
+/* Load the model in `dir` on cpu, run the fixture's tokens in one call and check the logits against HF's. */
+static void expect_hf_logits(const char *dir, const fixture_expected *ex)
+{
+    size_t count = 0;
+    float *logits = logits_of(dir, ex, "cpu", LLM_DTYPE_F32, &count);
+    assert_true(fixture_max_rel_error(logits, ex->logits, count) <= LOGIT_TOL);
+    free(logits);
 }
 
 static void expect_load_error(const char *dir, const char *fragment);
@@ -195,28 +210,6 @@ static char *copy_stacked(const char *fixture_dir, const llm_config *c)
     return dir;
 }
 
-/* Logits of the model in dir on a device, for the fixture's tokens in one call (a copy the caller frees). */
-static float *logits_of(const char *dir, const fixture_expected *ex, const char *device, llm_dtype quant)
-{
-    llm_model m;
-    llm_load_options lo = {.device = device, .quant = quant};
-    char err[1024] = "";
-    int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
-    if (rc) print_error("%s\n", err);
-    assert_int_equal(rc, 0);
-    llm_state s;
-    assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
-    const float *logits = NULL;
-    assert_int_equal(llm_forward(&m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err), 0);
-    size_t count = (size_t)ex->n_tokens * m.config.vocab_size;
-    float *copy = malloc(count * sizeof *copy);
-    assert_non_null(copy);
-    memcpy(copy, logits, count * sizeof *copy);
-    llm_state_free(&s, &m);
-    llm_model_free(&m);
-    return copy;
-}
-
 /* Stacked experts (copy_stacked) load as views: HF's logits on cpu and blas, and with --quant q8_0 the very logits
  * of the per-expert checkpoint quantized the same way (a block never straddles two experts' rows). */
 static void test_stacked_experts(void **state)
@@ -236,13 +229,13 @@ static void test_stacked_experts(void **state)
             const llm_device *dev = llm_device_find(devices[d]);
             char why[256];
             if (!dev || !dev->probe(why, sizeof why)) continue;
-            float *got = logits_of(dir, &ex, devices[d], LLM_DTYPE_F32);
+            float *got = logits_of(dir, &ex, devices[d], LLM_DTYPE_F32, NULL);
             double rel = fixture_max_rel_error(got, ex.logits, count);
             print_message("%s stacked on %s: max |logit - HF| / max |HF| = %.3g\n", names[i], devices[d], rel);
             assert_true(rel <= LOGIT_TOL);
             free(got);
-            float *q_stacked = logits_of(dir, &ex, devices[d], LLM_DTYPE_Q8_0);
-            float *q_apart = logits_of(ex.dir, &ex, devices[d], LLM_DTYPE_Q8_0);
+            float *q_stacked = logits_of(dir, &ex, devices[d], LLM_DTYPE_Q8_0, NULL);
+            float *q_apart = logits_of(ex.dir, &ex, devices[d], LLM_DTYPE_Q8_0, NULL);
             assert_memory_equal(q_stacked, q_apart, count * sizeof *q_apart);
             free(q_stacked), free(q_apart);
         }

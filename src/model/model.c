@@ -83,35 +83,45 @@ static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, 
 static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, size_t rows,
                         size_t cols, bool linear, char *err, size_t err_len);
 
+/* Tensor `name`, checked: `bytes` (U8, as MXFP4's blocks and scales) or a float dtype, and the shape config.json
+ * gives (ndim values). NULL with one line in err naming the file, the tensor and, for a shape, `why`. */
+static const llm_st_tensor *checked_tensor(llm_model *m, const char *name, bool bytes, int ndim, const size_t *shape,
+                                          const char *why, char *err, size_t err_len)
+{
+    const llm_st_tensor *t = llm_st_find(m->st, name);
+    if (!t) {
+        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
+        return NULL;
+    }
+    if (bytes ? strcmp(t->dtype_name, "U8") != 0 : !t->supported) {
+        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: %s)", t->file, name, t->dtype_name,
+                 bytes ? "U8" : "F32, F16, BF16");
+        return NULL;
+    }
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[192], want[192];
+        llm_st_shape_str(t, got, sizeof got);
+        int n = snprintf(want, sizeof want, "[%zu", shape[0]);
+        for (int i = 1; i < ndim && n < (int)sizeof want; i++)
+            n += snprintf(want + n, sizeof want - (size_t)n, ", %zu", shape[i]);
+        snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says %s] (%s)", t->file, name, got, want,
+                 why);
+        return NULL;
+    }
+    return t;
+}
+
 /* Find `name`, check it is a (rows, cols) matrix or a (cols) vector when rows == 0, and place it on the device;
  * a linear weight (`linear`) is quantized to m->quant when that is a block format. */
 static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
                        bool linear, char *err, size_t err_len)
 {
-    const llm_st_tensor *t = llm_st_find(m->st, name);
-    if (!t) {
-        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
-        return -1;
-    }
-    if (!t->supported) {
-        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", t->file, name,
-                 t->dtype_name);
-        return -1;
-    }
     bool vector = rows == 0;
-    bool ok = vector ? t->ndim == 1 && t->shape[0] == cols
-                     : t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
-    if (!ok) {
-        char shape[192];
-        llm_st_shape_str(t, shape, sizeof shape);
-        if (vector)
-            snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu] (%s)", t->file, name, shape,
-                     cols, why);
-        else
-            snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu, %zu] (%s)", t->file, name,
-                     shape, rows, cols, why);
-        return -1;
-    }
+    const size_t matrix[2] = {rows, cols};
+    const llm_st_tensor *t = checked_tensor(m, name, false, vector ? 1 : 2, vector ? &cols : matrix, why, err, err_len);
+    if (!t) return -1;
     return place_weight(m, w, t, name, vector ? 1 : rows, cols, linear, err, err_len);
 }
 
@@ -345,54 +355,10 @@ static void free_weight(const llm_model *m, llm_weight *w)
 static int load_stacked(llm_model *m, llm_weight *w, const char *name, size_t n, size_t rows, size_t cols,
                         const char *why, char *err, size_t err_len)
 {
-    const llm_st_tensor *t = llm_st_find(m->st, name);
-    if (!t) {
-        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
-        return -1;
-    }
-    if (!t->supported) {
-        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)", t->file, name,
-                 t->dtype_name);
-        return -1;
-    }
-    if (t->ndim != 3 || t->shape[0] != n || t->shape[1] != rows || t->shape[2] != cols) {
-        char shape[192];
-        llm_st_shape_str(t, shape, sizeof shape);
-        snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says [%zu, %zu, %zu] (%s)", t->file, name,
-                 shape, n, rows, cols, why);
-        return -1;
-    }
+    const size_t shape[3] = {n, rows, cols};
+    const llm_st_tensor *t = checked_tensor(m, name, false, 3, shape, why, err, err_len);
+    if (!t) return -1;
     return place_weight(m, w, t, name, n * rows, cols, true, err, err_len);
-}
-
-/* A tensor of gpt-oss's packed experts, checked: `bytes` (MXFP4's uint8 blocks and scales) or a float dtype, and
- * the shape config.json gives. NULL with one line in err naming it. */
-static const llm_st_tensor *packed_tensor(llm_model *m, const char *name, bool bytes, int ndim, const size_t *shape,
-                                          const char *why, char *err, size_t err_len)
-{
-    const llm_st_tensor *t = llm_st_find(m->st, name);
-    if (!t) {
-        snprintf(err, err_len, "%s: missing tensor '%s'", m->dir, name);
-        return NULL;
-    }
-    if (bytes ? strcmp(t->dtype_name, "U8") != 0 : !t->supported) {
-        snprintf(err, err_len, "%s: tensor '%s' has dtype %s (supported: %s)", t->file, name, t->dtype_name,
-                 bytes ? "U8" : "F32, F16, BF16");
-        return NULL;
-    }
-    bool ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        char got[192], want[192];
-        llm_st_shape_str(t, got, sizeof got);
-        int n = snprintf(want, sizeof want, "[%zu", shape[0]);
-        for (int i = 1; i < ndim && n < (int)sizeof want; i++)
-            n += snprintf(want + n, sizeof want - (size_t)n, ", %zu", shape[i]);
-        snprintf(err, err_len, "%s: tensor '%s' has shape %s, config.json says %s] (%s)", t->file, name, got, want,
-                 why);
-        return NULL;
-    }
-    return t;
 }
 
 /* An expert's matrix or bias the loader made in host memory (malloc'd, `dtype` an element type), onto the device:
@@ -490,7 +456,7 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
     for (int k = 0; k < 2; k++) {
         snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%s_bias", m->prefix, l, proj[k]);
         size_t shape[2] = {E, k == 0 ? 2 * mi : hidden};
-        const llm_st_tensor *t = packed_tensor(m, name, false, 2, shape,
+        const llm_st_tensor *t = checked_tensor(m, name, false, 2, shape,
                                                k == 0 ? "num_local_experts, 2 * intermediate_size"
                                                       : "num_local_experts, hidden_size", err, err_len);
         if (!t) return -1;
@@ -532,8 +498,8 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
             snprintf(sname, sizeof sname, "%slayers.%d.mlp.experts.%s_scales", m->prefix, l, proj[k]);
             const char *why = k == 0 ? "num_local_experts, 2 * intermediate_size, hidden_size / 32"
                                      : "num_local_experts, hidden_size, intermediate_size / 32";
-            const llm_st_tensor *tb = packed_tensor(m, bname, true, 4, bshape, why, err, err_len);
-            const llm_st_tensor *ts = tb ? packed_tensor(m, sname, true, 3, bshape, why, err, err_len) : NULL;
+            const llm_st_tensor *tb = checked_tensor(m, bname, true, 4, bshape, why, err, err_len);
+            const llm_st_tensor *ts = tb ? checked_tensor(m, sname, true, 3, bshape, why, err, err_len) : NULL;
             if (!ts) return -1;
             for (size_t e = 0; e < E; e++)
                 for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++)
@@ -551,7 +517,7 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
     for (int k = 0; k < 2; k++) {
         snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%s", m->prefix, l, proj[k]);
         size_t shape[3] = {E, k == 0 ? hidden : mi, k == 0 ? 2 * mi : hidden}; /* (in, out) */
-        const llm_st_tensor *t = packed_tensor(m, name, false, 3, shape,
+        const llm_st_tensor *t = checked_tensor(m, name, false, 3, shape,
                                                k == 0 ? "num_local_experts, hidden_size, 2 * intermediate_size"
                                                       : "num_local_experts, intermediate_size, hidden_size", err,
                                                err_len);
@@ -653,7 +619,7 @@ static int load_sinks(llm_model *m, int l, char *err, size_t err_len)
     char name[192];
     snprintf(name, sizeof name, "%slayers.%d.self_attn.sinks", m->prefix, l);
     size_t heads = (size_t)m->config.num_attention_heads;
-    const llm_st_tensor *t = packed_tensor(m, name, false, 1, &heads, "num_attention_heads", err, err_len);
+    const llm_st_tensor *t = checked_tensor(m, name, false, 1, &heads, "num_attention_heads", err, err_len);
     if (!t) return -1;
     float host[1024]; /* num_attention_heads <= 1024 (config.c) */
     for (size_t h = 0; h < heads; h++) host[h] = llm_dtype_load(t->data, t->dtype, h);
