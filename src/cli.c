@@ -2,6 +2,7 @@
 #include <argtable2.h>
 #include <errno.h>
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,21 @@ int llm_cli_check_count(long long value, const char *flag, long long min, long l
     if (value >= min && value <= max) return 0;
     snprintf(err, err_len, "%s %lld: expected %s from %lld to %lld", flag, value, what, min, max);
     return -1;
+}
+
+int llm_cli_host_experts(bool cpu_moe, bool n_given, int n, int *out, char *err, size_t err_len)
+{
+    *out = 0;
+    if (cpu_moe && n_given) {
+        snprintf(err, err_len, "--cpu-moe and --n-cpu-moe %d: give one (--cpu-moe is every sparse layer)", n);
+        return -1;
+    }
+    if (n_given && n < 0) {
+        snprintf(err, err_len, "--n-cpu-moe %d: expected a count of sparse layers, 0 or more", n);
+        return -1;
+    }
+    *out = cpu_moe ? INT_MAX : n_given ? n : 0;
+    return 0;
 }
 
 int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len)

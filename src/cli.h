@@ -47,6 +47,11 @@ int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_
 /* --cache-type TYPE: "f32", "f16", "bf16" or "q8_0" (any case) to the KV cache's dtype; 0, or -1 with one line in err. */
 int llm_cli_parse_cache_type(const char *text, llm_dtype *out, char *err, size_t err_len);
 
+/* --cpu-moe (cpu_moe) and --n-cpu-moe N (n_given, n) as llm_load_options.host_experts: INT_MAX (every sparse layer),
+ * N (0 or more; past the model's sparse layers means all of them, as llama.cpp's), or 0 when neither is given.
+ * 0, or -1 with one line in err (a negative N, or both options). */
+int llm_cli_host_experts(bool cpu_moe, bool n_given, int n, int *out, char *err, size_t err_len);
+
 /* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);
 /* A prompt file ("-": standard input; a pipe is fine) in a NUL-terminated malloc'd buffer, at most

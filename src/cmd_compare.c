@@ -37,9 +37,12 @@ int llm_cmd_compare(int argc, char **argv)
                                         "instead of --tol (default with --quant: 97 for q8_0, 85 for 4-bit)");
     struct arg_str *cache_type = arg_str0(NULL, "cache-type", "TYPE", "the device under test's KV cache: f32, f16, "
                                           "bf16, q8_0 (default f32, as the reference's)");
+    struct arg_lit *cpu_moe = arg_lit0(NULL, "cpu-moe", "the device under test keeps every sparse layer's experts "
+                                       "in host memory, run by blas");
+    struct arg_int *n_cpu_moe = arg_int0(NULL, "n-cpu-moe", "N", "the same for the first N sparse layers' experts");
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, device, ref_dev, positions, tokens, seed, n_gen, chunk, tol,
-                     trace_tol, threads, op_device, quant, quant_head, cache_type, min_top1, end};
+                     trace_tol, threads, op_device, quant, quant_head, cache_type, min_top1, cpu_moe, n_cpu_moe, end};
 
     int rc = 2;
     char err[1024] = "";
@@ -96,6 +99,10 @@ int llm_cmd_compare(int argc, char **argv)
         goto fail;
     }
     if (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) goto fail;
+    int host_experts = 0;
+    if (llm_cli_host_experts(cpu_moe->count > 0, n_cpu_moe->count > 0, n_cpu_moe->count ? n_cpu_moe->ival[0] : 0,
+                             &host_experts, err, sizeof err))
+        goto fail;
 
     const char *dev_name = device->count ? device->sval[0] : NULL; /* NULL: $LLM_RUN_DEVICE or auto */
     int n_threads = threads->count ? threads->ival[0] : 0;
@@ -103,7 +110,7 @@ int llm_cmd_compare(int argc, char **argv)
                                .log = stderr};
     llm_load_options lo_dut = {.device = dev_name, .threads = n_threads, .pins = pins, .n_pins = op_device->count,
                                .log = stderr, .quant = quant_dtype, .quant_head = quant_head->count > 0,
-                               .cache_type = cache_dtype};
+                               .cache_type = cache_dtype, .host_experts = host_experts};
     if (llm_model_load(&ref, path, &lo_ref, err, sizeof err) || llm_model_load(&dut, path, &lo_dut, err, sizeof err))
         goto fail;
 

@@ -843,7 +843,7 @@ static void test_experts(void **state)
                 size_t picks = (size_t)n * k, count = picks * rows;
                 float *x = random_floats((size_t)n * x_slots * cols, 1.0f);
                 float *ref = malloc(count * sizeof *ref);
-                llm_experts he = {hw, hb, E};
+                llm_experts he = {hw, hb, E, false};
                 llm_ref_ops.experts(ref, x, &he, ids, n, k, x_slots);
 
                 llm_weight *dw = calloc((size_t)E, sizeof *dw), *db = hb ? calloc((size_t)E, sizeof *db) : NULL;
@@ -852,7 +852,7 @@ static void test_experts(void **state)
                     dw[e] = llm_dtype_is_block(t) ? hw[e] : dev_weight(&hw[e]);
                     if (hb) db[e] = dev_weight(&hb[e]);
                 }
-                llm_experts de = {dw, db, E};
+                llm_experts de = {dw, db, E, false};
                 int32_t *di = dev_copy(ids, picks * sizeof *ids);
                 float *dx = dev_copy(x, (size_t)n * x_slots * cols * sizeof *x), *dout = dev_poisoned(count);
                 dev->ops->experts(dout, dx, &de, di, n, k, x_slots);

@@ -106,6 +106,14 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         llm_state_free(s, m);
         return -1;
     }
+    /* Experts in host memory see a batch's input (the gate's and up's B x hidden, the down's picks x mi) and write
+     * picks x (mi or hidden); the runtime reserves that host memory here, once. */
+    size_t widest = mi > hidden ? mi : hidden;
+    if (E && llm_runtime_reserve(&m->rt, B * hidden > picks * mi ? B * hidden : picks * mi,
+                                 picks * widest, picks, err, err_len)) {
+        llm_state_free(s, m);
+        return -1;
+    }
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (*bufs[i].buf || bufs[i].bytes == 0) continue; /* the shared logits; the experts' in a dense model */
         *bufs[i].buf = dev->alloc(bufs[i].bytes);

@@ -28,12 +28,24 @@ void llm_model_dir(const char *path, char *dir, size_t len)
         snprintf(dir, len, "%.*s", (int)(slash - path) > 0 ? (int)(slash - path) : 1, path);
 }
 
+/* Where the loader places a weight now: the runtime's device, or the host device while it places the experts that
+ * stay in host memory (llm_load_options.host_experts). */
+static const llm_device *place_dev(const llm_model *m) { return m->placing ? m->placing : m->rt.dev; }
+
+/* Does layer l keep its experts in host memory? The first m->host_layers sparse layers do. */
+static bool experts_on_host(const llm_model *m, int l)
+{
+    int before = 0;
+    for (int i = 0; i < l; i++) before += m->config.layer_sparse[i];
+    return m->config.layer_sparse[l] && before < m->host_layers;
+}
+
 /* A block-quantized matrix q (malloc'd host memory, bytes long) as w: a host-memory device computes on it in place
  * (the model owns it: free_weight); a device with buffers of its own takes a copy through weight_load and q goes. */
 static int place_blocks(llm_model *m, llm_weight *w, void *q, llm_dtype dtype, const char *name, char *err,
                         size_t err_len)
 {
-    const llm_device *dev = m->rt.dev;
+    const llm_device *dev = place_dev(m);
     w->dtype = dtype;
     if (dev->host_memory) {
         w->data = q;
@@ -129,7 +141,7 @@ static int load_weight(llm_model *m, llm_weight *w, const char *name, size_t row
 static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, size_t rows,
                         size_t cols, bool linear, char *err, size_t err_len)
 {
-    const llm_device *dev = m->rt.dev;
+    const llm_device *dev = place_dev(m);
     w->dtype = t->dtype;
     w->rows = rows;
     w->cols = cols;
@@ -140,7 +152,8 @@ static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, con
     m->weight_bytes += t->nbytes;
     if (dev->weight_load) {
         if (dev->weight_load(w, t->data, t->dtype, rows, cols) != 0) goto device_error;
-        if (dev->host_memory && w->data != t->data) llm_st_release(m->st, t); /* copied: the weights live once */
+        /* copied: the weights live once (on a GPU the mapping stays open only for experts in host memory) */
+        if (dev->host_memory ? w->data != t->data : m->host_layers > 0) llm_st_release(m->st, t);
     } else if (dev->host_memory) {
         w->data = (void *)t->data; /* points into the mapped checkpoint, which stays open */
     } else {
@@ -162,7 +175,7 @@ device_error:;
 static int place_owned(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype, const llm_st_tensor *t, char *err,
                        size_t err_len)
 {
-    const llm_device *dev = m->rt.dev;
+    const llm_device *dev = place_dev(m);
     size_t bytes = w->rows * w->cols * llm_dtype_size(dtype);
     w->dtype = dtype;
     if (dev->weight_load ? dev->weight_load(w, buf, dtype, w->rows, w->cols) != 0
@@ -206,11 +219,12 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
         if (rc == 1) m->pq_stored++;
         return rc;
     }
-    const llm_device *dev = m->rt.dev;
+    const llm_device *dev = place_dev(m);
     int threads = llm_host_physical_cores();
     w->rows = rows, w->cols = cols;
     llm_op op = head ? LLM_OP_LOGITS : LLM_OP_MATMUL;
-    const llm_device *who = m->rt.op_device[op] ? m->rt.op_device[op] : dev; /* --op-device may pin the product */
+    /* --op-device may pin the product; experts in host memory are the host device's */
+    const llm_device *who = m->placing ? m->placing : m->rt.op_device[op] ? m->rt.op_device[op] : dev;
     if (p.traits->integer && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
         size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_Q8_0, rows, cols);
         void *q8 = bytes ? malloc(bytes) : NULL;
@@ -224,7 +238,7 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
                 free(q8);
                 blocks = q4, dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
             }
-            if (llm_runtime_require(&m->rt, op, dtype, NULL, err, err_len)) {
+            if (!m->placing && llm_runtime_require(&m->rt, op, dtype, NULL, err, err_len)) {
                 free(blocks);
                 return -1;
             }
@@ -337,7 +351,7 @@ static llm_weight view_rows(const llm_weight *w, size_t first, size_t rows)
 static void free_weight(const llm_model *m, llm_weight *w)
 {
     if (!w->data || (w == &m->lm_head && m->config.tie_word_embeddings)) return;
-    const llm_device *dev = m->rt.dev;
+    const llm_device *dev = place_dev(m);
     if (llm_dtype_is_block(w->dtype) && dev->host_memory) { /* quantized on load into the model's own memory */
         free(w->data);
         w->data = NULL;
@@ -385,6 +399,21 @@ static int place_packed(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype,
     return place_owned(m, w, buf, dtype, t, err, err_len);
 }
 
+/* From here to end_placing, layer l's expert weights go where they run: to the host device when the layer keeps them
+ * in host memory. Returns the weights' bytes so far, for end_placing to count the host's part. */
+static size_t begin_placing(llm_model *m, int l)
+{
+    m->placing = experts_on_host(m, l) ? m->rt.expert_host : NULL;
+    return m->weight_bytes;
+}
+
+static int end_placing(llm_model *m, int l, size_t before)
+{
+    if (experts_on_host(m, l)) m->host_bytes += m->weight_bytes - before;
+    m->placing = NULL;
+    return 0;
+}
+
 /* Expert e's matrix `proj` (0 gate, 1 up, 2 down; rows x cols, out x in) from gpt-oss's MXFP4 blocks and scales (its
  * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 on a host-memory device whose
  * experts take it, else dequantized to BF16, which holds every MXFP4 value exactly (a GPU's weights live in its own
@@ -405,8 +434,10 @@ static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *b
                                   (const uint8_t *)scales->data + sr * nb, nb);
     }
     w->rows = rows, w->cols = cols;
-    const llm_device *who = m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS] : m->rt.dev;
-    if (m->rt.dev->host_memory && who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4)) {
+    const llm_device *to = place_dev(m);
+    const llm_device *who = m->placing ? m->placing : m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS]
+                                                                                        : m->rt.dev;
+    if (to->host_memory && who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4)) {
         w->data = dst, w->dtype = LLM_DTYPE_MXFP4; /* the model's own memory, as quantized weights (free_weight) */
         m->weight_bytes += bytes;
         m->pq_count[LLM_DTYPE_MXFP4]++;
@@ -447,8 +478,10 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
         snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
         return -1;
     }
+    size_t before = begin_placing(m, l);
     for (int p = 0; p < 3; p++)
-        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, L->expert_b + (size_t)p * E, c->num_experts};
+        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, L->expert_b + (size_t)p * E, c->num_experts,
+                                      m->placing != NULL};
     const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
     const char *proj[2] = {"gate_up_proj", "down_proj"};
 
@@ -506,9 +539,9 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
                     if (load_mxfp4_expert(m, &L->expert_w[(size_t)p * E + e], tb, ts, e, p, rows[p], cols[p], err,
                                           err_len))
                         return -1;
-            if (m->rt.dev->host_memory) llm_st_release(m->st, tb), llm_st_release(m->st, ts);
+            if (place_dev(m)->host_memory) llm_st_release(m->st, tb), llm_st_release(m->st, ts);
         }
-        return 0;
+        return end_placing(m, l, before);
     }
     if (c->prequant.format == LLM_PQ_MXFP4) {
         snprintf(err, err_len, "%s: missing tensor '%s' (config.json's quantization_config is mxfp4)", m->dir, name);
@@ -541,9 +574,9 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
                 }
                 if (place_packed(m, w, buf, t->dtype, t, err, err_len)) return -1;
             }
-        if (m->rt.dev->host_memory) llm_st_release(m->st, t);
+        if (place_dev(m)->host_memory) llm_st_release(m->st, t);
     }
-    return 0;
+    return end_placing(m, l, before);
 }
 
 /* A sparse layer's feed-forward as the Hub ships it (arch.h, llm_moe_family): the router, each expert's gate, up
@@ -570,7 +603,9 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
         snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
         return -1;
     }
-    for (int p = 0; p < 3; p++) L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts};
+    size_t before = begin_placing(m, l);
+    for (int p = 0; p < 3; p++)
+        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts, m->placing != NULL};
     const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
     char whys[2][96];
     snprintf(whys[0], sizeof whys[0], "%s, hidden_size", f->inter_key);
@@ -599,6 +634,7 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
         }
     }
     if (!stacked) m->quant_experts += m->quant_count - quantized;
+    end_placing(m, l, before); /* the shared expert runs with the attention */
     if (!f->shared_expert || si == 0) return 0;
     const char *sh = f->block;
     snprintf(whys[0], sizeof whys[0], "shared_expert_intermediate_size, hidden_size");
@@ -749,6 +785,80 @@ static float attention_scale(const llm_config *c)
     return c->query_pre_attn_scalar > 0.0f ? 1.0f / sqrtf(c->query_pre_attn_scalar) : 1.0f / sqrtf((float)c->head_dim);
 }
 
+/* --cpu-moe / --n-cpu-moe (`layers` sparse layers, INT_MAX: all): their experts to the host device, where they run.
+ * A note instead when there is nothing to place, or nowhere better: the user's command line stays valid whatever
+ * the model and device, as llama.cpp's does. */
+static int place_host_experts(llm_model *m, int layers, const llm_device_options *dev_opt, FILE *log, char *err,
+                              size_t err_len)
+{
+    const llm_config *c = &m->config;
+    const char *host = "blas";
+    if (!c->n_sparse) {
+        if (log) fprintf(log, "--cpu-moe: %s has no mixture-of-experts layers; every weight on %s\n", c->architecture,
+                         m->rt.dev->name);
+        return 0;
+    }
+    if (m->rt.dev == llm_device_find(host)) {
+        if (log) fprintf(log, "--cpu-moe: %s holds every weight in host memory already\n", host);
+        return 0;
+    }
+    m->host_layers = layers < c->n_sparse ? layers : c->n_sparse;
+    return llm_runtime_host_experts(&m->rt, host, dev_opt, m->host_layers == c->n_sparse, log, err, err_len);
+}
+
+/* The layer a decoder tensor's name belongs to ("model.layers.12.mlp...": 12), or -1. */
+static int tensor_layer(const char *name)
+{
+    const char *p = strstr(name, "layers.");
+    if (!p) return -1;
+    char *end = NULL;
+    long l = strtol(p + 7, &end, 10);
+    return end != p + 7 && *end == '.' && l >= 0 && l < LLM_MAX_LAYERS ? (int)l : -1;
+}
+
+/* Before a mixture of experts is placed on a device that owns its memory: do the weights going there fit its free
+ * memory? The experts are most of a model, and with no room for them the answer is host memory (--cpu-moe), which
+ * one line says before minutes are spent loading. The checkpoint's bytes under the decoder's prefix (MXFP4 blocks
+ * counted as the BF16 they become there); the run state is checked on its own (llm_state_init). */
+static int experts_fit(llm_model *m, char *err, size_t err_len)
+{
+    const llm_device *dev = m->rt.dev;
+    llm_device_memory mem = {0};
+    dev->memory(&mem);
+    size_t need = 0, experts = 0, host = 0;
+    size_t prefix = strlen(m->prefix);
+    for (size_t i = 0; i < llm_st_count(m->st); i++) {
+        const llm_st_tensor *t = llm_st_at(m->st, i);
+        if (strncmp(t->name, m->prefix, prefix) != 0) continue; /* another tower's, or the head (small beside) */
+        bool expert = strstr(t->name, ".experts.") != NULL;
+        size_t bytes = t->nbytes, n = strlen(t->name);
+        if (expert && n > 7 && strcmp(t->name + n - 7, "_blocks") == 0) bytes *= 4; /* 4 bits a value to 16 */
+        int l = tensor_layer(t->name);
+        if (expert && l >= 0 && l < m->config.num_hidden_layers && experts_on_host(m, l)) {
+            host += bytes;
+            continue;
+        }
+        need += bytes;
+        if (expert) experts += bytes;
+    }
+    if (mem.free == 0 || need <= mem.free) return 0;
+    const double gb = 1e9;
+    if (m->host_layers == m->config.n_sparse)
+        snprintf(err, err_len, "%s: with every layer's experts in host memory (%.2f GB) the rest of the weights takes "
+                 "%.2f GB on %s, but %.2f GB is free: use --device blas", m->dir, host / gb, need / gb, dev->name,
+                 mem.free / gb);
+    else if (m->host_layers)
+        snprintf(err, err_len, "%s: the weights that stay on %s take %.2f GB (%.2f GB of them experts; %.2f GB on the "
+                 "host), but %.2f GB is free: raise --n-cpu-moe (%d of %d sparse layers now) or use --cpu-moe",
+                 m->dir, dev->name, need / gb, experts / gb, host / gb, mem.free / gb, m->host_layers,
+                 m->config.n_sparse);
+    else
+        snprintf(err, err_len, "%s: the weights take %.2f GB on %s, %.2f GB of them the experts', but %.2f GB is "
+                 "free: --cpu-moe keeps the experts in host memory (or --n-cpu-moe N, the first N sparse layers')",
+                 m->dir, need / gb, dev->name, experts / gb, mem.free / gb);
+    return -1;
+}
+
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len)
 {
     memset(m, 0, sizeof *m);
@@ -836,6 +946,9 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     }
     if (llm_runtime_require(&m->rt, LLM_OP_ATTENTION, m->cache_type, opt ? opt->log : NULL, err, err_len)) goto fail;
+    if (opt && opt->host_experts > 0 && place_host_experts(m, opt->host_experts, &dev_opt, opt->log, err, err_len))
+        goto fail;
+    if (c->n_sparse && !dev->host_memory && experts_fit(m, err, err_len)) goto fail;
 
     /* The weights' bytes, reported a layer at a time against every tensor in the checkpoint. */
     char placing[96];
@@ -874,6 +987,10 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
             goto fail;
     }
     if (c->prequant.format != LLM_PQ_NONE && opt && opt->log) print_prequant(m, opt->log);
+    if (m->host_layers && opt && opt->log)
+        fprintf(opt->log, "experts: %d of %d sparse layers' in host memory on %s (%.2f GB), the rest of the weights on "
+                "%s (%.2f GB)\n", m->host_layers, c->n_sparse, m->rt.expert_host->name, (double)m->host_bytes / 1e9,
+                dev->name, (double)(m->weight_bytes - m->host_bytes) / 1e9);
     if (llm_dtype_is_block(m->quant) && opt && opt->log) {
         fprintf(opt->log, "quant: %s for the layers' linears (%d matrices%s)", llm_dtype_name(m->quant), m->quant_count,
                 quant_head ? " with the LM head" : "");
@@ -890,8 +1007,9 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     if (dev->sync() || dev->status(err, err_len)) goto fail;
     if (progress) progress(progress_user, placing, all_bytes, all_bytes);
 
-    /* Weights copied to a device that owns its memory no longer need the mapped file. */
-    if (!dev->host_memory) {
+    /* Weights copied to a device that owns its memory no longer need the mapped file (experts kept in host memory
+     * may point into it). */
+    if (!dev->host_memory && !m->host_layers) {
         llm_st_close(m->st);
         m->st = NULL;
     }
@@ -905,6 +1023,7 @@ fail:
 void llm_model_free(llm_model *m)
 {
     if (!m) return;
+    m->placing = NULL;
     if (m->rt.initialized) {
         const llm_device *dev = m->rt.dev;
         if (m->layers)
@@ -914,7 +1033,9 @@ void llm_model_free(llm_model *m)
                 int n = llm_layer_weights(L, ws);
                 for (int i = 0; i < n; i++) free_weight(m, ws[i]);
                 llm_weight *w;
+                m->placing = L->experts[0].host ? m->rt.expert_host : NULL; /* where load_experts put them */
                 for (int i = 0; (w = llm_layer_expert_weight(L, i)) != NULL; i++) free_weight(m, w);
+                m->placing = NULL;
                 if (L->sinks) dev->free(L->sinks);
             }
         free_weight(m, &m->lm_head);

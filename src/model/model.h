@@ -82,6 +82,12 @@ typedef struct llm_model {
     int pq_count[LLM_DTYPE_COUNT];
     int pq_stored;
     size_t pq_rounded;
+    /* Experts in host memory (llm_load_options.host_experts): how many sparse layers keep theirs there, on
+     * rt.expert_host, and their bytes. placing: the device the loader places (or frees) weights on while it works
+     * on those experts; NULL: rt.dev. */
+    int host_layers;
+    size_t host_bytes;
+    const llm_device *placing;
     void **owned;            /* (n_owned) host buffers of dequantized weights that no device copied */
     int n_owned, cap_owned;
     char dir[4096];          /* folder holding config.json and the tokenizer */
@@ -108,6 +114,11 @@ typedef struct {
      * --cache-type. A device whose attention cannot read the type: the cpu reference's (host memory), else an error. */
     llm_dtype cache_type;
     bool cache_default;
+    /* --cpu-moe (INT_MAX: every sparse layer), --n-cpu-moe N: the first host_experts sparse layers keep their experts'
+     * weights in host memory, computed there by blas, while everything else runs on the device (llm_runtime_host_
+     * experts). 0: every weight on the device. A model without sparse layers, or a device that computes in host
+     * memory already (blas), gets a note on log and loads as without it. */
+    int host_experts;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */

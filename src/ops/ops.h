@@ -85,6 +85,8 @@ typedef struct {
     const llm_weight *w;    /* (n_experts), each (rows, cols) */
     const llm_weight *bias; /* (n_experts), each (1, rows); NULL: no biases */
     int n_experts;
+    bool host; /* the weights are in host memory, kept there for the runtime's host device (--cpu-moe, runtime.h),
+                  which runs the call; a device's own experts op never reads it */
 } llm_experts;
 
 typedef enum {

@@ -3,6 +3,7 @@
  * they are slow by design (every argument crosses the bus) and exist so that a missing op still runs. */
 #include "runtime.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,7 +177,7 @@ static void wrap_experts(float *out, const float *x, const llm_experts *w, const
         ok = hw[e].data && (!hb || hb[e].data);
     }
     if (ok) {
-        llm_experts h = {hw, hb, w->n_experts};
+        llm_experts h = {hw, hb, w->n_experts, false};
         wrap_host.experts(ho, hx, &h, hi, n, top_k, x_slots);
         wrap_dev->upload(out, ho, picks * rows * sizeof(float));
     }
@@ -262,6 +263,117 @@ int llm_op_pin_parse(const char *text, llm_op_pin *pin, char *err, size_t err_le
     return 0;
 }
 
+/* Host device `host` ready to compute for rt: probed and initialised once (cpu, the reference, needs neither).
+ * `what` names the request in err. */
+static int open_host(llm_runtime *rt, const llm_device *host, const llm_device_options *opt, const char *what,
+                     char *err, size_t err_len)
+{
+    const llm_device *cpu = llm_device_find("cpu");
+    bool opened = host == cpu || host == rt->dev;
+    for (int h = 0; h < rt->n_hosts && !opened; h++) opened = rt->hosts[h] == host;
+    if (opened) return 0;
+    char why[256] = "";
+    if (!host->probe(why, sizeof why)) {
+        snprintf(err, err_len, "%s: device %s not usable here: %s", what, host->name, why);
+        return -1;
+    }
+    if (host->init(opt, err, err_len) != 0) return -1;
+    rt->hosts[rt->n_hosts++] = host;
+    return 0;
+}
+
+/* ---- experts in host memory (llm_runtime_host_experts) ---- */
+
+/* The runtime whose experts are on the host: its device's own experts and the host's, and the reserved host memory
+ * of the transfers (llm_runtime_reserve). One at a time, as wrap_dev. */
+static struct {
+    const llm_device *dev, *host;
+    llm_ops on_dev, on_host;
+    float *x, *out;
+    int32_t *ids;
+    size_t x_cap, out_cap, ids_cap; /* in elements */
+    void *block;                    /* x, out and ids in one allocation */
+    bool pinned;                    /* block came from dev->host_alloc */
+} placed;
+
+static void placed_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
+                           int x_slots)
+{
+    if (!w->host) {
+        placed.on_dev.experts(out, x, w, ids, n, top_k, x_slots);
+        return;
+    }
+    if (placed.dev->host_memory) { /* the same memory: the host device computes in place */
+        placed.on_host.experts(out, x, w, ids, n, top_k, x_slots);
+        return;
+    }
+    size_t picks = (size_t)n * top_k, xs = (size_t)n * x_slots * w->w[0].cols, os = picks * w->w[0].rows;
+    /* llm_state_init reserved a batch's worth: a larger call is a programmer's error */
+    assert(picks <= placed.ids_cap && xs <= placed.x_cap && os <= placed.out_cap);
+    /* A failed transfer is recorded by the device, whose status the step reports. */
+    if (placed.dev->download(placed.ids, ids, picks * sizeof *ids) != 0 ||
+        placed.dev->download(placed.x, x, xs * sizeof *x) != 0)
+        return;
+    placed.on_host.experts(placed.out, placed.x, w, placed.ids, n, top_k, x_slots);
+    placed.dev->upload(out, placed.out, os * sizeof *out);
+}
+
+static void placed_free(void)
+{
+    if (placed.block && placed.pinned)
+        placed.dev->host_free(placed.block);
+    else
+        free(placed.block);
+    memset(&placed, 0, sizeof placed);
+}
+
+int llm_runtime_host_experts(llm_runtime *rt, const char *name, const llm_device_options *opt, bool all, FILE *log,
+                             char *err, size_t err_len)
+{
+    const llm_device *host = llm_device_find(name);
+    if (!host || !host->host_memory) {
+        snprintf(err, err_len, "experts in host memory: %s is %s", name, host ? "not a CPU device" : "not compiled in");
+        return -1;
+    }
+    if (open_host(rt, host, opt, "--cpu-moe", err, err_len)) return -1;
+    placed_free();
+    placed.dev = rt->dev, placed.host = host;
+    llm_ops_copy(&placed.on_dev, &rt->ops, LLM_OP_EXPERTS);
+    llm_ops_copy(&placed.on_host, llm_ops_has(host->ops, LLM_OP_EXPERTS) ? host->ops : &llm_ref_ops, LLM_OP_EXPERTS);
+    rt->ops.experts = placed_experts;
+    rt->expert_host = host;
+    if (all) rt->op_device[LLM_OP_EXPERTS] = host, rt->op_fallback[LLM_OP_EXPERTS] = false;
+    if (log)
+        fprintf(log, "%s: experts kept in host memory -> %s%s\n", rt->dev->name, host->name,
+                rt->dev->host_memory ? "" : " (a step moves their input and output)");
+    return 0;
+}
+
+int llm_runtime_reserve(const llm_runtime *rt, size_t x_floats, size_t out_floats, size_t picks, char *err,
+                        size_t err_len)
+{
+    if (!rt->expert_host || rt->dev->host_memory || placed.dev != rt->dev) return 0;
+    if (x_floats <= placed.x_cap && out_floats <= placed.out_cap && picks <= placed.ids_cap) return 0;
+    const llm_device *dev = placed.dev, *host = placed.host;
+    llm_ops on_dev = placed.on_dev, on_host = placed.on_host;
+    placed_free();
+    placed.dev = dev, placed.host = host, placed.on_dev = on_dev, placed.on_host = on_host;
+    /* no overflow: llm_state_init's sizes are bounded by config.json's and the batch's limits */
+    size_t bytes = (x_floats + out_floats) * sizeof(float) + picks * sizeof(int32_t);
+    placed.block = dev->host_alloc ? dev->host_alloc(bytes) : NULL;
+    placed.pinned = placed.block != NULL;
+    if (!placed.block) placed.block = malloc(bytes ? bytes : 1);
+    if (!placed.block) {
+        snprintf(err, err_len, "out of host memory for the experts' transfers (%zu bytes)", bytes);
+        return -1;
+    }
+    placed.x = placed.block;
+    placed.out = placed.x + x_floats;
+    placed.ids = (int32_t *)(placed.out + out_floats);
+    placed.x_cap = x_floats, placed.out_cap = out_floats, placed.ids_cap = picks;
+    return 0;
+}
+
 int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_options *opt, llm_dtype weight_dtype,
                      const llm_op_pin *pins, int n_pins, FILE *log, char *err, size_t err_len)
 {
@@ -297,20 +409,11 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
             return -1;
         }
         if (host == dev) continue;
-        if (host != cpu && !host->probe(why, sizeof why)) {
-            snprintf(err, err_len, "--op-device %s=%s: device not usable here: %s", llm_op_name(pins[i].op),
-                     host->name, why);
+        char what[64];
+        snprintf(what, sizeof what, "--op-device %s=%s", llm_op_name(pins[i].op), pins[i].device);
+        if (open_host(rt, host, opt, what, err, err_len)) {
             llm_runtime_close(rt);
             return -1;
-        }
-        bool opened = host == cpu;
-        for (int h = 0; h < rt->n_hosts && !opened; h++) opened = rt->hosts[h] == host;
-        if (!opened) {
-            if (host->init(opt, err, err_len) != 0) {
-                llm_runtime_close(rt);
-                return -1;
-            }
-            rt->hosts[rt->n_hosts++] = host;
         }
         route_to_host(rt, pins[i].op, host);
         if (log) fprintf(log, "%s: %s -> %s (pinned)\n", dev->name, llm_op_name(pins[i].op), host->name);
@@ -321,6 +424,8 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
 void llm_runtime_close(llm_runtime *rt)
 {
     if (!rt || !rt->initialized) return;
+    if (rt->expert_host && placed.dev == rt->dev) placed_free(); /* before dev goes: its host memory */
+    rt->expert_host = NULL;
     for (int h = rt->n_hosts - 1; h >= 0; h--) rt->hosts[h]->release();
     rt->n_hosts = 0;
     rt->dev->release();

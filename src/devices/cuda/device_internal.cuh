@@ -151,6 +151,7 @@ static cudaEvent_t (&timer_events)[LLM_TIMER_SLOTS] = llm_cuda_timer_events;
 /* ops.cu */
 bool recording(void);
 void persist_or_cut(void);
+void say_once(const char *what); /* one line on stderr, once per run, "cuda: what" */
 void flush_pending(void);
 void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
 void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);
@@ -171,6 +172,7 @@ bool cuda_supports(llm_op op, llm_dtype dtype);
 
 /* graphs.cu */
 void abandon_capture(void);
+void abandon_capture_for_transfer(void); /* the same, said once on stderr: an upload or download inside a step */
 void invalidate_graphs(void);
 int cuda_step_begin(int n_tokens);
 void cuda_step_end(void);

@@ -16,8 +16,19 @@ static cudaGraphExec_t end_capture(void)
     return ok ? exec : NULL;
 }
 
+static const char *const NOTE_HOST_STEP =
+    "a step moves data to or from the host (an op on a CPU device: experts in host memory with --cpu-moe, "
+    "--op-device, or a fallback): CUDA graphs off, each op launched on its own";
+
 /* A transfer, sync or timer mark arrived inside a step being captured: finish the capture, run what was captured,
- * and stop using graphs (the caller mixes host work into steps, as the profiler and host fallbacks do). */
+ * and stop using graphs (the caller mixes host work into steps, as the profiler and host fallbacks do). A transfer
+ * says so once: the step is slower than a replayed one. */
+void abandon_capture_for_transfer(void)
+{
+    if (g.capturing) say_once(NOTE_HOST_STEP);
+    abandon_capture();
+}
+
 void abandon_capture(void)
 {
     if (!g.capturing) return;

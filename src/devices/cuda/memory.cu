@@ -220,7 +220,7 @@ int cuda_upload(void *dst, const void *src, size_t bytes)
     if (!g.initialized || g.failed) return -1;
     if (!bytes) return 0;
     flush_pending();
-    abandon_capture();
+    abandon_capture_for_transfer();
     forget_split();
     written(dst, bytes);
     if (!LLM_CUDA_CHECK("upload", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llm_cuda.stream)))
@@ -240,7 +240,7 @@ int cuda_download(void *dst, const void *src, size_t bytes)
     if (!g.initialized || g.failed) return -1;
     if (!bytes) return 0;
     flush_pending();
-    abandon_capture();
+    abandon_capture_for_transfer();
     settle(src, bytes);
     if (!LLM_CUDA_CHECK("download", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llm_cuda.stream)))
         return -1;

@@ -34,7 +34,7 @@ bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.r
 #define NOTICES 16
 static const char *noticed[NOTICES];
 
-static void say_once(const char *what)
+void say_once(const char *what)
 {
     int i = 0;
     for (; i < NOTICES && noticed[i]; i++)
