@@ -105,13 +105,16 @@ static void wrap_attention(float *out, const float *q, const float *k, const flo
     float *hkc = host_copy_of(k_cache, cache_bytes), *hvc = host_copy_of(v_cache, cache_bytes);
     int32_t *hp = host_copy_of(positions, (size_t)n * sizeof *hp);
     float *ho = malloc(q_bytes);
-    if (hq && hk && hv && hkc && hvc && hp && ho) {
-        wrap_host.attention(ho, hq, hk, hv, hkc, hvc, hp, n, n_heads, n_kv_heads, head_dim, ctx, p);
+    llm_attention_params hpar = *p; /* the sinks are a device buffer too */
+    float *hs = p->sinks ? host_copy_of(p->sinks, (size_t)n_heads * sizeof *hs) : NULL;
+    hpar.sinks = hs;
+    if (hq && hk && hv && hkc && hvc && hp && ho && (!p->sinks || hs)) {
+        wrap_host.attention(ho, hq, hk, hv, hkc, hvc, hp, n, n_heads, n_kv_heads, head_dim, ctx, &hpar);
         wrap_dev->upload(out, ho, q_bytes);
         wrap_dev->upload(k_cache, hkc, cache_bytes);
         wrap_dev->upload(v_cache, hvc, cache_bytes);
     }
-    free(hq), free(hk), free(hv), free(hkc), free(hvc), free(hp), free(ho);
+    free(hq), free(hk), free(hv), free(hkc), free(hvc), free(hp), free(ho), free(hs);
 }
 
 static void wrap_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
