@@ -20,6 +20,7 @@
 #include "devices/host.h"
 #include "devices/registry.h"
 #include "model/model.h"
+#include "support/cli_run.h"
 #include "support/fixture_util.h"
 
 #define LOGIT_TOL 1e-4 /* as test_models.c: f32 throughout, only summation order differs from HF */
@@ -322,12 +323,47 @@ static void test_harmless_and_bad(void **state)
     assert_string_equal(err, "--cpu-moe and --n-cpu-moe 2: give one (--cpu-moe is every sparse layer)");
 }
 
+/* The options on every command that loads a model (generate, chat, bench, compare): a bad N or both options is one
+ * line and exit status 1 (2 for compare's errors), before any model is read; a good one loads and says where the
+ * experts are. */
+static void test_cli(void **state)
+{
+    (void)state;
+    if (!usable("blas")) skip();
+    static const char *const commands[] = {"", "chat", "bench", "compare"};
+    static const char *const model = "tests/fixtures/models/qwen3-moe";
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+        cli_run_result r;
+        int rc = cli_run(&r, "%s %s --device cpu --n-cpu-moe -2 < /dev/null", commands[i], model);
+        assert_int_not_equal(rc, 0);
+        if (!strstr(r.err, "llm-run: --n-cpu-moe -2: expected a count of sparse layers, 0 or more\n"))
+            fail_msg("'%s' with --n-cpu-moe -2 printed:\n%s", commands[i], r.err);
+        cli_run_free(&r);
+        rc = cli_run(&r, "%s %s --device cpu --cpu-moe --n-cpu-moe 1 < /dev/null", commands[i], model);
+        assert_int_not_equal(rc, 0);
+        assert_non_null(strstr(r.err, "--cpu-moe and --n-cpu-moe 1: give one"));
+        cli_run_free(&r);
+    }
+    cli_run_result r;
+    assert_int_equal(cli_run(&r, "%s --device cpu --n-cpu-moe 1 --tokens 1,2,3 -n 2 --temp 0", model), 0);
+    assert_non_null(strstr(r.err, "experts: 1 of 2 sparse layers' in host memory on blas"));
+    assert_non_null(strstr(r.err, "on cpu (experts of 1 of 2 sparse layers on blas, "));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "bench %s --device cpu --cpu-moe -p 8 -n 2 -r 1", model), 0);
+    assert_non_null(strstr(r.err, "experts: 2 of 2 sparse layers' in host memory on blas"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare %s --device cpu --cpu-moe -p 16 -n 4", model), 0);
+    assert_non_null(strstr(r.err, "experts: 2 of 2 sparse layers' in host memory on blas"));
+    cli_run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_on_cpu),           cmocka_unit_test(test_on_owned_device),
         cmocka_unit_test(test_on_cuda),          cmocka_unit_test(test_first_layers),
         cmocka_unit_test(test_memory_hint),      cmocka_unit_test(test_harmless_and_bad),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

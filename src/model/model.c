@@ -906,6 +906,9 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     if (llm_runtime_open(&m->rt, dev, &dev_opt, m->weight_dtype, opt ? opt->pins : NULL, opt ? opt->n_pins : 0,
                          opt ? opt->log : NULL, err, err_len))
         goto fail;
+    /* Experts in host memory first: with every sparse layer's there, the host device is the one --quant asks. */
+    if (opt && opt->host_experts > 0 && place_host_experts(m, opt->host_experts, &dev_opt, opt->log, err, err_len))
+        goto fail;
     /* --quant: the products see block formats; the head only when it is its own tensor. */
     m->quant = opt && llm_dtype_is_block(opt->quant) ? opt->quant : m->weight_dtype;
     bool quant_head = llm_dtype_is_block(m->quant) && opt->quant_head && !c->tie_word_embeddings;
@@ -946,8 +949,6 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     }
     if (llm_runtime_require(&m->rt, LLM_OP_ATTENTION, m->cache_type, opt ? opt->log : NULL, err, err_len)) goto fail;
-    if (opt && opt->host_experts > 0 && place_host_experts(m, opt->host_experts, &dev_opt, opt->log, err, err_len))
-        goto fail;
     if (c->n_sparse && !dev->host_memory && experts_fit(m, err, err_len)) goto fail;
 
     /* The weights' bytes, reported a layer at a time against every tensor in the checkpoint. */

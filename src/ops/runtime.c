@@ -223,10 +223,20 @@ static void route_to_host(llm_runtime *rt, llm_op op, const llm_device *host)
     }
 }
 
+static void placed_host_reference(void);
+
 int llm_runtime_require(llm_runtime *rt, llm_op op, llm_dtype dtype, FILE *log, char *err, size_t err_len)
 {
     const llm_device *who = rt->op_device[op];
     if (who && who->supports(op, dtype)) return 0;
+    if (op == LLM_OP_EXPERTS && who && who == rt->expert_host) { /* every sparse layer's experts in host memory */
+        placed_host_reference();
+        rt->op_device[op] = llm_device_find("cpu");
+        rt->op_fallback[op] = true;
+        if (log)
+            fprintf(log, "%s: experts with %s weights -> cpu reference\n", who->name, llm_dtype_name(dtype));
+        return 0;
+    }
     bool cache = op == LLM_OP_ATTENTION; /* its dtype is the KV cache's */
     if (!rt->dev->host_memory) { /* the transfer wrappers would move every weight (or the cache) each call */
         if (cache)
@@ -320,6 +330,9 @@ static void placed_experts(float *out, const float *x, const llm_experts *w, con
     placed.on_host.experts(placed.out, placed.x, w, placed.ids, n, top_k, x_slots);
     placed.dev->upload(out, placed.out, os * sizeof *out);
 }
+
+/* The host's experts lack the weights' format: the reference computes them, in host memory as well. */
+static void placed_host_reference(void) { llm_ops_copy(&placed.on_host, &llm_ref_ops, LLM_OP_EXPERTS); }
 
 static void placed_free(void)
 {
