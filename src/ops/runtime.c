@@ -334,13 +334,16 @@ static void placed_experts(float *out, const float *x, const llm_experts *w, con
 /* The host's experts lack the weights' format: the reference computes them, in host memory as well. */
 static void placed_host_reference(void) { llm_ops_copy(&placed.on_host, &llm_ref_ops, LLM_OP_EXPERTS); }
 
-static void placed_free(void)
+/* The reserved host memory goes (the tables stay: another model on the same devices may still call them). */
+static void placed_block_free(void)
 {
     if (placed.block && placed.pinned)
         placed.dev->host_free(placed.block);
     else
         free(placed.block);
-    memset(&placed, 0, sizeof placed);
+    placed.block = NULL, placed.pinned = false;
+    placed.x = placed.out = NULL, placed.ids = NULL;
+    placed.x_cap = placed.out_cap = placed.ids_cap = 0;
 }
 
 int llm_runtime_host_experts(llm_runtime *rt, const char *name, const llm_device_options *opt, bool all, FILE *log,
@@ -352,7 +355,7 @@ int llm_runtime_host_experts(llm_runtime *rt, const char *name, const llm_device
         return -1;
     }
     if (open_host(rt, host, opt, "--cpu-moe", err, err_len)) return -1;
-    placed_free();
+    placed_block_free();
     placed.dev = rt->dev, placed.host = host;
     llm_ops_copy(&placed.on_dev, &rt->ops, LLM_OP_EXPERTS);
     llm_ops_copy(&placed.on_host, llm_ops_has(host->ops, LLM_OP_EXPERTS) ? host->ops : &llm_ref_ops, LLM_OP_EXPERTS);
@@ -370,10 +373,8 @@ int llm_runtime_reserve(const llm_runtime *rt, size_t x_floats, size_t out_float
 {
     if (!rt->expert_host || rt->dev->host_memory || placed.dev != rt->dev) return 0;
     if (x_floats <= placed.x_cap && out_floats <= placed.out_cap && picks <= placed.ids_cap) return 0;
-    const llm_device *dev = placed.dev, *host = placed.host;
-    llm_ops on_dev = placed.on_dev, on_host = placed.on_host;
-    placed_free();
-    placed.dev = dev, placed.host = host, placed.on_dev = on_dev, placed.on_host = on_host;
+    const llm_device *dev = placed.dev;
+    placed_block_free();
     /* no overflow: llm_state_init's sizes are bounded by config.json's and the batch's limits */
     size_t bytes = (x_floats + out_floats) * sizeof(float) + picks * sizeof(int32_t);
     placed.block = dev->host_alloc ? dev->host_alloc(bytes) : NULL;
@@ -440,7 +441,7 @@ int llm_runtime_open(llm_runtime *rt, const llm_device *dev, const llm_device_op
 void llm_runtime_close(llm_runtime *rt)
 {
     if (!rt || !rt->initialized) return;
-    if (rt->expert_host && placed.dev == rt->dev) placed_free(); /* before dev goes: its host memory */
+    if (rt->expert_host && placed.dev == rt->dev) placed_block_free(); /* before dev goes: its host memory */
     rt->expert_host = NULL;
     for (int h = rt->n_hosts - 1; h >= 0; h--) rt->hosts[h]->release();
     rt->n_hosts = 0;
