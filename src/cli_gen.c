@@ -48,6 +48,7 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
     f->cpu_moe = arg_lit0(NULL, "cpu-moe", "keep every mixture-of-experts layer's experts in host memory, run by "
                           "blas, the rest on the GPU (for experts that do not fit it)");
     f->n_cpu_moe = arg_int0(NULL, "n-cpu-moe", "N", "the same for the first N sparse layers' experts");
+    f->precision = arg_str0(NULL, "precision", "MODE", LLM_CLI_PRECISION_HELP);
     table[(*n)++] = f->model_pos, table[(*n)++] = f->model_opt;
     for (int i = 0; i < n_own; i++) table[(*n)++] = own[i];
     void *mine[] = {f->system,         f->ctx,           f->batch,
@@ -55,7 +56,7 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
                     f->repeat_last_n,  f->presence_penalty, f->frequency_penalty, f->seed,       f->stop,
                     f->ignore_eos,     f->special,        f->escape,           f->no_escape,     f->device,
                     f->threads,        f->op_device,      f->quant,            f->quant_head,    f->cache_type,
-                    f->cpu_moe,        f->n_cpu_moe};
+                    f->cpu_moe,        f->n_cpu_moe,      f->precision};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) table[(*n)++] = mine[i];
 }
 
@@ -87,6 +88,8 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
                            .n_pins = f->op_device->count, .log = stderr, .quant_head = f->quant_head->count > 0};
     if (f->quant->count && llm_cli_parse_quant(f->quant->sval[0], &lo.quant, err, err_len)) return -1;
     lo.cache_default = !f->cache_type->count;
+    lo.precision = LLM_PRECISION_FAST;
+    if (f->precision->count && llm_cli_parse_precision(f->precision->sval[0], &lo.precision, err, err_len)) return -1;
     if (llm_cli_host_experts(f->cpu_moe->count > 0, f->n_cpu_moe->count > 0,
                              f->n_cpu_moe->count ? f->n_cpu_moe->ival[0] : 0, &lo.host_experts, err, err_len))
         return -1;

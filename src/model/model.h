@@ -114,6 +114,9 @@ typedef struct {
      * --cache-type. A device whose attention cannot read the type: the cpu reference's (host memory), else an error. */
     llm_dtype cache_type;
     bool cache_default;
+    /* The batch products' precision on devices with 16-bit tensor or dot-product units (device.h): ACCURATE, the
+     * zero value, as tests and compare want; the CLI's default is FAST (--precision). */
+    llm_precision precision;
     /* --cpu-moe (INT_MAX: every sparse layer), --n-cpu-moe N: the first host_experts sparse layers keep their experts'
      * weights in host memory, computed there by blas, while everything else runs on the device (llm_runtime_host_
      * experts). 0: every weight on the device. A model without sparse layers, or a device that computes in host
