@@ -436,6 +436,14 @@ typedef struct {
     const int32_t *positions;
     int heads, kv_heads, head_dim, ctx;
     bool stored;
+    /* Per-head q/k norms and the rope after them, done by the attention itself (Qwen3, Gemma 3): q and k are the
+     * q/k/v product's raw rows; each is normalised per head ((qk_offset + w) weights of head_dim), rotated over the
+     * whole head (inv_freq, cos/sin unscaled), left in q and k, and this token's k and v rows stored in the caches,
+     * as llm_cuda_qk_norm_rope does (stored is then true). */
+    bool qk_norm;
+    llm_weight q_norm, k_norm;
+    float qk_eps, qk_offset;
+    const float *inv_freq;
 } llm_cuda_step_op;
 
 enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_UNAVAILABLE, LLM_CUDA_STEP_RAN, LLM_CUDA_STEP_RAN_NEW_TABLE };

@@ -108,7 +108,14 @@ struct step_phase {
     const float *inv_freq; /* EPI_ROPE */
     int head_dim;
     /* PHASE_ATTENTION (head_dim above) */
-    step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
+    step_src q, k, v;     /* this token's q (rotated), k (rotated) and v; with k_norm_w, q and k as the product wrote
+                             them, and the phase normalises (norm_w, norm_dtype, eps, norm_offset for q; k_norm_w
+                             for k) and rotates them (inv_freq), writes them to q_out and k_out and stores the
+                             token's k and v rows in k_cache and v_cache */
+    const void *k_norm_w;
+    int k_norm_dtype;
+    step_vec q_out, k_out;
+    float *k_cache, *v_cache;
     const CUtensorMap *kv_maps; /* the K and V caches (rows below the position) as 2-D tensors, ctx rows of kv_dim */
     int heads, kv_heads;
     float *partials;      /* (most splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
@@ -673,11 +680,39 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     m = m_new;
 }
 
-/* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
- * into the warp's (m, l, acc) as warp_positions folds a position. */
+/* The rope of one head held by a warp (lane j its dimensions j, j + 32, ...; hd even), as llm_cuda_qk_norm_rope
+ * rotates it: dimension d < hd/2 pairs with d + hd/2, each value's partner fetched from the lane that holds it. */
 template <int HD>
-__device__ __forceinline__ void own_row(const float *qs, const float *k, const float *v, bool k_flagged, bool v_flagged,
-                                        int hd_any, float &m, float &l, float *acc, int lane)
+__device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int pos, const float *inv_freq, int lane)
+{
+    const int hd = HD ? HD : hd_any, half = hd / 2;
+    float out[MAX_DIMS];
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++) {
+        const int d = lane + 32 * j, p = d < half ? d + half : d < hd ? d - half : 0;
+        float partner = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < MAX_DIMS; jj++) { /* (registers take only indices known when compiled) */
+            const float got = __shfl_sync(0xffffffffu, x[jj], p & 31);
+            if (p >> 5 == jj) partner = got;
+        }
+        out[j] = x[j];
+        if (d < hd) {
+            const float angle = (float)pos * inv_freq[d < half ? d : d - half], c = cosf(angle), s = sinf(angle);
+            out[j] = d < half ? x[j] * c - partner * s : x[j] * c + partner * s;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++) x[j] = out[j];
+}
+
+/* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
+ * into the warp's (m, l, acc) as warp_positions folds a position. With the phase's q/k norms, k is normalised and
+ * rotated first, and with store (one item of each KV head) it goes to k_out, and k and v to the caches' row pos. */
+template <int HD>
+__device__ __forceinline__ void own_row(const step_phase &P, const float *qs, const float *k, const float *v,
+                                        bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
+                                        float &m, float &l, float *acc, int lane)
 {
     const int hd = HD ? HD : hd_any;
     float kr[MAX_DIMS] = {}, vr[MAX_DIMS] = {};
@@ -694,6 +729,28 @@ __device__ __forceinline__ void own_row(const float *qs, const float *k, const f
         for (int j = 0; j < MAX_DIMS; j++) {
             if (k_flagged && is_empty(kr[j])) kr[j] = ld_relaxed1(k + lane + 32 * j);
             if (v_flagged && is_empty(vr[j])) vr[j] = ld_relaxed1(v + lane + 32 * j);
+        }
+    }
+    if (P.k_norm_w) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++) ss += kr[j] * kr[j]; /* (0 past hd) */
+        const float scale = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++)
+            if (lane + 32 * j < hd)
+                kr[j] = (P.norm_offset + llm_cuda_load(P.k_norm_w, P.k_norm_dtype, (size_t)(lane + 32 * j))) *
+                        (kr[j] * scale);
+        rope_held<HD>(kr, hd, pos, P.inv_freq, lane);
+        if (store) {
+            const size_t row = (size_t)pos * P.kv_heads * hd + (size_t)g * hd;
+#pragma unroll
+            for (int j = 0; j < MAX_DIMS; j++) {
+                const int d = lane + 32 * j;
+                if (d >= hd) continue;
+                P.k_cache[row + d] = kr[j], P.v_cache[row + d] = vr[j];
+                put(P.k_out, (size_t)g * hd + d, kr[j]);
+            }
         }
     }
     float dot = 0.0f;
@@ -731,6 +788,22 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         *(float4 *)(qs + i) = a;
     }
     consumers_sync();
+    if (P.k_norm_w) { /* q's norm and rope, as llm_cuda_qk_norm_rope's: every warp sums the squares alike */
+        float ss = 0.0f;
+        for (int d = lane; d < hd; d += 32) ss += qs[d] * qs[d];
+        const float scale = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        consumers_sync(); /* every warp has read qs */
+        const int half = hd / 2;
+        for (int j = ct; j < half; j += CONSUMERS) {
+            const float a = (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)j)) * (qs[j] * scale);
+            const float b =
+                (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)(j + half))) * (qs[j + half] * scale);
+            const float angle = (float)pos * P.inv_freq[j], c = cosf(angle), sn = sinf(angle);
+            qs[j] = a * c - b * sn, qs[j + half] = b * c + a * sn;
+            if (last) put(P.q_out, (size_t)h * hd + j, qs[j]), put(P.q_out, (size_t)h * hd + j + half, qs[j + half]);
+        }
+        consumers_sync();
+    }
     float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
     int run = 0, kept = -1; /* runs of 32 positions so far: run r goes to warp r % 8; the slot kept for the merge */
     for (int c0 = t0; c0 < t1; c0 += per, it++) {
@@ -750,7 +823,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     /* This token's own k and v (the last split's) are polled for only now, by the warp that takes them: they are
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
      * (dev/cuda/notes.md, version 63). */
-    if (last && run % WARPS == warp) own_row<HD>(qs, k, v, k_flagged, v_flagged, hd, m, l, acc, lane);
+    if (last && run % WARPS == warp)
+        own_row<HD>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, m, l, acc, lane);
     auto write_record = [&] {
 #pragma unroll
         for (int j = 0; j < MAX_DIMS; j++)
@@ -1076,6 +1150,7 @@ struct ext_read {
 /* A phase's references to versions (-1: none / read from the buffer itself), resolved once the arena is laid out. */
 struct refs {
     int x, resid, q, k, v, staged, resid_out, out[LLM_CUDA_GEMV_MATS], partials;
+    int q_out, k_out; /* attention with q/k norms: the normalised, rotated q and k */
     int kv_maps; /* attention: its K map's index in the plan's maps (V's the next) */
     int wide;    /* > 0: the input is normalised or combined and wider than HELD_COLS (the plan's wide room) */
 };
@@ -1206,6 +1281,12 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         return false;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.units = op.heads * most_splits();
+    if (op.qk_norm) { /* own_row's rope pairs dimensions across lanes (hd even: hd % 4 above) */
+        if (!op.q_norm.data || !op.k_norm.data || !op.inv_freq) return false;
+        P.norm_w = op.q_norm.data, P.norm_dtype = op.q_norm.dtype, P.k_norm_w = op.k_norm.data;
+        P.k_norm_dtype = op.k_norm.dtype, P.eps = op.qk_eps, P.norm_offset = op.qk_offset, P.inv_freq = op.inv_freq;
+        P.k_cache = op.k_cache, P.v_cache = op.v_cache;
+    }
     r.kv_maps = pl.n_maps;
     if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd) ||
         !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd))
@@ -1213,6 +1294,10 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
     r.k = read_of(c, op.k, kv_dim, i, false);
     r.v = read_of(c, op.v, kv_dim, i, false);
+    if (op.qk_norm) { /* q and k normalised and rotated in place, as the norms and rope before attention leave them */
+        r.q_out = write_of(c, op.q, (size_t)op.heads * hd, i);
+        r.k_out = write_of(c, op.k, kv_dim, i);
+    }
     r.partials = write_of(c, op.out, (size_t)op.heads * hd, i);
     c.vers[r.partials].partials = true;
     return c.ok;
@@ -1302,7 +1387,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
-    /* the kernel's own __shared__ arrays (2,704 bytes), with headroom: an H100's 227 KB then hold seven stages */
+    /* the kernel's own __shared__ arrays (2,816 bytes), with headroom: an H100's 227 KB then hold seven stages */
     const size_t static_smem = 3072;
     pl.stages = llm_cuda.smem_optin > static_smem ? (int)((llm_cuda.smem_optin - static_smem) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
@@ -1338,6 +1423,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
         const llm_cuda_step_op &op = ops[i];
         if (P.kind == PHASE_ATTENTION) {
             P.q = src_of(r.q, op.q), P.k = src_of(r.k, op.k), P.v = src_of(r.v, op.v);
+            P.q_out = vec_of(r.q_out), P.k_out = vec_of(r.k_out);
             P.partials = arena + c.vers[r.partials].arena;
             P.kv_maps = (const CUtensorMap *)base + r.kv_maps;
             continue;
