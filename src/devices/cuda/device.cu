@@ -97,10 +97,8 @@ static int env_int(const char *name, int fallback)
  *   LLM_CUDA_DEC_WARPS=8|16     warps per decode-attention block (anything else: by heads per block)
  *   LLM_CUDA_ATTN_WINDOW_KB=N   decode attention's staging window per block (32)
  *   LLM_CUDA_GEMV_CPL=1|2       chunks per lane in every GEMV (0: by row length; any other non-zero: 2)
- *   LLM_CUDA_PERSIST_SPLITS=N   the most KV splits per head of the persistent step's attention, 1..8 (by the heads:
- *                               4 for 32 heads or more, 8 for 16 or fewer; step.cu's split_rule)
- *   LLM_CUDA_PERSIST_SPLIT_SCALE=N  how fast those splits grow with the position (by the heads: 49 for 32 or more,
- *                               12 for 16; clamped to 0..2^24)
+ *   LLM_CUDA_PERSIST_SPLITS=N   the most KV splits per head of the persistent step's attention (4)
+ *   LLM_CUDA_PERSIST_SPLIT_SCALE=N  how fast those splits grow with the position (49; clamped to 0..2^24)
  *   LLM_CUDA_PERSIST_STAGES=N   at most N ring stages in the persistent step (0: all that fit; tests use it)
  *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
  *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py)
@@ -128,9 +126,9 @@ static void cuda_settings_read(cuda_settings *s)
     s->gemv_cpl = env_int("LLM_CUDA_GEMV_CPL", 0);
     if (s->gemv_cpl) s->gemv_cpl = s->gemv_cpl == 1 ? 1 : 2;
     s->persist = env_flag("LLM_CUDA_PERSIST", true);
-    s->persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 0);         /* 0: by the heads (step.cu's split_rule) */
-    s->persist_split_scale = env_int("LLM_CUDA_PERSIST_SPLIT_SCALE", -1); /* -1: by the heads */
-    if (s->persist_split_scale < -1) s->persist_split_scale = 0;
+    s->persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
+    s->persist_split_scale = env_int("LLM_CUDA_PERSIST_SPLIT_SCALE", 49);
+    if (s->persist_split_scale < 0) s->persist_split_scale = 0;
     if (s->persist_split_scale > 1 << 24) s->persist_split_scale = 1 << 24; /* (splits_at's products fit) */
     s->persist_stages = env_int("LLM_CUDA_PERSIST_STAGES", 0);
     s->step_trace = getenv("LLM_CUDA_STEP_TRACE");

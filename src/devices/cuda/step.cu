@@ -58,8 +58,7 @@ constexpr int PARTS = 4;                /* tiles' partial sums in flight to the 
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
 [[maybe_unused]] constexpr int MAX_POS = 64; /* KV positions per attention stage */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
-constexpr int MAX_SPLITS = 8;           /* KV splits per head at most (split_rule) */
-constexpr int HELD_SPLITS = 4;          /* the o product's staging holds this many splits' records in registers */
+constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
 constexpr int HELD_COLS = CONSUMERS * 4 * X_GROUPS; /* 4,096: the widest input a phase holds (see group_col) */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
@@ -387,93 +386,42 @@ template <int VPT> __device__ void stage_plain(float4 (&xin)[X_GROUPS], const st
     }
 }
 
-/* More splits than HELD_SPLITS (a model of fewer than 32 heads: split_rule), HELD_SPLITS at a time, each round merged
- * into (M, L, acc) as consume_item merges its warps. Out of line: inlined, its running sums beside a round's records
- * spilled registers in every phase's staging (all 8 splits' records at once spilled too). */
-__device__ __noinline__ float4 combine_many(const step_src &x, int cols, int c, int S)
-{
-    const int hd = x.head_dim, H = cols / hd, stride = hd + 4;
-    const float *p = x.p;
-    const bool flagged = x.flagged;
-    auto record = [&](int s) { return p + ((size_t)s * H + c / hd) * stride; };
-    float M = -INFINITY, L = 0.0f;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s0 = 0; s0 < S; s0 += HELD_SPLITS) {
-        const int n = min(HELD_SPLITS, S - s0);
-        float2 ml[HELD_SPLITS] = {}; /* (0s where there is no split: never polled) */
-        float4 o[HELD_SPLITS] = {};
-        auto load = [&](int s, bool all) {
-            if (all || is_empty(ml[s].x) || is_empty(ml[s].y)) ml[s] = ld_relaxed2(record(s0 + s));
-            if (all || any_empty(o[s])) o[s] = ld_relaxed4(record(s0 + s) + 4 + c % hd);
-        };
-#pragma unroll
-        for (int s = 0; s < HELD_SPLITS; s++)
-            if (s < n) load(s, true);
-        for (long long t0 = 0; flagged;) {
-            bool waiting = false;
-#pragma unroll
-            for (int s = 0; s < HELD_SPLITS; s++) waiting |= is_empty(ml[s].x) || is_empty(ml[s].y) || any_empty(o[s]);
-            if (!waiting) break;
-            spin_check(t0);
-#pragma unroll
-            for (int s = 0; s < HELD_SPLITS; s++) load(s, false);
-        }
-        float Mc = M;
-#pragma unroll
-        for (int s = 0; s < HELD_SPLITS; s++)
-            if (s < n) Mc = fmaxf(Mc, ml[s].x);
-        if (Mc == -INFINITY) continue; /* no position seen yet (the last split always has one: this token's) */
-        const float r = M == -INFINITY ? 0.0f : expf(M - Mc); /* (L and acc are 0 until a split has positions) */
-        L *= r, acc.x *= r, acc.y *= r, acc.z *= r, acc.w *= r;
-#pragma unroll
-        for (int s = 0; s < HELD_SPLITS; s++)
-            if (s < n) {
-                const float w = expf(ml[s].x - Mc); /* 0 for an empty split (m = -inf) */
-                L += w * ml[s].y;
-                acc.x += w * o[s].x, acc.y += w * o[s].y, acc.z += w * o[s].z, acc.w += w * o[s].w;
-            }
-        M = Mc;
-    }
-    return make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
-}
-
 /* Attention's output from its splits' partials: per head, out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
  * combine_group loads every split's (m, l) and output values for the 4 columns at c, polling in rounds. HD: the head
  * size where it is 64 or 128 (0: any), so that a column's head and place in it are shifts rather than divisions on
  * the o product's edge (with consume_item's, +0.4 to +0.8 %, dev/cuda/notes.md version 112). */
 template <int HD> __device__ __forceinline__ float4 combine_group(const step_src &x, int cols, int c, int S)
 {
-    if (S > HELD_SPLITS) return combine_many(x, cols, c, S);
     const int hd = HD ? HD : x.head_dim, H = cols / hd, stride = hd + 4;
     const float *p = x.p;
     const bool flagged = x.flagged;
     auto record = [&](int s) { return p + ((size_t)s * H + c / hd) * stride; };
-    float2 ml[HELD_SPLITS] = {}; /* (0s where there is no split: never polled) */
-    float4 o[HELD_SPLITS] = {};
+    float2 ml[MAX_SPLITS] = {}; /* (0s where there is no split: never polled) */
+    float4 o[MAX_SPLITS] = {};
     auto load = [&](int s, bool all) {
         if (all || is_empty(ml[s].x) || is_empty(ml[s].y)) ml[s] = ld_relaxed2(record(s));
         if (all || any_empty(o[s])) o[s] = ld_relaxed4(record(s) + 4 + c % hd);
     };
 #pragma unroll
-    for (int s = 0; s < HELD_SPLITS; s++)
+    for (int s = 0; s < MAX_SPLITS; s++)
         if (s < S) load(s, true);
     for (long long t0 = 0; flagged;) {
         bool waiting = false;
 #pragma unroll
-        for (int s = 0; s < HELD_SPLITS; s++) waiting |= is_empty(ml[s].x) || is_empty(ml[s].y) || any_empty(o[s]);
+        for (int s = 0; s < MAX_SPLITS; s++) waiting |= is_empty(ml[s].x) || is_empty(ml[s].y) || any_empty(o[s]);
         if (!waiting) break;
         spin_check(t0);
 #pragma unroll
-        for (int s = 0; s < HELD_SPLITS; s++) load(s, false);
+        for (int s = 0; s < MAX_SPLITS; s++) load(s, false);
     }
     float M = -INFINITY;
 #pragma unroll
-    for (int s = 0; s < HELD_SPLITS; s++)
+    for (int s = 0; s < MAX_SPLITS; s++)
         if (s < S) M = fmaxf(M, ml[s].x);
     float L = 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int s = 0; s < HELD_SPLITS; s++)
+    for (int s = 0; s < MAX_SPLITS; s++)
         if (s < S) {
             const float w = expf(ml[s].x - M); /* 0 for an empty split (m = -inf) */
             L += w * ml[s].y;
@@ -558,41 +506,37 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
             if (c < cols) nw[i] = norm_weights(P, c, wsize);
         }
     consumers_sync(); /* every warp is done with the phase before (red's readers among them) */
-    /* (a norm's input is never attention's partials, plan_gemv: apart, the norm weights' registers are free while
-     * the partials are combined) */
-    if (P.x.partials) {
-        if (P.x.head_dim == 64)
-            stage_partials<64, VPT>(xin, P.x, cols, ct, splits);
-        else if (P.x.head_dim == 128)
-            stage_partials<128, VPT>(xin, P.x, cols, ct, splits);
-        else
-            stage_partials<0, VPT>(xin, P.x, cols, ct, splits);
-        if (WIDE) stage_wide_partials<VPT>(wide, P.x, cols, groups, ct, splits);
-    } else {
+    if (P.x.partials && P.x.head_dim == 64)
+        stage_partials<64, VPT>(xin, P.x, cols, ct, splits);
+    else if (P.x.partials && P.x.head_dim == 128)
+        stage_partials<128, VPT>(xin, P.x, cols, ct, splits);
+    else if (P.x.partials)
+        stage_partials<0, VPT>(xin, P.x, cols, ct, splits);
+    else
         stage_plain<VPT>(xin, P.x, cols, ct);
-        if (P.norm_w) {
-            float ss = 0.0f;
+    if (WIDE && P.x.partials) stage_wide_partials<VPT>(wide, P.x, cols, groups, ct, splits);
+    if (P.norm_w) {
+        float ss = 0.0f;
 #pragma unroll
-            for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
-                ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
-            if (WIDE) stage_wide_norm<VPT>(wide, P.x, groups, ct, ss);
-            ss = llm_cuda_warp_sum(ss);
-            if ((ct & 31) == 0) red[ct >> 5] = ss;
-            consumers_sync();
-            float total = 0.0f;
-            for (int w = 0; w < WARPS; w++) total += red[w];
-            const float scale = llm_cuda_rms_scale(total, cols, P.eps);
+        for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
+            ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
+        if (WIDE) stage_wide_norm<VPT>(wide, P.x, groups, ct, ss);
+        ss = llm_cuda_warp_sum(ss);
+        if ((ct & 31) == 0) red[ct >> 5] = ss;
+        consumers_sync();
+        float total = 0.0f;
+        for (int w = 0; w < WARPS; w++) total += red[w];
+        const float scale = llm_cuda_rms_scale(total, cols, P.eps);
 #pragma unroll
-            for (int i = 0; i < X_GROUPS; i++) {
-                const int c = group_col<VPT>(i, ct);
-                if (c < cols) normalise4(xin[i], nw[i], P.norm_dtype, scale, P.norm_offset);
-            }
-            if (WIDE)
-                for (int i = X_GROUPS; i < groups; i++) {
-                    const int c = group_col<VPT>(i, ct);
-                    normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale, P.norm_offset);
-                }
+        for (int i = 0; i < X_GROUPS; i++) {
+            const int c = group_col<VPT>(i, ct);
+            if (c < cols) normalise4(xin[i], nw[i], P.norm_dtype, scale, P.norm_offset);
         }
+        if (WIDE)
+            for (int i = X_GROUPS; i < groups; i++) {
+                const int c = group_col<VPT>(i, ct);
+                normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale, P.norm_offset);
+            }
     }
     if (blockIdx.x == 0 && (P.staged.arena || P.staged.real)) {
 #pragma unroll
@@ -1273,7 +1217,6 @@ struct plan {
     int stages, first_gemv;
     size_t arena_floats;
     int wide_cols; /* the widest input that needs a room of its own a block (wide), else 0 */
-    int most, scale; /* the KV splits: split_rule */
     float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
@@ -1286,24 +1229,11 @@ static bool same_positions(plan &pl, const int32_t *p)
     return true;
 }
 
-/* The most KV splits per head and how fast the count grows with the position (splits_at), for a step whose
- * attentions have `heads` query heads at the fewest: LLM_CUDA_PERSIST_SPLITS (1..MAX_SPLITS) and
- * LLM_CUDA_PERSIST_SPLIT_SCALE where set; else 4 and 49, TinyLlama's best (32 heads; dev/cuda/notes.md, versions 91
- * and 95), and for fewer heads about as many items a step: the most doubled for each halving of the heads (up to
- * MAX_SPLITS), the scale times the square of the heads' share of 32 (the count grows as the square root of pos /
- * scale). Qwen3-1.7B's 16 heads: 8 and 12; with 4, its attention phase took 10 us a layer, TinyLlama's 4.6. */
-static void split_rule(int heads, int &most, int &scale)
+/* LLM_CUDA_PERSIST_SPLITS within what the o product's staging holds */
+static int most_splits(void)
 {
-    most = llm_cuda.persist_splits, scale = llm_cuda.persist_split_scale;
-    if (most <= 0) {
-        most = 4;
-        for (int h = std::max(heads, 1); h < 32 && most < MAX_SPLITS; h *= 2) most *= 2;
-    }
-    if (most > MAX_SPLITS) most = MAX_SPLITS;
-    if (scale < 0) {
-        const int h = std::min(std::max(heads, 1), 32);
-        scale = 49 * h * h / (32 * 32);
-    }
+    const int most = llm_cuda.persist_splits;
+    return most < 1 ? 1 : most > MAX_SPLITS ? MAX_SPLITS : most;
 }
 
 /* The driver's tensor-map encoder, looked up once (through the runtime: no link to the driver library); NULL where
@@ -1350,7 +1280,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
-    P.units = op.heads * pl.most;
+    P.units = op.heads * most_splits();
     if (op.qk_norm) { /* own_row's rope pairs dimensions across lanes (hd even: hd % 4 above) */
         if (!op.q_norm.data || !op.k_norm.data || !op.inv_freq) return false;
         P.norm_w = op.q_norm.data, P.norm_dtype = op.q_norm.dtype, P.k_norm_w = op.k_norm.data;
@@ -1429,10 +1359,7 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
  * the buffer itself, which a copy out; the shared memory left for the ring. */
 static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
 {
-    int units_before = 0, heads = 0;
-    for (int i = 0; i < pl.n; i++)
-        if (ops[i].kind == LLM_CUDA_STEP_ATTENTION && (!heads || ops[i].heads < heads)) heads = ops[i].heads;
-    split_rule(heads, pl.most, pl.scale);
+    int units_before = 0;
     for (int i = 0; i < pl.n; i++) {
         memset(&pl.rf[i], -1, sizeof pl.rf[i]);
         bool ok = ops[i].kind == LLM_CUDA_STEP_ATTENTION ? plan_attention(pl, i, ops[i]) : plan_gemv(pl, i, ops[i].gemv);
@@ -1456,7 +1383,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
         if (V.read_later || V.copy_out) {
             V.arena = pl.arena_floats;
             const step_phase &W = pl.phases[V.phase]; /* the phase that wrote it */
-            size_t floats = V.partials ? (size_t)pl.most * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
+            size_t floats = V.partials ? (size_t)most_splits() * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
@@ -1597,7 +1524,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     prog.copies = (const step_copy *)(base + maps_bytes(pl) + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
-    prog.most_splits = pl.most, prog.split_scale = pl.scale;
+    prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step")) return LLM_CUDA_STEP_REFUSED;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeCooperative; /* every block resident at once: they wait on each other's data */
