@@ -107,13 +107,12 @@ static void issue_program(void)
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
         else {
-            const llm_attention_params llama = llm_cuda_llama_attention(o->head_dim); /* only Llama's records */
             if (o->qk_norm)
                 llm_cuda_qk_norm_rope((float *)o->q, (float *)o->k, o->v, &o->q_norm, &o->k_norm, o->qk_eps,
                                       o->qk_offset, o->positions, o->inv_freq, 1, o->heads, o->kv_heads, o->head_dim,
                                       o->head_dim, 1.0f, o->k_cache, o->v_cache, o->ctx);
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
-                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
+                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &o->params, o->stored);
         }
         after_op(o->name);
     }
@@ -452,11 +451,12 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.dim == head_dim &&
         P->qk.positions == positions) {
         P->kind = PEND_NONE;
-        if (llama && recording() && P->qk.rot == head_dim && P->qk.scale == 1.0f) {
+        if (llm_cuda_step_takes_attention(p, head_dim) && recording() && P->qk.rot == head_dim &&
+            P->qk.scale == 1.0f) {
             llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "q/k norm+rope+attention");
             o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
             o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
-            o->ctx = ctx, o->stored = true;
+            o->ctx = ctx, o->stored = true, o->params = *p;
             o->qk_norm = true, o->q_norm = P->qk.q_w, o->k_norm = P->qk.k_w, o->qk_eps = P->qk.eps;
             o->qk_offset = P->qk.offset, o->inv_freq = P->qk.inv_freq;
             return;
@@ -484,12 +484,12 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
         stored = true;
     }
-    if (llama && n == 1 && recording()) {
+    if (llm_cuda_step_takes_attention(p, head_dim) && n == 1 && recording()) {
         retire_pending(); /* the q/k/v GEMV joins the record before its attention */
         llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
         o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
         o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
-        o->ctx = ctx, o->stored = stored;
+        o->ctx = ctx, o->stored = stored, o->params = *p;
         return;
     }
     flush_pending();
