@@ -18,8 +18,9 @@ static const char *const NOTE_ROPE =
     "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
     "product's epilogue";
 static const char *const NOTE_ATTENTION =
-    "attention with a sliding window, a soft-cap, sinks or its own scale: the split-KV decode kernel but not the "
-    "persistent step; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core prefill)";
+    "attention with a sliding window, a soft-cap, sinks or its own scale outside the persistent step (which takes a "
+    "window and a scale up to head_dim 128): the split-KV decode kernel; batches of more than 4 tokens on a kernel of "
+    "a block a (token, head) (no tensor-core prefill)";
 static const char *const NOTE_GELU =
     "glu with tanh-GELU (GeGLU) or gpt-oss's clamped SwiGLU: its own kernel, without the split for the next product "
     "that SwiGLU's does (and the clamped SwiGLU never in the GEMV's epilogue)";
