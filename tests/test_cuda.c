@@ -1022,7 +1022,7 @@ static void test_persistent_step(void **state)
     dev->release();
     /* every architecture the fixtures have: f32, bf16 and f16 weights, biases, MQA, head_dim 32, linear rope,
      * Qwen3's per-head q/k norms (done by the attention phase, which then also stores the KV row), and Mistral's
-     * window of 8 over a ring of 31 rows (batches of at most 24, its prompt), which positions 24-87 pass twice */
+     * window of 8 over a ring of 39 rows (batches of at most 32), which positions 24-87 pass twice */
     const char *fixtures[] = {"llama-gqa-tied",    "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama-linear-rope",
                               "llama3-mqa-untied", "mistral-headdim",     "qwen2-bias",         "qwen3",
                               "mistral-window"};
@@ -1033,7 +1033,7 @@ static void test_persistent_step(void **state)
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
         int vocab = 0;
         size_t n_graphs = 0, n_plain = 0;
-        decode_batch = strcmp(fixtures[f], "mistral-window") == 0 ? 24 : 0;
+        decode_batch = strcmp(fixtures[f], "mistral-window") == 0 ? 32 : 0;
         float *kernels = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
         float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
         size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
