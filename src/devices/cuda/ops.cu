@@ -469,8 +469,9 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         after_op("q/k norm+rope");
         stored = true;
     }
-    /* The tensor-core batch kernels and the persistent step compute Llama's attention: 1/sqrt(head_dim), no more;
-     * the split-KV decode kernel any scale, soft-cap and window (head_dim a multiple of 4 up to 256). */
+    /* The tensor-core batch kernels compute Llama's attention: 1/sqrt(head_dim), no more; the persistent step any
+     * scale and window (llm_cuda_step_takes_attention); the split-KV decode kernel any scale, soft-cap and window
+     * (head_dim a multiple of 4 up to 256). */
     bool split_kv = n <= 4 && head_dim % 4 == 0 && head_dim <= 256;
     if (!llama && !split_kv && !llm_cuda_attention_params_fits(head_dim)) {
         llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "

@@ -721,7 +721,8 @@ __device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int 
 
 /* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
  * into the warp's (m, l, acc) as warp_positions folds a position. With the phase's q/k norms, k is normalised and
- * rotated first, and with store (one item of each KV head) it goes to k_out, and k and v to the caches' row pos. */
+ * rotated first; with store (one item of each KV head) and the phase's caches, k and v go to the caches' row
+ * pos % ctx (and k to k_out). */
 template <int HD>
 __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, const float *k, const float *v,
                                         bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
@@ -748,12 +749,12 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < MAX_DIMS; j++) ss += kr[j] * kr[j]; /* (0 past hd) */
-        const float scale = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
 #pragma unroll
         for (int j = 0; j < MAX_DIMS; j++)
             if (lane + 32 * j < hd)
                 kr[j] = (P.norm_offset + llm_cuda_load(P.k_norm_w, P.k_norm_dtype, (size_t)(lane + 32 * j))) *
-                        (kr[j] * scale);
+                        (kr[j] * rms);
         rope_held<HD>(kr, hd, pos, P.inv_freq, lane);
     }
     if (store && P.k_cache) {
@@ -804,13 +805,13 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     if (P.k_norm_w) { /* q's norm and rope, as llm_cuda_qk_norm_rope's: every warp sums the squares alike */
         float ss = 0.0f;
         for (int d = lane; d < hd; d += 32) ss += qs[d] * qs[d];
-        const float scale = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
         consumers_sync(); /* every warp has read qs */
         const int half = hd / 2;
         for (int j = ct; j < half; j += CONSUMERS) {
-            const float a = (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)j)) * (qs[j] * scale);
+            const float a = (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)j)) * (qs[j] * rms);
             const float b =
-                (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)(j + half))) * (qs[j + half] * scale);
+                (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)(j + half))) * (qs[j + half] * rms);
             const float angle = (float)pos * P.inv_freq[j], c = cosf(angle), sn = sinf(angle);
             qs[j] = a * c - b * sn, qs[j + half] = b * c + a * sn;
             if (last) put(P.q_out, (size_t)h * hd + j, qs[j]), put(P.q_out, (size_t)h * hd + j + half, qs[j + half]);
