@@ -34,6 +34,12 @@ static inline bool llm_cuda_is_llama_attention(const llm_attention_params *p, in
 {
     return p->window == 0 && p->softcap == 0.0f && !p->sinks && p->scale == llm_cuda_llama_attention(head_dim).scale;
 }
+/* What the persistent step's attention phase computes: any scale and window (a ring cache), no soft-cap or sinks,
+ * an f32 cache, head_dim a multiple of 4 up to 128 (step.cu's MAX_DIMS lanes of 32). */
+static inline bool llm_cuda_step_takes_attention(const llm_attention_params *p, int head_dim)
+{
+    return p->softcap == 0.0f && !p->sinks && p->cache == LLM_DTYPE_F32 && head_dim % 4 == 0 && head_dim <= 128;
+}
 
 /* What every launcher needs from the device. */
 struct llm_cuda_ctx {
@@ -437,7 +443,17 @@ typedef struct {
     float *k_cache, *v_cache;
     const int32_t *positions;
     int heads, kv_heads, head_dim, ctx;
-    bool stored;
+    llm_attention_params params; /* scale and window (llm_cuda_step_takes_attention) */
+    bool stored;          /* this token's KV row is in the caches before the attention (else the attention stores
+                             it: row positions[0] % ctx) */
+    /* Per-head q/k norms and the rope after them, done by the attention itself (Qwen3, Gemma 3): q and k are the
+     * q/k/v product's raw rows; each is normalised per head ((qk_offset + w) weights of head_dim), rotated over the
+     * whole head (inv_freq, cos/sin unscaled), left in q and k, and this token's k and v rows stored in the caches,
+     * as llm_cuda_qk_norm_rope does (stored is then true). */
+    bool qk_norm;
+    llm_weight q_norm, k_norm;
+    float qk_eps, qk_offset;
+    const float *inv_freq;
 } llm_cuda_step_op;
 
 enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_UNAVAILABLE, LLM_CUDA_STEP_RAN, LLM_CUDA_STEP_RAN_NEW_TABLE };

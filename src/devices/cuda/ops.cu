@@ -18,8 +18,9 @@ static const char *const NOTE_ROPE =
     "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
     "product's epilogue";
 static const char *const NOTE_ATTENTION =
-    "attention with a sliding window, a soft-cap, sinks or its own scale: the split-KV decode kernel but not the "
-    "persistent step; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core prefill)";
+    "attention with a sliding window, a soft-cap, sinks or its own scale outside the persistent step (which takes a "
+    "window and a scale up to head_dim 128): the split-KV decode kernel; batches of more than 4 tokens on a kernel of "
+    "a block a (token, head) (no tensor-core prefill)";
 static const char *const NOTE_GELU =
     "glu with tanh-GELU (GeGLU) or gpt-oss's clamped SwiGLU: its own kernel, without the split for the next product "
     "that SwiGLU's does (and the clamped SwiGLU never in the GEMV's epilogue)";
@@ -107,9 +108,12 @@ static void issue_program(void)
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
         else {
-            const llm_attention_params llama = llm_cuda_llama_attention(o->head_dim); /* only Llama's records */
+            if (o->qk_norm)
+                llm_cuda_qk_norm_rope((float *)o->q, (float *)o->k, o->v, &o->q_norm, &o->k_norm, o->qk_eps,
+                                      o->qk_offset, o->positions, o->inv_freq, 1, o->heads, o->kv_heads, o->head_dim,
+                                      o->head_dim, 1.0f, o->k_cache, o->v_cache, o->ctx);
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
-                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
+                               o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &o->params, o->stored);
         }
         after_op(o->name);
     }
@@ -243,7 +247,8 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
 {
     if (!op_usable()) return;
     forget_split();
-    if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
+    /* (while recording, q/k norms go to the persistent attention phase; a post norm cuts the step, said then) */
+    if (norms_pending_output(x) && !recording()) notice(NOTE_NORM_OF_PRODUCT);
     pending_t *P = &g.pend;
     size_t all = (size_t)n * dim * sizeof(float);
     /* In place, after another in place of the same width, parameters and apart from it: q's and k's norms, held
@@ -440,11 +445,23 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     pending_t *P = &g.pend;
     bool stored = false;
     size_t kv_dim = (size_t)n_kv_heads * head_dim;
-    /* q/k norms and rope held back (op_rope): one kernel, which for one token also stores the KV row */
+    bool llama = llm_cuda_is_llama_attention(p, head_dim);
+    /* q/k norms and rope held back (op_rope): one kernel, which for one token also stores the KV row; recorded for
+     * the persistent step, the attention phase does them (whole-head rope only) */
     if (P->kind == PEND_QK_ROPE && n == 1 && P->qk.q == q && P->qk.k == k && P->qk.n == 1 &&
         P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.dim == head_dim &&
         P->qk.positions == positions) {
         P->kind = PEND_NONE;
+        if (llm_cuda_step_takes_attention(p, head_dim) && recording() && P->qk.rot == head_dim &&
+            P->qk.scale == 1.0f) {
+            llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "q/k norm+rope+attention");
+            o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
+            o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
+            o->ctx = ctx, o->stored = true, o->params = *p;
+            o->qk_norm = true, o->q_norm = P->qk.q_w, o->k_norm = P->qk.k_w, o->qk_eps = P->qk.eps;
+            o->qk_offset = P->qk.offset, o->inv_freq = P->qk.inv_freq;
+            return;
+        }
         issue_program(); /* what was recorded runs before this */
         llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, v, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, positions,
                               P->qk.inv_freq, 1, n_heads, n_kv_heads, head_dim, P->qk.rot, P->qk.scale, k_cache,
@@ -452,9 +469,9 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         after_op("q/k norm+rope");
         stored = true;
     }
-    /* The tensor-core batch kernels and the persistent step compute Llama's attention: 1/sqrt(head_dim), no more;
-     * the split-KV decode kernel any scale, soft-cap and window (head_dim a multiple of 4 up to 256). */
-    bool llama = llm_cuda_is_llama_attention(p, head_dim);
+    /* The tensor-core batch kernels compute Llama's attention: 1/sqrt(head_dim), no more; the persistent step any
+     * scale and window (llm_cuda_step_takes_attention); the split-KV decode kernel any scale, soft-cap and window
+     * (head_dim a multiple of 4 up to 256). */
     bool split_kv = n <= 4 && head_dim % 4 == 0 && head_dim <= 256;
     if (!llama && !split_kv && !llm_cuda_attention_params_fits(head_dim)) {
         llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
@@ -469,12 +486,12 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
         stored = true;
     }
-    if (llama && n == 1 && recording()) {
+    if (llm_cuda_step_takes_attention(p, head_dim) && n == 1 && recording()) {
         retire_pending(); /* the q/k/v GEMV joins the record before its attention */
         llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
         o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
         o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
-        o->ctx = ctx, o->stored = stored;
+        o->ctx = ctx, o->stored = stored, o->params = *p;
         return;
     }
     flush_pending();

@@ -77,7 +77,8 @@ struct step_vec {
  * `splits` (step_kernel's). */
 struct step_src {
     const float *p;
-    int flagged, partials, head_dim;
+    bool flagged, partials; /* (bools: the phase fits two 8-byte words a lane, PHASE_WORDS) */
+    int head_dim;
 };
 
 struct step_mat {
@@ -108,7 +109,16 @@ struct step_phase {
     const float *inv_freq; /* EPI_ROPE */
     int head_dim;
     /* PHASE_ATTENTION (head_dim above) */
-    step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
+    step_src q, k, v;     /* this token's q (rotated), k (rotated) and v; with k_norm_w, q and k as the product wrote
+                             them, and the phase normalises (norm_w, norm_dtype, eps, norm_offset for q; k_norm_w
+                             for k) and rotates them (inv_freq), writes them to q_out and k_out and stores the
+                             token's k and v rows in k_cache and v_cache */
+    const void *k_norm_w;
+    int k_norm_dtype;
+    float scale;          /* of q . k */
+    step_vec q_out, k_out;
+    float *k_cache, *v_cache; /* set when the phase stores this token's KV row (at row pos % ctx) */
+    int window, ctx;      /* > 0: positions above pos - window only; the caches' rows (a ring where positions pass) */
     const CUtensorMap *kv_maps; /* the K and V caches (rows below the position) as 2-D tensors, ctx rows of kv_dim */
     int heads, kv_heads;
     float *partials;      /* (most splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
@@ -243,9 +253,17 @@ __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, 
                                            int &t0, int &t1)
 {
     h = u % P.heads, g = h / (P.heads / P.kv_heads), s = u / P.heads;
-    const int len = (pos + splits - 1) / splits;
-    t0 = min(pos, s * len), t1 = min(pos, t0 + len);
+    const int first = P.window > 0 && pos + 1 > P.window ? pos + 1 - P.window : 0; /* the window's first position */
+    const int len = (pos - first + splits - 1) / splits;
+    t0 = min(pos, first + s * len), t1 = min(pos, t0 + len);
     return s < splits;
+}
+
+/* The end of the run of cached positions from c0 that one ring stage holds: at most per, below t1, and not past the
+ * ring's last row (a windowed layer's cache: position t at row t % ctx), so that a stage's rows are contiguous. */
+__device__ __forceinline__ int stage_end(int c0, int t1, int per, int ctx)
+{
+    return min(min(c0 + per, t1), (c0 / ctx + 1) * ctx);
 }
 
 /* ---- the producer: every stage this block will consume, in order ---- */
@@ -289,17 +307,19 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
                 if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) continue;
                 const int per = kv_per_stage(P.head_dim), hd = P.head_dim, row_bytes = hd * 4;
                 const CUtensorMap *maps = P.kv_maps;
-                for (int c0 = t0; c0 < t1; c0 += per) {
+                const int ctx = P.ctx;
+                for (int c0 = t0, c1; c0 < t1; c0 = c1) {
+                    c1 = stage_end(c0, t1, per, ctx);
                     /* whole boxes: the rows past the item's (up to 31; zeros past the cache's end) land unread */
-                    const int boxes = (min(per, t1 - c0) + KV_BOX - 1) / KV_BOX;
+                    const int boxes = (c1 - c0 + KV_BOX - 1) / KV_BOX, row0 = c0 % ctx;
                     uint64_t *bar;
                     char *slot = next_slot(bar);
                     if (lane == 0) {
                         mbar_expect_tx(bar, (uint32_t)(boxes * KV_BOX * row_bytes * 2));
                         for (int b = 0; b < boxes; b++) {
                             char *k_rows = slot + b * KV_BOX * row_bytes;
-                            tensor_copy_2d(k_rows, maps, g * hd, c0 + b * KV_BOX, bar);
-                            tensor_copy_2d(k_rows + per * row_bytes, maps + 1, g * hd, c0 + b * KV_BOX, bar);
+                            tensor_copy_2d(k_rows, maps, g * hd, row0 + b * KV_BOX, bar);
+                            tensor_copy_2d(k_rows + per * row_bytes, maps + 1, g * hd, row0 + b * KV_BOX, bar);
                         }
                     }
                     __syncwarp();
@@ -632,7 +652,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
  * online softmax, the same function as the reference's max-then-exp over all positions at once. */
 template <int HD>
 __device__ __forceinline__ void warp_positions(const float *q, const float *K, const float *V, int n, int hd_any,
-                                               float &m, float &l, float *acc, int lane)
+                                               float scale, float &m, float &l, float *acc, int lane)
 {
     const int hd = HD ? HD : hd_any;
     const int q4 = hd / 4;
@@ -646,7 +666,7 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
             const float4 a = *(const float4 *)(q + i), b = *(const float4 *)(k + i);
             dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
         }
-        score = dot * (1.0f / sqrtf((float)hd));
+        score = dot * scale;
     }
     float mx = score;
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -673,11 +693,40 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     m = m_new;
 }
 
-/* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
- * into the warp's (m, l, acc) as warp_positions folds a position. */
+/* The rope of one head held by a warp (lane j its dimensions j, j + 32, ...; hd even), as llm_cuda_qk_norm_rope
+ * rotates it: dimension d < hd/2 pairs with d + hd/2, each value's partner fetched from the lane that holds it. */
 template <int HD>
-__device__ __forceinline__ void own_row(const float *qs, const float *k, const float *v, bool k_flagged, bool v_flagged,
-                                        int hd_any, float &m, float &l, float *acc, int lane)
+__device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int pos, const float *inv_freq, int lane)
+{
+    const int hd = HD ? HD : hd_any, half = hd / 2;
+    float out[MAX_DIMS];
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++) {
+        const int d = lane + 32 * j, p = d < half ? d + half : d < hd ? d - half : 0;
+        float partner = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < MAX_DIMS; jj++) { /* (registers take only indices known when compiled) */
+            const float got = __shfl_sync(0xffffffffu, x[jj], p & 31);
+            if (p >> 5 == jj) partner = got;
+        }
+        out[j] = x[j];
+        if (d < hd) {
+            const float angle = (float)pos * inv_freq[d < half ? d : d - half], c = cosf(angle), s = sinf(angle);
+            out[j] = d < half ? x[j] * c - partner * s : x[j] * c + partner * s;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++) x[j] = out[j];
+}
+
+/* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
+ * into the warp's (m, l, acc) as warp_positions folds a position. With the phase's q/k norms, k is normalised and
+ * rotated first; with store (one item of each KV head) and the phase's caches, k and v go to the caches' row
+ * pos % ctx (and k to k_out). */
+template <int HD>
+__device__ __forceinline__ void own_row(const step_phase &P, const float *qs, const float *k, const float *v,
+                                        bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
+                                        float scale, float &m, float &l, float *acc, int lane)
 {
     const int hd = HD ? HD : hd_any;
     float kr[MAX_DIMS] = {}, vr[MAX_DIMS] = {};
@@ -696,11 +745,33 @@ __device__ __forceinline__ void own_row(const float *qs, const float *k, const f
             if (v_flagged && is_empty(vr[j])) vr[j] = ld_relaxed1(v + lane + 32 * j);
         }
     }
+    if (P.k_norm_w) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++) ss += kr[j] * kr[j]; /* (0 past hd) */
+        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++)
+            if (lane + 32 * j < hd)
+                kr[j] = (P.norm_offset + llm_cuda_load(P.k_norm_w, P.k_norm_dtype, (size_t)(lane + 32 * j))) *
+                        (kr[j] * rms);
+        rope_held<HD>(kr, hd, pos, P.inv_freq, lane);
+    }
+    if (store && P.k_cache) {
+        const size_t row = (size_t)(pos % P.ctx) * P.kv_heads * hd + (size_t)g * hd;
+#pragma unroll
+        for (int j = 0; j < MAX_DIMS; j++) {
+            const int d = lane + 32 * j;
+            if (d >= hd) continue;
+            P.k_cache[row + d] = kr[j], P.v_cache[row + d] = vr[j];
+            put(P.k_out, (size_t)g * hd + d, kr[j]); /* (q/k norms only) */
+        }
+    }
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < MAX_DIMS; j++)
         if (lane + 32 * j < hd) dot += qs[lane + 32 * j] * kr[j];
-    const float score = llm_cuda_warp_sum(dot) * (1.0f / sqrtf((float)hd));
+    const float score = llm_cuda_warp_sum(dot) * scale;
     const float m_new = fmaxf(m, score), alpha = expf(m - m_new), e = expf(score - m_new);
     l = l * alpha + e;
 #pragma unroll
@@ -731,17 +802,35 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         *(float4 *)(qs + i) = a;
     }
     consumers_sync();
+    if (P.k_norm_w) { /* q's norm and rope, as llm_cuda_qk_norm_rope's: every warp sums the squares alike */
+        float ss = 0.0f;
+        for (int d = lane; d < hd; d += 32) ss += qs[d] * qs[d];
+        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        consumers_sync(); /* every warp has read qs */
+        const int half = hd / 2;
+        for (int j = ct; j < half; j += CONSUMERS) {
+            const float a = (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)j)) * (qs[j] * rms);
+            const float b =
+                (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)(j + half))) * (qs[j + half] * rms);
+            const float angle = (float)pos * P.inv_freq[j], c = cosf(angle), sn = sinf(angle);
+            qs[j] = a * c - b * sn, qs[j + half] = b * c + a * sn;
+            if (last) put(P.q_out, (size_t)h * hd + j, qs[j]), put(P.q_out, (size_t)h * hd + j + half, qs[j + half]);
+        }
+        consumers_sync();
+    }
     float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
     int run = 0, kept = -1; /* runs of 32 positions so far: run r goes to warp r % 8; the slot kept for the merge */
-    for (int c0 = t0; c0 < t1; c0 += per, it++) {
-        const int slot = it % prog.stages, n = min(per, t1 - c0);
+    const float scale = P.scale;
+    for (int c0 = t0, c1; c0 < t1; c0 = c1, it++) {
+        c1 = stage_end(c0, t1, per, P.ctx);
+        const int slot = it % prog.stages, n = c1 - c0;
         mbar_wait(&full[slot], (it / prog.stages) & 1);
         const float *K = (const float *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
         for (int p0 = 0; p0 < n; p0 += 32, run++)
             if (run % WARPS == warp)
-                warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, m, l, acc, lane);
+                warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, scale, m, l, acc, lane);
         __syncwarp();
-        if (c0 + per < t1) {
+        if (c1 < t1) {
             if (lane == 0) mbar_arrive(&empty[slot]);
         } else {
             kept = slot;
@@ -750,7 +839,9 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     /* This token's own k and v (the last split's) are polled for only now, by the warp that takes them: they are
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
      * (dev/cuda/notes.md, version 63). */
-    if (last && run % WARPS == warp) own_row<HD>(qs, k, v, k_flagged, v_flagged, hd, m, l, acc, lane);
+    if (last && run % WARPS == warp)
+        own_row<HD>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, m, l, acc,
+                    lane);
     auto write_record = [&] {
 #pragma unroll
         for (int j = 0; j < MAX_DIMS; j++)
@@ -1076,6 +1167,7 @@ struct ext_read {
 /* A phase's references to versions (-1: none / read from the buffer itself), resolved once the arena is laid out. */
 struct refs {
     int x, resid, q, k, v, staged, resid_out, out[LLM_CUDA_GEMV_MATS], partials;
+    int q_out, k_out; /* attention with q/k norms: the normalised, rotated q and k */
     int kv_maps; /* attention: its K map's index in the plan's maps (V's the next) */
     int wide;    /* > 0: the input is normalised or combined and wider than HELD_COLS (the plan's wide room) */
 };
@@ -1199,13 +1291,21 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     refs &r = pl.rf[i];
     const int hd = op.head_dim, G = op.kv_heads > 0 ? op.heads / op.kv_heads : 0;
     const size_t kv_dim = (size_t)op.kv_heads * hd;
-    /* the q/k/v GEMV stored this token's cache row; the kernel's item shapes; 16-byte rows for the copies */
-    if (!op.stored || hd <= 0 || hd % 4 || G < 1 || op.heads % op.kv_heads ||
+    /* what the phase computes; the kernel's item shapes; 16-byte rows for the copies */
+    if (!llm_cuda_step_takes_attention(&op.params, hd) || op.ctx < 1 || hd <= 0 || hd % 4 || G < 1 ||
+        op.heads % op.kv_heads ||
         hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.units = op.heads * most_splits();
+    P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale;
+    if (op.qk_norm || !op.stored) P.k_cache = op.k_cache, P.v_cache = op.v_cache; /* the phase stores the KV row */
+    if (op.qk_norm) { /* own_row's rope pairs dimensions across lanes (hd even: hd % 4 above) */
+        if (!op.q_norm.data || !op.k_norm.data || !op.inv_freq) return false;
+        P.norm_w = op.q_norm.data, P.norm_dtype = op.q_norm.dtype, P.k_norm_w = op.k_norm.data;
+        P.k_norm_dtype = op.k_norm.dtype, P.eps = op.qk_eps, P.norm_offset = op.qk_offset, P.inv_freq = op.inv_freq;
+    }
     r.kv_maps = pl.n_maps;
     if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd) ||
         !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd))
@@ -1213,6 +1313,10 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
     r.k = read_of(c, op.k, kv_dim, i, false);
     r.v = read_of(c, op.v, kv_dim, i, false);
+    if (op.qk_norm) { /* q and k normalised and rotated in place, as the norms and rope before attention leave them */
+        r.q_out = write_of(c, op.q, (size_t)op.heads * hd, i);
+        r.k_out = write_of(c, op.k, kv_dim, i);
+    }
     r.partials = write_of(c, op.out, (size_t)op.heads * hd, i);
     c.vers[r.partials].partials = true;
     return c.ok;
@@ -1302,7 +1406,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
-    /* the kernel's own __shared__ arrays (2,704 bytes), with headroom: an H100's 227 KB then hold seven stages */
+    /* the kernel's own __shared__ arrays (2,816 bytes), with headroom: an H100's 227 KB then hold seven stages */
     const size_t static_smem = 3072;
     pl.stages = llm_cuda.smem_optin > static_smem ? (int)((llm_cuda.smem_optin - static_smem) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
@@ -1324,12 +1428,12 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
         return o;
     };
     auto src_of = [&](int v, const float *buffer) {
-        step_src s = {buffer, 0, 0, 0};
+        step_src s = {buffer, false, false, 0};
         if (v < 0) return s;
         const version &V = c.vers[v];
-        s.p = arena + V.arena, s.flagged = 1;
+        s.p = arena + V.arena, s.flagged = true;
         const step_phase &W = pl.phases[V.phase]; /* attention, when V is its partials */
-        if (V.partials) s.partials = 1, s.head_dim = W.head_dim;
+        if (V.partials) s.partials = true, s.head_dim = W.head_dim;
         return s;
     };
     for (int i = 0; i < pl.n; i++) {
@@ -1338,6 +1442,7 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
         const llm_cuda_step_op &op = ops[i];
         if (P.kind == PHASE_ATTENTION) {
             P.q = src_of(r.q, op.q), P.k = src_of(r.k, op.k), P.v = src_of(r.v, op.v);
+            P.q_out = vec_of(r.q_out), P.k_out = vec_of(r.k_out);
             P.partials = arena + c.vers[r.partials].arena;
             P.kv_maps = (const CUtensorMap *)base + r.kv_maps;
             continue;
