@@ -89,11 +89,13 @@ void cuda_step_end(void)
         g.step_tokens = 0;
         snprintf(g.last_op, sizeof g.last_op, "graph replay of a %d-token step", g.graphs[g.slot].n);
         g.ops_since_sync++;
+        g.replays++;
         tl_clear();
         LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(g.graphs[g.slot].exec, llm_cuda.stream));
         return;
     }
     flush_pending(); /* the step's last op joins what was recorded, which runs now */
+    g.group = llm_group{}; /* ops after the step belong to no group */
     g.step_tokens = 0;
     persist_or_cut();
     settle_all();
@@ -103,5 +105,6 @@ void cuda_step_end(void)
     g.graphs[g.slot].exec = exec;
     snprintf(g.last_op, sizeof g.last_op, "first replay of a %d-token step", g.graphs[g.slot].n);
     g.ops_since_sync++;
+    g.replays++;
     LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(exec, llm_cuda.stream));
 }
