@@ -29,7 +29,7 @@ typedef struct {
     size_t groups_fused;     /* of them, those whose asked fusions it all takes (llm_group.why NONE) */
     size_t refused[LLM_REFUSE_COUNT]; /* fusions not applied, by reason: a group declared with one refused, and each
                                          one refused at run time (a batch's, the persistent step's) */
-    size_t graph_replays;    /* steps replayed from a recorded graph */
+    size_t graph_replays;    /* steps replayed from a recorded graph (not the one captured: its ops were issued) */
 } llm_device_counters;
 
 typedef struct {

@@ -104,7 +104,6 @@ void cuda_step_end(void)
     if (!exec) return;
     g.graphs[g.slot].exec = exec;
     snprintf(g.last_op, sizeof g.last_op, "first replay of a %d-token step", g.graphs[g.slot].n);
-    g.ops_since_sync++;
-    g.replays++;
+    g.ops_since_sync++; /* (not counted as a replay: this step's ops were issued) */
     LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(exec, llm_cuda.stream));
 }

@@ -74,11 +74,12 @@ void cuda_plan_group(llm_group *grp)
     /* the GEMV's and the experts' pair's epilogue computes gate(g) * u: SiLU and tanh-GELU, not the clamped SwiGLU */
     if (grp->act == LLM_ACT_SWIGLU_OAI) refuse(grp, LLM_FUSE_GLU, LLM_REFUSE_GLU_ACT);
     refuse(grp, LLM_FUSE_SOFTCAP, LLM_REFUSE_SOFTCAP);
-    if (grp->kind == LLM_GROUP_MOE || grp->kind == LLM_GROUP_SHARED_EXPERT) {
+    /* a model's steps with MoE layers or quantized weights never take the persistent step: off for the run */
+    if ((grp->kind == LLM_GROUP_MOE || grp->kind == LLM_GROUP_SHARED_EXPERT) && (grp->ask & LLM_FUSE_PERSIST)) {
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_MOE);
         cut_persist(LLM_REFUSE_PERSIST_MOE, "mixture-of-experts layers");
     }
-    if (llm_dtype_is_block(grp->dtype)) {
+    if (llm_dtype_is_block(grp->dtype) && (grp->ask & LLM_FUSE_PERSIST)) {
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_QUANT);
         cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
     }
