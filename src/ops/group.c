@@ -56,8 +56,8 @@ static const struct {
          "experts are known only after the router); a kernel per op, replayed as a CUDA graph"},
     [LLM_REFUSE_STEP] =
         {"step_refused",
-         "the persistent decode step refused a recorded program (a dtype, alignment or shape it has no phase for): "
-         "its ops ran one by one"},
+         "the persistent decode step refused a recorded program (a dtype, alignment or shape it has no phase for, or "
+         "a new table while a graph is captured: step.cu): its ops ran one by one"},
     [LLM_REFUSE_MISMATCH] =
         {"mismatch",
          "ops that did not match their group's declaration (buffers, shapes or order): run unfused (a bug in the "

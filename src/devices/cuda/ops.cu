@@ -430,7 +430,7 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
     written(out, (size_t)n * w->rows * sizeof(float));
     g.last_batched = !(n == 1 && llm_cuda_gemv_fits_weight(w->cols, w->dtype));
     if (!g.last_batched) {
-        if (llm_dtype_is_block(w->dtype) && g.persist) { /* one the plan did not see: before it is recorded */
+        if (llm_dtype_is_block(w->dtype) && records(now())) { /* one the plan did not see: before it is recorded */
             cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
             refuse_now(LLM_REFUSE_PERSIST_QUANT);
         }
