@@ -44,9 +44,10 @@ int llm_plan_build(llm_plan *p, const llm_model *m, int window, const llm_device
         bool qk_head = L->q_norm.data && c->family->qk_norm == LLM_QK_NORM_HEAD;
 
         /* q/k/v in one launch, the rope and the KV store its epilogue; per-head q/k norms between them take the
-         * rope and the KV store into their own kernel */
-        unsigned ask = attn_norm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_ROPE | LLM_FUSE_KV_STORE;
-        lp->attn_in = add(p, LLM_GROUP_ATTN_IN, l, ask | (qk_head ? LLM_FUSE_QK_NORM_ROPE : 0), &L->q_proj, offset);
+         * rope and the KV store into their own kernel instead */
+        unsigned ask = attn_norm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_KV_STORE;
+        ask |= qk_head ? LLM_FUSE_QK_NORM_ROPE : LLM_FUSE_ROPE;
+        lp->attn_in = add(p, LLM_GROUP_ATTN_IN, l, ask, &L->q_proj, offset);
         lp->attn_in->norms_product = L->q_norm.data != NULL;
         lp->attn_in->head_dim = c->head_dim, lp->attn_in->rot_dim = c->rotary_dim;
         lp->attn_in->rope_scale = m->rope_scale, lp->attn_in->attn = ap;

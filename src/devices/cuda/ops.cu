@@ -59,7 +59,9 @@ void cuda_plan_group(llm_group *grp)
         return;
     }
     const bool plain_attention = llm_cuda_is_llama_attention(&grp->attn, grp->head_dim);
-    if (grp->norms_product) /* q/k norms take the rope and the KV store into their own kernel */
+    /* a norm of the products' output keeps their epilogue from the add, or from the rope and so the KV store (per-head
+     * q/k norms ask neither: their own kernel takes the rope and the KV store, QK_NORM_ROPE) */
+    if (grp->norms_product)
         refuse(grp, LLM_FUSE_ROPE | LLM_FUSE_ADD | (grp->ask & LLM_FUSE_QK_NORM_ROPE ? 0 : LLM_FUSE_KV_STORE),
                LLM_REFUSE_NORM_OF_PRODUCT);
     if (grp->kind == LLM_GROUP_ATTN_IN) {
