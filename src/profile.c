@@ -484,6 +484,62 @@ static void gather_memory(const llm_model *m, const llm_state *s, memory_report 
     }
 }
 
+/* The plan (plan.h): its groups a step, how many the device fuses as declared, each refusal's groups and text; then
+ * the device's counters (a fusing device's). */
+static void print_plan(const llm_model *m, const llm_state *s, FILE *out)
+{
+    const llm_plan *plan = &s->plan;
+    int fused = 0, by[LLM_REFUSE_COUNT] = {0};
+    for (int i = 0; i < plan->n_groups; i++) {
+        fused += plan->groups[i].why == LLM_REFUSE_NONE;
+        by[plan->groups[i].why]++;
+    }
+    const llm_device *dev = m->rt.dev;
+    if (!dev->plan_group) {
+        fprintf(out, "plan: %d groups a step; %s runs op by op (fuses none)\n", plan->n_groups, dev->name);
+        return;
+    }
+    fprintf(out, "plan: %d groups a step, %d fused as declared\n", plan->n_groups, fused);
+    for (int r = 1; r < LLM_REFUSE_COUNT; r++)
+        if (by[r]) fprintf(out, "  %-18s %4d groups: %s\n", llm_refusal_name((llm_refusal)r), by[r],
+                           llm_refusal_text((llm_refusal)r));
+    if (!dev->counters) return;
+    llm_device_counters c;
+    memset(&c, 0, sizeof c);
+    dev->counters(&c);
+    fprintf(out, "  %s: %zu groups issued (%zu fused as declared), %zu persistent steps, %zu graph replays",
+            dev->name, c.groups, c.groups_fused, c.persistent_steps, c.graph_replays);
+    for (int r = 1; r < LLM_REFUSE_COUNT; r++)
+        if (c.refused[r]) fprintf(out, ", %s %zu", llm_refusal_name((llm_refusal)r), c.refused[r]);
+    fprintf(out, "\n");
+}
+
+static json_t *plan_json(const llm_model *m, const llm_state *s)
+{
+    json_t *refused = json_object(), *counters = json_null();
+    int fused = 0;
+    for (int i = 0; s && i < s->plan.n_groups; i++) {
+        llm_refusal why = s->plan.groups[i].why;
+        fused += why == LLM_REFUSE_NONE && m->rt.dev->plan_group; /* a device that fuses none fused none */
+        if (why == LLM_REFUSE_NONE) continue;
+        json_t *n = json_object_get(refused, llm_refusal_name(why));
+        json_object_set_new(refused, llm_refusal_name(why), json_integer(n ? json_integer_value(n) + 1 : 1));
+    }
+    if (m->rt.dev->counters) {
+        llm_device_counters c;
+        memset(&c, 0, sizeof c);
+        m->rt.dev->counters(&c);
+        json_t *by = json_object();
+        for (int r = 1; r < LLM_REFUSE_COUNT; r++)
+            if (c.refused[r]) json_object_set_new(by, llm_refusal_name((llm_refusal)r), json_integer((json_int_t)c.refused[r]));
+        counters = json_pack("{s:I, s:I, s:I, s:I, s:o}", "groups", (json_int_t)c.groups, "groups_fused",
+                             (json_int_t)c.groups_fused, "persistent_steps", (json_int_t)c.persistent_steps,
+                             "graph_replays", (json_int_t)c.graph_replays, "refused", by);
+    }
+    return json_pack("{s:i, s:i, s:o, s:o}", "groups", s ? s->plan.n_groups : 0, "fused", fused,
+                     "refused_groups", refused, "device_counters", counters);
+}
+
 void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state *s, FILE *out)
 {
     char a[32], b[32], c[32];
@@ -498,6 +554,7 @@ void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state
         fprintf(out, "  steps were issued op by op, without step replay or fusion across ops, so that each op could "
                 "be timed: a run without --profile is faster\n");
     for (int ph = 0; ph < LLM_PROFILE_N_PHASES; ph++) print_phase(p, (llm_profile_phase)ph, out);
+    if (s) print_plan(m, s, out);
 
     memory_report r;
     gather_memory(m, s, &r);
@@ -583,6 +640,7 @@ int llm_profile_write_json(const llm_profile *p, const llm_model *m, const llm_s
         (json_int_t)r.ws.total_bytes, "params", (json_int_t)r.ws.params, "weights_by_dtype", by_dtype,
         "kv_cache_bytes", (json_int_t)r.kv, "kv_cache_type", llm_dtype_name(m->cache_type), "scratch_bytes", (json_int_t)r.scratch, "device", device_mem,
         "peak_rss_bytes", (json_int_t)r.peak_rss, "rss_bytes", (json_int_t)r.rss);
+    if (root) json_object_set_new(root, "plan", plan_json(m, s));
     if (!root) {
         snprintf(err, err_len, "%s: cannot build the profile JSON", path);
         return -1;

@@ -433,6 +433,18 @@ static weight_pair make_linear(llm_dtype t, size_t rows, size_t cols)
     return w;
 }
 
+/* A group of the fused layer as src/model/plan.c declares a Llama layer's (not asking for the persistent step: no
+ * step is recorded here), with what the device takes of it; every fusion it asks is taken. */
+static llm_group fused_group(llm_group_kind kind, unsigned ask, llm_dtype wt, int hd, const llm_attention_params *ap)
+{
+    llm_group g = {.kind = kind, .ask = ask, .dtype = wt, .head_dim = hd, .rot_dim = hd, .rope_scale = 1.0f,
+                   .attn = *ap, .act = LLM_ACT_SILU};
+    dev->plan_group(&g);
+    assert_int_equal(g.fused, ask);
+    assert_int_equal(g.why, LLM_REFUSE_NONE);
+    return g;
+}
+
 /* One layer and the head through the device against the reference, the linears in dtype wt; tol: the largest
  * relative error (of the largest value) each output may have. */
 static void run_fused_layer(int n, llm_dtype wt, double tol)
@@ -471,6 +483,17 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
 
     const llm_ops *ops[2] = {&llm_ref_ops, dev->ops};
     const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0, LLM_DTYPE_F32, NULL};
+    const unsigned prenorm = LLM_FUSE_NORM_PROLOGUE | LLM_FUSE_ADD_NORM;
+    const llm_group G[] = {
+        fused_group(LLM_GROUP_ATTN_IN, prenorm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_ROPE | LLM_FUSE_KV_STORE, wt, hd, &ap),
+        fused_group(LLM_GROUP_ATTENTION, 0, wt, hd, &ap),
+        fused_group(LLM_GROUP_ATTN_OUT, LLM_FUSE_ADD, wt, hd, &ap),
+        fused_group(LLM_GROUP_FFN_IN, prenorm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_GLU, wt, hd, &ap),
+        fused_group(LLM_GROUP_FFN_OUT, LLM_FUSE_ADD, wt, hd, &ap),
+        fused_group(LLM_GROUP_HEAD, prenorm, wt, hd, &ap),
+    };
+    llm_device_counters before = {0}, after = {0};
+    dev->counters(&before);
     for (int side = 0; side < 2; side++) {
         const llm_ops *o = ops[side];
         bool dv = side == 1;
@@ -480,25 +503,33 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
                                  &wu.device, &wd.device, &norm.device, &head.device, &bq.device};
         const llm_weight *const *w = dv ? D : W;
         float *X = dv ? d_x : x, *XB = dv ? d_xb : xb, *Q = dv ? d_q : q, *K = dv ? d_k : k, *V = dv ? d_v : v;
-        float *ATT = dv ? d_att : att, *G = dv ? d_gate : gate, *U = dv ? d_up : up, *L = dv ? d_logits : logits;
+        float *ATT = dv ? d_att : att, *GT = dv ? d_gate : gate, *U = dv ? d_up : up, *L = dv ? d_logits : logits;
         float *KC = dv ? d_kc : kc, *VC = dv ? d_vc : vc, *F = dv ? d_freq : inv_freq;
         float *DU = dv ? d_down_up : down_up;
         const int32_t *P = dv ? d_pos : positions;
+#define GROUP(i) if (dv) dev->group(&G[i])
+        GROUP(0);
         o->rmsnorm(XB, X, w[0], n, dim, 1e-5f, 0.0f);
         o->matmul(Q, XB, w[1], w[11], n);
         o->matmul(K, XB, w[2], NULL, n);
         o->matmul(V, XB, w[3], NULL, n);
         o->rope(Q, K, P, F, n, heads, kv_heads, hd, hd, 1.0f);
+        GROUP(1);
         o->attention(ATT, Q, K, V, KC, VC, P, n, heads, kv_heads, hd, ctx, &ap);
+        GROUP(2);
         o->matmul(XB, ATT, w[4], NULL, n);
         o->add(X, XB, N * dim);
+        GROUP(3);
         o->rmsnorm(XB, X, w[5], n, dim, 1e-5f, 0.0f);
-        o->matmul(G, XB, w[6], NULL, n);
+        o->matmul(GT, XB, w[6], NULL, n);
         o->matmul(U, XB, w[7], NULL, n);
-        o->glu(G, G, U, N * inter, LLM_ACT_SILU);
+        o->glu(GT, GT, U, N * inter, LLM_ACT_SILU);
+        GROUP(4);
         o->matmul(DU, U, w[8], NULL, n); /* not in a model: a product reading up, whose sum swiglu left owed */
-        o->matmul(XB, G, w[8], NULL, n);
+        o->matmul(XB, GT, w[8], NULL, n);
         o->add(X, XB, N * dim);
+        GROUP(5);
+#undef GROUP
         o->rmsnorm(XB + (N - 1) * dim, X + (N - 1) * dim, w[9], 1, dim, 1e-5f, 0.0f);
         o->logits(L, XB + (N - 1) * dim, w[10], 1);
     }
@@ -509,6 +540,11 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
         {"up", up, d_up, N * inter}, {"down(up)", down_up, d_down_up, N * dim}, {"residual", x, d_x, N * dim},
         {"ffn out, then final norm of the last row", xb, d_xb, N * dim}, {"logits", logits, d_logits, (size_t)vocab},
     };
+    /* every group declared, every fusion it declared applied: no op failed to match its group */
+    dev->counters(&after);
+    assert_int_equal(after.groups - before.groups, 6);
+    assert_int_equal(after.groups_fused - before.groups_fused, 6);
+    for (int r = 0; r < LLM_REFUSE_COUNT; r++) assert_int_equal(after.refused[r], before.refused[r]);
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
         float *got = from_device(checks[i].device, checks[i].n);
         double err = rel_error(got, checks[i].host, checks[i].n);
@@ -729,6 +765,7 @@ typedef struct {
     experts_pair gate, up, down;
     float *x, *scores, *g, *u, *y, *w, *out, *resid; /* device */
     int32_t *ids;
+    llm_group group; /* the block's, as src/model/plan.c declares a sparse layer's */
 } moe_block;
 
 static void moe_block_ref(moe_block *b, const float *x, const float *resid, float *out)
@@ -757,6 +794,7 @@ static void moe_block_step(moe_block *b)
         dev->step_end();
         return;
     }
+    dev->group(&b->group);
     dev->ops->matmul(b->scores, b->x, &b->router.device, NULL, 1);
     dev->ops->route(b->ids, b->w, b->scores, 1, b->experts, k, LLM_ROUTE_SOFTMAX_NORM);
     dev->ops->experts(b->g, b->x, &b->gate.device, b->ids, 1, k, 1);
@@ -781,6 +819,10 @@ static void moe_block_make(moe_block *b)
     b->y = dev->alloc(kd * 4), b->w = dev->alloc((size_t)b->top_k * 4), b->out = dev->alloc((size_t)b->dim * 4);
     b->ids = dev->alloc((size_t)b->top_k * sizeof(int32_t));
     assert_true(b->x && b->resid && b->scores && b->g && b->u && b->y && b->w && b->out && b->ids);
+    b->group = (llm_group){.kind = LLM_GROUP_MOE, .dtype = LLM_DTYPE_BF16, .act = LLM_ACT_SILU,
+                           .ask = LLM_FUSE_EXPERTS_PAIR | LLM_FUSE_GLU | LLM_FUSE_EXPERTS_COMBINE |
+                                  LLM_FUSE_COMBINE_ADD | LLM_FUSE_PERSIST};
+    dev->plan_group(&b->group);
 }
 
 static void moe_block_free(moe_block *b)
@@ -848,8 +890,16 @@ static void test_moe_graph_replay(void **state)
         assert_true(rel_error(first[0], unfused, 512) < 1e-6);
         llm_device_counters count = {0};
         dev->counters(&count);
-        /* a one-token step with MoE ops is not taken by the persistent step: turned off, counted */
-        if (count.persistent_capable) assert_int_equal(count.persistent_cut, 1);
+        /* a one-token step with MoE ops is not taken by the persistent step: turned off when planned, counted */
+        if (count.persistent_capable) {
+            assert_int_equal(count.persistent_cut, 1);
+            assert_int_equal(b.group.why, LLM_REFUSE_PERSIST_MOE);
+        }
+        /* the rest fused as declared: steps 0 and 1 issued (declaring the group), 2 to 5 replayed */
+        assert_int_equal(b.group.fused, b.group.ask & ~LLM_FUSE_PERSIST);
+        assert_int_equal(count.groups, 2);
+        assert_int_equal(count.graph_replays, 4);
+        assert_int_equal(count.refused[LLM_REFUSE_MISMATCH], 0);
         moe_block_free(&b);
         cuda_done();
     }
@@ -861,6 +911,8 @@ static void test_moe_graph_replay(void **state)
 #define DECODE_STEPS 64
 
 static int last_cut; /* the last decode_dir's counters.persistent_cut */
+static llm_device_counters last_count; /* the last decode_dir's counters on cuda */
+static int last_groups; /* the groups of its plan (a step issued declares each once) */
 static int decode_batch; /* decode_dir's max_batch (0: the default); a windowed layer's ring is window + it - 1 rows */
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
@@ -897,6 +949,16 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
         if (rc) print_error("step %d: %s\n", i, err);
         assert_int_equal(rc, 0);
         memcpy(all + (size_t)(1 + i) * *vocab, logits, (size_t)*vocab * sizeof *all);
+    }
+    if (strcmp(device, "cuda") == 0) {
+        memset(&last_count, 0, sizeof last_count);
+        m.rt.dev->counters(&last_count);
+        last_groups = s.plan.n_groups;
+        /* whatever the settings, every op matched the group the forward pass declared it in */
+        assert_int_equal(last_count.refused[LLM_REFUSE_MISMATCH], 0);
+        /* and the step ran from a graph unless it was issued, declaring every group of the plan */
+        assert_true(last_count.groups % (size_t)last_groups == 0);
+        assert_int_equal(last_count.groups / last_groups + last_count.graph_replays, 1 + DECODE_STEPS);
     }
     if (persisted) {
         llm_device_counters count = {0};
@@ -1052,6 +1114,10 @@ static void test_persistent_step(void **state)
              * (the first upload of the program's table drops the graphs recorded so far: one more issued step) */
             assert_int_equal(n_plain, DECODE_STEPS);
             assert_int_equal(last_cut, 0); /* a Llama step is one program */
+            /* its plan fused whole (the persistent step included), and no recorded program refused */
+            assert_int_equal(last_count.groups_fused, last_count.groups);
+            assert_int_equal(last_count.refused[LLM_REFUSE_STEP], 0);
+            assert_int_equal(last_count.graph_replays, 0); /* LLM_CUDA_GRAPHS=0 */
             assert_true(n_graphs >= 1 && n_graphs <= 3);
             assert_memory_equal(graphs, plain, n * sizeof *graphs);
             /* the same ops with f32 sums in another order */
@@ -1091,6 +1157,7 @@ static void test_persistent_cut(void **state)
     size_t n_persisted = 0, n_plain = 0;
     float *persist = decode_run_with("gemma3", "cuda", "0", "1", "1", &vocab, &n_persisted);
     assert_int_equal(last_cut, 1);
+    assert_int_equal(last_count.refused[LLM_REFUSE_PERSIST_PIECES], 1); /* said and counted once */
     float *plain = decode_run_with("gemma3", "cuda", "0", "1", "0", &vocab, &n_plain);
     assert_int_equal(last_cut, 0);
     size_t n = (size_t)(1 + DECODE_STEPS) * vocab;

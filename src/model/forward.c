@@ -134,6 +134,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         if (!s->host_logits) s->host_logits = malloc(logit_bytes);
     }
     s->host_ids = malloc(2 * B * sizeof(int32_t));
+    if (s->host_logits && s->host_ids && llm_plan_build(&s->plan, m, s->window, dev, err, err_len)) {
+        llm_state_free(s, m);
+        return -1;
+    }
     if (!s->host_logits || !s->host_ids) {
         if (!s->host_logits)
             snprintf(err, err_len, "out of host memory for the logits (%zu x %zu)", n_logits, vocab);
@@ -158,7 +162,14 @@ void llm_state_free(llm_state *s, const llm_model *m)
     else
         free(s->host_logits);
     free(s->host_ids);
+    llm_plan_free(&s->plan);
     memset(s, 0, sizeof *s);
+}
+
+/* Where a group of the plan starts: a device that fuses ops works from it (plan.h); the others have no hook. */
+static void group(const llm_device *dev, const llm_group *g)
+{
+    if (dev->group) dev->group(g);
 }
 
 static void trace(const llm_model *m, const char *what, int layer, const float *buf, size_t count)
@@ -223,6 +234,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
 
         for (int l = 0; l < c->num_hidden_layers; l++) {
             const llm_layer *L = &m->layers[l];
+            const llm_layer_plan *P = &s->plan.layers[l];
             int rows = layer_rows(s, c, l);
             /* The op's cache pointers are f32-typed; the cache holds m->cache_type (ops.h, attention). */
             float *k_cache = (float *)((char *)s->key_cache + cache_at);
@@ -235,6 +247,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             const float *in = L->attn_norm.data ? s->xb : s->x;
 
             /* attention block */
+            group(dev, P->attn_in);
             if (L->attn_norm.data) op->rmsnorm(s->xb, s->x, &L->attn_norm, n, dim, eps, offset);
             trace(m, "attn_norm", l, in, xs);
             op->matmul(s->q, in, &L->q_proj, L->q_bias.data ? &L->q_bias : NULL, n);
@@ -250,8 +263,10 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             const float *freq = sliding ? local_freq : global_freq;
             op->rope(s->q, s->k, positions, freq, n, heads, kv_heads, hd, rot, rope_scale);
             trace(m, "q_rope", l, s->q, (size_t)n * q_dim);
+            group(dev, P->attention);
             op->attention(s->att, s->q, s->k, s->v, k_cache, v_cache, positions, n, heads, kv_heads, hd, rows, &ap);
             trace(m, "attention", l, s->att, (size_t)n * q_dim);
+            group(dev, P->attn_out);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
             if (L->attn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->attn_post_norm, n, dim, eps, offset);
             trace(m, "attn_out", l, s->xb, xs);
@@ -260,6 +275,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             /* feed-forward block: dense, or (a sparse layer) the experts the router chooses */
             in = L->ffn_norm.data ? s->xb : s->x;
             float *ffn = s->xb; /* the block's output */
+            group(dev, c->layer_sparse[l] ? P->moe : P->ffn_in);
             if (L->ffn_norm.data) op->rmsnorm(s->xb, s->x, &L->ffn_norm, n, dim, eps, offset);
             trace(m, "ffn_norm", l, in, xs);
             if (!c->layer_sparse[l]) {
@@ -267,6 +283,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
                 op->matmul(s->up, in, &L->up_proj, NULL, n);
                 op->glu(s->gate, s->gate, s->up, gs, c->hidden_act);
                 trace(m, "glu", l, s->gate, gs);
+                group(dev, P->ffn_out);
                 op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
             } else {
                 ffn = s->moe_sum;
@@ -279,6 +296,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
                 op->experts(s->moe_out, s->moe_gate, &L->experts[2], s->expert_ids, n, top_k, top_k);
                 op->combine(ffn, s->moe_out, s->expert_weights, n, top_k, dim);
                 if (L->shared_expert_gate.data) { /* every token's shared expert, weighted by sigmoid(its gate) */
+                    group(dev, P->shared_expert);
                     op->matmul(s->gate, in, &L->shared_gate_proj, NULL, n);
                     op->matmul(s->up, in, &L->shared_up_proj, NULL, n);
                     op->glu(s->gate, s->gate, s->up, ss, c->hidden_act);
@@ -295,6 +313,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             trace(m, "residual", l, s->x, xs);
         }
 
+        group(dev, s->plan.head);
         op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, eps, offset);
         trace(m, "final_norm", -1, xb_out, (size_t)n_out * dim);
         op->logits(s->logits, xb_out, &m->lm_head, n_out);

@@ -9,6 +9,7 @@
 
 #include "../ops/runtime.h"
 #include "config.h"
+#include "plan.h"
 #include "safetensors.h"
 
 /* A layer's weights by role (arch.h names the tensors per family). A norm or bias the family lacks has data NULL. */
@@ -166,6 +167,7 @@ typedef struct {
     int32_t *host_ids;       /* (2 * max_batch): what step_ids receives */
     size_t device_bytes;     /* what the buffers above take on the device */
     size_t kv_bytes;         /* both caches, in m->cache_type */
+    llm_plan plan;           /* the groups forward.c declares, and what the device takes of them (plan.h) */
 } llm_state;
 
 /* ctx: 0 = min(max_position_embeddings, 4096). Errors when ctx exceeds what the model allows. */

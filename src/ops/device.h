@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "group.h"
 #include "ops.h"
 
 typedef enum { LLM_DEVICE_CPU, LLM_DEVICE_GPU } llm_device_kind;
@@ -31,7 +32,12 @@ typedef struct {
     size_t persistent_steps; /* decode steps launched as one persistent kernel (a replayed graph's not counted) */
     int ring_stages;         /* the shared-memory ring stages of the last persistent step; 0 when none ran */
     int persistent_capable;  /* 1 when this GPU and build can run a persistent step at all (cuda: the Hopper code) */
-    int persistent_cut;      /* 1 when it was turned off because the model's step would run in pieces */
+    int persistent_cut;      /* 1 when it was turned off for the model (pieces, quantized weights, MoE layers) */
+    size_t groups;           /* groups declared to it (group()): those of the steps issued, not of replayed ones */
+    size_t groups_fused;     /* of them, those whose asked fusions it all takes (llm_group.why NONE) */
+    size_t refused[LLM_REFUSE_COUNT]; /* fusions not applied, by reason: a group declared with one refused, and each
+                                         one refused at run time (a batch's, the persistent step's) */
+    size_t graph_replays;    /* steps replayed from a recorded graph (not the one captured: its ops were issued) */
 } llm_device_counters;
 
 typedef struct {
@@ -98,6 +104,13 @@ typedef struct llm_device {
     void *(*shared_alloc)(size_t bytes);
     /* Optional: the counters since init (NULL: the device keeps none). */
     void (*counters)(llm_device_counters *out);
+    /* Optional, for a device that fuses ops (NULL: it runs them one by one). plan_group is asked once for each group
+     * of a model's plan (group.h) when a run state is made: it sets group->fused to the fusions of group->ask it takes
+     * and group->why to the reason it refuses the first of the others (said once on stderr). group() is called where
+     * a group's ops start in the forward pass; the group outlives the calls. The device fuses only what the group
+     * declares, and checks the ops' buffers against it only as an invariant (LLM_REFUSE_MISMATCH). */
+    void (*plan_group)(llm_group *group);
+    void (*group)(const llm_group *group);
 
     /* The KV cache's element type when the user names none (--cache-type): the smallest this device's attention
      * reads as fast and as accurately as the models need. The zero value F32 is the exact one (the reference's). */

@@ -201,7 +201,9 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.persist_stages = g.set.persist_stages;
     llm_cuda.step_trace = g.set.step_trace;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0, g.step_programs = 0, g.persist_cut = false;
-    g.persist_cut_why = NULL;
+    g.persist_cut_why = NULL, g.persist_cut_refusal = LLM_REFUSE_NONE;
+    g.group = llm_group{}, g.group_seq = 0, g.groups = 0, g.groups_fused = 0, g.replays = 0;
+    memset(g.refused, 0, sizeof g.refused);
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (g.sync_each) g.use_graphs = false;
     llm_cuda.split_products = !opt || opt->precision != LLM_PRECISION_FAST;
@@ -299,6 +301,10 @@ static void cuda_counters(llm_device_counters *out)
     out->ring_stages = g.initialized && g.persisted ? llm_cuda.step_stages : 0;
     out->persistent_capable = g.initialized && llm_cuda.hopper_code && g.prop.cooperativeLaunch;
     out->persistent_cut = g.initialized && g.persist_cut;
+    out->groups = g.initialized ? g.groups : 0;
+    out->groups_fused = g.initialized ? g.groups_fused : 0;
+    for (int i = 0; i < LLM_REFUSE_COUNT; i++) out->refused[i] = g.initialized ? g.refused[i] : 0;
+    out->graph_replays = g.initialized ? g.replays : 0;
 }
 
 static const llm_ops cuda_ops = {
@@ -335,5 +341,7 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_host_free,
     cuda_shared_alloc,
     cuda_counters,
+    cuda_plan_group,
+    cuda_group,
     LLM_DTYPE_F32,          /* cache_type: the only cache its attention reads (cuda_supports) */
 };

@@ -23,11 +23,12 @@ typedef struct {
     float *out;
 } pend_mat;
 
-/* Fusion. With LLM_CUDA_FUSE on, an op that can merge with the ones after it is not launched at once but kept
- * here: rmsnorm waits for a one-token matmul reading its output (normalising in the GEMV's prologue); up to three
- * one-token matmuls on the same input share one GEMV launch; rope (q, k), the KV store of attention, a residual add
- * or swiglu after them become the GEMV's epilogue. A residual add waits for the rmsnorm of its sum (batches: one
- * pass over the rows). Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
+/* Fusion, as the model's plan declares it (group.h: the group an op belongs to, and the fusions the device took of
+ * it, cuda_plan_group): an op that can merge with the ones after it is not launched at once but kept here, with the
+ * fusions of its group (fused): rmsnorm waits for a one-token matmul reading its output (normalising in the GEMV's
+ * prologue); up to three one-token matmuls on the same input share one GEMV launch; rope (q, k), the KV store of
+ * attention, a residual add or swiglu after them become the GEMV's epilogue. A residual add waits for the rmsnorm of
+ * its sum (batches: one pass over the rows). The ops' buffers are checked against the group only as an invariant. Anything else (another op, a transfer, sync, a timer mark, the end of a step) launches what is
  * pending first, so every op still computes what ops.h says, in order. Batch products also skip work: see gemm's
  * split of x, which a norm or swiglu before them may have written on the way. */
 /* PEND_POST_NORM: an in-place norm (a post norm, or q/k's) that the residual add after it may join (op_add);
@@ -37,6 +38,8 @@ enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM, PEND_QK_NORM, 
 
 typedef struct {
     int kind;
+    unsigned fused;     /* the fusions of the group it was issued in (LLM_FUSE_*) */
+    unsigned seq;       /* that group's declaration (cuda_state.group_seq) */
     bool logits;
     /* The GEMV's arguments as they build up (norm_src NULL: no rmsnorm prologue); its mats are filled from mats[] at
      * the launch. PEND_NORM keeps its rmsnorm here too (norm_src, norm_out, eps, norm_offset), PEND_ADD its x += y
@@ -112,6 +115,12 @@ struct cuda_state {
     bool capturing, replaying;
     int slot;
     pending_t pend;
+    /* the plan (group.h): the group the ops now issued belong to (fused 0 before any or after a step), a count of
+     * declarations (a pending op joins only ops of its own group), and the counters */
+    llm_group group;
+    unsigned group_seq;
+    size_t groups, groups_fused, refused[LLM_REFUSE_COUNT], replays;
+    llm_refusal persist_cut_refusal; /* why persist_cut, as a code */
     /* the persistent step (step.cu): a one-token step's GEMVs and attentions, recorded instead of launched */
     bool persist;
     int step_tokens;          /* between step_begin and step_end: the step's tokens; else 0 */
@@ -150,8 +159,10 @@ static cudaEvent_t (&timer_events)[LLM_TIMER_SLOTS] = llm_cuda_timer_events;
 
 /* ops.cu */
 bool recording(void);
+void refuse_now(llm_refusal why);
+void cuda_plan_group(llm_group *group);
+void cuda_group(const llm_group *group);
 void persist_or_cut(void);
-void say_once(const char *what); /* one line on stderr, once per run, "cuda: what" */
 void flush_pending(void);
 void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n, float scale);
 void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset);

@@ -16,16 +16,12 @@ static cudaGraphExec_t end_capture(void)
     return ok ? exec : NULL;
 }
 
-static const char *const NOTE_HOST_STEP =
-    "a step moves data to or from the host (an op on a CPU device: experts in host memory with --cpu-moe, "
-    "--op-device, or a fallback): CUDA graphs off, each op launched on its own";
-
 /* A transfer, sync or timer mark arrived inside a step being captured: finish the capture, run what was captured,
  * and stop using graphs (the caller mixes host work into steps, as the profiler and host fallbacks do). A transfer
  * says so once: the step is slower than a replayed one. */
 void abandon_capture_for_transfer(void)
 {
-    if (g.capturing) say_once(NOTE_HOST_STEP);
+    if (g.capturing) refuse_now(LLM_REFUSE_HOST_STEP);
     abandon_capture();
 }
 
@@ -100,11 +96,13 @@ void cuda_step_end(void)
         g.step_tokens = 0;
         snprintf(g.last_op, sizeof g.last_op, "graph replay of a %d-token step", g.graphs[g.slot].n);
         g.ops_since_sync++;
+        g.replays++;
         tl_clear();
         LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(g.graphs[g.slot].exec, llm_cuda.stream));
         return;
     }
     flush_pending(); /* the step's last op joins what was recorded, which runs now */
+    g.group = llm_group{}; /* ops after the step belong to no group */
     g.step_tokens = 0;
     persist_or_cut();
     settle_all();
@@ -113,6 +111,6 @@ void cuda_step_end(void)
     if (!exec) return;
     g.graphs[g.slot].exec = exec;
     snprintf(g.last_op, sizeof g.last_op, "first replay of a %d-token step", g.graphs[g.slot].n);
-    g.ops_since_sync++;
+    g.ops_since_sync++; /* (not counted as a replay: this step's ops were issued) */
     LLM_CUDA_CHECK("graph replay", cudaGraphLaunch(exec, llm_cuda.stream));
 }

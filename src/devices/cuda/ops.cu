@@ -1,5 +1,6 @@
-/* The cuda device's op table: each op of ops.h launched, held back to fuse with the ops after it (the pending op,
- * recognised from forward.c's order and buffers), or recorded for the persistent step (step.cu); the family notices.
+/* The cuda device's op table: each op of ops.h launched, held back to fuse with the ops after it as the model's plan
+ * declares (the pending op; the groups of group.h, cuda_plan_group), or recorded for the persistent step (step.cu);
+ * the refusals, said once and counted.
  * Not here: the kernels (kernels.cu, gemv.cu, attention.cu, family.cu), batches' products (prefill.cu). */
 #include "device_internal.cuh"
 
@@ -7,60 +8,109 @@
 
 static bool op_usable(void) { return g.initialized && !g.failed; }
 
-static const char *const NOTE_NORM_OF_PRODUCT =
-    "rmsnorm of a product's output (q/k norm, post-attention or post-FFN norm): the product's epilogue (rope and the "
-    "KV store, residual add) is not fused; a post norm runs with the residual add as one kernel, q/k norms with the "
-    "rope and the KV store";
-static const char *const NOTE_NORM_OFFSET =
-    "rmsnorm in the (1 + w) form (Gemma) of a batch or of several heads (q/k norms): its own kernel, not fused with "
-    "the residual add before it";
-static const char *const NOTE_ROPE =
-    "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the q/k/v "
-    "product's epilogue";
-static const char *const NOTE_ATTENTION =
-    "attention with a sliding window, a soft-cap, sinks or its own scale outside the persistent step (which takes a "
-    "window and a scale up to head_dim 128): the split-KV decode kernel; batches of more than 4 tokens on a kernel of "
-    "a block a (token, head) (no tensor-core prefill)";
-static const char *const NOTE_GELU =
-    "glu with tanh-GELU (GeGLU) or gpt-oss's clamped SwiGLU: its own kernel, without the split for the next product "
-    "that SwiGLU's does (and the clamped SwiGLU never in the GEMV's epilogue)";
-static const char *const NOTE_SOFTCAP = "final-logit soft-cap: its own kernel after the head";
-
 /* Is this op part of a recorded persistent step? One token, fused, the setting on, no timeline being taken (it
  * measures the kernel-per-op step). */
 bool recording(void) { return g.persist && g.fuse && g.step_tokens == 1 && !tl.recs; }
 
-/* What a model's layers cost the fusions and the persistent step, said once each (stderr): a layer this device does
- * not fuse runs its ops as kernels of their own, never silently slower. */
-#define NOTICES 16
-static const char *noticed[NOTICES];
+/* Is an op of a group with fusions f recorded for the persistent step? */
+static bool records(unsigned f) { return recording() && (f & LLM_FUSE_PERSIST); }
 
-void say_once(const char *what)
+/* ---------- the plan: groups declared by the model (group.h), fusions taken or refused with a reason ---------- */
+
+/* Each reason is said once (stderr): a fusion this device does not apply costs kernels of their own, never silently. */
+static bool said[LLM_REFUSE_COUNT];
+
+static void say_once(llm_refusal why)
 {
-    int i = 0;
-    for (; i < NOTICES && noticed[i]; i++)
-        if (noticed[i] == what) return;
-    if (i < NOTICES) noticed[i] = what;
-    fprintf(stderr, "cuda: %s\n", what);
+    if (said[why]) return;
+    said[why] = true;
+    fprintf(stderr, "cuda: %s\n", llm_refusal_text(why));
 }
 
-static const char *const NOTE_PERSIST =
-    "the persistent decode step would run in pieces, cut at the ops named above: a kernel per op instead (Qwen3-1.7B "
-    "on an H100: 536 tok/s against 491 in pieces; a persistent launch a piece costs more than the launches it saves)";
+/* A fusion not applied at run time (a batch's, the persistent step's, an invariant's): counted and said once. */
+void refuse_now(llm_refusal why)
+{
+    g.refused[why]++;
+    say_once(why);
+}
 
-static void notice(const char *what) { say_once(what); }
+/* The persistent step off for the rest of the run (the model's steps cannot take it), counted by persistent_cut. */
+static void cut_persist(llm_refusal why, const char *what)
+{
+    if (!g.persist) return;
+    g.persist = false, g.persist_cut = true, g.persist_cut_why = what, g.persist_cut_refusal = why;
+}
 
-static const char *const NOTE_PERSIST_QUANT =
-    "block-quantized weights (Q8_0, Q4_0, Q4_K): the persistent decode step has no GEMV phase for them; a kernel per "
-    "op instead, each GEMV dequantizing in registers with its fusions (counted as persistent_cut)";
+static void refuse(llm_group *grp, unsigned f, llm_refusal why)
+{
+    if (!(grp->fused & f)) return;
+    grp->fused &= ~f;
+    if (grp->why == LLM_REFUSE_NONE) grp->why = why;
+    if (why != LLM_REFUSE_PERSIST_OFF) say_once(why); /* the setting, or the decode path, said at init */
+}
+
+/* Which of a group's fusions this device takes, asked once per group when a run state is made. What depends on the
+ * batch (a batch's norm or GeGLU) or on the step (the persistent step cut in pieces) is refused at run time. */
+void cuda_plan_group(llm_group *grp)
+{
+    grp->fused = grp->ask, grp->why = LLM_REFUSE_NONE;
+    if (!g.initialized || !g.fuse) {
+        refuse(grp, ~0u, LLM_REFUSE_FUSE_OFF);
+        return;
+    }
+    const bool plain_attention = llm_cuda_is_llama_attention(&grp->attn, grp->head_dim);
+    /* a norm of the products' output keeps their epilogue from the add, or from the rope and so the KV store (per-head
+     * q/k norms ask neither: their own kernel takes the rope and the KV store, QK_NORM_ROPE) */
+    if (grp->norms_product)
+        refuse(grp, LLM_FUSE_ROPE | LLM_FUSE_ADD | (grp->ask & LLM_FUSE_QK_NORM_ROPE ? 0 : LLM_FUSE_KV_STORE),
+               LLM_REFUSE_NORM_OF_PRODUCT);
+    if (grp->kind == LLM_GROUP_ATTN_IN) {
+        if (grp->rot_dim != grp->head_dim || grp->rope_scale != 1.0f || grp->head_dim % 2)
+            refuse(grp, LLM_FUSE_ROPE, LLM_REFUSE_ROPE_PARTIAL);
+        if (!(grp->fused & LLM_FUSE_QK_NORM_ROPE)) { /* the GEMV's epilogue stores Llama attention's row */
+            if (!(grp->fused & LLM_FUSE_ROPE)) refuse(grp, LLM_FUSE_KV_STORE, grp->why);
+            if (!plain_attention) refuse(grp, LLM_FUSE_KV_STORE, LLM_REFUSE_ATTENTION_PARAMS);
+        }
+    }
+    if (grp->kind == LLM_GROUP_ATTENTION && !plain_attention) refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_ATTENTION_PARAMS);
+    /* the GEMV's and the experts' pair's epilogue computes gate(g) * u: SiLU and tanh-GELU, not the clamped SwiGLU */
+    if (grp->act == LLM_ACT_SWIGLU_OAI) refuse(grp, LLM_FUSE_GLU, LLM_REFUSE_GLU_ACT);
+    refuse(grp, LLM_FUSE_SOFTCAP, LLM_REFUSE_SOFTCAP);
+    /* a model's steps with MoE layers or quantized weights never take the persistent step: off for the run */
+    if ((grp->kind == LLM_GROUP_MOE || grp->kind == LLM_GROUP_SHARED_EXPERT) && (grp->ask & LLM_FUSE_PERSIST)) {
+        refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_MOE);
+        cut_persist(LLM_REFUSE_PERSIST_MOE, "mixture-of-experts layers");
+    }
+    if (llm_dtype_is_block(grp->dtype) && (grp->ask & LLM_FUSE_PERSIST)) {
+        refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_QUANT);
+        cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
+    }
+    if (!g.persist) refuse(grp, LLM_FUSE_PERSIST, g.persist_cut ? g.persist_cut_refusal : LLM_REFUSE_PERSIST_OFF);
+}
+
+/* Where a group's ops start: the ops after it fuse as its fusions say. */
+void cuda_group(const llm_group *grp)
+{
+    if (!op_usable()) return;
+    g.group = *grp; /* a copy: the plan may be freed while the device lives on */
+    g.group_seq++;
+    g.groups++;
+    if (grp->why == LLM_REFUSE_NONE)
+        g.groups_fused++;
+    else
+        g.refused[grp->why]++;
+}
+
+/* The fusions of the group now issued (none outside a declared group). */
+static unsigned now(void) { return g.group.fused; }
 
 /* At the end of a one-token step: one that was issued as more than one recorded program (cut by ops the persistent
  * step does not take) turns the persistent step off for the rest of the run, said once and counted. */
 void persist_or_cut(void)
 {
     if (g.step_programs > 1 && g.persist) {
-        g.persist = false, g.persist_cut = true, g.persist_cut_why = "the step would run in pieces";
-        say_once(NOTE_PERSIST);
+        cut_persist(LLM_REFUSE_PERSIST_PIECES, "the step would run in pieces");
+        refuse_now(LLM_REFUSE_PERSIST_PIECES);
     }
     g.step_programs = 0;
 }
@@ -102,6 +152,7 @@ static void issue_program(void)
             return;
         }
         if (g.failed) return;
+        if (ran == LLM_CUDA_STEP_REFUSED) refuse_now(LLM_REFUSE_STEP);
     }
     for (int i = 0; i < n; i++) {
         llm_cuda_step_op *o = &g.prog[i];
@@ -140,7 +191,7 @@ static void retire_pending(void)
     int kind = P->kind;
     P->kind = PEND_NONE;
     forget_split();
-    if (kind != PEND_GEMV || !recording()) issue_program(); /* what was recorded runs before this */
+    if (kind != PEND_GEMV || !records(P->fused)) issue_program(); /* what was recorded runs before this */
     if (kind == PEND_ADD) {
         llm_cuda_add(P->job.resid, P->job.resid, P->add_y, P->count, "add");
         after_op("add");
@@ -194,7 +245,7 @@ static void retire_pending(void)
         snprintf(name, sizeof name, "%s%s x%d%s", norm, what, job.n_mats, epi);
     else
         snprintf(name, sizeof name, "%s%s%s", norm, what, epi);
-    if (recording()) {
+    if (records(P->fused)) {
         record_op(LLM_CUDA_STEP_GEMV, name)->gemv = job;
         return;
     }
@@ -219,22 +270,11 @@ void op_embed(float *out, const llm_weight *table, const int32_t *tokens, int n,
     after_op("embed");
 }
 
-/* Normalising what a pending product writes (q/k norms, post norms): the product cannot take its epilogue. */
-static bool norms_pending_output(const float *x)
-{
-    const pending_t *P = &g.pend;
-    if (P->kind != PEND_GEMV) return false;
-    for (int m = 0; m < P->job.n_mats; m++)
-        if (P->mats[m].out == x) return true;
-    return false;
-}
-
-/* Gemma's (1 + w) norm: a kernel of its own after everything before it. */
+/* Gemma's (1 + w) norm of a batch or of several heads: a kernel of its own after everything before it. */
 static void rmsnorm_offset(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps,
                            float offset)
 {
-    notice(NOTE_NORM_OFFSET);
-    if (norms_pending_output(x)) notice(NOTE_NORM_OF_PRODUCT);
+    refuse_now(LLM_REFUSE_NORM_OFFSET_BATCH);
     flush_pending();
     size_t all = (size_t)n * dim * sizeof(float);
     settle(x, all);
@@ -243,42 +283,52 @@ static void rmsnorm_offset(float *out, const float *x, const llm_weight *weight,
     after_op("rmsnorm");
 }
 
+/* Hold an in-place norm (a post norm, or q's) for the op its group fuses it with. */
+static void hold_norm(float *out, const llm_weight *weight, int n, int dim, float eps, float offset)
+{
+    retire_pending();
+    size_t all = (size_t)n * dim * sizeof(float);
+    settle(out, all);
+    written(out, all);
+    pending_t *P = &g.pend;
+    P->kind = PEND_POST_NORM, P->fused = now(), P->seq = g.group_seq;
+    P->job.norm_out = out, P->norm_w = *weight, P->dim = dim, P->count = (size_t)n, P->job.eps = eps;
+    P->job.norm_offset = offset;
+}
+
 void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int dim, float eps, float offset)
 {
     if (!op_usable()) return;
     forget_split();
-    /* (while recording, q/k norms go to the persistent attention phase; a post norm cuts the step, said then) */
-    if (norms_pending_output(x) && !recording()) notice(NOTE_NORM_OF_PRODUCT);
     pending_t *P = &g.pend;
+    const unsigned f = now();
     size_t all = (size_t)n * dim * sizeof(float);
-    /* In place, after another in place of the same width, parameters and apart from it: q's and k's norms, held
-     * for the rope after them (op_rope). */
-    if (g.fuse && out == x && P->kind == PEND_POST_NORM && P->dim == dim && P->job.eps == eps &&
-        P->job.norm_offset == offset && !overlaps(x, all, P->job.norm_out, P->count * P->dim * sizeof(float))) {
-        settle(x, all);
-        written(out, all);
-        P->kind = PEND_QK_NORM;
-        P->qk.q = P->job.norm_out, P->qk.q_w = P->norm_w, P->qk.q_rows = P->count, P->qk.dim = dim;
-        P->qk.eps = eps, P->qk.offset = offset;
-        P->qk.k = out, P->qk.k_w = *weight, P->qk.k_rows = (size_t)n;
+    /* q's and k's norms (QK_NORM_ROPE): the first held, the second joins it, the rope after them joins both
+     * (op_rope); a post norm (POST_NORM_ADD): held for the residual add of its result (op_add) */
+    if (out == x && (f & LLM_FUSE_QK_NORM_ROPE) && P->kind == PEND_POST_NORM && P->seq == g.group_seq) {
+        if (P->dim == dim && P->job.eps == eps && P->job.norm_offset == offset &&
+            !overlaps(x, all, P->job.norm_out, P->count * P->dim * sizeof(float))) {
+            settle(x, all);
+            written(out, all);
+            P->kind = PEND_QK_NORM;
+            P->qk.q = P->job.norm_out, P->qk.q_w = P->norm_w, P->qk.q_rows = P->count, P->qk.dim = dim;
+            P->qk.eps = eps, P->qk.offset = offset;
+            P->qk.k = out, P->qk.k_w = *weight, P->qk.k_rows = (size_t)n;
+            return;
+        }
+        refuse_now(LLM_REFUSE_MISMATCH);
+    }
+    if (out == x && (f & (LLM_FUSE_QK_NORM_ROPE | LLM_FUSE_POST_NORM_ADD))) {
+        hold_norm(out, weight, n, dim, eps, offset);
         return;
     }
-    /* In place (a post norm, or q/k's): held back, so that a residual add of its result makes one pass with it. */
-    if (g.fuse && out == x) {
-        retire_pending();
-        settle(x, all);
-        written(out, all);
-        P->kind = PEND_POST_NORM;
-        P->job.norm_out = out, P->norm_w = *weight, P->dim = dim, P->count = (size_t)n, P->job.eps = eps;
-        P->job.norm_offset = offset;
-        return;
-    }
-    const bool one_gemv_input = g.fuse && n == 1 && llm_cuda_gemv_fits((size_t)dim);
+    const bool one_gemv_input = (f & LLM_FUSE_NORM_PROLOGUE) && n == 1 && llm_cuda_gemv_fits((size_t)dim);
     if (offset != 0.0f && !one_gemv_input) {
         rmsnorm_offset(out, x, weight, n, dim, eps, offset);
         return;
     }
-    if (P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
+    /* a batch's norm of the residual add's sum before it (the head's of every row, not of the last alone) */
+    if ((f & LLM_FUSE_ADD_NORM) && P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
         !overlaps(out, all, x, all) && !src_overlaps(P->add_y, P->count, out, all) && !owed_any(x, all) &&
         !owed_partly(out, all)) {
         P->kind = PEND_NONE;
@@ -296,8 +346,7 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
     size_t bytes = (size_t)dim * sizeof(float);
     /* The fused prologue reads x in every block while block 0 writes out: only when they are apart. */
     if (one_gemv_input && !overlaps(out, bytes, x, bytes)) {
-        pending_t *P = &g.pend;
-        P->kind = PEND_NORM;
+        P->kind = PEND_NORM, P->fused = f, P->seq = g.group_seq;
         P->job.norm_out = out, P->job.norm_src = x, P->norm_w = *weight, P->dim = dim, P->job.eps = eps;
         P->job.norm_offset = offset;
         return;
@@ -336,17 +385,22 @@ static void pend_add_mat(float *out, const llm_weight *w, const llm_weight *bias
     P->logits = logits;
 }
 
-/* Add a one-token product to the pending GEMV when it reads the same input; false when it cannot join. */
+/* Add a one-token product of the pending op's group to it: the product after a norm its group takes as the
+ * prologue (NORM_PROLOGUE), or one more on the pending GEMV's input (SHARED_INPUT); false when it cannot join. */
 static bool pend_append(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
 {
     pending_t *P = &g.pend;
     size_t out_bytes = w->rows * sizeof(float), in_bytes = w->cols * sizeof(float);
-    if (P->kind == PEND_NORM) {
-        if (x != P->job.norm_out || w->cols != (size_t)P->dim) return false;
+    if (P->seq != g.group_seq) return false;
+    if (P->kind == PEND_NORM) { /* held only for this product (op_rmsnorm) */
+        if (x != P->job.norm_out || w->cols != (size_t)P->dim) {
+            refuse_now(LLM_REFUSE_MISMATCH);
+            return false;
+        }
         if (overlaps(out, out_bytes, P->job.norm_src, in_bytes) || overlaps(out, out_bytes, P->job.norm_out, in_bytes))
             return false;
         pend_gemv(P->job.norm_out, P->dim, w->dtype);
-    } else if (P->kind == PEND_GEMV) {
+    } else if (P->kind == PEND_GEMV && (P->fused & LLM_FUSE_SHARED_INPUT)) {
         if (P->job.epi != LLM_CUDA_EPI_NONE || P->job.n_mats == LLM_CUDA_GEMV_MATS || x != P->job.x ||
             w->cols != (size_t)P->job.cols || w->dtype != P->job.dtype || P->logits != logits)
             return false;
@@ -364,10 +418,11 @@ static bool pend_append(float *out, const float *x, const llm_weight *w, const l
 
 static void one_token_product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, bool logits)
 {
-    if (g.fuse && pend_append(out, x, w, bias, logits)) return;
+    if (pend_append(out, x, w, bias, logits)) return;
     retire_pending();
     g.pend.job.norm_src = NULL; /* no prologue */
     pend_gemv(x, (int)w->cols, w->dtype);
+    g.pend.fused = now(), g.pend.seq = g.group_seq;
     pend_add_mat(out, w, bias, logits);
     if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) retire_pending();
 }
@@ -380,9 +435,9 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
     written(out, (size_t)n * w->rows * sizeof(float));
     g.last_batched = !(n == 1 && llm_cuda_gemv_fits_weight(w->cols, w->dtype));
     if (!g.last_batched) {
-        if (llm_dtype_is_block(w->dtype) && g.persist) { /* before this product is recorded */
-            g.persist = false, g.persist_cut = true, g.persist_cut_why = "quantized weights";
-            say_once(NOTE_PERSIST_QUANT);
+        if (llm_dtype_is_block(w->dtype) && records(now())) { /* one the plan did not see: before it is recorded */
+            cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
+            refuse_now(LLM_REFUSE_PERSIST_QUANT);
         }
         one_token_product(out, x, w, bias, logits);
         return;
@@ -406,22 +461,27 @@ void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq
     if (!op_usable()) return;
     forget_split();
     pending_t *P = &g.pend;
-    bool whole = rot_dim == head_dim && scale == 1.0f;
-    if (!whole) notice(NOTE_ROPE);
-    if (P->kind == PEND_QK_NORM && P->qk.q == q && P->qk.k == k && P->qk.dim == head_dim &&
-        P->qk.q_rows == (size_t)n * n_heads && P->qk.k_rows == (size_t)n * n_kv_heads) {
-        P->kind = PEND_QK_ROPE; /* q/k norms and this rope, one kernel (with the KV store, if attention follows) */
-        P->qk.positions = positions, P->qk.inv_freq = inv_freq, P->qk.n = n, P->qk.heads = n_heads;
-        P->qk.kv_heads = n_kv_heads, P->qk.rot = rot_dim, P->qk.scale = scale;
-        return;
+    const bool mine = P->seq == g.group_seq; /* the pending op is of this rope's group */
+    if (mine && P->kind == PEND_QK_NORM && (P->fused & LLM_FUSE_QK_NORM_ROPE)) {
+        if (P->qk.q == q && P->qk.k == k && P->qk.dim == head_dim && P->qk.q_rows == (size_t)n * n_heads &&
+            P->qk.k_rows == (size_t)n * n_kv_heads) {
+            P->kind = PEND_QK_ROPE; /* q/k norms and this rope, one kernel (with the KV store, if attention follows) */
+            P->qk.positions = positions, P->qk.inv_freq = inv_freq, P->qk.n = n, P->qk.heads = n_heads;
+            P->qk.kv_heads = n_kv_heads, P->qk.rot = rot_dim, P->qk.scale = scale;
+            return;
+        }
+        refuse_now(LLM_REFUSE_MISMATCH);
     }
-    if (g.fuse && whole && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
-        P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
-        P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
-        head_dim % 2 == 0) {
-        P->job.epi = LLM_CUDA_EPI_ROPE;
-        P->job.positions = positions, P->job.inv_freq = inv_freq, P->job.head_dim = head_dim;
-        return;
+    if (mine && n == 1 && P->kind == PEND_GEMV && (P->fused & LLM_FUSE_ROPE)) {
+        if (rot_dim == head_dim && scale == 1.0f && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
+            P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
+            P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
+            head_dim % 2 == 0) {
+            P->job.epi = LLM_CUDA_EPI_ROPE;
+            P->job.positions = positions, P->job.inv_freq = inv_freq, P->job.head_dim = head_dim;
+            return;
+        }
+        refuse_now(LLM_REFUSE_MISMATCH);
     }
     flush_pending();
     size_t q_count = (size_t)n * n_heads * head_dim, k_count = (size_t)n * n_kv_heads * head_dim;
@@ -448,11 +508,11 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     bool llama = llm_cuda_is_llama_attention(p, head_dim);
     /* q/k norms and rope held back (op_rope): one kernel, which for one token also stores the KV row; recorded for
      * the persistent step, the attention phase does them (whole-head rope only) */
-    if (P->kind == PEND_QK_ROPE && n == 1 && P->qk.q == q && P->qk.k == k && P->qk.n == 1 &&
-        P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.dim == head_dim &&
+    if (P->kind == PEND_QK_ROPE && n == 1 && (P->fused & LLM_FUSE_KV_STORE) && P->qk.q == q && P->qk.k == k &&
+        P->qk.n == 1 && P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.dim == head_dim &&
         P->qk.positions == positions) {
         P->kind = PEND_NONE;
-        if (llm_cuda_step_takes_attention(p, head_dim) && recording() && P->qk.rot == head_dim &&
+        if (llm_cuda_step_takes_attention(p, head_dim) && records(now()) && P->qk.rot == head_dim &&
             P->qk.scale == 1.0f) {
             llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "q/k norm+rope+attention");
             o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
@@ -480,13 +540,16 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     }
     /* The rope-fused q/k/v GEMV can also write row positions[0] of the caches, as this op would first (Llama's
      * attention only: a windowed layer's cache may be a ring, its row positions[0] % ctx). */
-    if (g.fuse && llama && n == 1 && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 &&
-        P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->job.positions == positions &&
-        P->mats[1].w.rows == kv_dim) {
-        P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
-        stored = true;
+    if (llama && n == 1 && P->kind == PEND_GEMV && (P->fused & LLM_FUSE_KV_STORE)) {
+        if (P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 && P->mats[1].out == k && P->mats[2].out == v &&
+            P->mats[2].w.rows == kv_dim && P->job.positions == positions && P->mats[1].w.rows == kv_dim) {
+            P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
+            stored = true;
+        } else {
+            refuse_now(LLM_REFUSE_MISMATCH);
+        }
     }
-    if (llm_cuda_step_takes_attention(p, head_dim) && n == 1 && recording()) {
+    if (llm_cuda_step_takes_attention(p, head_dim) && n == 1 && records(now())) {
         retire_pending(); /* the q/k/v GEMV joins the record before its attention */
         llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
         o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
@@ -501,7 +564,6 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
     settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
     written(out, (size_t)n * n_heads * head_dim * sizeof(float));
-    if (!llama) notice(NOTE_ATTENTION);
     if (!llama && !split_kv)
         llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
                                   ctx, p, stored);
@@ -522,15 +584,18 @@ void op_glu(float *out, const float *gate, const float *up, size_t count, llm_ac
     pending_t *P = &g.pend;
     /* The GEMV's epilogue computes gate(g) * u (llm_cuda_gate): SiLU and tanh-GELU, not the clamped SwiGLU. */
     bool gated = act == LLM_ACT_SILU || act == LLM_ACT_GELU_TANH;
-    if (g.fuse && gated && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
-        P->job.n_mats == 2 && P->mats[0].out == gate && P->mats[1].out == up && out == gate &&
-        P->mats[0].w.rows == P->mats[1].w.rows && count == P->mats[0].w.rows) {
-        P->job.epi = LLM_CUDA_EPI_SWIGLU, P->job.act = act; /* the gate's activation, SiLU or tanh-GELU */
-        retire_pending();
-        return;
+    if (P->seq == g.group_seq && P->kind == PEND_GEMV && (P->fused & LLM_FUSE_GLU)) {
+        if (gated && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 2 && P->mats[0].out == gate &&
+            P->mats[1].out == up && out == gate && P->mats[0].w.rows == P->mats[1].w.rows &&
+            count == P->mats[0].w.rows) {
+            P->job.epi = LLM_CUDA_EPI_SWIGLU, P->job.act = act; /* the gate's activation, SiLU or tanh-GELU */
+            retire_pending();
+            return;
+        }
+        refuse_now(LLM_REFUSE_MISMATCH);
     }
     if (act != LLM_ACT_SILU) {
-        notice(NOTE_GELU);
+        refuse_now(LLM_REFUSE_GLU_ACT);
         flush_pending();
         llm_cuda_src gate_src = src_of(gate, count), up_src = src_of(up, count);
         written(out, count * sizeof(float));
@@ -557,7 +622,8 @@ void op_add(float *x, const float *y, size_t count)
     pending_t *P = &g.pend;
     size_t bytes = count * sizeof(float);
     /* resid must not be read by the GEMV itself (its input, or the prologue's source). */
-    if (g.fuse && P->kind == PEND_GEMV && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 1 &&
+    if (P->seq == g.group_seq && P->kind == PEND_GEMV && (P->fused & LLM_FUSE_ADD) &&
+        P->job.epi == LLM_CUDA_EPI_NONE && !P->logits && P->job.n_mats == 1 &&
         P->mats[0].out == y && count == P->mats[0].w.rows && !overlaps(x, bytes, y, bytes) &&
         !overlaps(x, bytes, P->job.x, (size_t)P->job.cols * sizeof(float)) &&
         !(P->job.norm_src && overlaps(x, bytes, P->job.norm_src, (size_t)P->job.cols * sizeof(float))) &&
@@ -567,8 +633,8 @@ void op_add(float *x, const float *y, size_t count)
         retire_pending();
         return;
     }
-    if (P->kind == PEND_POST_NORM && P->job.norm_out == y && count == P->count * P->dim &&
-        !overlaps(x, bytes, y, bytes)) {
+    if (P->kind == PEND_POST_NORM && (P->fused & LLM_FUSE_POST_NORM_ADD) && P->job.norm_out == y &&
+        count == P->count * P->dim && !overlaps(x, bytes, y, bytes)) {
         P->kind = PEND_NONE;
         issue_program(); /* what was recorded runs before this */
         settle(x, bytes);
@@ -579,8 +645,8 @@ void op_add(float *x, const float *y, size_t count)
     flush_pending();
     llm_cuda_src y_src = src_of(y, count);
     settle(x, bytes); /* x is read and written whole */
-    if (g.fuse) {
-        P->kind = PEND_ADD;
+    if (g.fuse) { /* held for a batch's norm of the sum (ADD_NORM: op_rmsnorm) */
+        P->kind = PEND_ADD, P->fused = now(), P->seq = g.group_seq;
         P->job.resid = x, P->count = count, P->add_y = y_src;
         return;
     }
@@ -592,7 +658,6 @@ void op_softcap(float *x, float cap, size_t count)
 {
     if (!op_usable()) return;
     forget_split();
-    notice(NOTE_SOFTCAP);
     flush_pending();
     settle(x, count * sizeof(float));
     written(x, count * sizeof(float));
@@ -602,7 +667,8 @@ void op_softcap(float *x, float cap, size_t count)
 
 /* ---------- mixture of experts (moe.cu) ---------- */
 
-/* Held back with fusion on, as g.pend holds the dense ops: a few tokens' gate product waits for the up product of the
+/* Held back as the group declares (EXPERTS_PAIR, GLU, EXPERTS_COMBINE, COMBINE_ADD), as g.pend holds the dense
+ * ops: a few tokens' gate product waits for the up product of the
  * same x and ids (one launch reads both: llm_cuda_experts_pair), and the pair for the glu of their outputs (its
  * epilogue); one token's down product waits for the combine of its output (llm_cuda_experts_combine); a combine
  * waits for the residual add of its output (one pass). Anything else launches what is held first (retire_pending),
@@ -617,6 +683,7 @@ static struct {
     const int32_t *ids;
     const float *weights; /* the combine's */
     int n, top_k, dim;
+    unsigned fused;       /* the fusions of the group it was issued in */
 } mp;
 
 static void moe_launch(bool glu, llm_act act, float *resid)
@@ -662,7 +729,7 @@ static bool moe_take_glu(float *out, const float *gate, const float *up, size_t 
 {
     /* The pair's epilogue computes llm_cuda_gate(g) * u: SiLU and tanh-GELU, not gpt-oss's clamped SwiGLU, which
      * then runs as glu's own kernel after the pair. */
-    if (mp.kind != MOE_GATE_UP || out != mp.out || gate != mp.out || up != mp.out2 ||
+    if (mp.kind != MOE_GATE_UP || !(mp.fused & LLM_FUSE_GLU) || out != mp.out || gate != mp.out || up != mp.out2 ||
         count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows || act == LLM_ACT_SWIGLU_OAI)
         return false;
     moe_launch(true, act, NULL);
@@ -675,7 +742,9 @@ static bool moe_take_add(float *x, const float *y, size_t count)
     float *sum = down ? mp.sum : mp.out;
     const float *ys = down ? mp.out : mp.x; /* the combine's y */
     size_t bytes = count * sizeof(float), picks = (size_t)mp.n * mp.top_k;
-    if ((mp.kind != MOE_COMBINE && !down) || y != sum || count != (size_t)mp.n * mp.dim) return false;
+    if ((mp.kind != MOE_COMBINE && !down) || !(mp.fused & LLM_FUSE_COMBINE_ADD) || y != sum ||
+        count != (size_t)mp.n * mp.dim)
+        return false;
     if (overlaps(x, bytes, y, bytes) || overlaps(x, bytes, ys, picks * mp.dim * sizeof(float)) ||
         overlaps(x, bytes, mp.weights, picks * sizeof(float)) || owed_any(x, bytes) ||
         (down && overlaps(x, bytes, mp.x, picks * mp.w.w[0].cols * sizeof(float))))
@@ -684,21 +753,11 @@ static bool moe_take_add(float *x, const float *y, size_t count)
     return true;
 }
 
-static const char *const NOTE_MOE_PERSIST =
-    "mixture-of-experts layers (route, experts, combine): the persistent decode step does not take them (the experts "
-    "are known only after the router); a kernel per op, replayed as a CUDA graph";
-
-/* Before each MoE op: what is pending or recorded runs first. A one-token step that would be recorded for the
- * persistent kernel is cut here, so the persistent step is turned off for the rest of the run, said once and
- * counted (counters.persistent_cut): the first step runs its recorded part as one launch, the rest a kernel per op,
- * and every later step a kernel per op, captured in a graph. */
+/* Before each MoE op: what is pending or recorded runs first. (The persistent step does not take MoE layers: the
+ * plan turned it off, cuda_plan_group.) */
 static void moe_begin(void)
 {
     forget_split();
-    if (g.persist && g.step_tokens == 1) {
-        g.persist = false, g.persist_cut = true, g.persist_cut_why = "mixture-of-experts layers";
-        say_once(NOTE_MOE_PERSIST);
-    }
     flush_pending();
 }
 
@@ -719,7 +778,7 @@ void op_experts(float *out, const float *x, const llm_experts *w, const int32_t 
     if (!op_usable() || w->n_experts < 1) return;
     size_t out_bytes = (size_t)n * top_k * w->w[0].rows * sizeof(float);
     size_t x_bytes = (size_t)n * x_slots * w->w[0].cols * sizeof(float);
-    if (mp.kind == MOE_GATE && x_slots == 1 && x == mp.x && ids == mp.ids && n == mp.n && top_k == mp.top_k &&
+    if (mp.kind == MOE_GATE && (mp.fused & LLM_FUSE_EXPERTS_PAIR) && x_slots == 1 && x == mp.x && ids == mp.ids && n == mp.n && top_k == mp.top_k &&
         same_experts(w, &mp.w) && !overlaps(out, out_bytes, mp.out, out_bytes) &&
         !overlaps(out, out_bytes, x, x_bytes) && !owed_partly(out, out_bytes)) {
         written(out, out_bytes);
@@ -730,12 +789,14 @@ void op_experts(float *out, const float *x, const llm_experts *w, const int32_t 
     settle(x, x_bytes);
     settle(ids, (size_t)n * top_k * sizeof(int32_t));
     written(out, out_bytes);
-    if (g.fuse && x_slots == 1 && llm_cuda_experts_pair_fits(n, top_k) && !overlaps(out, out_bytes, x, x_bytes)) {
-        mp.kind = MOE_GATE, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = n, mp.top_k = top_k;
+    const unsigned f = now();
+    if ((f & LLM_FUSE_EXPERTS_PAIR) && x_slots == 1 && llm_cuda_experts_pair_fits(n, top_k) &&
+        !overlaps(out, out_bytes, x, x_bytes)) {
+        mp.fused = f, mp.kind = MOE_GATE, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = n, mp.top_k = top_k;
         return;
     }
-    if (g.fuse && n == 1 && x_slots == top_k && !overlaps(out, out_bytes, x, x_bytes)) {
-        mp.kind = MOE_DOWN, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = 1, mp.top_k = top_k;
+    if ((f & LLM_FUSE_EXPERTS_COMBINE) && n == 1 && x_slots == top_k && !overlaps(out, out_bytes, x, x_bytes)) {
+        mp.fused = f, mp.kind = MOE_DOWN, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = 1, mp.top_k = top_k;
         mp.dim = (int)w->w[0].rows;
         return;
     }
@@ -747,7 +808,7 @@ void op_combine(float *out, const float *y, const float *weights, int n, int top
 {
     if (!op_usable()) return;
     size_t out_bytes = (size_t)n * dim * sizeof(float), y_bytes = (size_t)n * top_k * dim * sizeof(float);
-    if (mp.kind == MOE_DOWN && y == mp.out && n == 1 && top_k == mp.top_k && dim == mp.dim &&
+    if (mp.kind == MOE_DOWN && (mp.fused & LLM_FUSE_EXPERTS_COMBINE) && y == mp.out && n == 1 && top_k == mp.top_k && dim == mp.dim &&
         !overlaps(out, out_bytes, y, y_bytes) && !overlaps(out, out_bytes, weights, (size_t)top_k * sizeof(float)) &&
         !overlaps(out, out_bytes, mp.x, (size_t)top_k * mp.w.w[0].cols * sizeof(float)) &&
         !owed_partly(out, out_bytes) && !owed_any(weights, (size_t)top_k * sizeof(float))) {
@@ -759,8 +820,8 @@ void op_combine(float *out, const float *y, const float *weights, int n, int top
     settle(y, (size_t)n * top_k * dim * sizeof(float));
     settle(weights, (size_t)n * top_k * sizeof(float));
     written(out, (size_t)n * dim * sizeof(float));
-    if (g.fuse) {
-        mp.kind = MOE_COMBINE, mp.out = out, mp.x = y, mp.weights = weights, mp.n = n, mp.top_k = top_k;
+    if (now() & LLM_FUSE_COMBINE_ADD) {
+        mp.fused = now(), mp.kind = MOE_COMBINE, mp.out = out, mp.x = y, mp.weights = weights, mp.n = n, mp.top_k = top_k;
         mp.dim = dim;
         return;
     }
