@@ -72,7 +72,8 @@ void cuda_plan_group(llm_group *grp)
             if (!plain_attention) refuse(grp, LLM_FUSE_KV_STORE, LLM_REFUSE_ATTENTION_PARAMS);
         }
     }
-    if (grp->kind == LLM_GROUP_ATTENTION && !plain_attention) refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_ATTENTION_PARAMS);
+    if (grp->kind == LLM_GROUP_ATTENTION && !llm_cuda_step_takes_attention(&grp->attn, grp->head_dim))
+        refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_ATTENTION_PARAMS);
     /* the GEMV's and the experts' pair's epilogue computes gate(g) * u: SiLU and tanh-GELU, not the clamped SwiGLU */
     if (grp->act == LLM_ACT_SWIGLU_OAI) refuse(grp, LLM_FUSE_GLU, LLM_REFUSE_GLU_ACT);
     refuse(grp, LLM_FUSE_SOFTCAP, LLM_REFUSE_SOFTCAP);
