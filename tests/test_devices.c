@@ -15,6 +15,7 @@
 
 #include "devices/host.h"
 #include "devices/registry.h"
+#include "support/owned_memory.h"
 #include "model/model.h"
 #include "ops/ref.h"
 #include "support/cli_run.h"
@@ -55,53 +56,14 @@ static const llm_device matmul_host_device = {
     .supports = matmul_only, .ops = &host_matmul_ops,
 };
 
-/* ---- the same owning its memory ----
- * Its buffers are malloc'd, but the handles it gives out have bit 62 flipped: a non-canonical address, so host code
- * that dereferences one instead of going through download/upload crashes the test at once. */
-#define DISGUISE ((uintptr_t)1 << 62)
-static void *hide(void *p) { return p ? (void *)((uintptr_t)p ^ DISGUISE) : NULL; }
-static void *show(const void *h) { return h ? (void *)((uintptr_t)h ^ DISGUISE) : NULL; }
-
-static size_t owned_bytes;
-
-static void *owned_alloc(size_t bytes)
-{
-    size_t *p = malloc(sizeof(size_t) + (bytes ? bytes : 1));
-    if (!p) return NULL;
-    *p = bytes;
-    owned_bytes += bytes;
-    return hide(p + 1);
-}
-static void owned_free(void *h)
-{
-    if (!h) return;
-    size_t *p = (size_t *)show(h) - 1;
-    owned_bytes -= *p;
-    free(p);
-}
-static int owned_upload(void *dst, const void *src, size_t bytes)
-{
-    if (bytes) memcpy(show(dst), src, bytes);
-    return 0;
-}
-static int owned_download(void *dst, const void *src, size_t bytes)
-{
-    if (bytes) memcpy(dst, show(src), bytes);
-    return 0;
-}
-static void owned_memory(llm_device_memory *out)
-{
-    llm_host_memory(out);
-    out->allocated = owned_bytes;
-}
-
+/* ---- the same owning its memory (support/owned_memory.h) ---- */
 static void owned_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
     matmul_calls++;
     llm_weight hw = *w, hb = bias ? *bias : (llm_weight){0};
-    hw.data = show(w->data);
-    hb.data = show(hb.data);
-    llm_ref_ops.matmul(show(out), show(x), &hw, bias ? &hb : NULL, n);
+    hw.data = owned_show(w->data);
+    hb.data = owned_show(hb.data);
+    llm_ref_ops.matmul(owned_show(out), owned_show(x), &hw, bias ? &hb : NULL, n);
 }
 
 static const llm_ops owned_matmul_ops = {.matmul = owned_matmul};

@@ -21,6 +21,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "support/cli_run.h"
+#include "support/owned_memory.h"
 #include "support/fixture_util.h"
 
 #define LOGIT_TOL 1e-4 /* as test_models.c: f32 throughout, only summation order differs from HF */
@@ -29,14 +30,8 @@ static const char *const moe_fixtures[] = {"mixtral", "qwen3-moe", "qwen3-moe-de
                                            "olmoe",   "gpt-oss",   "gpt-oss-mxfp4"};
 #define N_MOE (sizeof moe_fixtures / sizeof *moe_fixtures)
 
-/* ---- a device that owns its memory: malloc'd buffers behind non-canonical handles (bit 62 flipped), no ops of its
- * own (the runtime's transfer wrappers run the cpu reference on them), and a free memory the test may set ---- */
-#define DISGUISE ((uintptr_t)1 << 62)
-static void *hide(void *p) { return p ? (void *)((uintptr_t)p ^ DISGUISE) : NULL; }
-static void *show(const void *h) { return h ? (void *)((uintptr_t)h ^ DISGUISE) : NULL; }
-
-static size_t owned_bytes, owned_free_limit; /* limit 0: the host's free memory */
-
+/* ---- a device that owns its memory (support/owned_memory.h), no ops of its own (the runtime's transfer wrappers
+ * run the cpu reference on them), and a free memory the test may set (owned_free_limit) ---- */
 static int owned_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     (void)opt, (void)err, (void)err_len;
@@ -49,38 +44,6 @@ static bool owned_supports(llm_op op, llm_dtype dtype)
     (void)op, (void)dtype;
     return false;
 }
-static void *owned_alloc(size_t bytes)
-{
-    size_t *p = malloc(sizeof(size_t) + (bytes ? bytes : 1));
-    if (!p) return NULL;
-    *p = bytes;
-    owned_bytes += bytes;
-    return hide(p + 1);
-}
-static void owned_free(void *h)
-{
-    if (!h) return;
-    size_t *p = (size_t *)show(h) - 1;
-    owned_bytes -= *p;
-    free(p);
-}
-static int owned_upload(void *dst, const void *src, size_t bytes)
-{
-    if (bytes) memcpy(show(dst), src, bytes);
-    return 0;
-}
-static int owned_download(void *dst, const void *src, size_t bytes)
-{
-    if (bytes) memcpy(dst, show(src), bytes);
-    return 0;
-}
-static void owned_memory(llm_device_memory *out)
-{
-    llm_host_memory(out);
-    if (owned_free_limit) out->free = owned_free_limit;
-    out->allocated = owned_bytes;
-}
-
 static const llm_ops no_ops = {0};
 static const llm_device owned_device = {
     .name = "owned", .kind = LLM_DEVICE_GPU, .host_memory = false,

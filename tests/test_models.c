@@ -146,6 +146,15 @@ static void expect_hf_logits(const char *dir, const fixture_expected *ex)
 
 static void expect_load_error(const char *dir, const char *fragment);
 
+/* s's shape as a safetensors header writes it: "[2, 3]". */
+static void shape_text(char *buf, size_t len, const llm_st_tensor *s)
+{
+    int at = snprintf(buf, len, "[");
+    for (int d = 0; d < s->ndim; d++)
+        at += snprintf(buf + at, len - (size_t)at, "%s%zu", d ? ", " : "", s->shape[d]);
+    snprintf(buf + at, len - (size_t)at, "]");
+}
+
 /* A copy of a mixture-of-experts fixture with its experts stacked as transformers 5.x holds them in memory:
  * layers.N.mlp.experts.gate_up_proj (E, 2 * inter, hidden), each expert's gate rows then its up rows, and
  * mlp.experts.down_proj (E, hidden, inter); Mixtral's router renamed to mlp.gate. */
@@ -172,10 +181,7 @@ static char *copy_stacked(const char *fixture_dir, const llm_config *c)
             snprintf(names[k], sizeof names[k], "%.*s.mlp.gate.weight", (int)(router - s->name), s->name);
         else
             snprintf(names[k], sizeof names[k], "%s", s->name);
-        int len = snprintf(shapes[k], sizeof shapes[k], "[");
-        for (int d = 0; d < s->ndim; d++)
-            len += snprintf(shapes[k] + len, sizeof shapes[k] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
-        snprintf(shapes[k] + len, sizeof shapes[k] - (size_t)len, "]");
+        shape_text(shapes[k], sizeof shapes[k], s);
         t[k] = (stw_tensor){names[k], s->dtype_name, shapes[k], s->data, s->nbytes};
         k++;
     }
@@ -352,10 +358,7 @@ static char *copy_renamed(const char *fixture_dir, const char *from, const char 
     bool found = false;
     for (size_t i = 0; i < n; i++) {
         const llm_st_tensor *s = llm_st_at(st, i);
-        int len = snprintf(shapes[i], sizeof shapes[i], "[");
-        for (int d = 0; d < s->ndim; d++)
-            len += snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
-        snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "]");
+        shape_text(shapes[i], sizeof shapes[i], s);
         found |= strcmp(s->name, from) == 0;
         t[i] = (stw_tensor){strcmp(s->name, from) == 0 ? to : s->name, s->dtype_name, shapes[i], s->data, s->nbytes};
     }
@@ -567,10 +570,7 @@ static void test_gemma3_mm_new_layout(void **state)
             snprintf(names[i], sizeof names[i], "model.language_model.%s", s->name + strlen(old));
         else
             snprintf(names[i], sizeof names[i], "%s", s->name);
-        int len = snprintf(shapes[i], sizeof shapes[i], "[");
-        for (int d = 0; d < s->ndim; d++)
-            len += snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "%s%zu", d ? ", " : "", s->shape[d]);
-        snprintf(shapes[i] + len, sizeof shapes[i] - (size_t)len, "]");
+        shape_text(shapes[i], sizeof shapes[i], s);
         t[i] = (stw_tensor){names[i], s->dtype_name, shapes[i], s->data, s->nbytes};
     }
     size_t bytes_len = 0;
