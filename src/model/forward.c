@@ -134,15 +134,15 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         if (!s->host_logits) s->host_logits = malloc(logit_bytes);
     }
     s->host_ids = malloc(2 * B * sizeof(int32_t));
-    if (s->host_logits && s->host_ids && llm_plan_build(&s->plan, m, s->window, dev, err, err_len)) {
-        llm_state_free(s, m);
-        return -1;
-    }
     if (!s->host_logits || !s->host_ids) {
         if (!s->host_logits)
             snprintf(err, err_len, "out of host memory for the logits (%zu x %zu)", n_logits, vocab);
         else
             snprintf(err, err_len, "out of host memory for a step's token ids and positions (%zu)", 2 * B);
+        llm_state_free(s, m);
+        return -1;
+    }
+    if (llm_plan_build(&s->plan, m, s->window, dev, err, err_len)) {
         llm_state_free(s, m);
         return -1;
     }
