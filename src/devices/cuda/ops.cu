@@ -107,7 +107,8 @@ static void issue_program(void)
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
         else {
-            const llm_attention_params llama = llm_cuda_llama_attention(o->head_dim); /* only Llama's records */
+            /* only Llama's records */
+            const llm_attention_params llama = llm_cuda_llama_attention(o->head_dim, (llm_dtype)o->cache_type);
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
                                o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &llama, o->stored);
         }
@@ -157,7 +158,7 @@ static void retire_pending(void)
     if (kind == PEND_QK_ROPE) { /* no attention of one token took the KV store */
         llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, NULL, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, P->qk.positions,
                               P->qk.inv_freq, P->qk.n, P->qk.heads, P->qk.kv_heads, P->qk.dim, P->qk.rot,
-                              P->qk.scale, NULL, NULL, 1);
+                              P->qk.scale, NULL, NULL, 1, LLM_DTYPE_F32);
         after_op("q/k norm+rope");
         return;
     }
@@ -448,7 +449,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         issue_program(); /* what was recorded runs before this */
         llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, v, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, positions,
                               P->qk.inv_freq, 1, n_heads, n_kv_heads, head_dim, P->qk.rot, P->qk.scale, k_cache,
-                              v_cache, ctx);
+                              v_cache, ctx, p->cache);
         after_op("q/k norm+rope");
         stored = true;
     }
@@ -467,6 +468,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         P->mats[1].out == k && P->mats[2].out == v && P->mats[2].w.rows == kv_dim && P->job.positions == positions &&
         P->mats[1].w.rows == kv_dim) {
         P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
+        P->job.cache_type = p->cache;
         stored = true;
     }
     if (llama && n == 1 && recording()) {
@@ -474,7 +476,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_ATTENTION, "attention");
         o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
         o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
-        o->ctx = ctx, o->stored = stored;
+        o->ctx = ctx, o->cache_type = p->cache, o->stored = stored;
         return;
     }
     flush_pending();
@@ -753,8 +755,9 @@ void op_combine(float *out, const float *y, const float *weights, int n, int top
 
 bool cuda_supports(llm_op op, llm_dtype dtype)
 {
-    /* attention's dtype is the KV cache's: attention.cu, step.cu and gemv.cu's KV store read and write f32 caches */
-    if (op == LLM_OP_ATTENTION) return dtype == LLM_DTYPE_F32;
+    /* attention's dtype is the KV cache's: every kernel that reads or writes it (attention.cu, family.cu, the KV
+     * stores of kernels.cu and gemv.cu, step.cu) is instanced for F32, F16 and BF16; not Q8_0 */
+    if (op == LLM_OP_ATTENTION) return llm_cuda_cache_type_ok(dtype);
     /* block formats: the products (gemv.cu's GEMV for one token, dequantized to BF16 for cuBLAS in a batch); not
      * MXFP4, which gpt-oss's experts bring as BF16 here (model.c) */
     if (llm_dtype_is_block(dtype))
