@@ -827,5 +827,7 @@ int main(void)
         cmocka_unit_test(test_cache_types),
     };
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) tests[n_tests++] = fixed[i];
+    const char *only = getenv("LLM_TEST_FILTER"); /* e.g. "attention on cuda": a subset while working on one part */
+    if (only && *only) cmocka_set_test_filter(only);
     return _cmocka_run_group_tests("models", tests, n_tests, NULL, NULL);
 }

@@ -1060,5 +1060,7 @@ int main(void)
             n_tests++;
         }
     tests[n_tests++] = (struct CMUnitTest)cmocka_unit_test(test_route_reference);
+    const char *only = getenv("LLM_TEST_FILTER"); /* e.g. "attention on cuda": a subset while working on one part */
+    if (only && *only) cmocka_set_test_filter(only);
     return _cmocka_run_group_tests("ops", tests, n_tests, NULL, NULL);
 }
