@@ -56,7 +56,6 @@ constexpr int WARPS = CONSUMERS / 32;
 constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
 [[maybe_unused]] constexpr unsigned EMPTY = 0xffffffffu; /* (device code only: unused in the portable pass) */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
-[[maybe_unused]] constexpr int MAX_POS = 64; /* KV positions per attention stage */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
@@ -112,6 +111,7 @@ struct step_phase {
     step_src q, k, v;     /* this token's q (rotated), k (rotated) and v */
     const CUtensorMap *kv_maps; /* the K and V caches (rows below the position) as 2-D tensors, ctx rows of kv_dim */
     int cache_type;       /* their element type: LLM_DTYPE_F32, F16 or BF16 */
+    int kv_rows;          /* KV positions per ring stage (kv_rows_for) */
     int heads, kv_heads;
     float *partials;      /* (most splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
 };
@@ -218,13 +218,6 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
     return r < M.rows ? r : -1;
 }
 
-/* KV positions per attention stage: whole tensor copies of KV_BOX rows (head_dim <= 32 * MAX_DIMS: at least one);
- * elem: a cache element's bytes */
-__device__ __forceinline__ int kv_per_stage(int head_dim, int elem)
-{
-    return min(MAX_POS, STAGE / (2 * elem * head_dim)) / KV_BOX * KV_BOX;
-}
-
 __device__ __forceinline__ int cache_elem(const step_phase &P) { return P.cache_type == LLM_DTYPE_F32 ? 4 : 2; }
 
 /* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once pos >= scale *
@@ -292,7 +285,7 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
             if (attention) {
                 int h, g, s, t0, t1;
                 if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) continue;
-                const int per = kv_per_stage(P.head_dim, cache_elem(P)), hd = P.head_dim;
+                const int per = P.kv_rows, hd = P.head_dim;
                 const int row_bytes = hd * cache_elem(P);
                 const CUtensorMap *maps = P.kv_maps;
                 for (int c0 = t0; c0 < t1; c0 += per) {
@@ -726,7 +719,7 @@ template <int HD, typename T>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
                              uint64_t *full, uint64_t *empty, float *qs, int &it, int ct)
 {
-    const int hd = HD ? HD : P.head_dim, per = kv_per_stage(hd, (int)sizeof(T)), warp = ct >> 5, lane = ct & 31;
+    const int hd = HD ? HD : P.head_dim, per = P.kv_rows, warp = ct >> 5, lane = ct & 31;
     int h, g, s, t0, t1;
     if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
     const bool last = s == splits - 1;
@@ -1177,6 +1170,14 @@ static bool same_positions(plan &pl, const int32_t *p)
     return true;
 }
 
+/* KV positions per attention stage: whole tensor copies of KV_BOX rows of K and of V (head_dim <= 32 * MAX_DIMS: at
+ * least one), at most LLM_CUDA_PERSIST_KV_BYTES / elem (elem: a cache element's bytes). */
+static int kv_rows_for(int head_dim, int elem)
+{
+    const int most = std::max(KV_BOX, llm_cuda.persist_kv_bytes / elem);
+    return std::min(most, STAGE / (2 * elem * head_dim)) / KV_BOX * KV_BOX;
+}
+
 /* LLM_CUDA_PERSIST_SPLITS within what the o product's staging holds */
 static int most_splits(void)
 {
@@ -1236,6 +1237,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         return false;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.cache_type = op.cache_type;
+    P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.cache_type));
     P.units = op.heads * most_splits();
     r.kv_maps = pl.n_maps;
     if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd, op.cache_type) ||
