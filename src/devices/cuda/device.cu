@@ -345,8 +345,10 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_host_free,
     cuda_shared_alloc,
     cuda_counters,
-    /* cache_type: F16, as blas. On an H100 it decodes at least as fast as f32 at every depth measured (Llama-2-7B at
-     * depth 4,096: 194 tok/s against 172) and stays closer to it than BF16 (llm-run compare on models/tiny: KL
-     * 2.9e-6 against 1.8e-4); docs/quantization.md has the numbers. F32 stays for the exactness tests. */
-    LLM_DTYPE_F16,
+    /* cache_type: F32 still. F16 and BF16 caches are taken (--cache-type), and with the persistent step (Llama on
+     * Hopper) F16 decodes faster at every depth measured (H100, Llama-2-7B at depth 4,096: 195 tok/s against 172);
+     * but the split-KV decode kernel, which every other decode runs (quantized weights, MoE, families whose step is
+     * cut, GPUs before Hopper), is slower on it at depth 4,096 (TinyLlama's shape 625 against 679, Llama-2-7B 135
+     * against 140: half the bytes in flight a load). docs/quantization.md has the numbers. */
+    LLM_DTYPE_F32,
 };
