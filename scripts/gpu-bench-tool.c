@@ -6,7 +6,8 @@
  *                                           chosen experts' weights) and 512 tokens (TFLOP/s)
  *   gpu-bench-tool bench MODEL [--profile]  pp512 and tg128 after a 512-token prompt, against the bandwidth limit
  *   gpu-bench-tool compare MODEL REF        top-1 agreement over 512 positions with a reference (gpu-bench-ref.py)
- * Device: $LLM_BENCH_DEVICE or cuda. Not a test: it asserts nothing about speed. */
+ * Device: $LLM_BENCH_DEVICE or cuda; the batch products' precision $LLM_BENCH_PRECISION (fast, the CLI's default, or
+ * accurate). Not a test: it asserts nothing about speed. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -113,7 +114,7 @@ static cublasStatus_t bf16_product(cublasHandle_t blas, int rows, int tokens, in
 }
 
 /* ms of one call of `variant` (median of 20): 0 = hi then lo into the same f32 output (beta 1, what gemm() does),
- * 1 = hi and lo as one product of twice the tokens (two outputs, summed elsewhere), 2 = hi alone (LLM_CUDA_GEMM=fast) */
+ * 1 = hi and lo as one product of twice the tokens (two outputs, summed elsewhere), 2 = hi alone (--precision fast) */
 static double time_gemm_variant(cublasHandle_t blas, int variant, int rows, int cols, int n, void *w, void *x, float *c)
 {
     cudaEvent_t e0, e1;
@@ -285,7 +286,10 @@ static void profile_stop(llm_model *m)
 static int load(llm_model *m, const char *path)
 {
     char err[1024] = "";
-    llm_load_options lo = {.device = device_name(), .log = stderr};
+    const char *prec = getenv("LLM_BENCH_PRECISION");
+    llm_load_options lo = {.device = device_name(), .log = stderr,
+                           .precision = prec && strcmp(prec, "accurate") == 0 ? LLM_PRECISION_ACCURATE
+                                                                               : LLM_PRECISION_FAST};
     if (llm_model_load(m, path, &lo, err, sizeof err)) return die(err);
     return 0;
 }

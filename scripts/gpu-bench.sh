@@ -145,9 +145,9 @@ if has bench; then
         build/gpu-bench-tool bench "$MODELS/$s" --profile >"$OUT/bench-$s.log" 2>&1
         cat "$OUT/bench-$s.log" >>"$OUT/bench.log"
         grep -E '^(model|pp|tg)' "$OUT/bench-$s.log"
-        fast=$(LLM_CUDA_GEMM=fast LLM_BENCH_TG=0 build/gpu-bench-tool bench "$MODELS/$s" 2>&1 | grep -oP 'RESULT pp_tok_s=\K[0-9]+')
+        accurate=$(LLM_BENCH_PRECISION=accurate LLM_BENCH_TG=0 build/gpu-bench-tool bench "$MODELS/$s" 2>&1 | grep -oP 'RESULT pp_tok_s=\K[0-9]+')
         r=$(grep RESULT "$OUT/bench-$s.log")
-        rows+=("| $s | $(grep -oP 'pp_tok_s=\K[0-9]+' <<<"$r") | ${fast:--} | $(grep -oP 'tg_tok_s=\K[0-9.]+' <<<"$r") | \
+        rows+=("| $s | $(grep -oP 'pp_tok_s=\K[0-9]+' <<<"$r") | ${accurate:--} | $(grep -oP 'tg_tok_s=\K[0-9.]+' <<<"$r") | \
 $(awk -v b="$(grep -oP 'bytes_per_token=\K[0-9]+' <<<"$r")" 'BEGIN{printf "%.3f", b/1e9}') | \
 $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
         rm -f "$OUT/bench-$s.log"
@@ -189,7 +189,7 @@ $(grep -oP 'pct_of_limit=\K[0-9.]+' <<<"$r")% |")
     fi
     {
         echo
-        echo "| shape (BF16) | pp512 tok/s | pp512 tok/s, LLM_CUDA_GEMM=fast | tg128 tok/s | GB read/token | % of read-bandwidth limit |"
+        echo "| shape (BF16) | pp512 tok/s | pp512 tok/s, --precision accurate | tg128 tok/s | GB read/token | % of read-bandwidth limit |"
         echo "| --- | ---: | ---: | ---: | ---: | ---: |"
         printf '%s\n' "${rows[@]}"
         echo

@@ -86,6 +86,16 @@ int llm_cli_parse_cache_type(const char *text, llm_dtype *out, char *err, size_t
     return -1;
 }
 
+int llm_cli_parse_precision(const char *text, llm_precision *out, char *err, size_t err_len)
+{
+    if (strcasecmp(text, "fast") == 0 || strcasecmp(text, "accurate") == 0) {
+        *out = strcasecmp(text, "fast") == 0 ? LLM_PRECISION_FAST : LLM_PRECISION_ACCURATE;
+        return 0;
+    }
+    snprintf(err, err_len, "--precision '%s': expected fast or accurate", text);
+    return -1;
+}
+
 int llm_cli_check_threads(int threads, const char *flag, char *err, size_t err_len)
 {
     int max = llm_cli_max_threads();

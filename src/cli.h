@@ -3,6 +3,7 @@
 #ifndef LLM_CLI_H
 #define LLM_CLI_H
 
+#include "ops/device.h"
 #include "ops/dtype.h"
 #include <stdbool.h>
 #include <stddef.h>
@@ -46,6 +47,14 @@ int llm_cli_check_count(long long value, const char *flag, long long min, long l
 int llm_cli_parse_quant(const char *text, llm_dtype *out, char *err, size_t err_len);
 /* --cache-type TYPE: "f32", "f16", "bf16" or "q8_0" (any case) to the KV cache's dtype; 0, or -1 with one line in err. */
 int llm_cli_parse_cache_type(const char *text, llm_dtype *out, char *err, size_t err_len);
+
+/* The help line of --precision, the same on every command that loads a model. */
+#define LLM_CLI_PRECISION_HELP                                                                                       \
+    "a prompt's products with 16-bit weights: fast (activations rounded to the weights' type, as Hugging Face's "   \
+    "bf16 inference) or accurate (within 2^-16 of f32) (default: fast; compare: accurate)"
+
+/* --precision MODE: "fast" or "accurate" (any case); 0, or -1 with one line in err. */
+int llm_cli_parse_precision(const char *text, llm_precision *out, char *err, size_t err_len);
 
 /* "1,2 3" -> malloc'd token ids. Returns the count, or -1 with err set. */
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len);

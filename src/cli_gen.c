@@ -45,13 +45,15 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
     f->quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied to the embeddings)");
     f->cache_type = arg_str0(NULL, "cache-type", "TYPE", "the KV cache's type: f32, f16, bf16, q8_0 (default: the "
                              "device's, f16 on blas, f32 on cpu and cuda)");
+    f->precision = arg_str0(NULL, "precision", "MODE", LLM_CLI_PRECISION_HELP);
     table[(*n)++] = f->model_pos, table[(*n)++] = f->model_opt;
     for (int i = 0; i < n_own; i++) table[(*n)++] = own[i];
     void *mine[] = {f->system,         f->ctx,           f->batch,
                     f->temp,           f->top_k,          f->top_p,            f->min_p,         f->repeat_penalty,
                     f->repeat_last_n,  f->presence_penalty, f->frequency_penalty, f->seed,       f->stop,
                     f->ignore_eos,     f->special,        f->escape,           f->no_escape,     f->device,
-                    f->threads,        f->op_device,      f->quant,            f->quant_head,    f->cache_type};
+                    f->threads,        f->op_device,      f->quant,            f->quant_head,    f->cache_type,
+                    f->precision};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) table[(*n)++] = mine[i];
 }
 
@@ -83,6 +85,8 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
                            .n_pins = f->op_device->count, .log = stderr, .quant_head = f->quant_head->count > 0};
     if (f->quant->count && llm_cli_parse_quant(f->quant->sval[0], &lo.quant, err, err_len)) return -1;
     lo.cache_default = !f->cache_type->count;
+    lo.precision = LLM_PRECISION_FAST;
+    if (f->precision->count && llm_cli_parse_precision(f->precision->sval[0], &lo.precision, err, err_len)) return -1;
     if (f->cache_type->count && llm_cli_parse_cache_type(f->cache_type->sval[0], &lo.cache_type, err, err_len))
         return -1;
     /* A bar on stderr while loading takes more than a second, when stderr is a terminal. */

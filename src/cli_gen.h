@@ -19,7 +19,7 @@ typedef struct {
     struct arg_file *model_pos, *model_opt;
     struct arg_int *ctx, *batch, *top_k, *seed, *threads, *repeat_last_n;
     struct arg_dbl *temp, *top_p, *min_p, *repeat_penalty, *presence_penalty, *frequency_penalty;
-    struct arg_str *device, *op_device, *system, *stop, *quant, *cache_type;
+    struct arg_str *device, *op_device, *system, *stop, *quant, *cache_type, *precision;
     struct arg_lit *ignore_eos, *special, *escape, *no_escape, *quant_head;
 } llm_gen_flags;
 

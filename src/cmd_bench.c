@@ -319,9 +319,10 @@ int llm_cmd_bench(int argc, char **argv)
     struct arg_lit *quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied)");
     struct arg_str *cache_type = arg_str0(NULL, "cache-type", "TYPE", "the KV cache's type: f32, f16, bf16, q8_0 "
                                           "(default: each device's own)");
+    struct arg_str *precision = arg_str0(NULL, "precision", "MODE", LLM_CLI_PRECISION_HELP);
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, pp, tg, depth, reps, batch, device, threads, format, seed, quant,
-                     quant_head, cache_type, end};
+                     quant_head, cache_type, precision, end};
 
     int rc = 1;
     char err[1024] = "";
@@ -372,6 +373,8 @@ int llm_cmd_bench(int argc, char **argv)
     if (quant->count && llm_cli_parse_quant(quant->sval[0], &quant_dtype, err, sizeof err)) goto fail;
     llm_dtype cache_dtype = LLM_DTYPE_F32; /* used only with --cache-type */
     if (cache_type->count && llm_cli_parse_cache_type(cache_type->sval[0], &cache_dtype, err, sizeof err)) goto fail;
+    llm_precision prec = LLM_PRECISION_FAST;
+    if (precision->count && llm_cli_parse_precision(precision->sval[0], &prec, err, sizeof err)) goto fail;
     const char *fmt = format->count ? format->sval[0] : "md";
     if (strcmp(fmt, "md") && strcmp(fmt, "csv") && strcmp(fmt, "json")) {
         snprintf(err, sizeof err, "-o %s: expected md, csv or json", fmt);
@@ -394,7 +397,7 @@ int llm_cmd_bench(int argc, char **argv)
         for (int t = 0; t < n_threads; t++) {
             llm_load_options lo = {.device = name, .threads = thread_list[t], .log = stderr, .quant = quant_dtype,
                                    .quant_head = quant_head->count > 0, .cache_type = cache_dtype,
-                                   .cache_default = !cache_type->count};
+                                   .cache_default = !cache_type->count, .precision = prec};
             if (llm_model_load(&m, path, &lo, err, sizeof err)) goto fail;
             bm.c = m.config;
             bm.dtype = m.quant;

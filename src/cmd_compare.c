@@ -37,9 +37,10 @@ int llm_cmd_compare(int argc, char **argv)
                                         "instead of --tol (default with --quant: 97 for q8_0, 85 for 4-bit)");
     struct arg_str *cache_type = arg_str0(NULL, "cache-type", "TYPE", "the device under test's KV cache: f32, f16, "
                                           "bf16, q8_0 (default f32, as the reference's)");
+    struct arg_str *precision = arg_str0(NULL, "precision", "MODE", LLM_CLI_PRECISION_HELP);
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, device, ref_dev, positions, tokens, seed, n_gen, chunk, tol,
-                     trace_tol, threads, op_device, quant, quant_head, cache_type, min_top1, end};
+                     trace_tol, threads, op_device, quant, quant_head, cache_type, precision, min_top1, end};
 
     int rc = 2;
     char err[1024] = "";
@@ -80,6 +81,12 @@ int llm_cmd_compare(int argc, char **argv)
          * judges it, with the bar of 8-bit weights unless --quant set a lower one. */
         if (cache_dtype != LLM_DTYPE_F32 && !quant->count) opt.min_top1 = 97.0;
     }
+    llm_precision prec = LLM_PRECISION_ACCURATE; /* compare measures the device against the reference */
+    if (precision->count) {
+        if (llm_cli_parse_precision(precision->sval[0], &prec, err, sizeof err)) goto fail;
+        /* 16-bit activations move the logits by more than 1e-3 as well: top-1 agreement judges them */
+        if (prec == LLM_PRECISION_FAST && opt.min_top1 == 0) opt.min_top1 = 97.0;
+    }
     if (min_top1->count) opt.min_top1 = min_top1->dval[0];
     if (min_top1->count && !(opt.min_top1 > 0 && opt.min_top1 <= 100)) {
         snprintf(err, sizeof err, "--min-top1 %g: expected a percentage in (0, 100]", min_top1->dval[0]);
@@ -103,7 +110,7 @@ int llm_cmd_compare(int argc, char **argv)
                                .log = stderr};
     llm_load_options lo_dut = {.device = dev_name, .threads = n_threads, .pins = pins, .n_pins = op_device->count,
                                .log = stderr, .quant = quant_dtype, .quant_head = quant_head->count > 0,
-                               .cache_type = cache_dtype};
+                               .cache_type = cache_dtype, .precision = prec};
     if (llm_model_load(&ref, path, &lo_ref, err, sizeof err) || llm_model_load(&dut, path, &lo_dut, err, sizeof err))
         goto fail;
 

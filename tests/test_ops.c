@@ -45,6 +45,13 @@ static double tol_reduction(size_t k) { return 1e-6 * sqrt((double)k); }
  * sum_c w[c] x[c] (each term's square is at most 2^-32 times the other's), so the relative L2 error grows by at most
  * 2^-16 = 1.5e-5 (measured on blas: the worst BF16 case 4.4e-6 with the split, 3.5e-6 without it). */
 #define TOL_BF16_SPLIT 0x1p-16
+/* The fast precision (device.h) rounds x once to the weight's type: |r[c]| <= 2^-9 |x[c]| for BF16 (8 significant
+ * bits, round to nearest), 2^-11 for F16 (11 bits; the test's x stay far inside its normal range). The argument above
+ * bounds the expected square of the error, not each sample's: a case of few outputs (8 rows x 3 positions) measured
+ * 1.1 x 2^-9 on blas, so the tolerance is twice the bound (four times its variance: out of reach for a correct
+ * product over tens of outputs, while a product that dropped or misplaced a column's term is off by far more). */
+#define TOL_BF16_FAST 0x1p-8
+#define TOL_F16_FAST 0x1p-10
 /* attention: a dot product of head_dim terms, then a softmax-weighted sum over up to ~1000 cached rows (a convex
  * combination, so its error does not grow with the values) and a device may use an online (rescaled) softmax. */
 static double tol_attention(int head_dim, int len) { return 1e-6 * (sqrt((double)head_dim) + sqrt((double)len)); }
@@ -94,6 +101,14 @@ static llm_weight host_weight(llm_dtype t, size_t rows, size_t cols, float scale
 
 /* ---- device buffers ---- */
 static const llm_device *dev;
+static llm_precision precision; /* the device's, as opened (device_setup) */
+
+/* What a 16-bit weight adds to a product's error beyond f32 summation, in the precision the device was opened with. */
+static double tol_16bit(llm_dtype t)
+{
+    if (precision == LLM_PRECISION_FAST) return t == LLM_DTYPE_BF16 ? TOL_BF16_FAST : t == LLM_DTYPE_F16 ? TOL_F16_FAST : 0.0;
+    return t == LLM_DTYPE_BF16 ? TOL_BF16_SPLIT : 0.0;
+}
 
 static void *dev_copy(const void *host, size_t bytes)
 {
@@ -340,7 +355,7 @@ static void matmul_cases(llm_op op, const mm_shape *shapes, size_t n_shapes, op_
             char what[128];
             snprintf(what, sizeof what, "%s: %s %zu x %zu n %d%s %s", dev->name, llm_op_name(op), rows, cols, n,
                      with_bias ? " +bias" : "", llm_dtype_name(dtypes[d]));
-            double tol = tol_reduction(cols) + (dtypes[d] == LLM_DTYPE_BF16 ? TOL_BF16_SPLIT : 0.0);
+            double tol = tol_reduction(cols) + tol_16bit(dtypes[d]);
             note(st, compare(what, got, ref, count, tol), tol);
             dev->free(dout), dev->free(dx), dev_weight_free(&dw);
             if (with_bias) dev_weight_free(&db);
@@ -861,7 +876,7 @@ static void test_experts(void **state)
                 snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s %s", dev->name, rows,
                          cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "", cases[c].all ? " (every expert)" : "",
                          llm_dtype_name(t));
-                double tol = tol_reduction(cols) + (t == LLM_DTYPE_BF16 ? TOL_BF16_SPLIT : 0.0);
+                double tol = tol_reduction(cols) + tol_16bit(t);
                 if (!llm_dtype_is_block(t)) {
                     note(&st, compare(what, got, ref, count, tol), tol);
                 } else {
@@ -960,6 +975,7 @@ typedef struct {
     const llm_device *dev;
     const char *kernels; /* NULL: the device's own choice */
     int threads;         /* 0: the device's default */
+    llm_precision precision;
 } target;
 
 /* Each test opens its device in setup and closes it in teardown, so that a failing test still releases it.
@@ -975,7 +991,8 @@ static int device_setup(void **state)
     char why[256] = "";
     if (dev == llm_device_find("cpu") || !dev->probe(why, sizeof why)) return 0;
     if (tg->kernels) setenv("LLM_BLAS_KERNELS", tg->kernels, 1);
-    llm_device_options opt = {.threads = tg->threads};
+    llm_device_options opt = {.threads = tg->threads, .precision = tg->precision};
+    precision = tg->precision;
     char err[512] = "";
     int rc = dev->init(&opt, err, sizeof err);
     unsetenv("LLM_BLAS_KERNELS");
@@ -1039,22 +1056,27 @@ int main(void)
     static struct CMUnitTest tests[MAX_TARGETS * N_OPS + 1];
     static char test_names[MAX_TARGETS * N_OPS][80];
     int n_targets = 0;
-    for (int d = 0; d < llm_device_count() && n_targets < MAX_TARGETS - 2; d++) {
+    for (int d = 0; d < llm_device_count() && n_targets < MAX_TARGETS - 3; d++) {
         const llm_device *dv = llm_device_at(d);
-        targets[n_targets++] = (target){dv, NULL, 0};
+        targets[n_targets++] = (target){dv, NULL, 0, LLM_PRECISION_ACCURATE};
         if (strcmp(dv->name, "blas") == 0) {
-            targets[n_targets++] = (target){dv, "avx2", 0};
-            targets[n_targets++] = (target){dv, "portable", 1};
+            targets[n_targets++] = (target){dv, "avx2", 0, LLM_PRECISION_ACCURATE};
+            targets[n_targets++] = (target){dv, "portable", 1, LLM_PRECISION_ACCURATE};
         }
+        if (strcmp(dv->name, "cpu") != 0) /* the products again, in the fast precision */
+            targets[n_targets++] = (target){dv, NULL, 0, LLM_PRECISION_FAST};
     }
     size_t n_tests = 0;
     for (int t = 0; t < n_targets; t++)
         for (int o = 0; o < N_OPS; o++) {
+            bool fast = targets[t].precision == LLM_PRECISION_FAST;
+            if (fast && runs[o] != run_matmul && runs[o] != run_logits && runs[o] != run_experts) continue;
             if (targets[t].kernels)
                 snprintf(test_names[n_tests], sizeof test_names[0], "%s on %s (%s kernels%s)", names[o],
                          targets[t].dev->name, targets[t].kernels, targets[t].threads == 1 ? ", 1 thread" : "");
             else
-                snprintf(test_names[n_tests], sizeof test_names[0], "%s on %s", names[o], targets[t].dev->name);
+                snprintf(test_names[n_tests], sizeof test_names[0], "%s on %s%s", names[o], targets[t].dev->name,
+                         fast ? " (fast precision)" : "");
             tests[n_tests] = (struct CMUnitTest){test_names[n_tests], runs[o], device_setup, device_teardown,
                                                  &targets[t]};
             n_tests++;

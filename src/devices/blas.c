@@ -529,7 +529,7 @@ static const blas_kernels kernels_avx512 = {
  * instead of one: as many instructions as f32 FMAs, without converting a single weight. */
 #define BF16DP __attribute__((target("avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma,f16c")))
 
-/* x (n) as hi and lo halves, zero-padded to npad (a multiple of 32). */
+/* x (n) as hi and (lo not NULL: the accurate precision) lo halves, zero-padded to npad (a multiple of 32). */
 BF16DP static void split_bf16(uint16_t *hi, uint16_t *lo, const float *x, size_t n, size_t npad)
 {
     for (size_t i = 0; i < npad; i += 16) {
@@ -539,68 +539,60 @@ BF16DP static void split_bf16(uint16_t *hi, uint16_t *lo, const float *x, size_t
         __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
         __m256bh l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, hf));
         _mm256_storeu_si256((__m256i *)(hi + i), (__m256i)h);
-        _mm256_storeu_si256((__m256i *)(lo + i), (__m256i)l);
+        if (lo) _mm256_storeu_si256((__m256i *)(lo + i), (__m256i)l);
     }
 }
 
 /* out[b * ldo + a] = w[a, :] . (xh[b, :] + xl[b, :]) for RM rows of w (ldw apart) and RN positions (ldx apart), each
- * product in a register of its own over the whole row, reduced once at the end. The positions' halves are zero
- * past `cols` (split_bf16); the weights are read masked there. */
+ * product in a register of its own over the whole row, reduced once at the end; H = 1 (the fast precision) leaves
+ * xl out. The positions' halves are zero past `cols` (split_bf16); the weights are read masked there. */
 #define UNROLL4 _Pragma("GCC unroll 4")
-#define BF16_STEP(RM, RN, LOADW)                                                                                      \
+#define BF16_STEP(RM, RN, LOADW, H)                                                                                   \
     {                                                                                                                 \
         __m512bh wv[RM], hv[RN], lv[RN];                                                                              \
         UNROLL4 for (int a = 0; a < RM; a++) wv[a] = (__m512bh)LOADW(w + a * ldw + k);                                \
         UNROLL4 for (int b = 0; b < RN; b++) {                                                                        \
             hv[b] = (__m512bh)_mm512_loadu_si512(xh + b * ldx + k);                                                   \
-            lv[b] = (__m512bh)_mm512_loadu_si512(xl + b * ldx + k);                                                   \
+            if (H == 2) lv[b] = (__m512bh)_mm512_loadu_si512(xl + b * ldx + k);                                       \
         }                                                                                                             \
         UNROLL4 for (int a = 0; a < RM; a++) UNROLL4 for (int b = 0; b < RN; b++) {                                   \
             acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv[a], hv[b]);                                                    \
-            acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv[a], lv[b]);                                                    \
+            if (H == 2) acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv[a], lv[b]);                                        \
         }                                                                                                             \
     }
-#define BF16_TILE(RM, RN)                                                                                             \
-    BF16DP static void tile_bf16_##RM##x##RN(float *out, size_t ldo, const uint16_t *w, size_t ldw,                  \
-                                             const uint16_t *xh, const uint16_t *xl, size_t ldx, size_t cols)        \
+#define BF16_TILE(RM, RN, H)                                                                                          \
+    BF16DP static void tile_bf16_##RM##x##RN##_##H(float *out, size_t ldo, const uint16_t *w, size_t ldw,            \
+                                                   const uint16_t *xh, const uint16_t *xl, size_t ldx, size_t cols)  \
     {                                                                                                                 \
         __m512 acc[RM][RN];                                                                                           \
         UNROLL4 for (int a = 0; a < RM; a++) UNROLL4 for (int b = 0; b < RN; b++) acc[a][b] = _mm512_setzero_ps();    \
         size_t k = 0;                                                                                                 \
-        for (; k + 32 <= cols; k += 32) BF16_STEP(RM, RN, _mm512_loadu_si512)                                         \
+        for (; k + 32 <= cols; k += 32) BF16_STEP(RM, RN, _mm512_loadu_si512, H)                                      \
         if (k < cols) {                                                                                               \
             __mmask32 m = (__mmask32)((1ull << (cols - k)) - 1);                                                      \
-            BF16_STEP(RM, RN, MASKED_LOAD)                                                                            \
+            BF16_STEP(RM, RN, MASKED_LOAD, H)                                                                         \
         }                                                                                                             \
         UNROLL4 for (int a = 0; a < RM; a++) UNROLL4 for (int b = 0; b < RN; b++)                                     \
             out[b * ldo + a] = _mm512_reduce_add_ps(acc[a][b]);                                                       \
     }
 #define MASKED_LOAD(p) _mm512_maskz_loadu_epi16(m, p)
-BF16_TILE(4, 4)
-BF16_TILE(4, 3)
-BF16_TILE(4, 2)
-BF16_TILE(4, 1)
-BF16_TILE(3, 4)
-BF16_TILE(3, 3)
-BF16_TILE(3, 2)
-BF16_TILE(3, 1)
-BF16_TILE(2, 4)
-BF16_TILE(2, 3)
-BF16_TILE(2, 2)
-BF16_TILE(2, 1)
-BF16_TILE(1, 4)
-BF16_TILE(1, 3)
-BF16_TILE(1, 2)
-BF16_TILE(1, 1)
+#define BF16_TILES(H)                                                                                                 \
+    BF16_TILE(4, 4, H) BF16_TILE(4, 3, H) BF16_TILE(4, 2, H) BF16_TILE(4, 1, H)                                       \
+    BF16_TILE(3, 4, H) BF16_TILE(3, 3, H) BF16_TILE(3, 2, H) BF16_TILE(3, 1, H)                                       \
+    BF16_TILE(2, 4, H) BF16_TILE(2, 3, H) BF16_TILE(2, 2, H) BF16_TILE(2, 1, H)                                       \
+    BF16_TILE(1, 4, H) BF16_TILE(1, 3, H) BF16_TILE(1, 2, H) BF16_TILE(1, 1, H)
+BF16_TILES(1)
+BF16_TILES(2)
 
 typedef void (*bf16_tile_fn)(float *, size_t, const uint16_t *, size_t, const uint16_t *, const uint16_t *, size_t,
                              size_t);
-static const bf16_tile_fn bf16_tiles[4][4] = {
-    {tile_bf16_1x1, tile_bf16_1x2, tile_bf16_1x3, tile_bf16_1x4},
-    {tile_bf16_2x1, tile_bf16_2x2, tile_bf16_2x3, tile_bf16_2x4},
-    {tile_bf16_3x1, tile_bf16_3x2, tile_bf16_3x3, tile_bf16_3x4},
-    {tile_bf16_4x1, tile_bf16_4x2, tile_bf16_4x3, tile_bf16_4x4},
-};
+/* [halves - 1][rows - 1][positions - 1] */
+#define BF16_TABLE(H)                                                                                                 \
+    {{tile_bf16_1x1_##H, tile_bf16_1x2_##H, tile_bf16_1x3_##H, tile_bf16_1x4_##H},                                    \
+     {tile_bf16_2x1_##H, tile_bf16_2x2_##H, tile_bf16_2x3_##H, tile_bf16_2x4_##H},                                    \
+     {tile_bf16_3x1_##H, tile_bf16_3x2_##H, tile_bf16_3x3_##H, tile_bf16_3x4_##H},                                    \
+     {tile_bf16_4x1_##H, tile_bf16_4x2_##H, tile_bf16_4x3_##H, tile_bf16_4x4_##H}}
+static const bf16_tile_fn bf16_tiles[2][4][4] = {BF16_TABLE(1), BF16_TABLE(2)};
 
 /* F16C through cpuid: not every compiler's __builtin_cpu_supports knows it. (Every AVX2 CPU made has it.) */
 static bool cpu_has_f16c(void)
@@ -633,6 +625,7 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
+static bool bf16_split = true; /* ... with x as hi + lo halves (LLM_PRECISION_ACCURATE); else hi alone */
 static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
@@ -680,6 +673,7 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
     }
     blas_users++;
     blas_threads = threads;
+    bf16_split = !opt || opt->precision != LLM_PRECISION_FAST;
     openblas_set_num_threads(threads);
     return 0;
 }
@@ -867,7 +861,8 @@ static bool matmul_gemm(float *out, const float *x, const llm_weight *w, int n)
  * no faster). */
 #define BF16_MIN_N 2
 
-/* out = x w^T for BF16 w with vdpbf16ps (see split_bf16 for the error): the positions' halves are made once into
+/* out = x w^T for BF16 w with vdpbf16ps (see split_bf16 for the error; hi alone in the fast precision, 2^-9 relative
+ * a term, ops.h): the positions' halves are made once into
  * the scratch (as many positions as it holds at a time), then each thread takes its share of the weight rows, 4 rows
  * by 4 positions at a time over whole rows: the 4 rows stay in L1/L2 while every position passes, the halves in L2/L3
  * (measured: splitting the columns into blocks that keep the halves in L2 was 5-10 % slower, for the extra
@@ -884,7 +879,8 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
 #pragma omp parallel num_threads(blas_threads)
         {
 #pragma omp for schedule(static)
-            for (size_t i = 0; i < m; i++) split_bf16(xs + i * ldx, xs + i * ldx + cpad, x + (i0 + i) * cols, cols, cpad);
+            for (size_t i = 0; i < m; i++)
+                split_bf16(xs + i * ldx, bf16_split ? xs + i * ldx + cpad : NULL, x + (i0 + i) * cols, cols, cpad);
             size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
             size_t share = ((rows + team - 1) / team + 3) / 4 * 4;
             size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
@@ -892,7 +888,7 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
                 size_t rm = end - r < 4 ? end - r : 4;
                 for (size_t i = 0; i < m; i += 4) {
                     size_t rn = m - i < 4 ? m - i : 4;
-                    bf16_tiles[rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, wd + r * cols, cols, xs + i * ldx,
+                    bf16_tiles[bf16_split][rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, wd + r * cols, cols, xs + i * ldx,
                                                xs + i * ldx + cpad, ldx, cols);
                 }
             }

@@ -786,7 +786,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     m->weight_dtype = embed->dtype;
 
     const llm_device *dev = NULL;
-    llm_device_options dev_opt = {.threads = opt ? opt->threads : 0};
+    llm_device_options dev_opt = {.threads = opt ? opt->threads : 0, .precision = opt ? opt->precision : 0};
     char chosen[600];
     if (opt && opt->device_override)
         snprintf(chosen, sizeof chosen, "%s (given)", (dev = opt->device_override)->name);

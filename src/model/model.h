@@ -108,6 +108,9 @@ typedef struct {
      * --cache-type. A device whose attention cannot read the type: the cpu reference's (host memory), else an error. */
     llm_dtype cache_type;
     bool cache_default;
+    /* The batch products' precision on devices with 16-bit tensor or dot-product units (device.h): ACCURATE, the
+     * zero value, as tests and compare want; the CLI's default is FAST (--precision). */
+    llm_precision precision;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */

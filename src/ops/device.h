@@ -12,9 +12,17 @@
 
 typedef enum { LLM_DEVICE_CPU, LLM_DEVICE_GPU } llm_device_kind;
 
+/* How a batch's products (matmul, logits and experts of n >= 2 positions) meet 16-bit weights (ops.h, matmul).
+ * ACCURATE, the zero value: within 2^-16 of the f32 product (x split into two 16-bit halves, two products).
+ * FAST: x rounded once to the weight's 16-bit type and one product with f32 sums, as Hugging Face's own bf16 and
+ * f16 inference does (2^-9 relative for BF16, 2^-11 for F16). Devices without such a product ignore it; the cpu
+ * reference is always exact. */
+typedef enum { LLM_PRECISION_ACCURATE, LLM_PRECISION_FAST } llm_precision;
+
 typedef struct {
-    int threads; /* CPU threads for devices that use them; 0 = the device's default */
-    int index;   /* which GPU, for cuda:N */
+    int threads;             /* CPU threads for devices that use them; 0 = the device's default */
+    int index;               /* which GPU, for cuda:N */
+    llm_precision precision; /* the batch products' (see above) */
 } llm_device_options;
 
 /* What a device that fuses or records steps did, for tests and tools: read here, never parsed from describe()'s

@@ -128,7 +128,10 @@ typedef struct llm_ops {
      * each w[r, c] to BF16 (at most 2^-9 |w[r, c] x[i, c]| a term, inside the same bound: cuda's batches).
      * BF16 w: a device may split x into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and sum
      * w * hi + w * lo, whose products are exact in f32: |x - hi - lo| <= 2^-16 |x|, so the error this adds is at most
-     * 2^-16 sum_c |w[r, c] * x[i, c]|. */
+     * 2^-16 sum_c |w[r, c] * x[i, c]|. A device opened with the FAST precision (device.h, llm_precision) may
+     * instead round x once to w's 16-bit type (BF16 or F16, nearest even) for n >= 2 and take one product: the error
+     * is then at most 2^-9 (BF16) or 2^-11 (F16) times sum_c |w[r, c] * x[i, c]|, as Hugging Face's 16-bit inference
+     * computes it. logits and experts allow the same. */
     void (*matmul)(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n);
 
     /* Rotary embedding in place on the first rot_dim elements of each head (rot_dim == head_dim, or less for a

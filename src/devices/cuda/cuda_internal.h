@@ -46,6 +46,8 @@ struct llm_cuda_ctx {
     bool pdl;            /* launch the decode kernels with programmatic dependent launch (only with hopper_code) */
     int pdl_early;       /* ... and let the next kernel launch: 2 when this one starts, 1 once it has waited for
                             the one before, 0 at its exit */
+    bool split_products; /* a batch's products with 16-bit weights take x as hi + lo halves (LLM_PRECISION_ACCURATE);
+                            else hi alone (FAST): prefill.cu's gemm, moe.cu's expert tiles */
     /* the kernels' settings, from the environment as device.cu's cuda_settings_read found it when the device opened */
     bool attn_simt;      /* LLM_CUDA_ATTN=simt: batches on the f32 SIMT attention kernel */
     int dec_heads;       /* LLM_CUDA_DEC_HEADS: the most query heads one decode-attention block serves */
@@ -331,7 +333,7 @@ __device__ __forceinline__ float llm_cuda_rms_scale(float sumsq, int dim, float 
 /* Where an op that feeds batched products also writes its output as 16-bit hi + lo halves (llm_cuda_split's), so
  * the products need no split pass of their own; hi NULL: not wanted. */
 typedef struct {
-    void *hi, *lo; /* lo may be NULL (LLM_CUDA_GEMM=fast) */
+    void *hi, *lo; /* lo is NULL with --precision fast (llm_cuda.split_products false) */
     int dtype;     /* LLM_DTYPE_BF16 or LLM_DTYPE_F16 */
 } llm_cuda_halves;
 

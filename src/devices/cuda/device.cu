@@ -83,7 +83,6 @@ static int env_int(const char *name, int fallback)
  * dev/cuda/notes.md ("Settings", and the version named) has the measurements behind each default.
  *
  *   for users
- *   LLM_CUDA_GEMM=fast          batches in one bf16/f16 product (about 1e-3 relative) instead of the split f32 two
  *   LLM_CUDA_SYNC=1             sync after every op, so a fault names its op (turns graphs off)
  *   LLM_CUDA_GRAPHS=0           no CUDA-graph record/replay of a step
  *   LLM_CUDA_PERSIST=0          a one-token step as a kernel per fused op, not one persistent kernel (step.cu)
@@ -137,10 +136,6 @@ static void cuda_settings_read(cuda_settings *s)
     if (s->persist_kv_bytes < 1) s->persist_kv_bytes = 256;
     s->step_trace = getenv("LLM_CUDA_STEP_TRACE");
     if (s->step_trace && !*s->step_trace) s->step_trace = NULL;
-    {
-        const char *mode = getenv("LLM_CUDA_GEMM");
-        s->gemm_fast = mode && strcmp(mode, "fast") == 0;
-    }
     s->owe = env_flag("LLM_CUDA_OWE", true);
     s->moe_pdl = env_int("LLM_CUDA_MOE_PDL", 2);
     if (s->moe_pdl < 0 || s->moe_pdl > 2) s->moe_pdl = 2;
@@ -214,7 +209,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.persist_cut_why = NULL;
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (g.sync_each) g.use_graphs = false;
-    g.gemm_accurate = !g.set.gemm_fast;
+    llm_cuda.split_products = !opt || opt->precision != LLM_PRECISION_FAST;
     g.owe = g.fuse && g.set.owe;
     {
         const char *path = g.set.timeline;
@@ -300,7 +295,7 @@ static void cuda_describe(char *buf, size_t len)
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0), driver / 1000, driver % 1000 / 10,
              runtime / 1000, runtime % 1000 / 10, path, g.initialized && !g.use_graphs ? "off" : "on",
              g.initialized && !g.fuse ? "off" : "on", g.initialized && !llm_cuda.pdl ? "off" : "on",
-             g.initialized && !g.gemm_accurate ? "bf16/f16 (fast)" : "split f32 (accurate)", persist);
+             g.initialized && !llm_cuda.split_products ? "bf16/f16 (fast)" : "split f32 (accurate)", persist);
 }
 
 static void cuda_counters(llm_device_counters *out)

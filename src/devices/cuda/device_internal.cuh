@@ -78,7 +78,7 @@ typedef struct {
 
 /* Every LLM_CUDA_* variable the device reads, as cuda_settings_read leaves it (see there for the table). */
 typedef struct {
-    bool graphs, fuse, sync_each, pdl, persist, gemm_fast, owe, attn_simt;
+    bool graphs, fuse, sync_each, pdl, persist, owe, attn_simt;
     int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
     int persist_kv_bytes;
     int moe_pdl;
@@ -102,7 +102,7 @@ struct cuda_state {
     cuda_settings set;
     /* settings in force: use_graphs and persist are turned off for good when a capture or a persistent launch
      * fails */
-    bool use_graphs, fuse, sync_each, gemm_accurate, owe;
+    bool use_graphs, fuse, sync_each, owe;
     /* accounting */
     size_t allocated;
     struct { void *p; size_t bytes; } scratch[LLM_CUDA_SCRATCH_N];

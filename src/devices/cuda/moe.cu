@@ -505,11 +505,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_combine_kernel(const __
 
 /* ---------- experts, a batch: the pairs grouped by expert, on the device ---------- */
 
-#define MM_BM 64 /* pairs a tile takes (of one expert) */
-#define MM_BN 64 /* rows */
-#define MM_BK 32 /* columns a stage */
-#define MM_THREADS 128
-#define MM_LD (MM_BK + 8) /* 16-bit elements a staged row (the pad spreads the banks; wmma wants a multiple of 8) */
 #define GROUP_THREADS 512
 
 /* The most tiles a grouping of P pairs over n_experts makes: each expert's last tile may be partial. */
@@ -584,125 +579,14 @@ template <typename T> __device__ __forceinline__ float mo_f32(T v);
 template <> __device__ __forceinline__ float mo_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <> __device__ __forceinline__ float mo_f32<__half>(__half v) { return __half2float(v); }
 
-/* One tile of MM_BM pairs of one expert times MM_BN of its rows, on the tensor cores (wmma, 16x16x16, f32
- * accumulation). Each x value is split into hi + lo in the weights' 16-bit type as the batched matmul splits it
- * (prefill.cu, gemm): both halves are multiplied and summed in f32, so the products keep f32-level accuracy (about
- * 2^-16 relative for bf16) and the expert's weights are read once for its tile. The next stage's global loads are
- * issued before the current stage's products. 4 warps, each 32 pairs x 32 rows. VEC: cols a multiple of 8 and the
- * matrices 16-byte aligned. */
-template <typename T, bool VEC>
-__global__ void __launch_bounds__(MM_THREADS) experts_mma_kernel(const __grid_constant__ gv_args a)
-{
-    using namespace nvcuda;
-    __shared__ __align__(32) T sa_hi[MM_BM * MM_LD], sa_lo[MM_BM * MM_LD], sb[MM_BN * MM_LD];
-    __shared__ __align__(32) float sc[MM_BM * (MM_BN + 4)];
-    __shared__ const float *xrow[MM_BM];
-    __shared__ int pair_of[MM_BM];
-    if ((int)blockIdx.y >= *a.n_tiles) return;
-    const int4 t = a.tiles[blockIdx.y];
-    const int e = t.x, count = t.z, n0 = blockIdx.x * MM_BN, rows = a.rows, cols = a.cols;
-    const int tid = threadIdx.x, warp = tid >> 5;
-    if (tid < MM_BM) {
-        int p = tid < count ? a.order[t.y + tid] : -1;
-        pair_of[tid] = p;
-        xrow[tid] = p >= 0 ? x_row(a, p) : NULL;
-    }
-    __syncthreads();
-    const T *w = (const T *)a.tab[e].w;
-    const void *bias = a.tab[e].bias;
-
-    /* This thread's share of a stage: A row tid / 2, columns (tid % 2) * 16 .. + 16 (f32); B row tid / 2, the same
-     * 16 columns (16-bit). */
-    const int lr = tid >> 1, lc = (tid & 1) * 16;
-    const float *xr = xrow[lr];
-    const int wrow = n0 + lr;
-    const T *wr = wrow < rows ? w + (size_t)wrow * cols : NULL;
-    float av[16];
-    uint4 bv[2]; /* 16 values of T */
-    auto load = [&](int k0) {
-        if (VEC) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int c = k0 + lc + 4 * u;
-                float4 v = xr && c < cols ? __ldg((const float4 *)(xr + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                av[4 * u] = v.x, av[4 * u + 1] = v.y, av[4 * u + 2] = v.z, av[4 * u + 3] = v.w;
-            }
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                int c = k0 + lc + 8 * u;
-                bv[u] = wr && c < cols ? __ldcs((const uint4 *)(wr + c)) : make_uint4(0, 0, 0, 0);
-            }
-        } else {
-            unsigned b[16];
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                int c = k0 + lc + u;
-                av[u] = xr && c < cols ? xr[c] : 0.0f;
-                b[u] = wr && c < cols ? ((const unsigned short *)wr)[c] : 0u; /* 0 is +0 in both types */
-            }
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-                bv[u] = make_uint4(b[8 * u] | b[8 * u + 1] << 16, b[8 * u + 2] | b[8 * u + 3] << 16,
-                                   b[8 * u + 4] | b[8 * u + 5] << 16, b[8 * u + 6] | b[8 * u + 7] << 16);
-        }
-    };
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-    load(0);
-    for (int k0 = 0; k0 < cols; k0 += MM_BK) {
-#pragma unroll
-        for (int u = 0; u < 16; u++) {
-            T hi = mo_round<T>(av[u]);
-            sa_hi[lr * MM_LD + lc + u] = hi;
-            sa_lo[lr * MM_LD + lc + u] = mo_round<T>(av[u] - mo_f32(hi));
-        }
-#pragma unroll
-        for (int u = 0; u < 2; u++) *(uint4 *)&sb[lr * MM_LD + lc + 8 * u] = bv[u];
-        __syncthreads();
-        if (k0 + MM_BK < cols) load(k0 + MM_BK);
-#pragma unroll
-        for (int kk = 0; kk < MM_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> ah[2], al[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                wmma::load_matrix_sync(ah[i], sa_hi + (wm + 16 * i) * MM_LD + kk, MM_LD);
-                wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM_LD + kk, MM_LD);
-                wmma::load_matrix_sync(b[i], sb + (wn + 16 * i) * MM_LD + kk, MM_LD);
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    wmma::mma_sync(acc[i][j], ah[i], b[j], acc[i][j]);
-                    wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
-                }
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(sc + (wm + 16 * i) * (MM_BN + 4) + wn + 16 * j, acc[i][j], MM_BN + 4,
-                                    wmma::mem_row_major);
-    __syncthreads();
-    for (int k = tid; k < MM_BM * MM_BN; k += MM_THREADS) {
-        int m = k / MM_BN, c = k - m * MM_BN, r = n0 + c;
-        if (m < count && r < rows)
-            a.out[(size_t)pair_of[m] * rows + r] =
-                sc[m * (MM_BN + 4) + c] + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)r) : 0.0f);
-    }
-}
-
-/* The faster batch product for 16-bit experts whose rows are whole 16-byte chunks: x's rows are first gathered in
- * sorted order and split once (gather_split_kernel), so a tile's loads are plain 16-byte copies, issued by cp.async
- * into a ring of MM2_STAGES stages while the tensor cores work on an earlier one. A tile is MM2_BM pairs of one expert
- * times MM2_BN of its rows; 8 warps, each 32 pairs x 32 rows. */
+/* The batch product for 16-bit experts whose rows are whole 16-byte chunks, on the tensor cores (wmma, 16x16x16, f32
+ * accumulation). x's rows are first gathered in sorted order and rounded once (gather_split_kernel) to hi, and with
+ * the accurate precision also lo = x - hi, both in the weights' 16-bit type as the batched matmul splits them
+ * (prefill.cu): both halves are multiplied and summed in f32, about 2^-16 relative for bf16 (ops.h); hi alone is the
+ * fast precision's one product. A tile's loads are then plain 16-byte copies, issued by cp.async into a ring of
+ * MM2_STAGES stages while the tensor cores work on an earlier one, so each expert's weights are read once per tile.
+ * A tile is MM2_BM pairs of one expert times MM2_BN of its rows; 8 warps, each 32 pairs x 32 rows. Experts of other
+ * rows (f32, or rows not of whole chunks) take the GEMV's blocks over the same grouping. */
 #define MM2_BM 64
 #define MM2_BN 128
 #define MM2_BK 32
@@ -712,7 +596,7 @@ __global__ void __launch_bounds__(MM_THREADS) experts_mma_kernel(const __grid_co
 #define MM2_STAGE_ELEMS ((2 * MM2_BM + MM2_BN) * MM2_LD) /* A's hi and lo, then B, 16-bit */
 #define MM2_SMEM ((size_t)MM2_STAGES * MM2_STAGE_ELEMS * 2)
 
-/* Sorted place s (< *n_valid): hi[s, :] and lo[s, :], x's row for pair order[s] split into two 16-bit halves. */
+/* Sorted place s (< *n_valid): hi[s, :] and (lo not NULL) lo[s, :], x's row for pair order[s] as 16-bit halves. */
 template <typename T>
 __global__ void gather_split_kernel(const gv_args a, const int *n_valid, T *hi, T *lo)
 {
@@ -727,7 +611,7 @@ __global__ void gather_split_kernel(const gv_args a, const int *n_valid, T *hi, 
 #pragma unroll
         for (int u = 0; u < 8; u++) h[u] = mo_round<T>(v[u]), l[u] = mo_round<T>(v[u] - mo_f32(h[u]));
         *(uint4 *)(hi + (size_t)s * a.cols + c) = *(const uint4 *)h;
-        *(uint4 *)(lo + (size_t)s * a.cols + c) = *(const uint4 *)l;
+        if (lo) *(uint4 *)(lo + (size_t)s * a.cols + c) = *(const uint4 *)l;
     }
 }
 
@@ -766,8 +650,9 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
             const int idx = tid + u * MM2_THREADS, row = idx >> 2, c = k0 + (idx & 3) * 8;
             const T *src;
             bool ok;
-            if (row < 2 * MM2_BM) { /* A: hi rows 0..63, lo rows 64..127 */
+            if (row < 2 * MM2_BM) { /* A: hi rows 0..63, lo rows 64..127 (none without lo) */
                 const int m = row & (MM2_BM - 1);
+                if (row >= MM2_BM && !xlo) continue;
                 ok = m < count && c < cols;
                 src = (row < MM2_BM ? xhi : xlo) + (size_t)(first + (ok ? m : 0)) * cols + (ok ? c : 0);
             } else {
@@ -804,7 +689,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 wmma::load_matrix_sync(ah[i], sa_hi + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
-                wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
+                if (xlo) wmma::load_matrix_sync(al[i], sa_lo + (wm + 16 * i) * MM2_LD + kk, MM2_LD);
                 wmma::load_matrix_sync(b[i], sb + (wn + 16 * i) * MM2_LD + kk, MM2_LD);
             }
 #pragma unroll
@@ -812,7 +697,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
 #pragma unroll
                 for (int j = 0; j < 2; j++) {
                     wmma::mma_sync(acc[i][j], ah[i], b[j], acc[i][j]);
-                    wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
+                    if (xlo) wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
                 }
         }
     }
@@ -834,7 +719,6 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     }
 }
 static_assert(MM2_SMEM >= (size_t)MM2_BM * (MM2_BN + 4) * sizeof(float), "the ring holds the output tile");
-static_assert(MM2_BM == MM_BM, "both products take the grouping's tiles");
 
 /* ---------- the experts op ---------- */
 
@@ -859,9 +743,10 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
         else gemv_launch<float>(a, vec, (unsigned)P);
         return;
     }
-    /* a batch: group the pairs by expert, then a tile of pairs per expert; f32 experts (no 16-bit tensor cores
-     * for them) take the GEMV's blocks over the same tiles */
-    const int tile = dtype == LLM_DTYPE_F32 ? GV_MAX_PAIRS : MM_BM, bound = tiles_bound(P, w->n_experts, tile);
+    /* a batch: group the pairs by expert, then a tile of pairs per expert: on the tensor cores, or the GEMV's blocks
+     * over the same tiles for the experts they do not take */
+    const bool mma = dtype != LLM_DTYPE_F32 && vec;
+    const int tile = mma ? MM2_BM : GV_MAX_PAIRS, bound = tiles_bound(P, w->n_experts, tile);
     size_t order_bytes = ((size_t)P * sizeof(int) + 15) / 16 * 16, tile_bytes = (size_t)bound * sizeof(int4);
     char *scratch = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE, order_bytes + tile_bytes + 16, "experts");
     if (!scratch) return;
@@ -877,38 +762,32 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
                                                               a.rows);
     if (!LLM_CUDA_LAUNCHED("experts")) return;
     a.tiles = tiles, a.n_tiles = n_tiles, a.order = order;
-    if (dtype == LLM_DTYPE_F32) {
-        gemv_launch<float>(a, vec, (unsigned)bound);
+    if (!mma) {
+        if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)bound);
+        else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)bound);
+        else gemv_launch<float>(a, vec, (unsigned)bound);
         return;
     }
-    if (vec) { /* x gathered and split once, then the pipelined tiles */
-        size_t half = (size_t)P * a.cols * 2;
-        char *xs = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_X, 2 * half, "experts");
-        if (!xs) return;
-        dim3 grid((unsigned)((a.rows + MM2_BN - 1) / MM2_BN), (unsigned)bound);
-        size_t chunks = (size_t)P * a.cols / 8, blocks = (chunks + 255) / 256, cap = (size_t)llm_cuda.sm_count * 8;
-        unsigned gblocks = (unsigned)(blocks < cap ? blocks : cap);
-        if (dtype == LLM_DTYPE_BF16) {
-            const void *k = (const void *)experts_mma2_kernel<__nv_bfloat16>;
-            if (!llm_cuda_allow_smem(k, "experts")) return;
-            __nv_bfloat16 *hi = (__nv_bfloat16 *)xs, *lo = (__nv_bfloat16 *)(xs + half);
-            gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
-            experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
-        } else {
-            const void *k = (const void *)experts_mma2_kernel<__half>;
-            if (!llm_cuda_allow_smem(k, "experts")) return;
-            __half *hi = (__half *)xs, *lo = (__half *)(xs + half);
-            gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
-            experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
-        }
-        LLM_CUDA_LAUNCHED("experts");
-        return;
+    /* x gathered and rounded once (hi, and lo when accurate), then the pipelined tiles */
+    size_t half = (size_t)P * a.cols * 2, halves = llm_cuda.split_products ? 2 : 1;
+    char *xs = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_X, halves * half, "experts");
+    if (!xs) return;
+    dim3 grid((unsigned)((a.rows + MM2_BN - 1) / MM2_BN), (unsigned)bound);
+    size_t chunks = (size_t)P * a.cols / 8, blocks = (chunks + 255) / 256, cap = (size_t)llm_cuda.sm_count * 8;
+    unsigned gblocks = (unsigned)(blocks < cap ? blocks : cap);
+    if (dtype == LLM_DTYPE_BF16) {
+        const void *k = (const void *)experts_mma2_kernel<__nv_bfloat16>;
+        if (!llm_cuda_allow_smem(k, "experts")) return;
+        __nv_bfloat16 *hi = (__nv_bfloat16 *)xs, *lo = halves == 2 ? (__nv_bfloat16 *)(xs + half) : NULL;
+        gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
+        experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+    } else {
+        const void *k = (const void *)experts_mma2_kernel<__half>;
+        if (!llm_cuda_allow_smem(k, "experts")) return;
+        __half *hi = (__half *)xs, *lo = halves == 2 ? (__half *)(xs + half) : NULL;
+        gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, n_tiles + 1, hi, lo);
+        experts_mma2_kernel<<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
     }
-    dim3 grid((unsigned)((a.rows + MM_BN - 1) / MM_BN), (unsigned)bound);
-    if (dtype == LLM_DTYPE_BF16)
-        experts_mma_kernel<__nv_bfloat16, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
-    else
-        experts_mma_kernel<__half, false><<<grid, MM_THREADS, 0, llm_cuda.stream>>>(a);
     LLM_CUDA_LAUNCHED("experts");
 }
 

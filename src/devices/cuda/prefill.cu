@@ -5,12 +5,12 @@
 /* Anything that may write device memory other than a batched product's output makes the last split stale. */
 void forget_split(void) { g.split.x = NULL; }
 
-/* The buffers for count values of a batch as 16-bit halves of dtype (hi + lo, or hi alone with LLM_CUDA_GEMM=fast).
+/* The buffers for count values of a batch as 16-bit halves of dtype (hi + lo, or hi alone with --precision fast).
  * One scratch slot: a new split overwrites the last. */
 static bool split_buffers(size_t count, llm_dtype dtype, llm_cuda_halves *h, const char *op)
 {
-    char *hi = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_SPLIT, count * 2 * (g.gemm_accurate ? 2 : 1), op);
-    h->hi = hi, h->lo = hi && g.gemm_accurate ? hi + count * 2 : NULL, h->dtype = dtype;
+    char *hi = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_SPLIT, count * 2 * (llm_cuda.split_products ? 2 : 1), op);
+    h->hi = hi, h->lo = hi && llm_cuda.split_products ? hi + count * 2 : NULL, h->dtype = dtype;
     return hi != NULL;
 }
 
@@ -170,7 +170,7 @@ static bool half_product(const llm_weight *w, int tokens, const void *x_half, fl
 
 /* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
  * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
- * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; LLM_CUDA_GEMM=fast uses hi alone
+ * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; --precision fast uses hi alone
  * (about 2^-9). may_owe: the two products may run as one over 2n tokens, their sum owed to out (see "owed sums"). */
 void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
                  const char *op)
