@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's (or Llama-2-7B's) shape (F16, norms 1, a
-stand-in vocabulary of 32000 pieces), for llama.cpp's llama-quantize and llama-bench beside `llm-run bench` on
-scripts/make-random-checkpoint.py --shape tinyllama-1.1b (llama-2-7b). Its text is noise; only speed is compared.
+"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's (or Llama-2-7B's, or Qwen3-30B-A3B's) shape
+(F16, norms 1, a stand-in vocabulary), for llama.cpp's llama-quantize and llama-bench beside `llm-run bench` on
+scripts/make-random-checkpoint.py --shape tinyllama-1.1b (llama-2-7b, qwen3-30b-a3b --layers N). Its text is noise;
+only speed is compared.
 
-usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0] [tinyllama-1.1b|llama-2-7b]   (needs llama.cpp's gguf-py)
+usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0] [tinyllama-1.1b|llama-2-7b|qwen3-30b-a3b] [LAYERS]
+(needs llama.cpp's gguf-py; LAYERS cuts the model to its first N layers, as make-random-checkpoint.py --layers)
+Qwen3-30B-A3B is llama.cpp's qwen3moe: q/k norms, 128 experts of 768 rows stacked per layer (ffn_*_exps), top 8.
 Every layer holds the same random matrices (made and quantized once per shape: a 7B file in a minute); each layer's
 weights still lie apart in the file and in memory, so a decode step reads them all.
 The layers' linears take the type (quantized by gguf.quants, which matches ggml's reference quantizer); the
@@ -13,18 +16,25 @@ import sys
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
-SHAPES = {"tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000), "llama-2-7b": (4096, 11008, 32, 32, 32, 32000)}
+# hidden, intermediate, layers, heads, kv heads, vocab; then for qwen3moe: head_dim, experts, top_k, expert rows
+SHAPES = {"tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000), "llama-2-7b": (4096, 11008, 32, 32, 32, 32000),
+          "qwen3-30b-a3b": (2048, 6144, 48, 32, 4, 151936, 128, 128, 8, 768)}
 
 
 def main():
-    if len(sys.argv) not in (2, 3, 4):
+    if len(sys.argv) not in (2, 3, 4, 5):
         sys.exit(__doc__)
     kind = sys.argv[2] if len(sys.argv) >= 3 else "f16"
-    shape = sys.argv[3] if len(sys.argv) == 4 else "tinyllama-1.1b"
-    H, I, L, NH, NKV, V = SHAPES[shape]
+    shape = sys.argv[3] if len(sys.argv) >= 4 else "tinyllama-1.1b"
+    H, I, L, NH, NKV, V = SHAPES[shape][:6]
+    moe = len(SHAPES[shape]) > 6
+    HD, E, K, EI = SHAPES[shape][6:] if moe else (H // NH, 0, 0, 0)
+    if len(sys.argv) == 5:
+        L = min(L, int(sys.argv[4]))
     qtype = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[kind]
     rng = np.random.default_rng(0)
-    w = GGUFWriter(sys.argv[1], "llama")
+    arch = "qwen3moe" if moe else "llama"
+    w = GGUFWriter(sys.argv[1], arch)
     w.add_name("random-" + shape)
     w.add_context_length(2048)
     w.add_embedding_length(H)
@@ -32,9 +42,15 @@ def main():
     w.add_feed_forward_length(I)
     w.add_head_count(NH)
     w.add_head_count_kv(NKV)
-    w.add_rope_dimension_count(H // NH)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(HD)
+    w.add_rope_freq_base(1e6 if moe else 10000.0)
+    w.add_layer_norm_rms_eps(1e-6 if moe else 1e-5)
+    if moe:
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+        w.add_expert_count(E)
+        w.add_expert_used_count(K)
+        w.add_expert_feed_forward_length(EI)
     w.add_file_type({"f16": 1, "q8_0": 7, "q4_0": 2}[kind])  # llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_0
     w.add_vocab_size(V)
     w.add_tokenizer_model("llama")
@@ -58,15 +74,28 @@ def main():
         else:
             w.add_tensor(name, made[rows, cols], raw_dtype=qtype)
 
+    def experts(name, rows, cols):  # (E, rows, cols): ggml's {cols, rows, E}
+        if ("exps", rows, cols) not in made:
+            made["exps", rows, cols] = np.stack([rand(rows, cols) for _ in range(E)])
+        w.add_tensor(name, made["exps", rows, cols])
+
     w.add_tensor("token_embd.weight", rand(V, H))
     for b in range(L):
         p = f"blk.{b}."
         w.add_tensor(p + "attn_norm.weight", np.ones(H, np.float32))
-        linear(p + "attn_q.weight", H, H)
-        linear(p + "attn_k.weight", NKV * H // NH, H)
-        linear(p + "attn_v.weight", NKV * H // NH, H)
-        linear(p + "attn_output.weight", H, H)
+        linear(p + "attn_q.weight", NH * HD, H)
+        linear(p + "attn_k.weight", NKV * HD, H)
+        linear(p + "attn_v.weight", NKV * HD, H)
+        linear(p + "attn_output.weight", H, NH * HD)
         w.add_tensor(p + "ffn_norm.weight", np.ones(H, np.float32))
+        if moe:
+            w.add_tensor(p + "attn_q_norm.weight", np.ones(HD, np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", np.ones(HD, np.float32))
+            linear(p + "ffn_gate_inp.weight", E, H)
+            experts(p + "ffn_gate_exps.weight", EI, H)
+            experts(p + "ffn_up_exps.weight", EI, H)
+            experts(p + "ffn_down_exps.weight", H, EI)
+            continue
         linear(p + "ffn_gate.weight", I, H)
         linear(p + "ffn_up.weight", I, H)
         linear(p + "ffn_down.weight", H, I)
