@@ -367,38 +367,67 @@ typedef struct {
     int heads, kv_heads, hd, n, pos, ctx;
 } attn_case;
 
-static void run_attention(const attn_case *c)
+/* Where two sides compute k and v in f32 with sums in another order (about 1e-6 apart) and round them to a 16-bit
+ * cache, a value on either side of a rounding boundary is stored one ulp of the type apart on the two. Such values are
+ * a part of the rounding of the whole cache, which moves an attention output by at most 4u (tests/test_ops.c,
+ * tol_cache: u = 2^-11 for F16, 2^-8 for BF16), and the logits of an L-layer model by at most 8u(L + 1)
+ * (tests/test_models.c, cache_logit_tol): the tolerances of what reads such a cache, beside f32's. The kernels
+ * themselves read the stored values exactly (test_attention_long: 1e-5 on any type). */
+static double cache_round(llm_dtype t)
+{
+    return t == LLM_DTYPE_F16 ? 0x1p-11 : t == LLM_DTYPE_BF16 ? 0x1p-8 : 0.0;
+}
+
+/* A cache of rows x kv_dim values of type t, row r the f32 row src + r * kv_dim rounded as attention stores it. */
+static void *typed_rows(llm_dtype t, const float *src, size_t rows, size_t kv_dim)
+{
+    void *c = malloc(rows * llm_cache_row_bytes(t, kv_dim));
+    assert_non_null(c);
+    for (size_t r = 0; r < rows; r++) llm_kv_store_row(c, t, r, src + r * kv_dim, kv_dim);
+    return c;
+}
+
+static void run_attention(const attn_case *c, llm_dtype ct)
 {
     size_t kv_dim = (size_t)c->kv_heads * c->hd, q_dim = (size_t)c->heads * c->hd;
-    size_t cache = (size_t)c->ctx * kv_dim;
+    size_t cache = (size_t)c->ctx * kv_dim, row_bytes = llm_cache_row_bytes(ct, kv_dim);
+    size_t cache_bytes = (size_t)c->ctx * row_bytes;
     float *q = random_floats((size_t)c->n * q_dim, 1.0f), *k = random_floats((size_t)c->n * kv_dim, 1.0f);
     float *v = random_floats((size_t)c->n * kv_dim, 1.0f);
     /* Rows before pos hold earlier tokens; the rest is garbage the op must not read. */
-    float *kc = random_floats(cache, 1.0f), *vc = random_floats(cache, 1.0f);
-    for (size_t i = (size_t)c->pos * kv_dim; i < cache; i++) kc[i] = vc[i] = NAN;
+    float *kf = random_floats(cache, 1.0f), *vf = random_floats(cache, 1.0f);
+    for (size_t i = (size_t)c->pos * kv_dim; i < cache; i++) kf[i] = vf[i] = NAN;
+    char *kc = typed_rows(ct, kf, (size_t)c->ctx, kv_dim), *vc = typed_rows(ct, vf, (size_t)c->ctx, kv_dim);
     int32_t *pos = malloc((size_t)c->n * sizeof *pos);
     assert_non_null(pos);
     for (int i = 0; i < c->n; i++) pos[i] = c->pos + i;
     float *dq = on_device(q, (size_t)c->n * q_dim * 4), *dk = on_device(k, (size_t)c->n * kv_dim * 4);
-    float *dv = on_device(v, (size_t)c->n * kv_dim * 4), *dkc = on_device(kc, cache * 4);
-    float *dvc = on_device(vc, cache * 4), *dout = dev->alloc((size_t)c->n * q_dim * 4);
+    float *dv = on_device(v, (size_t)c->n * kv_dim * 4), *dkc = on_device(kc, cache_bytes);
+    float *dvc = on_device(vc, cache_bytes), *dout = dev->alloc((size_t)c->n * q_dim * 4);
     int32_t *dpos = on_device(pos, (size_t)c->n * sizeof *pos);
     assert_non_null(dout);
     float *ref = malloc((size_t)c->n * q_dim * sizeof *ref);
     assert_non_null(ref);
-    llm_attention_params ap = {1.0f / sqrtf((float)c->hd), 0.0f, 0, LLM_DTYPE_F32, NULL};
-    llm_ref_ops.attention(ref, q, k, v, kc, vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
+    llm_attention_params ap = {1.0f / sqrtf((float)c->hd), 0.0f, 0, ct, NULL};
+    llm_ref_ops.attention(ref, q, k, v, (float *)kc, (float *)vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx,
+                          &ap);
     dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
     float *got = from_device(dout, (size_t)c->n * q_dim);
-    float *got_kc = from_device(dkc, cache);
+    char *got_kc = malloc(cache_bytes), *got_vc = malloc(cache_bytes);
+    assert_true(got_kc && got_vc);
+    assert_int_equal(dev->download(got_kc, dkc, cache_bytes), 0);
+    assert_int_equal(dev->download(got_vc, dvc, cache_bytes), 0);
     double err = rel_error(got, ref, (size_t)c->n * q_dim);
-    print_message("attention heads %d/%d hd %d, %d token(s) at %d: rel error %.2g\n", c->heads, c->kv_heads, c->hd,
-                  c->n, c->pos, err);
-    /* f32 throughout: the online softmax and its merge reorder sums and use expf: 1e-5 of the largest output */
+    print_message("attention heads %d/%d hd %d, %d token(s) at %d, %s cache: rel error %.2g\n", c->heads,
+                  c->kv_heads, c->hd, c->n, c->pos, llm_dtype_name(ct), err);
+    /* f32 arithmetic on the same stored values as the reference's (a 16-bit cache's rows, this call's own rounded as
+     * stored): the online softmax and its merge reorder sums and use expf: 1e-5 of the largest output */
     assert_true(err < 1e-5);
-    /* the new rows were stored */
-    assert_memory_equal(got_kc + (size_t)c->pos * kv_dim, kc + (size_t)c->pos * kv_dim, (size_t)c->n * kv_dim * 4);
-    free(q), free(k), free(v), free(kc), free(vc), free(pos), free(ref), free(got), free(got_kc);
+    /* the new rows stored as the reference rounds them, and no other row touched */
+    assert_memory_equal(got_kc, kc, cache_bytes);
+    assert_memory_equal(got_vc, vc, cache_bytes);
+    free(q), free(k), free(v), free(kf), free(vf), free(kc), free(vc), free(pos), free(ref), free(got);
+    free(got_kc), free(got_vc);
     void *bufs[] = {dq, dk, dv, dkc, dvc, dout, dpos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
 }
@@ -413,8 +442,26 @@ static void test_attention_long(void **state)
         {4, 1, 32, 9, 3, 256},       {9, 3, 64, 1, 0, 128},         {4, 2, 16, 1, 200, 256},
         /* whole prompts through the tensor-core prefill (3xTF32): Llama-2-7B heads, and GQA with a ragged tile */
         {32, 32, 128, 512, 0, 512},  {32, 8, 64, 333, 0, 512},      {6, 2, 32, 100, 5, 128},
+        /* head_dim 12 (a multiple of 4, not of 8): lanes of 2-byte elements read one at a time */
+        {6, 2, 12, 1, 300, 512},     {6, 2, 12, 40, 100, 256},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_attention(&cases[i]);
+    /* every cache type cuda takes, each kernel (split-KV decode with its staged rows, the tiled prefill) reading it */
+    static const llm_dtype types[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_attention(&cases[i], types[t]);
+    /* the SIMT prefill kernel (LLM_CUDA_ATTN=simt, read when the device opens) on each type */
+    dev->release();
+    setenv("LLM_CUDA_ATTN", "simt", 1);
+    char err[512] = "";
+    llm_device_options opt = {0};
+    int rc = dev->init(&opt, err, sizeof err);
+    unsetenv("LLM_CUDA_ATTN");
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        run_attention(&cases[10], types[t]);
+        run_attention(&cases[11], types[t]);
+    }
     cuda_done();
 }
 
@@ -445,9 +492,9 @@ static llm_group fused_group(llm_group_kind kind, unsigned ask, llm_dtype wt, in
     return g;
 }
 
-/* One layer and the head through the device against the reference, the linears in dtype wt; tol: the largest
- * relative error (of the largest value) each output may have. */
-static void run_fused_layer(int n, llm_dtype wt, double tol)
+/* One layer and the head through the device against the reference, the linears in dtype wt, the KV cache of type ct;
+ * tol: the largest relative error (of the largest value) each output may have. */
+static void run_fused_layer(int n, llm_dtype wt, llm_dtype ct, double tol)
 {
     /* inter: 1536 for block formats (whole Q4_K blocks of 256) */
     const int dim = 512, inter = llm_dtype_is_block(wt) ? 1536 : 1408, heads = 8, kv_heads = 2, hd = 64, vocab = 3000, ctx = 64, pos = 37;
@@ -467,14 +514,16 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
     size_t N = (size_t)n;
 
     /* host state for the reference */
-    float *x = random_floats(N * dim, 1.0f), *kc = random_floats((size_t)ctx * kv_dim, 1.0f);
-    float *vc = random_floats((size_t)ctx * kv_dim, 1.0f);
+    const size_t cache_bytes = (size_t)ctx * llm_cache_row_bytes(ct, (size_t)kv_dim);
+    float *x = random_floats(N * dim, 1.0f), *kcf = random_floats((size_t)ctx * kv_dim, 1.0f);
+    float *vcf = random_floats((size_t)ctx * kv_dim, 1.0f);
+    float *kc = typed_rows(ct, kcf, (size_t)ctx, (size_t)kv_dim), *vc = typed_rows(ct, vcf, (size_t)ctx, (size_t)kv_dim);
     float *xb = calloc(N * dim, 4), *q = calloc(N * q_dim, 4), *k = calloc(N * kv_dim, 4), *v = calloc(N * kv_dim, 4);
     float *att = calloc(N * q_dim, 4), *gate = calloc(N * inter, 4), *up = calloc(N * inter, 4);
     float *logits = calloc((size_t)vocab, 4), *down_up = calloc(N * dim, 4);
     /* device copies */
-    float *d_x = on_device(x, N * dim * 4), *d_kc = on_device(kc, (size_t)ctx * kv_dim * 4);
-    float *d_vc = on_device(vc, (size_t)ctx * kv_dim * 4);
+    float *d_x = on_device(x, N * dim * 4), *d_kc = on_device(kc, cache_bytes);
+    float *d_vc = on_device(vc, cache_bytes);
     float *d_xb = dev->alloc(N * dim * 4), *d_q = dev->alloc(N * q_dim * 4), *d_k = dev->alloc(N * kv_dim * 4);
     float *d_v = dev->alloc(N * kv_dim * 4), *d_att = dev->alloc(N * q_dim * 4), *d_gate = dev->alloc(N * inter * 4);
     float *d_up = dev->alloc(N * inter * 4), *d_logits = dev->alloc((size_t)vocab * 4);
@@ -482,7 +531,7 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
     int32_t *d_pos = on_device(positions, N * sizeof *positions);
 
     const llm_ops *ops[2] = {&llm_ref_ops, dev->ops};
-    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0, LLM_DTYPE_F32, NULL};
+    const llm_attention_params ap = {1.0f / sqrtf((float)hd), 0.0f, 0, ct, NULL};
     const unsigned prenorm = LLM_FUSE_NORM_PROLOGUE | LLM_FUSE_ADD_NORM;
     const llm_group G[] = {
         fused_group(LLM_GROUP_ATTN_IN, prenorm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_ROPE | LLM_FUSE_KV_STORE, wt, hd, &ap),
@@ -535,7 +584,6 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
     }
     struct { const char *name; float *host; float *device; size_t n; } checks[] = {
         {"q (roped)", q, d_q, N * q_dim}, {"k (roped)", k, d_k, N * kv_dim}, {"v", v, d_v, N * kv_dim},
-        {"k cache", kc, d_kc, (size_t)ctx * kv_dim}, {"v cache", vc, d_vc, (size_t)ctx * kv_dim},
         {"attention", att, d_att, N * q_dim}, {"gate (swiglu)", gate, d_gate, N * inter},
         {"up", up, d_up, N * inter}, {"down(up)", down_up, d_down_up, N * dim}, {"residual", x, d_x, N * dim},
         {"ffn out, then final norm of the last row", xb, d_xb, N * dim}, {"logits", logits, d_logits, (size_t)vocab},
@@ -548,12 +596,35 @@ static void run_fused_layer(int n, llm_dtype wt, double tol)
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
         float *got = from_device(checks[i].device, checks[i].n);
         double err = rel_error(got, checks[i].host, checks[i].n);
-        print_message("fused layer, %d token%s, %s linears: %s rel error %.2g\n", n, n > 1 ? "s" : "",
-                      llm_dtype_name(wt), checks[i].name, err);
-        assert_true(err < tol);
+        /* q, k and v come before the cache; the rest reads it (cache_round) */
+        double tol_i = i < 3 ? tol : tol + 4.0 * cache_round(ct);
+        print_message("fused layer, %d token%s, %s linears, %s cache: %s rel error %.2g\n", n, n > 1 ? "s" : "",
+                      llm_dtype_name(wt), llm_dtype_name(ct), checks[i].name, err);
+        assert_true(err < tol_i);
         free(got);
     }
-    free(x), free(kc), free(vc), free(xb), free(q), free(k), free(v), free(att), free(gate), free(up), free(logits);
+    /* The caches: the stored rows (by the rope GEMV's epilogue for one token, the KV store for a batch) are k and v
+     * rounded to the cache's type: the reference's bytes where k and v agree to the bit, which f32 sums in another
+     * order do not promise, so each value within k's tolerance and one ulp of the type, as read back. */
+    for (int side = 0; side < 2; side++) {
+        char *got = malloc(cache_bytes);
+        assert_non_null(got);
+        assert_int_equal(dev->download(got, side ? d_vc : d_kc, cache_bytes), 0);
+        float *g32 = malloc((size_t)ctx * kv_dim * 4), *r32 = malloc((size_t)ctx * kv_dim * 4);
+        assert_true(g32 && r32);
+        for (size_t i = 0; i < (size_t)ctx * kv_dim; i++) {
+            g32[i] = llm_dtype_load(got, ct, i);
+            r32[i] = llm_dtype_load(side ? vc : kc, ct, i);
+        }
+        /* one rounding of the cache's type apart at most (2^-8 relative for BF16) where k or v differ in f32 */
+        double err = rel_error(g32, r32, (size_t)ctx * kv_dim);
+        double cache_tol = tol + cache_round(ct);
+        print_message("fused layer, %d token%s, %s linears, %s cache: %s cache rel error %.2g\n", n, n > 1 ? "s" : "",
+                      llm_dtype_name(wt), llm_dtype_name(ct), side ? "v" : "k", err);
+        assert_true(err < cache_tol);
+        free(got), free(g32), free(r32);
+    }
+    free(x), free(kc), free(vc), free(kcf), free(vcf), free(xb), free(q), free(k), free(v), free(att), free(gate), free(up), free(logits);
     free(down_up);
     void *bufs[] = {d_x, d_kc, d_vc, d_xb, d_q, d_k, d_v, d_att, d_gate, d_up, d_logits, d_down_up, d_freq, d_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
@@ -566,8 +637,15 @@ static void test_fused_layer(void **state)
     (void)state;
     cuda_or_skip();
     /* f32 arithmetic on both sides, compounded over one layer */
-    run_fused_layer(1, LLM_DTYPE_BF16, 1e-5);
-    run_fused_layer(6, LLM_DTYPE_BF16, 1e-5);
+    run_fused_layer(1, LLM_DTYPE_BF16, LLM_DTYPE_F32, 1e-5);
+    run_fused_layer(6, LLM_DTYPE_BF16, LLM_DTYPE_F32, 1e-5);
+    /* 16-bit caches: both sides store k and v rounded to the type and read the stored values, f32 arithmetic on
+     * them; what reads the cache also allows for values stored one ulp apart (cache_round). */
+    static const llm_dtype caches[] = {LLM_DTYPE_F16, LLM_DTYPE_BF16};
+    for (size_t i = 0; i < sizeof caches / sizeof *caches; i++) {
+        run_fused_layer(1, LLM_DTYPE_BF16, caches[i], 1e-5);
+        run_fused_layer(6, LLM_DTYPE_BF16, caches[i], 1e-5);
+    }
     /* Quantized linears (the GEMV's norm prologue, rope + KV store, swiglu and residual-add epilogues on blocks, and
      * batches dequantized to BF16): each product may round x to 8 bits per block of 32 (ops.h), an error of up to
      * 1/254 of the block's largest |x| a term; over 512 random-signed terms the errors mostly cancel (test_matmul_quant
@@ -576,8 +654,8 @@ static void test_fused_layer(void **state)
      * nibble order moves outputs by their own size. */
     static const llm_dtype quant[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
     for (size_t i = 0; i < sizeof quant / sizeof *quant; i++) {
-        run_fused_layer(1, quant[i], 2e-2);
-        run_fused_layer(6, quant[i], 2e-2);
+        run_fused_layer(1, quant[i], LLM_DTYPE_F32, 2e-2);
+        run_fused_layer(6, quant[i], LLM_DTYPE_F32, 2e-2);
     }
     cuda_done();
 }
@@ -914,6 +992,7 @@ static int last_cut; /* the last decode_dir's counters.persistent_cut */
 static llm_device_counters last_count; /* the last decode_dir's counters on cuda */
 static int last_groups; /* the groups of its plan (a step issued declares each once) */
 static int decode_batch; /* decode_dir's max_batch (0: the default); a windowed layer's ring is window + it - 1 rows */
+static llm_dtype decode_cache = LLM_DTYPE_F32; /* decode_dir's KV cache type */
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
 /* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
@@ -925,7 +1004,7 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
     setenv("LLM_CUDA_FUSE", fuse, 1);
     setenv("LLM_CUDA_PERSIST", persist, 1);
     llm_model m;
-    llm_load_options lo = {.device = device};
+    llm_load_options lo = {.device = device, .cache_type = decode_cache};
     char err[1024] = "";
     int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
     unsetenv("LLM_CUDA_GRAPHS");
@@ -1132,6 +1211,50 @@ static void test_persistent_step(void **state)
         free(kernels), free(cpu);
     }
     decode_batch = 0;
+}
+
+/* The persistent step on 16-bit KV caches (the tensor maps of 2-byte elements, the items reading them, the KV store in
+ * the q/k/v product's epilogue, this token's own row rounded as stored): it runs every step, replayed graphs give the
+ * bits of plain issue, and the logits match the kernel-per-op step and the reference on the same cache type within
+ * f32's 1e-5 and 8u(L + 1) for the values the two may store one ulp apart (cache_round; the fixtures have L = 2
+ * layers). Measured: printed. */
+static void test_persistent_cache_types(void **state)
+{
+    (void)state;
+    persistent_or_skip();
+    dev->release();
+    /* qwen3: the attention phase normalises k and stores the row itself; mistral-window: a ring the decode passes */
+    const char *fixtures[] = {"llama-gqa-tied-bf16", "llama3-mqa-untied", "qwen2-bias", "qwen3", "mistral-window"};
+    static const llm_dtype types[] = {LLM_DTYPE_F16, LLM_DTYPE_BF16};
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
+        for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+            int vocab = 0;
+            size_t n_graphs = 0, n_plain = 0;
+            decode_cache = types[t];
+            decode_batch = strcmp(fixtures[f], "mistral-window") == 0 ? 32 : 0;
+            float *kernels = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
+            float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
+            setenv("LLM_CUDA_PERSIST_SPLITS", "4", 1);
+            setenv("LLM_CUDA_PERSIST_SPLIT_SCALE", "4", 1);
+            float *graphs = decode_run_with(fixtures[f], "cuda", "1", "1", "1", &vocab, &n_graphs);
+            float *plain = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
+            unsetenv("LLM_CUDA_PERSIST_SPLITS");
+            unsetenv("LLM_CUDA_PERSIST_SPLIT_SCALE");
+            decode_cache = LLM_DTYPE_F32, decode_batch = 0;
+            size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+            double e_kernels = rel_error(plain, kernels, n), e_cpu = rel_error(plain, cpu, n);
+            print_message("%s, %s cache: %zu persistent launches (graphs), %zu (plain); vs the kernel-per-op step "
+                          "%.2g, vs cpu %.2g\n", fixtures[f], llm_dtype_name(types[t]), n_graphs, n_plain, e_kernels,
+                          e_cpu);
+            assert_int_equal(n_plain, DECODE_STEPS);
+            assert_int_equal(last_cut, 0);
+            assert_true(n_graphs >= 1 && n_graphs <= 3);
+            assert_memory_equal(graphs, plain, n * sizeof *graphs);
+            const double tol = 1e-5 + 8.0 * cache_round(types[t]) * 3.0;
+            assert_true(e_kernels < tol);
+            assert_true(e_cpu < tol);
+            free(kernels), free(cpu), free(graphs), free(plain);
+        }
 }
 
 /* The build's code decides the path: compute_80 PTX alone (make CUDA_ARCH=ptx80), JIT-compiled on any GPU, must run
@@ -1376,7 +1499,8 @@ int main(void)
         cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_moe_graph_replay), cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_moe_decode),
-        cmocka_unit_test(test_persistent_step), cmocka_unit_test(test_persistent_wide_inputs),
+        cmocka_unit_test(test_persistent_step),
+        cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),

@@ -1,4 +1,5 @@
-/* Causal grouped-query attention over the f32 KV cache, two kernels:
+/* Causal grouped-query attention over the KV cache (F32, F16 or BF16 elements, each kernel instanced per type and
+ * reading the stored values as f32; this call's own rows rounded as stored), two kernels:
  *  - decode (a few tokens): flash-decoding. The KV range of each (token, kv head) is split across up to 8 blocks
  *    (chosen from the SM count and the context size, never from the KV length, so a captured step replays at any
  *    position); in a block each warp streams its own rows with q and an online softmax in registers, and the
@@ -11,6 +12,7 @@
 #include <math.h>
 
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include "cuda_internal.h"
 
@@ -19,7 +21,7 @@ namespace cg = cooperative_groups;
 typedef struct {
     float *out;
     const float *q, *k, *v;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache; /* (ctx, kv_dim) of the kernel's element type T */
     const int32_t *positions;
     int n, n_heads, n_kv_heads, head_dim, kv_dim, group;
     float scale;    /* multiplies q . k (llm_attention_params) */
@@ -41,7 +43,7 @@ typedef struct {
 #define DEC_MAX_HEADS 8
 #define DEC_MAX_SPLITS 8 /* a portable cluster */
 
-/* A lane's DPL floats of a row: with DPL a multiple of 4, float4 chunk c at dimension (c * lpg + j) * 4 for lane j
+/* A lane's DPL values of a row (f32 q, or cache elements E read as f32): with DPL a multiple of 4, float4 chunk c at dimension (c * lpg + j) * 4 for lane j
  * of its group of lpg (so the lanes of a group read neighbouring 16-byte pieces: no shared-memory bank conflicts);
  * else DPL consecutive floats at j * DPL. Zero at and past hd. */
 template <int DPL>
@@ -51,18 +53,18 @@ __device__ __forceinline__ int lane_dim(int e, int j, int lpg)
     return j * DPL + e;
 }
 
-template <int DPL>
-__device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int j, int lpg, int hd)
+template <int DPL, typename E>
+__device__ __forceinline__ void lane_load(float (&r)[DPL], const E *row, int j, int lpg, int hd)
 {
     if constexpr (DPL % 4 == 0) {
 #pragma unroll
         for (int e = 0; e < DPL; e += 4) {
             int d = lane_dim<DPL>(e, j, lpg);
-            float4 v = d + 4 <= hd ? *(const float4 *)(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 v = d + 4 <= hd ? llm_cuda_kv_load4(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             r[e] = v.x, r[e + 1] = v.y, r[e + 2] = v.z, r[e + 3] = v.w;
         }
     } else {
-        if constexpr (DPL == 2) {
+        if constexpr (DPL == 2 && std::is_same<E, float>::value) {
             if (j * 2 + 2 <= hd) {
                 float2 v = *(const float2 *)(row + j * 2);
                 r[0] = v.x, r[1] = v.y;
@@ -70,14 +72,27 @@ __device__ __forceinline__ void lane_load(float (&r)[DPL], const float *row, int
             }
         }
 #pragma unroll
-        for (int e = 0; e < DPL; e++) r[e] = j * DPL + e < hd ? row[j * DPL + e] : 0.0f;
+        for (int e = 0; e < DPL; e++) r[e] = j * DPL + e < hd ? llm_cuda_kv_f32(row[j * DPL + e]) : 0.0f;
     }
 }
 
-static size_t decode_smem(int warps, int heads, int hd, int window)
+/* This call's own row (f32 k or v) as a read of the cache of type T would give it back: a device reads what it
+ * stored (ops.h), not the value before rounding. */
+template <typename T, int DPL> __device__ __forceinline__ void round_lane(float (&r)[DPL])
+{
+    if constexpr (!std::is_same<T, float>::value) {
+#pragma unroll
+        for (int e = 0; e < DPL; e++) r[e] = llm_cuda_kv_round<T>(r[e]);
+    }
+}
+
+/* Four cache elements of type T as one load: 16 bytes of f32, 8 of a 16-bit type. */
+template <typename T> using kv_chunk = typename std::conditional<sizeof(T) == 4, float4, uint2>::type;
+
+static size_t decode_smem(int warps, int heads, int hd, int window, size_t elem)
 {
     return ((size_t)3 * warps * DEC_MAX_HEADS + (size_t)warps * heads * hd + (size_t)heads * hd +
-            2 * DEC_MAX_HEADS + (size_t)window * 2 * hd) * sizeof(float);
+            2 * DEC_MAX_HEADS) * sizeof(float) + (size_t)window * 2 * hd * elem;
 }
 
 /* The cluster barrier in two halves. Every block arrives as it starts and waits before its first remote store:
@@ -174,9 +189,10 @@ __device__ __forceinline__ size_t ring_row(int t, int ctx) { return (size_t)(t <
  * At most 80 registers a thread up to 8 floats a lane: a 512-thread block then leaves room for one 80-register GEMV
  * block of the o product beside it, which loads its weights during attention. At 96 (a measuring build) it did
  * not fit, and TinyLlama decode lost 1.3 %, Llama-3.2-1B 3 % (dev/cuda/notes.md, version 49). */
-template <int DPL, int W>
+template <int DPL, int W, typename T>
 __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid_constant__ attn_args a)
 {
+    T *const k_cache = (T *)a.k_cache, *const v_cache = (T *)a.v_cache;
     constexpr int DEC_WARPS = W, DEC_THREADS = W * 32;
     extern __shared__ float4 smem4[];
     const int hd = a.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, HPB = a.heads_per_block;
@@ -188,7 +204,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     float *wm = (float *)smem4, *wl = wm + DEC_WARPS * DEC_MAX_HEADS, *wacc = wl + DEC_WARPS * DEC_MAX_HEADS;
     float *bo = wacc + DEC_WARPS * HPB * hd, *bm = bo + HPB * hd, *bl = bm + DEC_MAX_HEADS;
     float *wsc = bl + DEC_MAX_HEADS;                /* each warp's weight in its head's merge */
-    float *kv_s = wsc + DEC_WARPS * DEC_MAX_HEADS;  /* staged row r: k at kv_s + 2 * hd * r, v after it */
+    T *kv_s = (T *)(wsc + DEC_WARPS * DEC_MAX_HEADS); /* staged row r: k at kv_s + 2 * hd * r, v after it */
 
     /* Positions were uploaded before the step and rows before p written by earlier steps: safe to read while the
      * previous kernel (which writes q, k, v and row p) drains. The first rows of the split are copied into shared
@@ -204,30 +220,29 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     const size_t kv_off = (size_t)kvh * hd;
     if (a.pdl_early == 2) llm_cuda_allow_next(1);
     {
-        constexpr int BATCH = 8; /* float4 loads in flight per thread */
+        constexpr int BATCH = 8; /* chunks of 4 elements in flight per thread */
         const int per_row = 2 * hd / 4, total = staged * per_row;
         for (int base = 0; base < total; base += BATCH * DEC_THREADS) {
-            float4 v[BATCH];
+            kv_chunk<T> v[BATCH];
 #pragma unroll
             for (int b = 0; b < BATCH; b++) {
                 int idx = base + b * DEC_THREADS + tid;
                 if (idx < total) {
                     int r = idx / per_row, c = idx - r * per_row, part = c >= hd / 4;
-                    const float *row =
-                        (part ? a.v_cache : a.k_cache) + ring_row(t_begin + r, a.ctx) * a.kv_dim + kv_off;
-                    v[b] = __ldcs((const float4 *)row + c - part * (hd / 4));
+                    const T *row = (part ? v_cache : k_cache) + ring_row(t_begin + r, a.ctx) * a.kv_dim + kv_off;
+                    v[b] = __ldcs((const kv_chunk<T> *)row + c - part * (hd / 4));
                 }
             }
 #pragma unroll
             for (int b = 0; b < BATCH; b++) {
                 int idx = base + b * DEC_THREADS + tid;
-                if (idx < total) ((float4 *)kv_s)[idx] = v[b];
+                if (idx < total) ((kv_chunk<T> *)kv_s)[idx] = v[b];
             }
         }
     }
     for (int idx = tid; idx < (t_end - t_begin - staged) * 2 * (hd / 32); idx += DEC_THREADS) {
         int r = staged + idx / (2 * (hd / 32)), part = idx % (2 * (hd / 32));
-        const float *base = (part & 1 ? a.v_cache : a.k_cache) + ring_row(t_begin + r, a.ctx) * a.kv_dim + kv_off;
+        const T *base = (part & 1 ? v_cache : k_cache) + ring_row(t_begin + r, a.ctx) * a.kv_dim + kv_off;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(base + (part >> 1) * 32));
     }
     llm_cuda_wait_prior();
@@ -236,8 +251,8 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     const float *k_i = a.k + (size_t)i * a.kv_dim + kv_off, *v_i = a.v + (size_t)i * a.kv_dim + kv_off;
     if (a.store_row && split == 0 && hb == 0)
         for (int d = tid; d < hd; d += DEC_THREADS) {
-            a.k_cache[ring_row(p, a.ctx) * a.kv_dim + kv_off + d] = k_i[d];
-            a.v_cache[ring_row(p, a.ctx) * a.kv_dim + kv_off + d] = v_i[d];
+            k_cache[ring_row(p, a.ctx) * a.kv_dim + kv_off + d] = llm_cuda_kv_of<T>(k_i[d]);
+            v_cache[ring_row(p, a.ctx) * a.kv_dim + kv_off + d] = llm_cuda_kv_of<T>(v_i[d]);
         }
 
     const bool active = hl < G;
@@ -269,8 +284,18 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
             int row = t + r * DEC_WARPS;
             if (row < t_end) {
                 bool fresh = a.n == 1 && row == p;
-                lane_load(kk[r], fresh ? k_i : a.k_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
-                lane_load(vv[r], fresh ? v_i : a.v_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                if constexpr (std::is_same<T, float>::value) {
+                    lane_load(kk[r], fresh ? k_i : k_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                    lane_load(vv[r], fresh ? v_i : v_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                } else if (fresh) {
+                    lane_load(kk[r], k_i, jl, lpg, hd);
+                    lane_load(vv[r], v_i, jl, lpg, hd);
+                    round_lane<T>(kk[r]);
+                    round_lane<T>(vv[r]);
+                } else {
+                    lane_load(kk[r], k_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                    lane_load(vv[r], v_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                }
             }
         }
         decode_rows<DPL, NR>(q, kk, vv, min(NR, (t_end - t + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale,
@@ -424,9 +449,10 @@ template <int HD> static size_t prefill_smem()
 
 /* grid (ceil(n / 64), n_heads), heaviest query tiles first. Thread (ty, tx) = (tid / 16, tid % 16) owns query rows
  * ty*4 .. ty*4+3, score columns tx*2 .. tx*2+1 of each 32-key tile and HD/16 output dimensions of its rows. */
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_constant__ attn_args a)
 {
+    const T *const k_cache = (const T *)a.k_cache, *const v_cache = (const T *)a.v_cache;
     constexpr int DPT = HD / 16;
     extern __shared__ float4 smem4[];
     float *Qt = (float *)smem4;    /* (HD, PF_QS): Q tile transposed */
@@ -473,8 +499,8 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_c
             int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4, t = t0 + r;
             float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
             if (t <= t_last) {
-                kv = *(const float4 *)(a.k_cache + (size_t)t * a.kv_dim + kv_off + c);
-                vv = *(const float4 *)(a.v_cache + (size_t)t * a.kv_dim + kv_off + c);
+                kv = llm_cuda_kv_load4(k_cache + (size_t)t * a.kv_dim + kv_off + c);
+                vv = llm_cuda_kv_load4(v_cache + (size_t)t * a.kv_dim + kv_off + c);
             }
             Kt[(c + 0) * PF_KS + r] = kv.x;
             Kt[(c + 1) * PF_KS + r] = kv.y;
@@ -642,8 +668,9 @@ __device__ __forceinline__ void store_pairs4(uint2 *dst, float4 v)
 }
 
 /* The K and V rows t0 .. t0 + TC_ROWS - 1 of head kv_off as {hi, lo} pairs; rows past t_last are zeros. All loads
- * of a thread are issued before its first split, so their latencies overlap. */
-template <int HD>
+ * of a thread are issued before its first split, so their latencies overlap. (A 16-bit cache's values are exact in
+ * TF32, lo 0: the split costs the same and stays one code.) */
+template <int HD, typename T>
 __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_args &a, size_t kv_off, int t0,
                                               int t_last)
 {
@@ -656,8 +683,8 @@ __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_a
         k[u] = v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (key <= t_last) {
             size_t off = (size_t)key * a.kv_dim + kv_off + c;
-            k[u] = *(const float4 *)(a.k_cache + off);
-            v[u] = *(const float4 *)(a.v_cache + off);
+            k[u] = llm_cuda_kv_load4((const T *)a.k_cache + off);
+            v[u] = llm_cuda_kv_load4((const T *)a.v_cache + off);
         }
     }
 #pragma unroll
@@ -668,7 +695,7 @@ __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_a
     }
 }
 
-template <int HD>
+template <int HD, typename T>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __grid_constant__ attn_args a)
 {
     constexpr int LD = tc_ld<HD>::QK, LDV = tc_ld<HD>::V, NT = TC_BK / 8, OT = HD / 8;
@@ -710,7 +737,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
     for (int tt = 0; tt <= t_last; tt += TC_ROWS) {
-        load_kv_pairs<HD>(Kp, Vp, a, kv_off, tt, t_last);
+        load_kv_pairs<HD, T>(Kp, Vp, a, kv_off, tt, t_last);
         __syncthreads();
         const int t0 = tt + grp * TC_BK; /* this group's keys */
 
@@ -822,27 +849,27 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     }
 }
 
-template <int HD> static bool launch_prefill_tc(const attn_args *a)
+template <int HD, typename T> static bool launch_prefill_tc(const attn_args *a)
 {
-    const void *kernel = (const void *)attn_prefill_tc_kernel<HD>;
+    const void *kernel = (const void *)attn_prefill_tc_kernel<HD, T>;
     if (!llm_cuda_allow_smem(kernel, "attention")) return false;
     unsigned blocks = (unsigned)((a->n + TC_BQ - 1) / TC_BQ) * (unsigned)a->n_heads;
-    attn_prefill_tc_kernel<HD><<<blocks, TC_THREADS, prefill_tc_smem<HD>(), llm_cuda.stream>>>(*a);
+    attn_prefill_tc_kernel<HD, T><<<blocks, TC_THREADS, prefill_tc_smem<HD>(), llm_cuda.stream>>>(*a);
     return LLM_CUDA_LAUNCHED("attention");
 }
 
-template <int HD> static bool launch_prefill(const attn_args *a)
+template <int HD, typename T> static bool launch_prefill(const attn_args *a)
 {
-    const void *kernel = (const void *)attn_prefill_kernel<HD>;
+    const void *kernel = (const void *)attn_prefill_kernel<HD, T>;
     if (!llm_cuda_allow_smem(kernel, "attention")) return false;
     dim3 grid((a->n + PF_BQ - 1) / PF_BQ, a->n_heads);
-    attn_prefill_kernel<HD><<<grid, PF_THREADS, prefill_smem<HD>(), llm_cuda.stream>>>(*a);
+    attn_prefill_kernel<HD, T><<<grid, PF_THREADS, prefill_smem<HD>(), llm_cuda.stream>>>(*a);
     return LLM_CUDA_LAUNCHED("attention");
 }
 
-template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
+template <int DPL, int W, typename T> static void launch_decode(attn_args *a, int ctx)
 {
-    if (!llm_cuda_allow_smem((const void *)attn_decode_kernel<DPL, W>, "attention")) return;
+    if (!llm_cuda_allow_smem((const void *)attn_decode_kernel<DPL, W, T>, "attention")) return;
     /* About two blocks per SM, no split shorter than 64 rows of the context, at most a cluster's worth. */
     int base = a->n_kv_heads * a->head_blocks * a->n;
     int splits = (2 * llm_cuda.sm_count + base - 1) / base;
@@ -851,17 +878,17 @@ template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
     if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
     if (splits < 1) splits = 1;
     a->n_splits = splits;
-    /* Shared memory for the first rows of a split (k and v in f32), LLM_CUDA_ATTN_WINDOW_KB per block (default 32),
+    /* Shared memory for the first rows of a split (k and v as stored), LLM_CUDA_ATTN_WINDOW_KB per block (default 32),
      * when a block serves 4+ heads (GQA), whose lanes all read each row: TinyLlama +0.9 %. With one head per block
      * (Llama-2-7B) it cost 1.4 % at 32 KB and 4.4 % at 64 KB, so none there. */
-    int window = (int)((size_t)llm_cuda.attn_window_kb * 1024 / (2 * sizeof(float) * a->head_dim));
+    int window = (int)((size_t)llm_cuda.attn_window_kb * 1024 / (2 * sizeof(T) * a->head_dim));
     if (window > (ctx + splits - 1) / splits) window = (ctx + splits - 1) / splits;
     a->window = a->n == 1 && a->heads_per_block >= 4 ? window : 0;
     a->tl = llm_cuda_tl_record("attention", ctx);
     dim3 grid(a->n_kv_heads * a->head_blocks, splits, a->n);
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(
-        grid, dim3(W * 32), decode_smem(W, a->heads_per_block, a->head_dim, a->window), &attr[0]);
+        grid, dim3(W * 32), decode_smem(W, a->heads_per_block, a->head_dim, a->window, sizeof(T)), &attr[0]);
     if (llm_cuda.hopper_code) { /* the splits of a head group: one cluster */
         attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
         attr[cfg.numAttrs].val.clusterDim.x = 1;
@@ -878,19 +905,52 @@ template <int DPL, int W> static void launch_decode(attn_args *a, int ctx)
                                                    "attention");
         if (!a->parts || !a->arrivals) return;
     }
-    LLM_CUDA_CHECK("attention", cudaLaunchKernelEx(&cfg, attn_decode_kernel<DPL, W>, *a));
+    LLM_CUDA_CHECK("attention", cudaLaunchKernelEx(&cfg, attn_decode_kernel<DPL, W, T>, *a));
 }
 
-template <int DPL> static void launch_decode_w(attn_args *a, int ctx)
+template <int DPL, typename T> static void launch_decode_w(attn_args *a, int ctx)
 {
     /* Warps per block, each streaming every W-th row of its split. With several heads per block (GQA) a row costs
      * more work, and 16 warps (half the serial rows each) measured faster: TinyLlama +3 %; with one head per block
      * 8 (Llama-2-7B: 16 was 2 % slower). LLM_CUDA_DEC_WARPS=8 or 16 forces one. */
     int warps = llm_cuda.dec_warps ? llm_cuda.dec_warps : a->heads_per_block >= 4 ? 16 : 8;
     if (warps == 8)
-        launch_decode<DPL, 8>(a, ctx);
+        launch_decode<DPL, 8, T>(a, ctx);
     else
-        launch_decode<DPL, DEC_MAX_WARPS>(a, ctx);
+        launch_decode<DPL, DEC_MAX_WARPS, T>(a, ctx);
+}
+
+/* The kernels for a cache of element type T: the tiled ones for a batch of Llama's attention where head_dim has an
+ * instance, else the split-KV decode kernel with dpl values of q a lane. */
+template <typename T> static void launch_typed(attn_args *a, int ctx, bool tiled, int dpl)
+{
+    /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
+    if (a->n > 4 && tiled && !llm_cuda.attn_simt) {
+        switch (a->head_dim) {
+        case 16: launch_prefill_tc<16, T>(a); return;
+        case 32: launch_prefill_tc<32, T>(a); return;
+        case 64: launch_prefill_tc<64, T>(a); return;
+        case 128: launch_prefill_tc<128, T>(a); return;
+        default: break;
+        }
+    }
+    if (a->n > 4 && tiled) {
+        switch (a->head_dim) {
+        case 16: launch_prefill<16, T>(a); return;
+        case 32: launch_prefill<32, T>(a); return;
+        case 64: launch_prefill<64, T>(a); return;
+        case 128: launch_prefill<128, T>(a); return;
+        case 256: launch_prefill<256, T>(a); return;
+        default: break; /* the decode kernel handles any head_dim, one token per grid row */
+        }
+    }
+    switch (dpl) {
+    case 1: launch_decode_w<1, T>(a, ctx); break;
+    case 2: launch_decode_w<2, T>(a, ctx); break;
+    case 4: launch_decode_w<4, T>(a, ctx); break;
+    case 8: launch_decode_w<8, T>(a, ctx); break;
+    default: launch_decode_w<16, T>(a, ctx); break;
+    }
 }
 
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
@@ -900,6 +960,11 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     if (head_dim % 4 || head_dim > 256 || n_kv_heads < 1 || n_heads % n_kv_heads) {
         llm_cuda_fail("attention", "head_dim %d with %d heads over %d kv heads is not supported (head_dim a multiple "
                       "of 4 up to 256)", head_dim, n_heads, n_kv_heads);
+        return;
+    }
+    if (!llm_cuda_cache_type_ok(params->cache)) {
+        llm_cuda_fail("attention", "a KV cache of %s is not supported (F32, F16 or BF16)",
+                      llm_dtype_name(params->cache));
         return;
     }
     attn_args a = {};
@@ -913,27 +978,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
 
     /* Batches: store the new rows first (one token: inside the decode kernel, or already by the GEMV), then the
      * tiled kernel where head_dim has an instance. */
-    if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim, ctx);
-    /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
-    if (n > 4 && tiled && !llm_cuda.attn_simt) {
-        switch (head_dim) {
-        case 16: launch_prefill_tc<16>(&a); return;
-        case 32: launch_prefill_tc<32>(&a); return;
-        case 64: launch_prefill_tc<64>(&a); return;
-        case 128: launch_prefill_tc<128>(&a); return;
-        default: break;
-        }
-    }
-    if (n > 4 && tiled) {
-        switch (head_dim) {
-        case 16: launch_prefill<16>(&a); return;
-        case 32: launch_prefill<32>(&a); return;
-        case 64: launch_prefill<64>(&a); return;
-        case 128: launch_prefill<128>(&a); return;
-        case 256: launch_prefill<256>(&a); return;
-        default: break; /* the decode kernel handles any head_dim, one token per grid row */
-        }
-    }
+    if (n > 1) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, a.kv_dim, ctx, params->cache);
 
     /* Heads per block: a power of two up to 4 and the group size whose dimensions split evenly over the 32 lanes,
      * at most 16 floats of q per lane; other head_dims take one head per block, lanes past it idle. Every head of
@@ -952,11 +997,10 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     a.heads_per_block = hpb;
     a.head_blocks = (a.group + hpb - 1) / hpb;
     a.store_row = n == 1 && !kv_stored;
-    switch (dpl) {
-    case 1: launch_decode_w<1>(&a, ctx); break;
-    case 2: launch_decode_w<2>(&a, ctx); break;
-    case 4: launch_decode_w<4>(&a, ctx); break;
-    case 8: launch_decode_w<8>(&a, ctx); break;
-    default: launch_decode_w<16>(&a, ctx); break;
-    }
+    if (params->cache == LLM_DTYPE_F16)
+        launch_typed<__half>(&a, ctx, tiled, dpl);
+    else if (params->cache == LLM_DTYPE_BF16)
+        launch_typed<__nv_bfloat16>(&a, ctx, tiled, dpl);
+    else
+        launch_typed<float>(&a, ctx, tiled, dpl);
 }

@@ -24,21 +24,24 @@ extern "C" {
 #endif
 
 /* Llama's attention, the only one the tiled batch kernels and the persistent step compute: q . k scaled by
- * 1/sqrt(head_dim), no soft-cap, no window, no sinks (over an f32 cache, the only one cuda_supports). */
-static inline llm_attention_params llm_cuda_llama_attention(int head_dim)
+ * 1/sqrt(head_dim), no soft-cap, no window, no sinks, over a cache of any type cuda takes (F32, F16, BF16). */
+static inline llm_attention_params llm_cuda_llama_attention(int head_dim, llm_dtype cache)
 {
-    const llm_attention_params p = {1.0f / sqrtf((float)head_dim), 0.0f, 0, LLM_DTYPE_F32, NULL};
+    const llm_attention_params p = {1.0f / sqrtf((float)head_dim), 0.0f, 0, cache, NULL};
     return p;
 }
 static inline bool llm_cuda_is_llama_attention(const llm_attention_params *p, int head_dim)
 {
-    return p->window == 0 && p->softcap == 0.0f && !p->sinks && p->scale == llm_cuda_llama_attention(head_dim).scale;
+    return p->window == 0 && p->softcap == 0.0f && !p->sinks &&
+           p->scale == llm_cuda_llama_attention(head_dim, p->cache).scale;
 }
 /* What the persistent step's attention phase computes: any scale and window (a ring cache), no soft-cap or sinks,
- * an f32 cache, head_dim a multiple of 4 up to 128 (step.cu's MAX_DIMS lanes of 32). */
+ * an f32, f16 or bf16 cache, head_dim a multiple of 4 up to 128 (step.cu's MAX_DIMS lanes of 32), a cache row a
+ * whole number of 16 bytes (the tensor copies: head_dim a multiple of 8 for a 16-bit cache). */
 static inline bool llm_cuda_step_takes_attention(const llm_attention_params *p, int head_dim)
 {
-    return p->softcap == 0.0f && !p->sinks && p->cache == LLM_DTYPE_F32 && head_dim % 4 == 0 && head_dim <= 128;
+    const bool f32 = p->cache == LLM_DTYPE_F32, half = p->cache == LLM_DTYPE_F16 || p->cache == LLM_DTYPE_BF16;
+    return p->softcap == 0.0f && !p->sinks && (f32 || half) && head_dim % (f32 ? 4 : 8) == 0 && head_dim <= 128;
 }
 
 /* What every launcher needs from the device. */
@@ -60,6 +63,8 @@ struct llm_cuda_ctx {
     int attn_window_kb;  /* LLM_CUDA_ATTN_WINDOW_KB: decode attention's staging window per block */
     int gemv_cpl;        /* LLM_CUDA_GEMV_CPL: 1 or 2 chunks per lane in every GEMV; 0: by row length */
     int persist_splits;  /* LLM_CUDA_PERSIST_SPLITS: the most KV splits per head of the persistent step's attention */
+    int persist_kv_bytes; /* LLM_CUDA_PERSIST_KV_BYTES: the most bytes of a KV row's head per stage and position
+                             (256: 64 positions of f32 at head_dim 64) */
     int persist_split_scale; /* LLM_CUDA_PERSIST_SPLIT_SCALE: how fast the splits grow with the position (step.cu's
                                 splits_at); 0: always the most */
     int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
@@ -185,6 +190,56 @@ __device__ __forceinline__ float llm_cuda_load(const void *p, int t, size_t i)
     if (t == LLM_DTYPE_F16) return __half2float(((const __half *)p)[i]);
     return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
 }
+
+/* ---- the KV cache's element types (ops.h, attention): F32, F16 and BF16, read and written as stored ---- */
+/* A stored element as f32 (exact), and f32 rounded to a cache element: to nearest even, as llm_kv_store_row (ref.h,
+ * dtype.h) rounds it, so the device's cache holds the reference's bytes. */
+__device__ __forceinline__ float llm_cuda_kv_f32(float x) { return x; }
+__device__ __forceinline__ float llm_cuda_kv_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float llm_cuda_kv_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T llm_cuda_kv_of(float x);
+template <> __device__ __forceinline__ float llm_cuda_kv_of<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half llm_cuda_kv_of<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 llm_cuda_kv_of<__nv_bfloat16>(float x)
+{
+    return __float2bfloat16_rn(x);
+}
+/* x as a read of the cache would give it back once stored: what attention uses for this call's own rows */
+template <typename T> __device__ __forceinline__ float llm_cuda_kv_round(float x)
+{
+    return llm_cuda_kv_f32(llm_cuda_kv_of<T>(x));
+}
+/* Elements i .. i + 3 of a cache row (p + i aligned to 4 elements: 16 bytes for f32, 8 for 16-bit) as f32. */
+__device__ __forceinline__ float4 llm_cuda_kv_load4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 llm_cuda_kv_load4(const __half *p)
+{
+    const uint2 u = *(const uint2 *)p;
+    const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float4 llm_cuda_kv_load4(const __nv_bfloat16 *p)
+{
+    const uint2 u = *(const uint2 *)p;
+    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x);
+    const float2 b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+/* Element i of a cache of type t (F32, F16 or BF16) set to x rounded: the stores, whose type is a run-time value. */
+__device__ __forceinline__ void llm_cuda_kv_put(void *cache, int t, size_t i, float x)
+{
+    if (t == LLM_DTYPE_F16)
+        ((__half *)cache)[i] = __float2half_rn(x);
+    else if (t == LLM_DTYPE_BF16)
+        ((__nv_bfloat16 *)cache)[i] = __float2bfloat16_rn(x);
+    else
+        ((float *)cache)[i] = x;
+}
+/* The cache types cuda reads and writes (cuda_supports), and one element's bytes. */
+static inline bool llm_cuda_cache_type_ok(int t)
+{
+    return t == LLM_DTYPE_F32 || t == LLM_DTYPE_F16 || t == LLM_DTYPE_BF16;
+}
+static inline int llm_cuda_cache_bytes(int t) { return t == LLM_DTYPE_F32 ? 4 : 2; }
 
 /* Threads of every block that normalises a row: the standalone rmsnorm and the fused GEMV prologue use the same
  * count and the same reduction below, so a fused step produces bit-identical normalised values. */
@@ -319,9 +374,10 @@ void llm_cuda_add(float *out, const float *a, llm_cuda_src b, size_t count, cons
 void llm_cuda_split(const llm_cuda_halves *h, const float *x, size_t count, const char *op);
 /* out[i, r] += bias[r] for i < n, r < rows. */
 void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, const char *op);
-/* k_cache[positions[i] % ctx, :] = k[i, :], the same for v.  (n, kv_dim); caches of ctx rows. */
+/* k_cache[positions[i] % ctx, :] = k[i, :] rounded to cache_type, the same for v.  (n, kv_dim); caches of ctx
+ * rows. */
 void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
-                       int kv_dim, int ctx);
+                       int kv_dim, int ctx, int cache_type);
 
 /* ---- gemv.cu: one-token matrix-vector products, several matrices and a fused prologue/epilogue per launch ---- */
 #define LLM_CUDA_GEMV_MATS 3
@@ -361,6 +417,7 @@ typedef struct {
     int head_dim;
     float *k_cache, *v_cache;
     int kv_dim;
+    int cache_type;     /* the caches' element type: LLM_DTYPE_F32, F16 or BF16 */
     float *resid;       /* EPI_ADD: resid += out */
     int pdl_early;      /* set by the launcher */
     llm_cuda_tl *tl;    /* set by the launcher */
@@ -395,7 +452,7 @@ void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, in
 void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
                            float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
                            int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
-                           int ctx);
+                           int ctx, int cache_type);
 /* glu with an activation other than SiLU: out = gelu_tanh(gate) * up (llm_cuda_gelu_tanh) for LLM_ACT_GELU_TANH,
  * llm_cuda_swiglu_oai(gate, up) for LLM_ACT_SWIGLU_OAI */
 void llm_cuda_glu_act(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, llm_act act);

@@ -99,6 +99,8 @@ static int env_int(const char *name, int fallback)
  *   LLM_CUDA_PERSIST_SPLITS=N   the most KV splits per head of the persistent step's attention (4)
  *   LLM_CUDA_PERSIST_SPLIT_SCALE=N  how fast those splits grow with the position (49; clamped to 0..2^24)
  *   LLM_CUDA_PERSIST_STAGES=N   at most N ring stages in the persistent step (0: all that fit; tests use it)
+ *   LLM_CUDA_PERSIST_KV_BYTES=N the persistent step's KV positions a stage: at most N / (a cache element's bytes)
+ *                               (256: 64 positions of f32, 128 of a 16-bit cache), whole boxes of 32
  *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
  *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py)
  *   LLM_CUDA_MOE_PDL=0|1|2      the MoE kernels: no programmatic dependent launch / launched early, the next kernel
@@ -130,6 +132,8 @@ static void cuda_settings_read(cuda_settings *s)
     if (s->persist_split_scale < 0) s->persist_split_scale = 0;
     if (s->persist_split_scale > 1 << 24) s->persist_split_scale = 1 << 24; /* (splits_at's products fit) */
     s->persist_stages = env_int("LLM_CUDA_PERSIST_STAGES", 0);
+    s->persist_kv_bytes = env_int("LLM_CUDA_PERSIST_KV_BYTES", 256);
+    if (s->persist_kv_bytes < 1) s->persist_kv_bytes = 256;
     s->step_trace = getenv("LLM_CUDA_STEP_TRACE");
     if (s->step_trace && !*s->step_trace) s->step_trace = NULL;
     s->owe = env_flag("LLM_CUDA_OWE", true);
@@ -199,6 +203,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.persist_splits = g.set.persist_splits;
     llm_cuda.persist_split_scale = g.set.persist_split_scale;
     llm_cuda.persist_stages = g.set.persist_stages;
+    llm_cuda.persist_kv_bytes = g.set.persist_kv_bytes;
     llm_cuda.step_trace = g.set.step_trace;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0, g.step_programs = 0, g.persist_cut = false;
     g.persist_cut_why = NULL, g.persist_cut_refusal = LLM_REFUSE_NONE;
@@ -343,5 +348,10 @@ extern "C" const llm_device llm_device_cuda = {
     cuda_counters,
     cuda_plan_group,
     cuda_group,
-    LLM_DTYPE_F32,          /* cache_type: the only cache its attention reads (cuda_supports) */
+    /* cache_type: F32 still. F16 and BF16 caches are taken (--cache-type), and with the persistent step (Llama on
+     * Hopper) F16 decodes faster at every depth measured (H100, Llama-2-7B at depth 4,096: 195 tok/s against 172);
+     * but the split-KV decode kernel, which every other decode runs (quantized weights, MoE, families whose step is
+     * cut, GPUs before Hopper), is slower on it at depth 4,096 (TinyLlama's shape 625 against 679, Llama-2-7B 135
+     * against 140: half the bytes in flight a load). docs/quantization.md has the numbers. */
+    LLM_DTYPE_F32,
 };

@@ -75,11 +75,12 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
 /* A warp per (token, unit): units are q heads, k heads, and with caches v heads. A q or k head is normalised
  * ((offset + w) * (x * scale), scale from its own squares), rotated (its first rot dims, pairs (j, j + rot/2), cos
  * and sin times rscale) through the warp's row of shared memory, written back, and a k head also to its cache row
- * (position % ctx); a v head is only copied to its cache row. The reference's order within each value. */
+ * (position % ctx); a v head is only copied to its cache row. The reference's order within each value; cache rows
+ * are rounded to the cache's type t. */
 __global__ void __launch_bounds__(QK_WARPS * 32)
 qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_dtype, const void *k_w, int k_dtype,
                     float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
-                    int kv_heads, int hd, int rot, float rscale, float *k_cache, float *v_cache, int ctx)
+                    int kv_heads, int hd, int rot, float rscale, void *k_cache, void *v_cache, int ctx, int t)
 {
     extern __shared__ float qk_rows[]; /* QK_WARPS rows of hd */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -92,7 +93,8 @@ qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_d
     const size_t cache_row = (size_t)(p % ctx) * kv_dim;
     if (u >= heads + kv_heads) {
         const int g = u - heads - kv_heads;
-        for (int d = lane; d < hd; d += 32) v_cache[cache_row + (size_t)g * hd + d] = v[i * kv_dim + (size_t)g * hd + d];
+        for (int d = lane; d < hd; d += 32)
+            llm_cuda_kv_put(v_cache, t, cache_row + (size_t)g * hd + d, v[i * kv_dim + (size_t)g * hd + d]);
         return;
     }
     const bool is_q = u < heads;
@@ -119,14 +121,14 @@ qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_d
     __syncwarp();
     for (int d = lane; d < hd; d += 32) {
         x[d] = row[d];
-        if (!is_q && k_cache) k_cache[cache_row + (size_t)h * hd + d] = row[d];
+        if (!is_q && k_cache) llm_cuda_kv_put(k_cache, t, cache_row + (size_t)h * hd + d, row[d]);
     }
 }
 
 void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
                            float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
                            int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
-                           int ctx)
+                           int ctx, int cache_type)
 {
     const size_t units = (size_t)n * (heads + kv_heads * (k_cache ? 2 : 1));
     const unsigned blocks = (unsigned)((units + QK_WARPS - 1) / QK_WARPS);
@@ -136,7 +138,8 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
     LLM_CUDA_CHECK("q/k norm+rope", cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel, q, k, v, q_norm->data,
                                                        (int)q_norm->dtype, k_norm->data, (int)k_norm->dtype, eps,
                                                        offset, positions, inv_freq, n, heads, kv_heads, head_dim,
-                                                       rot_dim, rope_scale, k_cache, v_cache, ctx));
+                                                       rot_dim, rope_scale, (void *)k_cache, (void *)v_cache,
+                                                       ctx, cache_type));
 }
 
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */
@@ -147,8 +150,9 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
  * when the maximum grows) over its share of the visible rows, ATT_ROWS at a time so that their loads overlap; a lane
  * holds head dimensions lane, lane + 32, ...; the warps' partial results are merged at the end. (One warp alone
  * waiting on one row at a time took 0.7 ms a decode step's layer at a 512-row window.) */
+template <typename T>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-attention_params_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
+attention_params_kernel(float *out, const float *q, const T *k_cache, const T *v_cache,
                         const int32_t *positions, int n_heads, int n_kv_heads, int head_dim, int ctx, float scale,
                         float softcap, int window, const float *sinks)
 {
@@ -169,7 +173,7 @@ attention_params_kernel(float *out, const float *q, const float *k_cache, const 
     float max = -INFINITY, denom = 0.0f;
     for (int t0 = first + warp * ATT_ROWS; t0 < len; t0 += ATT_WARPS * ATT_ROWS) {
         float s[ATT_ROWS];
-        const float *kt[ATT_ROWS], *vt[ATT_ROWS];
+        const T *kt[ATT_ROWS], *vt[ATT_ROWS];
 #pragma unroll
         for (int u = 0; u < ATT_ROWS; u++) {
             const int t = t0 + u < len ? t0 + u : t0; /* past the end: a row already counted, weighted 0 below */
@@ -182,7 +186,7 @@ attention_params_kernel(float *out, const float *q, const float *k_cache, const 
             const int d = lane + 32 * r;
             if (d < head_dim)
 #pragma unroll
-                for (int u = 0; u < ATT_ROWS; u++) s[u] += qv[r] * kt[u][d];
+                for (int u = 0; u < ATT_ROWS; u++) s[u] += qv[r] * llm_cuda_kv_f32(kt[u][d]);
         }
         float block_max = -INFINITY;
 #pragma unroll
@@ -207,7 +211,7 @@ attention_params_kernel(float *out, const float *q, const float *k_cache, const 
 #pragma unroll
             for (int r = 0; r < ATT_DIMS; r++) {
                 const int d = lane + 32 * r;
-                if (d < head_dim) acc[r] += p * vt[u][d];
+                if (d < head_dim) acc[r] += p * llm_cuda_kv_f32(vt[u][d]);
             }
         }
     }
@@ -238,14 +242,28 @@ attention_params_kernel(float *out, const float *q, const float *k_cache, const 
 
 bool llm_cuda_attention_params_fits(int head_dim) { return head_dim <= 32 * ATT_DIMS; }
 
+template <typename T>
+static void launch_attention_params(float *out, const float *q, const void *k_cache, const void *v_cache,
+                                    const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
+                                    int ctx, const llm_attention_params *p)
+{
+    attention_params_kernel<T><<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
+        out, q, (const T *)k_cache, (const T *)v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale,
+        p->softcap, p->window, p->sinks);
+}
+
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,
                                int head_dim, int ctx, const llm_attention_params *p, bool kv_stored)
 {
     int kv_dim = n_kv_heads * head_dim;
-    if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, kv_dim, ctx);
-    attention_params_kernel<<<(unsigned)(n * n_heads), ATT_WARPS * 32, 0, llm_cuda.stream>>>(
-        out, q, k_cache, v_cache, positions, n_heads, n_kv_heads, head_dim, ctx, p->scale, p->softcap, p->window,
-        p->sinks);
+    if (!kv_stored) llm_cuda_kv_store(k, v, k_cache, v_cache, positions, n, kv_dim, ctx, p->cache);
+    if (p->cache == LLM_DTYPE_F16)
+        launch_attention_params<__half>(out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p);
+    else if (p->cache == LLM_DTYPE_BF16)
+        launch_attention_params<__nv_bfloat16>(out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
+                                               ctx, p);
+    else
+        launch_attention_params<float>(out, q, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim, ctx, p);
     LLM_CUDA_LAUNCHED("attention");
 }

@@ -191,8 +191,8 @@ __device__ __forceinline__ void finish_unit(const llm_cuda_gemv &job, int unit, 
         if (has_b) A.out[rb] = yb;
         float *cache = job.k_cache && ma == 1 ? job.k_cache : job.k_cache && ma == 2 ? job.v_cache : nullptr;
         if (cache) {
-            cache[(size_t)p * job.kv_dim + ra] = ya;
-            if (has_b) cache[(size_t)p * job.kv_dim + rb] = yb;
+            llm_cuda_kv_put(cache, job.cache_type, (size_t)p * job.kv_dim + ra, ya);
+            if (has_b) llm_cuda_kv_put(cache, job.cache_type, (size_t)p * job.kv_dim + rb, yb);
         }
         break;
     }

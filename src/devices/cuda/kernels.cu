@@ -262,25 +262,26 @@ void llm_cuda_add_bias(float *out, const llm_weight *bias, int n, size_t rows, c
     LLM_CUDA_LAUNCHED(op);
 }
 
-/* k and v rows of this call at row positions[i] % ctx (a windowed layer's cache may be a ring). */
-__global__ void kv_store_kernel(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
-                                const int32_t *positions, int n, int kv_dim, int ctx)
+/* k and v rows of this call at row positions[i] % ctx (a windowed layer's cache may be a ring), rounded to the
+ * cache's type t. */
+__global__ void kv_store_kernel(llm_cuda_src k, llm_cuda_src v, void *k_cache, void *v_cache, const int32_t *positions,
+                                int n, int kv_dim, int ctx, int t)
 {
     size_t total = (size_t)n * kv_dim;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         size_t i = idx / kv_dim, c = idx % kv_dim;
         size_t dst = (size_t)(positions[i] % ctx) * kv_dim + c;
-        k_cache[dst] = llm_cuda_src_at(k, idx);
-        v_cache[dst] = llm_cuda_src_at(v, idx);
+        llm_cuda_kv_put(k_cache, t, dst, llm_cuda_src_at(k, idx));
+        llm_cuda_kv_put(v_cache, t, dst, llm_cuda_src_at(v, idx));
     }
 }
 
 void llm_cuda_kv_store(llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache, const int32_t *positions, int n,
-                       int kv_dim, int ctx)
+                       int kv_dim, int ctx, int cache_type)
 {
     size_t total = (size_t)n * kv_dim;
     kv_store_kernel<<<grid_for(total, 256), 256, 0, llm_cuda.stream>>>(k, v, k_cache, v_cache, positions, n, kv_dim,
-                                                                        ctx);
+                                                                        ctx, cache_type);
     LLM_CUDA_LAUNCHED("attention");
 }
 

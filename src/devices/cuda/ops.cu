@@ -163,7 +163,7 @@ static void issue_program(void)
             if (o->qk_norm)
                 llm_cuda_qk_norm_rope((float *)o->q, (float *)o->k, o->v, &o->q_norm, &o->k_norm, o->qk_eps,
                                       o->qk_offset, o->positions, o->inv_freq, 1, o->heads, o->kv_heads, o->head_dim,
-                                      o->head_dim, 1.0f, o->k_cache, o->v_cache, o->ctx);
+                                      o->head_dim, 1.0f, o->k_cache, o->v_cache, o->ctx, o->params.cache);
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
                                o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &o->params, o->stored);
         }
@@ -213,7 +213,7 @@ static void retire_pending(void)
     if (kind == PEND_QK_ROPE) { /* no attention of one token took the KV store */
         llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, NULL, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, P->qk.positions,
                               P->qk.inv_freq, P->qk.n, P->qk.heads, P->qk.kv_heads, P->qk.dim, P->qk.rot,
-                              P->qk.scale, NULL, NULL, 1);
+                              P->qk.scale, NULL, NULL, 1, LLM_DTYPE_F32);
         after_op("q/k norm+rope");
         return;
     }
@@ -526,7 +526,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         issue_program(); /* what was recorded runs before this */
         llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, v, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, positions,
                               P->qk.inv_freq, 1, n_heads, n_kv_heads, head_dim, P->qk.rot, P->qk.scale, k_cache,
-                              v_cache, ctx);
+                              v_cache, ctx, p->cache);
         after_op("q/k norm+rope");
         stored = true;
     }
@@ -545,6 +545,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         if (P->job.epi == LLM_CUDA_EPI_ROPE && P->job.n_mats == 3 && P->mats[1].out == k && P->mats[2].out == v &&
             P->mats[2].w.rows == kv_dim && P->job.positions == positions && P->mats[1].w.rows == kv_dim) {
             P->job.k_cache = k_cache, P->job.v_cache = v_cache, P->job.kv_dim = (int)kv_dim;
+            P->job.cache_type = p->cache;
             stored = true;
         } else {
             refuse_now(LLM_REFUSE_MISMATCH);
@@ -832,8 +833,9 @@ void op_combine(float *out, const float *y, const float *weights, int n, int top
 
 bool cuda_supports(llm_op op, llm_dtype dtype)
 {
-    /* attention's dtype is the KV cache's: attention.cu, step.cu and gemv.cu's KV store read and write f32 caches */
-    if (op == LLM_OP_ATTENTION) return dtype == LLM_DTYPE_F32;
+    /* attention's dtype is the KV cache's: every kernel that reads or writes it (attention.cu, family.cu, the KV
+     * stores of kernels.cu and gemv.cu, step.cu) is instanced for F32, F16 and BF16; not Q8_0 */
+    if (op == LLM_OP_ATTENTION) return llm_cuda_cache_type_ok(dtype);
     /* block formats: the products (gemv.cu's GEMV for one token, dequantized to BF16 for cuBLAS in a batch); not
      * MXFP4, which gpt-oss's experts bring as BF16 here (model.c) */
     if (llm_dtype_is_block(dtype))

@@ -56,7 +56,6 @@ constexpr int WARPS = CONSUMERS / 32;
 constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
 [[maybe_unused]] constexpr unsigned EMPTY = 0xffffffffu; /* (device code only: unused in the portable pass) */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
-[[maybe_unused]] constexpr int MAX_POS = 64; /* KV positions per attention stage */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
@@ -88,6 +87,7 @@ struct step_mat {
     int rows, kind, tiles, tile_begin;
     step_vec out;
     float *cache;       /* the KV store: row `rows` wide at the step's position (k or v), or NULL */
+    int cache_type;     /* its element type: LLM_DTYPE_F32, F16 or BF16 (rounded as llm_cuda_kv_put rounds) */
 };
 
 struct step_phase {
@@ -120,6 +120,8 @@ struct step_phase {
     float *k_cache, *v_cache; /* set when the phase stores this token's KV row (at row pos % ctx) */
     int window, ctx;      /* > 0: positions above pos - window only; the caches' rows (a ring where positions pass) */
     const CUtensorMap *kv_maps; /* the K and V caches (rows below the position) as 2-D tensors, ctx rows of kv_dim */
+    int cache_type;       /* their element type: LLM_DTYPE_F32, F16 or BF16 */
+    int kv_rows;          /* KV positions per ring stage (kv_rows_for) */
     int heads, kv_heads;
     float *partials;      /* (most splits, heads, head_dim + 4): max, sum, 0, 0, unnormalised output */
 };
@@ -226,11 +228,7 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
     return r < M.rows ? r : -1;
 }
 
-/* KV positions per attention stage: whole tensor copies of KV_BOX rows (head_dim <= 32 * MAX_DIMS: at least one) */
-__device__ __forceinline__ int kv_per_stage(int head_dim)
-{
-    return min(MAX_POS, STAGE / (8 * head_dim)) / KV_BOX * KV_BOX;
-}
+__device__ __forceinline__ int cache_elem(const step_phase &P) { return P.cache_type == LLM_DTYPE_F32 ? 4 : 2; }
 
 /* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once pos >= scale *
  * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o product,
@@ -305,7 +303,8 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
             if (attention) {
                 int h, g, s, t0, t1;
                 if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) continue;
-                const int per = kv_per_stage(P.head_dim), hd = P.head_dim, row_bytes = hd * 4;
+                const int per = P.kv_rows, hd = P.head_dim;
+                const int row_bytes = hd * cache_elem(P);
                 const CUtensorMap *maps = P.kv_maps;
                 const int ctx = P.ctx;
                 for (int c0 = t0, c1; c0 < t1; c0 = c1) {
@@ -650,20 +649,20 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
 /* Up to 32 positions (K and V rows of hd in shared memory) for one head, lane i the position i: scores q . k *
  * scale, folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j, j + 32, ...): the
  * online softmax, the same function as the reference's max-then-exp over all positions at once. */
-template <int HD>
-__device__ __forceinline__ void warp_positions(const float *q, const float *K, const float *V, int n, int hd_any,
+template <int HD, typename T>
+__device__ __forceinline__ void warp_positions(const float *q, const T *K, const T *V, int n, int hd_any,
                                                float scale, float &m, float &l, float *acc, int lane)
 {
     const int hd = HD ? HD : hd_any;
     const int q4 = hd / 4;
     float score = -INFINITY;
     if (lane < n) {
-        const float *k = K + lane * hd;
+        const T *k = K + lane * hd;
         float dot = 0.0f;
 #pragma unroll 4
         for (int c = 0; c < q4; c++) {
             const int i = (c + lane) % q4 * 4; /* rotated: neighbouring lanes (rows) read different banks */
-            const float4 a = *(const float4 *)(q + i), b = *(const float4 *)(k + i);
+            const float4 a = *(const float4 *)(q + i), b = llm_cuda_kv_load4(k + i);
             dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
         }
         score = dot * scale;
@@ -677,10 +676,10 @@ __device__ __forceinline__ void warp_positions(const float *q, const float *K, c
     for (int k = 0; k < MAX_DIMS; k++) acc[k] *= alpha;
     auto take = [&](int j) {
         const float ej = __shfl_sync(0xffffffffu, e, j);
-        const float *v = V + j * hd;
+        const T *v = V + j * hd;
 #pragma unroll
         for (int k = 0; k < MAX_DIMS; k++)
-            if (lane + 32 * k < hd) acc[k] += ej * v[lane + 32 * k];
+            if (lane + 32 * k < hd) acc[k] += ej * llm_cuda_kv_f32(v[lane + 32 * k]);
     };
     /* a full run unrolled, so the shuffles do not wait on each other: the run after a stage lands is on the step's
      * critical path (TinyLlama +0.9 %, dev/cuda/notes.md version 100) */
@@ -722,8 +721,8 @@ __device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int 
 /* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
  * into the warp's (m, l, acc) as warp_positions folds a position. With the phase's q/k norms, k is normalised and
  * rotated first; with store (one item of each KV head) and the phase's caches, k and v go to the caches' row
- * pos % ctx (and k to k_out). */
-template <int HD>
+ * pos % ctx (and k to k_out), rounded as the cache of type T stores them: attention reads the stored values (ops.h). */
+template <int HD, typename T>
 __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, const float *k, const float *v,
                                         bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
                                         float scale, float &m, float &l, float *acc, int lane)
@@ -763,10 +762,13 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
         for (int j = 0; j < MAX_DIMS; j++) {
             const int d = lane + 32 * j;
             if (d >= hd) continue;
-            P.k_cache[row + d] = kr[j], P.v_cache[row + d] = vr[j];
+            llm_cuda_kv_put(P.k_cache, P.cache_type, row + d, kr[j]);
+            llm_cuda_kv_put(P.v_cache, P.cache_type, row + d, vr[j]);
             put(P.k_out, (size_t)g * hd + d, kr[j]); /* (q/k norms only) */
         }
     }
+#pragma unroll
+    for (int j = 0; j < MAX_DIMS; j++) kr[j] = llm_cuda_kv_round<T>(kr[j]), vr[j] = llm_cuda_kv_round<T>(vr[j]);
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < MAX_DIMS; j++)
@@ -784,11 +786,11 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
  * in the last split. The warps then merge in the room of the item's last stage, which they free only once merged
  * (in shared memory of its own the merge took a ring stage's room, dev/cuda/notes.md version 119), and the head's
  * partial (max, sum, 0, 0, output) goes to the arena. qs: room for hd floats. */
-template <int HD>
+template <int HD, typename T>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
                              uint64_t *full, uint64_t *empty, float *qs, int &it, int ct)
 {
-    const int hd = HD ? HD : P.head_dim, per = kv_per_stage(hd), warp = ct >> 5, lane = ct & 31;
+    const int hd = HD ? HD : P.head_dim, per = P.kv_rows, warp = ct >> 5, lane = ct & 31;
     int h, g, s, t0, t1;
     if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
     const bool last = s == splits - 1;
@@ -825,10 +827,10 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         c1 = stage_end(c0, t1, per, P.ctx);
         const int slot = it % prog.stages, n = c1 - c0;
         mbar_wait(&full[slot], (it / prog.stages) & 1);
-        const float *K = (const float *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
+        const T *K = (const T *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
         for (int p0 = 0; p0 < n; p0 += 32, run++)
             if (run % WARPS == warp)
-                warp_positions<HD>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, scale, m, l, acc, lane);
+                warp_positions<HD, T>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, scale, m, l, acc, lane);
         __syncwarp();
         if (c1 < t1) {
             if (lane == 0) mbar_arrive(&empty[slot]);
@@ -840,8 +842,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
      * (dev/cuda/notes.md, version 63). */
     if (last && run % WARPS == warp)
-        own_row<HD>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, m, l, acc,
-                    lane);
+        own_row<HD, T>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, m, l,
+                       acc, lane);
     auto write_record = [&] {
 #pragma unroll
         for (int j = 0; j < MAX_DIMS; j++)
@@ -891,6 +893,20 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     write_record();
 }
 
+/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants */
+template <typename T>
+__device__ __forceinline__ void consume_typed(const step_phase &P, const step_program &prog, int u, int pos,
+                                              int splits, char *ring, uint64_t *full, uint64_t *empty, float *qs,
+                                              int &it, int ct)
+{
+    if (P.head_dim == 64)
+        consume_item<64, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
+    else if (P.head_dim == 128)
+        consume_item<128, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
+    else
+        consume_item<0, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
+}
+
 /* ---- the signaller: sums a tile's 8 rows, runs the epilogue, writes them out ---- */
 
 /* What a tile's epilogue needs besides its sums, loaded before the sums arrive so that no round trip to memory
@@ -927,7 +943,7 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
         if (lane < 4) y = llm_cuda_gate(y, P.act) * up;
     }
     if (e.row < 0) return;
-    if (R.cache) R.cache[(size_t)pos * R.rows + e.row] = y;
+    if (R.cache) llm_cuda_kv_put(R.cache, R.cache_type, (size_t)pos * R.rows + e.row, y);
     put(R.out, (size_t)e.row, y);
     if (P.epi == LLM_CUDA_EPI_ADD) {
         float r = e.resid;
@@ -1100,12 +1116,12 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
             if (P.kind == PHASE_ATTENTION) {
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
                 for (int u = first_unit(P); u < P.units; u += gridDim.x)
-                    if (P.head_dim == 64)
-                        consume_item<64>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
-                    else if (P.head_dim == 128)
-                        consume_item<128>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
+                    if (P.cache_type == LLM_DTYPE_F16)
+                        consume_typed<__half>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
+                    else if (P.cache_type == LLM_DTYPE_BF16)
+                        consume_typed<__nv_bfloat16>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
                     else
-                        consume_item<0>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
+                        consume_typed<float>(P, prog, u, pos, splits, ring, full, empty, q_shared, it, ct);
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
                 continue;
             }
@@ -1246,6 +1262,14 @@ static bool same_positions(plan &pl, const int32_t *p)
     return true;
 }
 
+/* KV positions per attention stage: whole tensor copies of KV_BOX rows of K and of V (head_dim <= 32 * MAX_DIMS: at
+ * least one), at most LLM_CUDA_PERSIST_KV_BYTES / elem (elem: a cache element's bytes). */
+static int kv_rows_for(int head_dim, int elem)
+{
+    const int most = std::max(KV_BOX, llm_cuda.persist_kv_bytes / elem);
+    return std::min(most, STAGE / (2 * elem * head_dim)) / KV_BOX * KV_BOX;
+}
+
 /* LLM_CUDA_PERSIST_SPLITS within what the o product's staging holds */
 static int most_splits(void)
 {
@@ -1272,14 +1296,19 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
     return encode;
 }
 
-/* A layer's K or V cache, (ctx, kv_dim) f32, as a 2-D tensor whose boxes are KV_BOX rows of one head. */
-static bool kv_map(CUtensorMap *map, const float *cache, int ctx, int kv_dim, int head_dim)
+/* A layer's K or V cache, (ctx, kv_dim) of element type t (F32, F16 or BF16), as a 2-D tensor whose boxes are KV_BOX
+ * rows of one head. */
+static bool kv_map(CUtensorMap *map, const float *cache, int ctx, int kv_dim, int head_dim, int t)
 {
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return false;
-    const cuuint64_t dims[2] = {(cuuint64_t)kv_dim, (cuuint64_t)ctx}, strides[1] = {(cuuint64_t)kv_dim * 4};
+    const cuuint64_t dims[2] = {(cuuint64_t)kv_dim, (cuuint64_t)ctx};
+    const cuuint64_t strides[1] = {(cuuint64_t)kv_dim * (cuuint64_t)llm_cuda_cache_bytes(t)};
     const cuuint32_t box[2] = {(cuuint32_t)head_dim, (cuuint32_t)KV_BOX}, steps[2] = {1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)cache, dims, strides, box, steps,
+    const CUtensorMapDataType type = t == LLM_DTYPE_F16    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                     : t == LLM_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    return encode(map, type, 2, (void *)cache, dims, strides, box, steps,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
@@ -1298,6 +1327,8 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
+    P.cache_type = op.params.cache;
+    P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.params.cache));
     P.units = op.heads * most_splits();
     P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale;
     if (op.qk_norm || !op.stored) P.k_cache = op.k_cache, P.v_cache = op.v_cache; /* the phase stores the KV row */
@@ -1307,8 +1338,8 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         P.k_norm_dtype = op.k_norm.dtype, P.eps = op.qk_eps, P.norm_offset = op.qk_offset, P.inv_freq = op.inv_freq;
     }
     r.kv_maps = pl.n_maps;
-    if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd) ||
-        !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd))
+    if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd, op.params.cache) ||
+        !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd, op.params.cache))
         return false;
     r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
     r.k = read_of(c, op.k, kv_dim, i, false);
@@ -1358,6 +1389,7 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
         if (job.epi == LLM_CUDA_EPI_ROPE && job.k_cache && m >= 1) {
             if (J.rows != job.kv_dim) return false;
             M.cache = m == 1 ? job.k_cache : job.v_cache;
+            M.cache_type = job.cache_type;
         }
         tiles += M.tiles;
     }
