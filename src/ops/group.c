@@ -30,7 +30,7 @@ static const struct {
     [LLM_REFUSE_ATTENTION_PARAMS] =
         {"attention_params",
          "attention with a sliding window, a soft-cap, sinks or its own scale: its KV store not in the q/k/v "
-         "product's epilogue; the persistent step takes a window or a scale (head_dim up to 128, an f32 cache), not "
+         "product's epilogue; the persistent step takes a window or a scale (head_dim up to 128), not "
          "a soft-cap or sinks; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core "
          "prefill)"},
     [LLM_REFUSE_GLU_ACT] =
