@@ -1,7 +1,9 @@
 /* `llm-run devices [--measure]` (and `llm-run --list-devices`): every device llm-run knows, compiled in or not,
  * whether it is usable here and why not, what it is (describe()), its memory, and which ops it runs natively for
- * which weight dtypes; --measure adds each usable device's peak memory bandwidth. Not here: choosing a device
- * (src/devices/registry.c) or the fallback itself (src/ops/runtime.c). */
+ * which weight dtypes; --measure adds each usable device's peak memory bandwidth; --plan MODEL loads the model on
+ * each usable device (or the one --device names) and shows the plan its steps would run: which fusions each group
+ * asks, which the device takes, and why it refuses the others (src/model/plan.c, the device's plan_group). Not
+ * here: choosing a device (src/devices/registry.c) or the fallback itself (src/ops/runtime.c). */
 #include <argtable2.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -10,6 +12,8 @@
 #include "cli.h"
 #include "devices/host.h"
 #include "devices/registry.h"
+#include "model/model.h"
+#include "profile.h"
 
 static double gib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0 * 1024.0); }
 
@@ -111,25 +115,75 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads)
     return 0;
 }
 
+/* The plan of MODEL's steps on one device: loaded, a run state made (which plans), shown, freed. */
+static int print_device_plan(FILE *out, const char *path, const char *device, int threads)
+{
+    llm_model m = {0};
+    llm_state s;
+    char err[512] = "";
+    llm_load_options lo = {.device = device, .threads = threads, .log = stderr};
+    if (llm_model_load(&m, path, &lo, err, sizeof err)) {
+        llm_cli_error(err);
+        return 1;
+    }
+    if (llm_state_init(&s, &m, 0, 0, false, err, sizeof err)) {
+        llm_cli_error(err);
+        llm_model_free(&m);
+        return 1;
+    }
+    fprintf(out, "%s on %s: ", path, m.rt.dev->name);
+    llm_profile_print_plan(&m, &s, out);
+    fflush(out);
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+    return 0;
+}
+
+/* --plan: on the device named, else on every device usable here. */
+static int print_plans(FILE *out, const char *path, const char *device, int threads)
+{
+    if (device) return print_device_plan(out, path, device, threads);
+    int rc = 0;
+    for (int i = 0; i < llm_device_known_count(); i++) {
+        const llm_device *dev = NULL;
+        const char *name = llm_device_known(i, &dev);
+        char why[256] = "";
+        if (!dev || !dev->probe(why, sizeof why)) continue;
+        if ((rc = print_device_plan(out, path, name, threads))) break; /* (the model's fault, said once) */
+    }
+    return rc;
+}
+
 int llm_cmd_devices(int argc, char **argv)
 {
     struct arg_lit *help = arg_lit0("h", "help", "print this help and exit");
     struct arg_lit *measure = arg_lit0(NULL, "measure", "also measure each available device's peak bandwidth");
     struct arg_int *threads = arg_int0("t", "threads", "N", "CPU threads for the CPU devices (default: physical cores)");
+    struct arg_file *plan = arg_file0(NULL, "plan", "MODEL", "show the plan of MODEL's steps on each usable device");
+    struct arg_str *device = arg_str0("d", "device", "NAME", "with --plan: this device only (cpu, blas, cuda, cuda:1)");
     struct arg_end *end = arg_end(8);
-    void *table[] = {help, measure, threads, end};
+    void *table[] = {help, measure, threads, plan, device, end};
     int rc = 1;
     static const char usage[] =
-        "usage: llm-run devices [--measure] [-t N]\n\n"
+        "usage: llm-run devices [--measure] [-t N] [--plan MODEL [-d DEVICE]]\n\n"
         "Lists every device llm-run knows: whether it is usable here (and why not), what it is, its memory,\n"
-        "and which ops it runs natively (the others come from the cpu reference).\n\n";
+        "and which ops it runs natively (the others come from the cpu reference). With --plan, loads MODEL on\n"
+        "each usable device and shows which fusions of its steps the device takes, and why it refuses others.\n\n";
     if (!llm_cli_args(argc, argv, table, help, end, "llm-run devices", usage, 26, &rc)) goto done;
     char err[256];
     if (threads->count && llm_cli_check_threads(threads->ival[0], "-t", err, sizeof err)) {
         llm_cli_error(err);
         goto done;
     }
-    rc = llm_cli_list_devices(stdout, measure->count > 0, threads->count ? threads->ival[0] : 0);
+    if (device->count && !plan->count) {
+        llm_cli_error("devices: --device goes with --plan");
+        goto done;
+    }
+    if (plan->count)
+        rc = print_plans(stdout, plan->filename[0], device->count ? device->sval[0] : NULL,
+                         threads->count ? threads->ival[0] : 0);
+    else
+        rc = llm_cli_list_devices(stdout, measure->count > 0, threads->count ? threads->ival[0] : 0);
 done:
     arg_freetable(table, sizeof table / sizeof table[0]);
     return rc;

@@ -484,9 +484,42 @@ static void gather_memory(const llm_model *m, const llm_state *s, memory_report 
     }
 }
 
+/* " a b c" for the LLM_FUSE_* bits of mask, or " none" */
+static void print_fusions(unsigned mask, FILE *out)
+{
+    if (!mask) fprintf(out, " none");
+    for (int i = 0; i < LLM_FUSE_KINDS; i++)
+        if (mask & 1u << i) fprintf(out, " %s", llm_fuse_name(1u << i));
+}
+
+/* One line per distinct group of the plan (kind, what it asks, what the device takes, why not), in step order, with
+ * how many of the step's groups it stands for: what `llm-run devices --plan` shows. */
+static void print_plan_groups(const llm_plan *plan, FILE *out)
+{
+    for (int i = 0; i < plan->n_groups; i++) {
+        const llm_group *g = &plan->groups[i];
+        int count = 0, seen = 0;
+        for (int j = 0; j < plan->n_groups; j++) {
+            const llm_group *h = &plan->groups[j];
+            if (h->kind != g->kind || h->ask != g->ask || h->fused != g->fused || h->why != g->why) continue;
+            seen += j < i;
+            count++;
+        }
+        if (seen) continue;
+        fprintf(out, "  %-13s x%-3d asks", llm_group_name(g->kind), count);
+        print_fusions(g->ask, out);
+        if (g->ask & ~g->fused) {
+            fprintf(out, "; refused");
+            print_fusions(g->ask & ~g->fused, out);
+            fprintf(out, " (%s)", llm_refusal_name(g->why));
+        }
+        fprintf(out, "\n");
+    }
+}
+
 /* The plan (plan.h): its groups a step, how many the device fuses as declared, each refusal's groups and text; then
- * the device's counters (a fusing device's). */
-static void print_plan(const llm_model *m, const llm_state *s, FILE *out)
+ * the device's counters (a fusing device's). With groups, a line per distinct group first. */
+static void print_plan(const llm_model *m, const llm_state *s, FILE *out, bool groups)
 {
     const llm_plan *plan = &s->plan;
     int fused = 0, by[LLM_REFUSE_COUNT] = {0};
@@ -500,6 +533,7 @@ static void print_plan(const llm_model *m, const llm_state *s, FILE *out)
         return;
     }
     fprintf(out, "plan: %d groups a step, %d fused as declared\n", plan->n_groups, fused);
+    if (groups) print_plan_groups(plan, out);
     for (int r = 1; r < LLM_REFUSE_COUNT; r++)
         if (by[r]) fprintf(out, "  %-18s %4d groups: %s\n", llm_refusal_name((llm_refusal)r), by[r],
                            llm_refusal_text((llm_refusal)r));
@@ -554,7 +588,7 @@ void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state
         fprintf(out, "  steps were issued op by op, without step replay or fusion across ops, so that each op could "
                 "be timed: a run without --profile is faster\n");
     for (int ph = 0; ph < LLM_PROFILE_N_PHASES; ph++) print_phase(p, (llm_profile_phase)ph, out);
-    if (s) print_plan(m, s, out);
+    if (s) print_plan(m, s, out, false);
 
     memory_report r;
     gather_memory(m, s, &r);
@@ -650,3 +684,5 @@ int llm_profile_write_json(const llm_profile *p, const llm_model *m, const llm_s
     json_decref(root);
     return rc;
 }
+
+void llm_profile_print_plan(const llm_model *m, const llm_state *s, FILE *out) { print_plan(m, s, out, true); }

@@ -86,6 +86,9 @@ double llm_profile_decode_bytes(const llm_model *m, int kv_len);
 
 /* The per-op tables (prefill, decode) and the memory report, for people. */
 void llm_profile_print(const llm_profile *p, const llm_model *m, const llm_state *s, FILE *out);
+/* The run state's plan: its groups, a line per distinct group (what it asks, what the device takes, why not), the
+ * refusals' texts and the device's counters (llm-run devices --plan). */
+void llm_profile_print_plan(const llm_model *m, const llm_state *s, FILE *out);
 /* The same as JSON. 0 on success, else err. */
 int llm_profile_write_json(const llm_profile *p, const llm_model *m, const llm_state *s, const char *path,
                            char *err, size_t err_len);

@@ -383,13 +383,49 @@ static void test_devices_listing(void **state)
     }
 }
 
+/* devices --plan MODEL: the model loaded on each usable device, its plan shown; on a fusing device (cuda) a line per
+ * distinct group, each asking what src/model/plan.c declares for the family. Misuse and a bad model: one line, exit 1. */
+static void test_devices_plan(void **state)
+{
+    (void)state;
+    cli_run_result r;
+    assert_int_equal(cli_run(&r, "devices --plan tests/fixtures/models/gemma3"), 0);
+    print_message("%s", r.out);
+    assert_non_null(strstr(r.out, "tests/fixtures/models/gemma3 on cpu: plan: "));
+    assert_non_null(strstr(r.out, "tests/fixtures/models/gemma3 on blas: plan: "));
+    assert_non_null(strstr(r.out, "cpu runs op by op (fuses none)"));
+    if (strstr(r.out, " on cuda: ")) { /* Gemma 3's post norms are declared in attn_out and ffn_out */
+        assert_non_null(strstr(r.out, "  attn_in       x"));
+        assert_non_null(strstr(r.out, "  ffn_out       x"));
+        assert_non_null(strstr(r.out, "post_norm_add"));
+    }
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "devices --plan " FIXTURE " -d cpu"), 0);
+    assert_non_null(strstr(r.out, FIXTURE " on cpu: plan: "));
+    assert_null(strstr(r.out, " on blas: "));
+    cli_run_free(&r);
+
+    static const struct { const char *args, *err; } bad[] = {
+        {"devices -d cpu", "llm-run: devices: --device goes with --plan\n"},
+        {"devices --plan tests/fixtures/models/no-such-model", "tests/fixtures/models/no-such-model: no such file"},
+        {"devices --plan " FIXTURE " -d tpu", "tpu"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(cli_run(&r, "%s", bad[i].args), 1);
+        print_message("  %s -> %s", bad[i].args, r.err);
+        assert_non_null(strstr(r.err, bad[i].err));
+        assert_ptr_equal(strchr(r.err, '\n'), r.err + strlen(r.err) - 1); /* one line */
+        cli_run_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fallback_host_memory), cmocka_unit_test(test_fallback_owned_memory),
         cmocka_unit_test(test_pins),                 cmocka_unit_test(test_bad_pins),
         cmocka_unit_test(test_resolve),              cmocka_unit_test(test_cli_device_choice),
-        cmocka_unit_test(test_devices_listing),
+        cmocka_unit_test(test_devices_listing),      cmocka_unit_test(test_devices_plan),
     };
     return cmocka_run_group_tests_name("devices", tests, NULL, NULL);
 }

@@ -9,6 +9,19 @@ static const char *const group_names[LLM_GROUP_KINDS] = {
 
 const char *llm_group_name(llm_group_kind kind) { return (unsigned)kind < LLM_GROUP_KINDS ? group_names[kind] : "?"; }
 
+/* In bit order (LLM_FUSE_NORM_PROLOGUE is bit 0). */
+static const char *const fuse_names[LLM_FUSE_KINDS] = {
+    "norm_prologue", "add_norm", "shared_input",    "rope",        "kv_store", "qk_norm_rope", "post_norm_add",
+    "add",           "glu",      "experts_pair",    "experts_combine", "combine_add", "persist", "softcap",
+};
+
+const char *llm_fuse_name(unsigned bit)
+{
+    for (int i = 0; i < LLM_FUSE_KINDS; i++)
+        if (bit == 1u << i) return fuse_names[i];
+    return "?";
+}
+
 static const struct {
     const char *name, *text;
 } refusals[LLM_REFUSE_COUNT] = {

@@ -38,6 +38,7 @@ enum {
     LLM_FUSE_COMBINE_ADD = 1u << 11,   /* the combine and the residual add after it, one pass */
     LLM_FUSE_PERSIST = 1u << 12,       /* one token's ops recorded into the persistent decode step */
     LLM_FUSE_SOFTCAP = 1u << 13,       /* the final soft-cap as the logits' epilogue */
+    LLM_FUSE_KINDS = 14
 };
 
 /* Why a device does not take a fusion a group asks for (llm_group.why), or did not apply one at run time (its
@@ -79,6 +80,7 @@ typedef struct llm_group {
 
 const char *llm_group_name(llm_group_kind kind); /* "attn_in", ... */
 const char *llm_refusal_name(llm_refusal why);   /* "norm_of_product", ... (for tables and JSON) */
+const char *llm_fuse_name(unsigned bit);          /* "norm_prologue", ... of one LLM_FUSE_* bit; "?" for others */
 const char *llm_refusal_text(llm_refusal why);   /* one sentence: what runs instead, and why */
 
 #endif
