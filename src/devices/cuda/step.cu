@@ -1135,7 +1135,8 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 continue;
             }
             if (quant_phase(P.dtype)) {
-                quant_phase_consume(P, prog, ring, full, empty, red, sums, it, tile_it, ct, splits, ph);
+                const int2 counts = quant_phase_consume(P, prog, ring, full, empty, red, sums, it, tile_it, ct, splits, ph);
+                it = counts.x, tile_it = counts.y;
                 continue;
             }
             uint4 held[ROWS];

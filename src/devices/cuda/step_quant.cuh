@@ -180,10 +180,13 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
     }
 }
 
-/* A quantized phase for the consumers: its input staged and rounded into the room past the ring, then its tiles. */
-__device__ void quant_phase_consume(const step_phase &P, const step_program &prog, char *ring, uint64_t *full,
-                                    uint64_t *empty, float *red, tile_sums &sums, int &it, int &tile_it, int ct,
-                                    int splits, int ph)
+/* A quantized phase for the consumers: its input staged and rounded into the room past the ring, then its tiles;
+ * returns the ring's and the sums' counts after them. A call, once a phase: inlined, its registers made step_kernel
+ * spill (ptxas -v: 196 bytes of spill stores against 16 without it), where the 16-bit phases' loops run; the
+ * counts go by value so that they stay in registers there. */
+__device__ __noinline__ int2 quant_phase_consume(const step_phase &P, const step_program &prog, char *ring,
+                                                 uint64_t *full, uint64_t *empty, float *red, tile_sums &sums, int it,
+                                                 int tile_it, int ct, int splits, int ph)
 {
     const q_x X = q_x_at(ring + (size_t)prog.stages * STAGE, P.cols);
     stage_quant(P, X, red, ct, splits);
@@ -195,4 +198,5 @@ __device__ void quant_phase_consume(const step_phase &P, const step_program &pro
     else
         consume_quant<LLM_DTYPE_Q4_K>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
+    return make_int2(it, tile_it);
 }
