@@ -2,13 +2,17 @@
 # One GPU call for the persistent step's quantized phase (issue 31): build (the CUDA objects may come prebuilt),
 # test_cuda's quantized and persistent tests, then llm-run bench on TinyLlama and Llama-2-7B shapes with --quant,
 # the persistent step beside LLM_CUDA_PERSIST=0, and a step trace of a Q4_0 decode. Results in $OUT. Run from the
-# tree's root with LLM_DEPS_DIR set (helper-common.md's call); BUDGET seconds in all (default 330).
+# tree's root with LLM_DEPS_DIR set (helper-common.md's call); BUDGET seconds in all (default 330). The logs go to
+# a folder of their own and come back as one tarball (the run tool returns a few files of $OUT, not dozens).
 set -uo pipefail
+RESULTS=$OUT
+OUT=$(mktemp -d)
+trap 'tar -czf "$RESULTS/qstep-logs.tar.gz" -C "$OUT" .' EXIT
 T0=$SECONDS
 BUDGET=${BUDGET:-330}
 left() { echo $((BUDGET - (SECONDS - T0))); }
 M=${MODELS:-/tmp/qstep-models}
-mkdir -p "$OUT" "$M"
+mkdir -p "$RESULTS" "$M"
 d=${LLM_DEPS_DIR:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv >"$OUT/gpu.txt" 2>&1
 ( for s in tinyllama-1.1b llama-2-7b; do
