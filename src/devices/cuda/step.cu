@@ -1135,7 +1135,8 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 continue;
             }
             if (quant_phase(P.dtype)) {
-                const int2 counts = quant_phase_consume(P, prog, ring, full, empty, red, sums, it, tile_it, ct, splits, ph);
+                const int2 counts =
+                    quant_phase_consume(P, prog, ring, full, empty, red, sums, it, tile_it, ct, splits, ph);
                 it = counts.x, tile_it = counts.y;
                 continue;
             }
@@ -1247,8 +1248,12 @@ static int write_of(compiler &c, const float *p, size_t count, int phase)
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
-/* The quantized phase's room past the ring (step_quant.cuh's q_x_at): x rounded to int8, a step per 32, a sum per 16 */
-static size_t step_q_x_bytes(int cols) { return ((size_t)cols + (size_t)cols / 32 * 4 + (size_t)cols / 16 * 4 + 15) / 16 * 16; }
+/* The quantized phase's room past the ring (step_quant.cuh's q_x_at): x rounded to int8, a step per 32 values and a
+ * sum per 16 */
+static size_t step_q_x_bytes(int cols)
+{
+    return ((size_t)cols + (size_t)cols / 32 * 4 + (size_t)cols / 16 * 4 + 15) / 16 * 16;
+}
 
 static bool step_quant_dtype(int t) { return t == LLM_DTYPE_Q8_0 || t == LLM_DTYPE_Q4_0 || t == LLM_DTYPE_Q4_K; }
 

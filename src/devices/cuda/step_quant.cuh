@@ -21,7 +21,10 @@ __device__ __forceinline__ int q_bytes(int dtype)
 {
     return dtype == LLM_DTYPE_Q8_0 ? 34 : dtype == LLM_DTYPE_Q4_0 ? 18 : 144;
 }
-__device__ __forceinline__ int q_quant_bytes(int dtype) { return dtype == LLM_DTYPE_Q8_0 ? 32 : dtype == LLM_DTYPE_Q4_0 ? 16 : 128; }
+__device__ __forceinline__ int q_quant_bytes(int dtype)
+{
+    return dtype == LLM_DTYPE_Q8_0 ? 32 : dtype == LLM_DTYPE_Q4_0 ? 16 : 128;
+}
 
 /* Blocks of a row one stage holds: the row cut into as few stages of at most CHUNK bytes as it takes, evenly, in
  * multiples of 8 blocks for Q8_0 and Q4_0 (their 2-byte scales then make whole 16-byte copies; the planner takes
