@@ -19,6 +19,7 @@
 #include "host.h"
 #include "../ops/ref.h"
 #include "../quant/mxfp4.h"
+#include "../quant/quant.h"
 #include "../quant/quant_dot.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -112,6 +113,34 @@ static float dot_mxfp4_c(const void *w, const float *x, size_t n)
     return s;
 }
 
+/* FP8 weights (F8_E4M3_B128): each block's E4M3 values (a table of the 256 codes, filled at init) times x in f32,
+ * then times the block's scale; the reference multiplies each value by the scale first, so only the rounding of the
+ * products and the summation order differ. */
+static float f8_values[256];
+
+static float dot_f8_c(const void *w, const float *x, size_t n)
+{
+    const llm_block_f8 *b = w;
+    float s = 0.0f;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++, x += LLM_QK_F8) {
+        float b0 = 0.0f, b1 = 0.0f;
+        for (int j = 0; j < LLM_QK_F8; j += 2) {
+            b0 += f8_values[b[k].qs[j]] * x[j];
+            b1 += f8_values[b[k].qs[j + 1]] * x[j + 1];
+        }
+        s += (b0 + b1) * b[k].d;
+    }
+    return s;
+}
+
+/* Rows of FP8 blocks to f32 as the reference dequantizes them (e4m3 * d, one f32 product). */
+static void f8_to_f32_c(float *dst, const void *src, size_t n)
+{
+    const llm_block_f8 *b = src;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++)
+        for (int j = 0; j < LLM_QK_F8; j++) dst[k * LLM_QK_F8 + j] = f8_values[b[k].qs[j]] * b[k].d;
+}
+
 static float sumsq_c(const float *x, size_t n) { return dot_f32_c(x, x, n); }
 
 static void add_c(float *x, const float *y, size_t n)
@@ -143,9 +172,10 @@ static float exp_shift_c(float *s, float m, size_t n)
 
 static const blas_kernels kernels_c = {
     .name = "portable",
-    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c, [LLM_DTYPE_MXFP4] = dot_mxfp4_c},
+    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c, [LLM_DTYPE_MXFP4] = dot_mxfp4_c,
+            [LLM_DTYPE_F8_E4M3_B128] = dot_f8_c},
     .axpyw = {axpyw_f32_c, axpyw_f16_c, axpyw_bf16_c, [LLM_DTYPE_Q8_0] = axpyw_q8_0_c},
-    .to_f32 = {dot_f32_c_to_f32, dot_f16_c_to_f32, dot_bf16_c_to_f32},
+    .to_f32 = {dot_f32_c_to_f32, dot_f16_c_to_f32, dot_bf16_c_to_f32, [LLM_DTYPE_F8_E4M3_B128] = f8_to_f32_c},
     .sumsq = sumsq_c, .add = add_c, .axpy = axpy_c, .scale = scale_c, .silu_mul = silu_mul_c,
     .exp_shift = exp_shift_c,
 };
@@ -266,6 +296,48 @@ AVX2 static float dot_mxfp4_avx2(const void *w, const float *x, size_t n)
     return hsum8(acc);
 }
 
+/* FP8: sixteen E4M3 bytes as F16 bit patterns, exactly: the byte's exponent and mantissa shifted left by 7 and its
+ * sign to bit 15 give an f16 of the same fields, whose value is the E4M3 value times 2^-8 (exponent bias 15 against
+ * 7; subnormals alike), NaN excepted (S.1111.111 reads as 1.875 * 2^0: FP8 blocks hold none, prequant.c). The 2^8
+ * goes back in as a power of two, exactly. */
+AVX2 static inline __m256i f8_to_f16x16(const uint8_t *p)
+{
+    __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                           _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+}
+
+AVX2 static float dot_f8_avx2(const void *w, const float *x, size_t n)
+{
+    const llm_block_f8 *b = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK_F8; k++, x += LLM_QK_F8) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+        for (int j = 0; j < LLM_QK_F8; j += 16) {
+            __m256i h = f8_to_f16x16(b[k].qs + j);
+            s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(x + j), s0);
+            s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(x + j + 8), s1);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[k].d), _mm256_add_ps(s0, s1), acc);
+    }
+    return hsum8(acc) * 256.0f;
+}
+
+AVX2 static void f8_to_f32_avx2(float *dst, const void *src, size_t n)
+{
+    const llm_block_f8 *b = src;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++) {
+        __m256 d = _mm256_set1_ps(b[k].d), two8 = _mm256_set1_ps(256.0f);
+        for (int j = 0; j < LLM_QK_F8; j += 16) {
+            __m256i h = f8_to_f16x16(b[k].qs + j);
+            float *o = dst + k * LLM_QK_F8 + j;
+            _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), two8), d));
+            _mm256_storeu_ps(o + 8,
+                             _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), two8), d));
+        }
+    }
+}
+
 AVX2 static void axpyw_q8_0_avx2(float *y, float a, const void *w, size_t n)
 {
     const llm_block_q8_0 *b = w;
@@ -343,9 +415,10 @@ AVX2 static float exp_shift_avx2(float *s, float m, size_t n)
 static const blas_kernels kernels_avx2 = {
     .name = "avx2",
     .dot = {dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, [LLM_DTYPE_Q8_0] = dot_q8_0_avx2,
-            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx2},
+            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx2, [LLM_DTYPE_F8_E4M3_B128] = dot_f8_avx2},
     .axpyw = {axpyw_f32_avx2, axpyw_f16_avx2, axpyw_bf16_avx2, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx2},
-    .to_f32 = {dot_f32_avx2_to_f32, dot_f16_avx2_to_f32, dot_bf16_avx2_to_f32},
+    .to_f32 = {dot_f32_avx2_to_f32, dot_f16_avx2_to_f32, dot_bf16_avx2_to_f32,
+               [LLM_DTYPE_F8_E4M3_B128] = f8_to_f32_avx2},
     .sumsq = sumsq_avx2, .add = add_avx2, .axpy = axpy_avx2, .scale = scale_avx2, .silu_mul = silu_mul_avx2,
     .exp_shift = exp_shift_avx2,
 };
@@ -437,6 +510,40 @@ AVX512 static float dot_mxfp4_avx512(const void *w, const float *x, size_t n)
     return _mm512_reduce_add_ps(acc);
 }
 
+/* FP8 (f8_to_f16x16): sixteen values a register, two sums in flight a block. */
+AVX512 static inline __m512 ld16_f8(const uint8_t *p)
+{
+    __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_cvtph_ps(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                                           _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8)));
+}
+
+AVX512 static float dot_f8_avx512(const void *w, const float *x, size_t n)
+{
+    const llm_block_f8 *b = w;
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK_F8; k++, x += LLM_QK_F8) {
+        __m512 s0 = _mm512_mul_ps(ld16_f8(b[k].qs), _mm512_loadu_ps(x));
+        __m512 s1 = _mm512_mul_ps(ld16_f8(b[k].qs + 16), _mm512_loadu_ps(x + 16));
+        for (int j = 32; j < LLM_QK_F8; j += 32) {
+            s0 = _mm512_fmadd_ps(ld16_f8(b[k].qs + j), _mm512_loadu_ps(x + j), s0);
+            s1 = _mm512_fmadd_ps(ld16_f8(b[k].qs + j + 16), _mm512_loadu_ps(x + j + 16), s1);
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(b[k].d), _mm512_add_ps(s0, s1), acc);
+    }
+    return _mm512_reduce_add_ps(acc) * 256.0f;
+}
+
+AVX512 static void f8_to_f32_avx512(float *dst, const void *src, size_t n)
+{
+    const llm_block_f8 *b = src;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++) {
+        __m512 d = _mm512_set1_ps(b[k].d), two8 = _mm512_set1_ps(256.0f);
+        for (int j = 0; j < LLM_QK_F8; j += 16)
+            _mm512_storeu_ps(dst + k * LLM_QK_F8 + j, _mm512_mul_ps(_mm512_mul_ps(ld16_f8(b[k].qs + j), two8), d));
+    }
+}
+
 AVX512 static void axpyw_q8_0_avx512(float *y, float a, const void *w, size_t n)
 {
     const llm_block_q8_0 *b = w;
@@ -514,9 +621,10 @@ AVX512 static float exp_shift_avx512(float *s, float m, size_t n)
 static const blas_kernels kernels_avx512 = {
     .name = "avx512",
     .dot = {dot_f32_avx512, dot_f16_avx512, dot_bf16_avx512, [LLM_DTYPE_Q8_0] = dot_q8_0_avx512,
-            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx512},
+            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx512, [LLM_DTYPE_F8_E4M3_B128] = dot_f8_avx512},
     .axpyw = {axpyw_f32_avx512, axpyw_f16_avx512, axpyw_bf16_avx512, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx512},
-    .to_f32 = {dot_f32_avx512_to_f32, dot_f16_avx512_to_f32, dot_bf16_avx512_to_f32},
+    .to_f32 = {dot_f32_avx512_to_f32, dot_f16_avx512_to_f32, dot_bf16_avx512_to_f32,
+               [LLM_DTYPE_F8_E4M3_B128] = f8_to_f32_avx512},
     .sumsq = sumsq_avx512, .add = add_avx512, .axpy = axpy_avx512, .scale = scale_avx512,
     .silu_mul = silu_mul_avx512, .exp_shift = exp_shift_avx512,
 };
@@ -659,6 +767,7 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
     if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K);
+    for (int b = 0; b < 256; b++) f8_values[b] = llm_fp8_e4m3_to_f32((unsigned char)b);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
         float *bigger = llm_host_alloc(want * sizeof(float));
@@ -819,7 +928,7 @@ static void matmul_rows(float *out, const float *x, const llm_weight *w, const l
 static void gemm_rows(float *out, const float *x, const llm_weight *w, int n, size_t r_begin, size_t r_end,
                       float *scr, size_t scr_floats)
 {
-    size_t rows = w->rows, cols = w->cols, row_bytes = cols * llm_dtype_size(w->dtype);
+    size_t rows = w->rows, cols = w->cols, row_bytes = llm_dtype_row_bytes(w->dtype, cols);
     if (r_end <= r_begin) return;
     if (w->dtype == LLM_DTYPE_F32) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)(r_end - r_begin), (int)cols, 1.0f, x,
@@ -916,7 +1025,13 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
         matmul_rows(out, x, w, bias, n);
         return;
     }
-    if (llm_dtype_is_block(w->dtype)) {
+    if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
+        /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly */
+        if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
+            matmul_rows(out, x, w, bias, n);
+            return;
+        }
+    } else if (llm_dtype_is_block(w->dtype)) {
         matmul_quant(out, x, w, n);
     } else if (w->dtype == LLM_DTYPE_BF16 && bf16_gemm && n >= BF16_MIN_N) {
         matmul_bf16(out, x, w, n);
@@ -1164,7 +1279,8 @@ static bool blas_supports(llm_op op, llm_dtype dtype)
 {
     if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype); /* the cache's type; kernels for each above */
     if (!llm_dtype_is_block(dtype)) return dtype < LLM_DTYPE_COUNT;
-    if (dtype == LLM_DTYPE_MXFP4) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
+    if (dtype == LLM_DTYPE_MXFP4 || dtype == LLM_DTYPE_F8_E4M3_B128)
+        return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
     const llm_quant_kernels *k = QK ? QK : pick_quant_kernels(); /* asked before init by `llm-run devices` */
     return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS) &&
            k->tile[llm_quant_of_dtype(dtype)] != NULL;
