@@ -62,7 +62,7 @@ static const struct {
          "launches it saves)"},
     [LLM_REFUSE_PERSIST_QUANT] =
         {"persist_quant",
-         "block-quantized weights (Q8_0, Q4_0, Q4_K): the persistent decode step has no GEMV phase for them; a kernel "
+         "block-quantized weights (Q8_0, Q4_0, Q4_K, FP8): the persistent decode step has no GEMV phase for them; a kernel "
          "per op instead, each GEMV dequantizing in registers with its fusions"},
     [LLM_REFUSE_PERSIST_MOE] =
         {"persist_moe",
