@@ -494,6 +494,35 @@ static void test_device_matmul(void **state)
         blas->release();
         unsetenv("LLM_BLAS_KERNELS");
     }
+    /* The fast precision: where the CPU has AVX-512 BF16, FP8 batches round each weight and x to BF16 (blas.c,
+     * matmul_f8_bf16): per element at most (2^-8 + 2^-18) sum |w x| beside the two f32 summations. */
+    llm_device_options fast = {.threads = 2, .precision = LLM_PRECISION_FAST};
+    assert_int_equal(blas->init(&fast, err, sizeof err), 0);
+    llm_weight w = {.dtype = LLM_DTYPE_F8_E4M3_B128, .rows = ROWS, .cols = COLS};
+    w.data = malloc(llm_dtype_matrix_bytes(w.dtype, ROWS, COLS));
+    float *wq = malloc(ROWS * COLS * sizeof *wq);
+    assert_true(w.data && wq);
+    assert_int_equal(llm_quant_matrix(w.data, wf, LLM_DTYPE_F32, LLM_QUANT_F8_B128, ROWS, COLS, 1), 0);
+    llm_quant_traits_of(LLM_QUANT_F8_B128)->dequantize(wq, w.data, ROWS * COLS);
+    const int ns[] = {2, 5, N};
+    for (size_t j = 0; j < 3; j++) {
+        llm_ref_ops.matmul(ref, x, &w, NULL, ns[j]);
+        blas->ops->matmul(got, x, &w, NULL, ns[j]);
+        assert_int_equal(blas->sync(), 0);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)ns[j]; i++)
+            for (size_t r = 0; r < ROWS; r++) {
+                double awx = 0;
+                for (size_t c = 0; c < COLS; c++) awx += fabs((double)wq[r * COLS + c] * x[i * COLS + c]);
+                double bound = (1.0 / 256 + 1.0 / 262144 + 2.0 * COLS * 0x1p-24) * awx;
+                double e = fabs((double)got[i * ROWS + r] - ref[i * ROWS + r]);
+                worst = fmax(worst, e / bound);
+            }
+        print_message("blas matmul FP8, precision fast, n=%d: worst error %.3f of its bound\n", ns[j], worst);
+        assert_true(worst <= 1.0);
+    }
+    free(w.data), free(wq);
+    blas->release();
     free(wf), free(x), free(bias), free(ref), free(got);
 }
 

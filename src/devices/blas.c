@@ -2,7 +2,8 @@
  * a tile at a time into a per-thread scratch buffer), or, for BF16 weights where the CPU has AVX-512 BF16, through
  * our own gemm on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a
  * vectorised dot product per row; attention reads the KV cache in its own type (F32, F16, BF16, Q8_0) with the same
- * dot and axpy kernels; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
+ * dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3 widened in registers and multiplied
+ * in f32; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
  * (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports (LLM_BLAS_KERNELS=avx2|portable
  * forces a narrower set, for tests). Threads: -t, else one per physical core. Not here: the reference (ref.c). */
 #include <assert.h>
@@ -1005,6 +1006,63 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
     }
 }
 
+/* FP8 rows r .. r + rm - 1 (F8_E4M3_B128) as BF16 at dst, cpad apart: each value as the reference dequantizes it
+ * (e4m3 * d in f32: ld16_f8 is e4m3 * 2^-8, exact, times 2^8 exactly) rounded to nearest even; zeros to cpad. */
+BF16DP static void f8_rows_to_bf16(uint16_t *dst, size_t cpad, const llm_block_f8 *w, size_t cols, size_t rm)
+{
+    size_t nb = cols / LLM_QK_F8;
+    for (size_t a = 0; a < rm; a++) {
+        const llm_block_f8 *b = w + a * nb;
+        uint16_t *o = dst + a * cpad;
+        for (size_t k = 0; k < nb; k++) {
+            __m512 d = _mm512_set1_ps(b[k].d), two8 = _mm512_set1_ps(256.0f);
+            for (int j = 0; j < LLM_QK_F8; j += 32) {
+                __m512 lo = _mm512_mul_ps(_mm512_mul_ps(ld16_f8(b[k].qs + j), two8), d);
+                __m512 hi = _mm512_mul_ps(_mm512_mul_ps(ld16_f8(b[k].qs + j + 16), two8), d);
+                _mm512_storeu_si512(o + k * LLM_QK_F8 + j, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+        }
+        memset(o + cols, 0, (cpad - cols) * sizeof *o);
+    }
+}
+
+/* out = x w^T for FP8 w in the fast precision, with vdpbf16ps: each thread rounds 4 rows of w at a time to BF16 into
+ * its own part of the scratch (2^-9 a weight, which ops.h allows a block format: cuda's batches do the same), then
+ * matmul_bf16's tiles with x rounded to BF16 once (2^-9 a term): at most (2^-8 + 2^-18) sum_c |w x| beside f32
+ * sums. The accurate precision keeps exact f32 weights and sgemm (matmul_gemm). */
+static void matmul_f8_bf16(float *out, const float *x, const llm_weight *w, int n)
+{
+    size_t rows = w->rows, cols = w->cols, cpad = (cols + 31) / 32 * 32, ldx = cpad;
+    size_t wpart = (4 * cpad * sizeof(uint16_t) + 63) / 64 * 64, total = scratch_floats * sizeof(float);
+    size_t wall = wpart * (size_t)blas_threads;
+    size_t chunk = total > wall ? (total - wall) / (ldx * sizeof(uint16_t)) : 0;
+    assert(chunk >= 1); /* 4 MiB a thread holds 4 rows and a position of a quarter million columns */
+    uint16_t *wt = (uint16_t *)scratch, *xs = (uint16_t *)((char *)scratch + wall);
+    const llm_block_f8 *wd = w->data;
+    size_t nb = cols / LLM_QK_F8;
+    for (size_t i0 = 0; i0 < (size_t)n; i0 += chunk) {
+        size_t m = (size_t)n - i0 < chunk ? (size_t)n - i0 : chunk;
+#pragma omp parallel num_threads(blas_threads)
+        {
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < m; i++) split_bf16(xs + i * ldx, NULL, x + (i0 + i) * cols, cols, cpad);
+            size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
+            uint16_t *mine = (uint16_t *)((char *)wt + t * wpart);
+            size_t share = ((rows + team - 1) / team + 3) / 4 * 4;
+            size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
+            for (size_t r = begin; r < end; r += 4) {
+                size_t rm = end - r < 4 ? end - r : 4;
+                f8_rows_to_bf16(mine, cpad, wd + r * nb, cols, rm);
+                for (size_t i = 0; i < m; i += 4) {
+                    size_t rn = m - i < 4 ? m - i : 4;
+                    bf16_tiles[0][rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, mine, cpad, xs + i * ldx, NULL,
+                                                  ldx, cols);
+                }
+            }
+        }
+    }
+}
+
 /* Block-quantized weights: activations quantized to 8 bits a block (into the scratch, as many positions at a time
  * as it holds), integer dot products (quant_dot.h). */
 static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
@@ -1026,8 +1084,11 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
         return;
     }
     if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
-        /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly */
-        if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
+        /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly; in the
+         * fast precision, where the CPU has AVX-512 BF16, BF16 tiles from BF16_MIN_N positions on */
+        if (bf16_gemm && !bf16_split && n >= BF16_MIN_N) {
+            matmul_f8_bf16(out, x, w, n);
+        } else if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
             matmul_rows(out, x, w, bias, n);
             return;
         }
