@@ -227,9 +227,10 @@ static void test_greedy_tokens(void **state)
         assert_int_equal(blas_as, c->blas);
         assert_memory_equal(ref, got, sizeof ref);
     }
-    /* cuda takes the block formats blas takes (Q8_0, Q4_0), else the compute dtype (BF16 here). On blocks its GEMV
-     * rounds x to 8 bits per block of 32 and its batches round each weight to BF16 (both inside ops.h's allowance,
-     * tests/test_cuda.c), so a step whose two best logits lie within that error may take the other token, and free
+    /* cuda takes the block formats blas takes (Q8_0, Q4_0, FP8), else the compute dtype (BF16 here). On Q8_0 and
+     * Q4_0 its GEMV rounds x to 8 bits per block of 32, and on every block format its batches (the prompt) round each
+     * weight to BF16 (both inside ops.h's allowance, tests/test_cuda.c), so a step whose two best logits lie within
+     * that error may take the other token, and free
      * running would then diverge for good (gptq-sym on an H100: step 17 of 24). So the reference's tokens are fed
      * (teacher forcing) and cuda's choice must agree at all but two steps. */
     llm_dtype cuda_as;

@@ -223,7 +223,9 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
     const llm_device *dev = place_dev(m);
     int threads = llm_host_physical_cores();
     w->rows = rows, w->cols = cols;
-    llm_op op = head ? LLM_OP_LOGITS : LLM_OP_MATMUL;
+    /* an expert's matrix is multiplied by the experts op (a device may take a block format in matmul but not there:
+     * cuda's experts read 16-bit weights) */
+    llm_op op = head ? LLM_OP_LOGITS : strstr(name, ".experts.") ? LLM_OP_EXPERTS : LLM_OP_MATMUL;
     /* --op-device may pin the product; experts in host memory are the host device's */
     const llm_device *who = m->placing ? m->placing : m->rt.op_device[op] ? m->rt.op_device[op] : dev;
     if (p.traits->integer && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
