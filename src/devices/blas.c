@@ -1352,7 +1352,8 @@ static void blas_experts(float *out, const float *x, const llm_experts *w, const
 {
     size_t picks = (size_t)n * top_k, E = (size_t)w->n_experts, rows = w->w[0].rows, cols = w->w[0].cols;
     size_t in_rows = (size_t)n * x_slots;
-    bool quant = llm_dtype_is_block(w->w[0].dtype) && w->w[0].dtype != LLM_DTYPE_MXFP4;
+    llm_dtype wt = w->w[0].dtype; /* MXFP4 and FP8 multiply in f32 (their dot kernels), the rest quantize x */
+    bool quant = llm_dtype_is_block(wt) && wt != LLM_DTYPE_MXFP4 && wt != LLM_DTYPE_F8_E4M3_B128;
     size_t xq_stride = quant ? llm_quant_scratch_bytes(llm_quant_of_dtype(w->w[0].dtype), cols, 1) : 0;
     size_t index = ((E + 1 + 2 * picks) * sizeof(size_t) + 63) / 64 * 64; /* start, order, used; then 64-aligned */
     size_t gathered = (size_t)n * (rows + cols) * sizeof(float), quantized = in_rows * xq_stride;
