@@ -14,7 +14,7 @@
 # qwen3-0.6b, qwen3-1.7b, gemma-2-2b, gemma-3-1b, phi-3.5-mini, olmo-2-1b: scripts/make-family-checkpoint.py), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
 # prefix with include/ and lib/ holding the -dev packages, for machines without them); for the stages quant and
-# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"), LLAMA_SRC (a tarball of llama.cpp's
+# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"; fp8: an FP8 checkpoint made from it), LLAMA_SRC (a tarball of llama.cpp's
 # source, gzip, or zstd where zstd is installed: ggml, src, common, tools/llama-bench, gguf-py), LLAMA_BUILD (default
 # /tmp/llama-build), LLAMA_FA (ON or OFF: its flash-attention kernels, most of its build time; default OFF, and then
 # llama-bench runs without them).
@@ -209,16 +209,21 @@ if has quant; then
     for s in $QUANT_SHAPES; do
         [ -d "$MODELS/$s" ] || continue
         for q in bf16 $QUANTS; do
-            args=()
-            [ "$q" != bf16 ] && args=(--quant "$q")
-            build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${args[@]}" "$MODELS/$s" \
+            args=() m="$MODELS/$s"
+            if [ "$q" = fp8 ]; then # an FP8 checkpoint (128x128 blocks) of the same weights, loaded as shipped
+                m="$MODELS/$s-fp8"
+                [ -d "$m" ] || python3 dev/quant/make-random-prequant.py "$MODELS/$s" "$m" fp8-block >>"$OUT/quant.log" 2>&1
+            elif [ "$q" != bf16 ]; then
+                args=(--quant "$q")
+            fi
+            build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${args[@]}" "$m" \
                 >>"$OUT/quant.log" 2>&1
         done
         echo "LLM_CUDA_PERSIST=0 (kernel-per-op step, as quantized weights run), $s BF16:" >>"$OUT/quant.log"
         LLM_CUDA_PERSIST=0 build/llm-run bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "$MODELS/$s" \
             >>"$OUT/quant.log" 2>&1
     done
-    grep -E '^\||cuda:|quant:|LLM_CUDA' "$OUT/quant.log" | tee -a "$summary"
+    grep -E '^\||cuda:|quant:|quantization_config|LLM_CUDA' "$OUT/quant.log" | tee -a "$summary"
 fi
 
 # llama.cpp's llama-bench, built from LLAMA_SRC for this GPU (that target only), once, into LLAMA_BUILD.
@@ -246,6 +251,7 @@ if has llama && [ -f "${LLAMA_SRC:-}" ]; then
     build_llama
     for s in $QUANT_SHAPES; do
         for q in $QUANTS; do
+            [ "$q" = fp8 ] && continue # llama.cpp has no FP8 weights
             g="$MODELS/$s-$q.gguf"
             [ -f "$g" ] || PYTHONPATH="$lb/src/gguf-py" python3 dev/quant/make-random-gguf.py "$g" "$q" "$s" \
                 >>"$OUT/llama-build.log" 2>&1 || { echo "no GGUF for $s $q" | tee -a "$summary"; continue; }

@@ -208,9 +208,10 @@ static weight_pair make_quant_weight(llm_dtype t, size_t rows, size_t cols, floa
 
 static void run_matmul_quant(void)
 {
-    static const llm_dtype types[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
+    static const llm_dtype types[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K, LLM_DTYPE_F8_E4M3_B128};
     /* model shapes (Llama's 4096 and 11008, TinyLlama's 2048 and 5632), rows whose bytes are not a multiple of 16
-     * (3 blocks of 32: the 2-byte load path), odd rows, batches of tokens (cuBLAS on dequantized tiles) */
+     * (3 blocks of 32: the 2-byte load path; FP8's 6 and 86 blocks of 132 bytes: its 4-byte load path), odd rows,
+     * batches of tokens (cuBLAS on dequantized tiles) */
     static const struct { size_t rows, cols; int n; bool bias; } cases[] = {
         {2048, 2048, 1, false}, {5632, 2048, 1, true}, {2048, 5632, 1, false}, {4096, 11008, 1, false},
         {77, 768, 1, true},     {33, 96, 1, false},    {1000, 2048, 17, true}, {100, 512, 5, false},
@@ -220,7 +221,7 @@ static void run_matmul_quant(void)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             const llm_dtype t = types[ti];
             const size_t rows = cases[c].rows, cols = cases[c].cols, n = (size_t)cases[c].n;
-            if (cols % llm_dtype_block(t)) continue; /* Q4_K's 256: the 96-column case is Q8_0's and Q4_0's */
+            if (cols % llm_dtype_block(t)) continue; /* Q4_K's 256, FP8's 128: 96 columns are Q8_0's and Q4_0's */
             float *wf;
             weight_pair w = make_quant_weight(t, rows, cols, &wf);
             weight_pair b = {{0}, {0}};
@@ -236,7 +237,11 @@ static void run_matmul_quant(void)
             /* Per element: ops.h lets a quantized product round x to 8 bits per block of 32 (the GEMV does): at most
              * half a step, max|x_b| / 254, times sum |w|. A batch rounds each weight to BF16 instead (at most 2^-9
              * |w x|) and splits x into two BF16 halves (2^-16 |w x|): both under max|x_b| / 254 |w| a term. Plus the
-             * f32 summation, cols eps sum |w x| on either side. */
+             * f32 summation, cols eps sum |w x| on either side. FP8 is held tighter: its GEMV multiplies x in f32
+             * (E4M3 to f16 is exact; a chunk's 16 products summed, then times the block's scale: one rounding more a
+             * term than the reference's order), so only the summations differ, (cols + 4) eps sum |w x| each side;
+             * its batch adds the BF16 rounding of each weight and x's halves, (2^-9 + 2^-16) sum |w x|. */
+            const bool f8 = t == LLM_DTYPE_F8_E4M3_B128;
             const double eps = 1.0 / 16777216.0;
             int bad = 0;
             double worst = 0;
@@ -255,6 +260,9 @@ static void run_matmul_quant(void)
                         abs_w_step += a * half_step[k / 32];
                     }
                     double bound = 2.0 * (double)cols * eps * abs_wx + abs_w_step;
+                    if (f8)
+                        bound = 2.0 * (double)(cols + 4) * eps * abs_wx +
+                                (n == 1 ? 0.0 : (1.0 / 512 + 1.0 / 65536) * abs_wx);
                     double e = fabs((double)got[i * rows + r] - ref[i * rows + r]);
                     if (!(e <= bound)) {
                         if (bad < 3)
@@ -657,6 +665,11 @@ static void test_fused_layer(void **state)
         run_fused_layer(1, quant[i], LLM_DTYPE_F32, 2e-2);
         run_fused_layer(6, quant[i], LLM_DTYPE_F32, 2e-2);
     }
+    /* FP8: the GEMV multiplies x in f32 (E4M3 to f16 exactly, then the block's scale once per 16 values), so one
+     * token is f32 arithmetic in another order, as BF16's 1e-5 above, with room for the scale's extra rounding a
+     * chunk: 1e-4. Batches round each weight to BF16 (2^-9 a term, random signs) as the formats above: 2e-2. */
+    run_fused_layer(1, LLM_DTYPE_F8_E4M3_B128, LLM_DTYPE_F32, 1e-4);
+    run_fused_layer(6, LLM_DTYPE_F8_E4M3_B128, LLM_DTYPE_F32, 2e-2);
     cuda_done();
 }
 

@@ -824,8 +824,8 @@ static llm_weight *host_experts(llm_dtype t, int E, size_t rows, size_t cols, fl
     return w;
 }
 
-static const llm_dtype expert_dtypes[] = {LLM_DTYPE_F32,  LLM_DTYPE_F16,  LLM_DTYPE_BF16, LLM_DTYPE_Q8_0,
-                                          LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K, LLM_DTYPE_MXFP4};
+static const llm_dtype expert_dtypes[] = {LLM_DTYPE_F32,  LLM_DTYPE_F16,  LLM_DTYPE_BF16,  LLM_DTYPE_Q8_0,
+                                          LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K, LLM_DTYPE_MXFP4, LLM_DTYPE_F8_E4M3_B128};
 
 static void test_experts(void **state)
 {

@@ -31,17 +31,18 @@ typedef struct {
 } pq_case;
 
 /* 4-bit groups of 32 or more are exact as Q8_0 ((q - zero) in int8 under the group's f16 scale), and as Q4_0 when
- * q - zero stays in -8..7 (symmetric); FP8 times its scale is exact in f32 only, and act-order GPTQ's groups
- * interleave within a block of 32 columns: those are dequantized. */
+ * q - zero stays in -8..7 (symmetric); FP8 is exact as FP8 blocks (its bytes under one f32 scale per 128 values of a
+ * row, for 128x128-block, per-channel and per-tensor scales alike); act-order GPTQ's groups interleave within a
+ * block of 32 columns: those are dequantized. */
 static const pq_case cases[] = {
     {"awq", LLM_DTYPE_Q8_0, LLM_DTYPE_Q8_0},
     {"gptq-sym", LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_0},
     {"gptq-asym-actorder", LLM_DTYPE_F32, LLM_DTYPE_BF16},
     {"ct-w4a16-sym", LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_0},
     {"ct-w4a16-asym", LLM_DTYPE_Q8_0, LLM_DTYPE_Q8_0},
-    {"ct-fp8-channel", LLM_DTYPE_F32, LLM_DTYPE_BF16},
-    {"ct-fp8-tensor", LLM_DTYPE_F32, LLM_DTYPE_BF16},
-    {"fp8-block", LLM_DTYPE_F32, LLM_DTYPE_BF16},
+    {"ct-fp8-channel", LLM_DTYPE_F8_E4M3_B128, LLM_DTYPE_F8_E4M3_B128},
+    {"ct-fp8-tensor", LLM_DTYPE_F8_E4M3_B128, LLM_DTYPE_F8_E4M3_B128},
+    {"fp8-block", LLM_DTYPE_F8_E4M3_B128, LLM_DTYPE_F8_E4M3_B128},
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 
@@ -139,6 +140,20 @@ static void test_dequantize_matches_library(void **state)
             }
             free(q8), free(q4), free(back);
         }
+        /* FP8 as FP8 blocks (what every device loads it as): the bytes as stored under each 128 values' scale */
+        if (!p.traits->integer && cols % LLM_QK_F8 == 0) {
+            size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_F8_B128, out, cols);
+            void *f8 = malloc(bytes);
+            float *back = malloc(cols * sizeof *back);
+            assert_true(f8 && back);
+            assert_int_equal(llm_pq_convert(&p, LLM_DTYPE_F8_E4M3_B128, f8, 2, NULL), 0);
+            for (size_t r = 0; r < out; r++) {
+                llm_pq_dequantize_row(&p, r, got);
+                llm_quant_traits_of(LLM_QUANT_F8_B128)->dequantize(back, (char *)f8 + r * (bytes / out), cols);
+                assert_memory_equal(back, got, cols * sizeof *got);
+            }
+            free(f8), free(back);
+        }
         free(got);
         matrices++;
     }
@@ -212,9 +227,10 @@ static void test_greedy_tokens(void **state)
         assert_int_equal(blas_as, c->blas);
         assert_memory_equal(ref, got, sizeof ref);
     }
-    /* cuda takes the block formats blas takes (Q8_0, Q4_0), else the compute dtype (BF16 here). On blocks its GEMV
-     * rounds x to 8 bits per block of 32 and its batches round each weight to BF16 (both inside ops.h's allowance,
-     * tests/test_cuda.c), so a step whose two best logits lie within that error may take the other token, and free
+    /* cuda takes the block formats blas takes (Q8_0, Q4_0, FP8), else the compute dtype (BF16 here). On Q8_0 and
+     * Q4_0 its GEMV rounds x to 8 bits per block of 32, and on every block format its batches (the prompt) round each
+     * weight to BF16 (both inside ops.h's allowance, tests/test_cuda.c), so a step whose two best logits lie within
+     * that error may take the other token, and free
      * running would then diverge for good (gptq-sym on an H100: step 17 of 24). So the reference's tokens are fed
      * (teacher forcing) and cuda's choice must agree at all but two steps. */
     llm_dtype cuda_as;

@@ -132,6 +132,17 @@ static void test_traits(void **state)
     assert_true(llm_quant_bits_per_weight(LLM_QUANT_Q8_0) == 8.5);
     assert_true(llm_quant_bits_per_weight(LLM_QUANT_Q4_0) == 4.5);
     assert_true(llm_quant_bits_per_weight(LLM_QUANT_Q4_K) == 4.5);
+    assert_true(llm_quant_bits_per_weight(LLM_QUANT_F8_B128) == 8.25);
+    assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_F8_B128, 2, 64), 0); /* FP8 blocks are 128 values */
+    /* E4M3: every finite code back to itself through f32, and a value between two codes to the nearer (the even
+     * code on a tie, as torch's .to(float8_e4m3fn) rounds) */
+    for (int b = 0; b < 256; b++)
+        if ((b & 0x7f) != 0x7f) assert_int_equal(llm_f32_to_fp8_e4m3(llm_fp8_e4m3_to_f32((unsigned char)b)), b);
+    assert_int_equal(llm_f32_to_fp8_e4m3(1.0625f), 0x38); /* halfway 1 (0x38) and 1.125 (0x39): even */
+    assert_int_equal(llm_f32_to_fp8_e4m3(1.1875f), 0x3a); /* halfway 1.125 and 1.25 (0x3a): even */
+    assert_int_equal(llm_f32_to_fp8_e4m3(-1.05f), 0xb8);
+    assert_int_equal(llm_f32_to_fp8_e4m3(1000.0f), 0x7e); /* saturates at 448 */
+    assert_int_equal(llm_f32_to_fp8_e4m3(0x1p-11f), 0x00); /* a quarter of the smallest subnormal */
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q4_K, 2, 512), 2 * 2 * 144);
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, 3, 48), 0);           /* not a whole block */
     assert_int_equal(llm_quant_matrix_bytes(LLM_QUANT_Q8_0, SIZE_MAX / 2, 64), 0); /* overflow */
@@ -425,7 +436,7 @@ static void test_device_matmul(void **state)
     for (size_t i = 0; i < N * COLS; i++) x[i] = rng_unit();
     for (size_t i = 0; i < ROWS; i++) bias[i] = rng_unit();
     llm_weight b = {.data = bias, .dtype = LLM_DTYPE_F32, .rows = 1, .cols = ROWS};
-    for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_MXFP4; d++) {
+    for (llm_dtype d = LLM_DTYPE_Q8_0; d <= LLM_DTYPE_F8_E4M3_B128; d++) {
         assert_true(blas->supports(LLM_OP_MATMUL, d) && blas->supports(LLM_OP_LOGITS, d));
         assert_false(blas->supports(LLM_OP_RMSNORM, d));
         llm_weight w = {.dtype = d, .rows = ROWS, .cols = COLS};
@@ -446,13 +457,71 @@ static void test_device_matmul(void **state)
         for (size_t i = 0; i < ROWS * COLS; i++) wmax = fmax(wmax, fabs(wq[i]));
         free(wq);
         for (size_t i = 0; i < N * ROWS; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
-        double bound = d == LLM_DTYPE_MXFP4 ? 2.0 * COLS * 0x1p-24 * COLS * wmax * 1.7320508
-                                            : 0.05 * COLS / 254.0 * 1.01;
+        bool f32_products = d == LLM_DTYPE_MXFP4 || d == LLM_DTYPE_F8_E4M3_B128;
+        double bound = f32_products ? 2.0 * COLS * 0x1p-24 * COLS * wmax * 1.7320508 : 0.05 * COLS / 254.0 * 1.01;
         print_message("blas matmul %s %dx%d n=%d, bias: largest difference from the reference %.3g (bound %.3g)\n",
                       llm_dtype_name(d), ROWS, COLS, N, worst, bound);
         assert_true(worst <= bound);
         free(w.data);
     }
+    blas->release();
+    /* FP8 through every kernel set blas has (LLM_BLAS_KERNELS narrows it at init), one position (a dot a row), three
+     * (the same, positions in turn) and N (sgemm on tiles dequantized exactly): f32 products, the bound above */
+    const char *sets[] = {"portable", "avx2", NULL};
+    for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) {
+        if (sets[k]) setenv("LLM_BLAS_KERNELS", sets[k], 1);
+        assert_int_equal(blas->init(&opt, err, sizeof err), 0);
+        llm_weight w = {.dtype = LLM_DTYPE_F8_E4M3_B128, .rows = ROWS, .cols = COLS};
+        w.data = malloc(llm_dtype_matrix_bytes(w.dtype, ROWS, COLS));
+        float *wq = malloc(ROWS * COLS * sizeof *wq);
+        assert_true(w.data && wq);
+        assert_int_equal(llm_quant_matrix(w.data, wf, LLM_DTYPE_F32, LLM_QUANT_F8_B128, ROWS, COLS, 1), 0);
+        llm_quant_traits_of(LLM_QUANT_F8_B128)->dequantize(wq, w.data, ROWS * COLS);
+        double wmax = 0;
+        for (size_t i = 0; i < ROWS * COLS; i++) wmax = fmax(wmax, fabs(wq[i]));
+        const int ns[] = {1, 3, N};
+        for (size_t j = 0; j < 3; j++) {
+            llm_ref_ops.matmul(ref, x, &w, NULL, ns[j]);
+            blas->ops->matmul(got, x, &w, NULL, ns[j]);
+            assert_int_equal(blas->sync(), 0);
+            double worst = 0, bound = 2.0 * COLS * 0x1p-24 * COLS * wmax * 1.7320508;
+            for (size_t i = 0; i < (size_t)ns[j] * ROWS; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+            print_message("blas matmul FP8 (%s kernels) n=%d: largest difference %.3g (bound %.3g)\n",
+                          sets[k] ? sets[k] : "best", ns[j], worst, bound);
+            assert_true(worst <= bound);
+        }
+        free(w.data), free(wq);
+        blas->release();
+        unsetenv("LLM_BLAS_KERNELS");
+    }
+    /* The fast precision: where the CPU has AVX-512 BF16, FP8 batches round each weight and x to BF16 (blas.c,
+     * matmul_f8_bf16): per element at most (2^-8 + 2^-18) sum |w x| beside the two f32 summations. */
+    llm_device_options fast = {.threads = 2, .precision = LLM_PRECISION_FAST};
+    assert_int_equal(blas->init(&fast, err, sizeof err), 0);
+    llm_weight w = {.dtype = LLM_DTYPE_F8_E4M3_B128, .rows = ROWS, .cols = COLS};
+    w.data = malloc(llm_dtype_matrix_bytes(w.dtype, ROWS, COLS));
+    float *wq = malloc(ROWS * COLS * sizeof *wq);
+    assert_true(w.data && wq);
+    assert_int_equal(llm_quant_matrix(w.data, wf, LLM_DTYPE_F32, LLM_QUANT_F8_B128, ROWS, COLS, 1), 0);
+    llm_quant_traits_of(LLM_QUANT_F8_B128)->dequantize(wq, w.data, ROWS * COLS);
+    const int ns[] = {2, 5, N};
+    for (size_t j = 0; j < 3; j++) {
+        llm_ref_ops.matmul(ref, x, &w, NULL, ns[j]);
+        blas->ops->matmul(got, x, &w, NULL, ns[j]);
+        assert_int_equal(blas->sync(), 0);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)ns[j]; i++)
+            for (size_t r = 0; r < ROWS; r++) {
+                double awx = 0;
+                for (size_t c = 0; c < COLS; c++) awx += fabs((double)wq[r * COLS + c] * x[i * COLS + c]);
+                double bound = (1.0 / 256 + 1.0 / 262144 + 2.0 * COLS * 0x1p-24) * awx;
+                double e = fabs((double)got[i * ROWS + r] - ref[i * ROWS + r]);
+                worst = fmax(worst, e / bound);
+            }
+        print_message("blas matmul FP8, precision fast, n=%d: worst error %.3f of its bound\n", ns[j], worst);
+        assert_true(worst <= 1.0);
+    }
+    free(w.data), free(wq);
     blas->release();
     free(wf), free(x), free(bias), free(ref), free(got);
 }

@@ -2,7 +2,8 @@
  * a tile at a time into a per-thread scratch buffer), or, for BF16 weights where the CPU has AVX-512 BF16, through
  * our own gemm on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a
  * vectorised dot product per row; attention reads the KV cache in its own type (F32, F16, BF16, Q8_0) with the same
- * dot and axpy kernels; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
+ * dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3 widened in registers and multiplied
+ * in f32; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
  * (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports (LLM_BLAS_KERNELS=avx2|portable
  * forces a narrower set, for tests). Threads: -t, else one per physical core. Not here: the reference (ref.c). */
 #include <assert.h>
@@ -19,6 +20,7 @@
 #include "host.h"
 #include "../ops/ref.h"
 #include "../quant/mxfp4.h"
+#include "../quant/quant.h"
 #include "../quant/quant_dot.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -112,6 +114,34 @@ static float dot_mxfp4_c(const void *w, const float *x, size_t n)
     return s;
 }
 
+/* FP8 weights (F8_E4M3_B128): each block's E4M3 values (a table of the 256 codes, filled at init) times x in f32,
+ * then times the block's scale; the reference multiplies each value by the scale first, so only the rounding of the
+ * products and the summation order differ. */
+static float f8_values[256];
+
+static float dot_f8_c(const void *w, const float *x, size_t n)
+{
+    const llm_block_f8 *b = w;
+    float s = 0.0f;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++, x += LLM_QK_F8) {
+        float b0 = 0.0f, b1 = 0.0f;
+        for (int j = 0; j < LLM_QK_F8; j += 2) {
+            b0 += f8_values[b[k].qs[j]] * x[j];
+            b1 += f8_values[b[k].qs[j + 1]] * x[j + 1];
+        }
+        s += (b0 + b1) * b[k].d;
+    }
+    return s;
+}
+
+/* Rows of FP8 blocks to f32 as the reference dequantizes them (e4m3 * d, one f32 product). */
+static void f8_to_f32_c(float *dst, const void *src, size_t n)
+{
+    const llm_block_f8 *b = src;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++)
+        for (int j = 0; j < LLM_QK_F8; j++) dst[k * LLM_QK_F8 + j] = f8_values[b[k].qs[j]] * b[k].d;
+}
+
 static float sumsq_c(const float *x, size_t n) { return dot_f32_c(x, x, n); }
 
 static void add_c(float *x, const float *y, size_t n)
@@ -143,9 +173,10 @@ static float exp_shift_c(float *s, float m, size_t n)
 
 static const blas_kernels kernels_c = {
     .name = "portable",
-    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c, [LLM_DTYPE_MXFP4] = dot_mxfp4_c},
+    .dot = {dot_f32_c, dot_f16_c, dot_bf16_c, [LLM_DTYPE_Q8_0] = dot_q8_0_c, [LLM_DTYPE_MXFP4] = dot_mxfp4_c,
+            [LLM_DTYPE_F8_E4M3_B128] = dot_f8_c},
     .axpyw = {axpyw_f32_c, axpyw_f16_c, axpyw_bf16_c, [LLM_DTYPE_Q8_0] = axpyw_q8_0_c},
-    .to_f32 = {dot_f32_c_to_f32, dot_f16_c_to_f32, dot_bf16_c_to_f32},
+    .to_f32 = {dot_f32_c_to_f32, dot_f16_c_to_f32, dot_bf16_c_to_f32, [LLM_DTYPE_F8_E4M3_B128] = f8_to_f32_c},
     .sumsq = sumsq_c, .add = add_c, .axpy = axpy_c, .scale = scale_c, .silu_mul = silu_mul_c,
     .exp_shift = exp_shift_c,
 };
@@ -266,6 +297,48 @@ AVX2 static float dot_mxfp4_avx2(const void *w, const float *x, size_t n)
     return hsum8(acc);
 }
 
+/* FP8: sixteen E4M3 bytes as F16 bit patterns, exactly: the byte's exponent and mantissa shifted left by 7 and its
+ * sign to bit 15 give an f16 of the same fields, whose value is the E4M3 value times 2^-8 (exponent bias 15 against
+ * 7; subnormals alike), NaN excepted (S.1111.111 reads as 1.875 * 2^0: FP8 blocks hold none, prequant.c). The 2^8
+ * goes back in as a power of two, exactly. */
+AVX2 static inline __m256i f8_to_f16x16(const uint8_t *p)
+{
+    __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                           _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+}
+
+AVX2 static float dot_f8_avx2(const void *w, const float *x, size_t n)
+{
+    const llm_block_f8 *b = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK_F8; k++, x += LLM_QK_F8) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+        for (int j = 0; j < LLM_QK_F8; j += 16) {
+            __m256i h = f8_to_f16x16(b[k].qs + j);
+            s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_loadu_ps(x + j), s0);
+            s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(x + j + 8), s1);
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(b[k].d), _mm256_add_ps(s0, s1), acc);
+    }
+    return hsum8(acc) * 256.0f;
+}
+
+AVX2 static void f8_to_f32_avx2(float *dst, const void *src, size_t n)
+{
+    const llm_block_f8 *b = src;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++) {
+        __m256 d = _mm256_set1_ps(b[k].d), two8 = _mm256_set1_ps(256.0f);
+        for (int j = 0; j < LLM_QK_F8; j += 16) {
+            __m256i h = f8_to_f16x16(b[k].qs + j);
+            float *o = dst + k * LLM_QK_F8 + j;
+            _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), two8), d));
+            _mm256_storeu_ps(o + 8,
+                             _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), two8), d));
+        }
+    }
+}
+
 AVX2 static void axpyw_q8_0_avx2(float *y, float a, const void *w, size_t n)
 {
     const llm_block_q8_0 *b = w;
@@ -343,9 +416,10 @@ AVX2 static float exp_shift_avx2(float *s, float m, size_t n)
 static const blas_kernels kernels_avx2 = {
     .name = "avx2",
     .dot = {dot_f32_avx2, dot_f16_avx2, dot_bf16_avx2, [LLM_DTYPE_Q8_0] = dot_q8_0_avx2,
-            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx2},
+            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx2, [LLM_DTYPE_F8_E4M3_B128] = dot_f8_avx2},
     .axpyw = {axpyw_f32_avx2, axpyw_f16_avx2, axpyw_bf16_avx2, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx2},
-    .to_f32 = {dot_f32_avx2_to_f32, dot_f16_avx2_to_f32, dot_bf16_avx2_to_f32},
+    .to_f32 = {dot_f32_avx2_to_f32, dot_f16_avx2_to_f32, dot_bf16_avx2_to_f32,
+               [LLM_DTYPE_F8_E4M3_B128] = f8_to_f32_avx2},
     .sumsq = sumsq_avx2, .add = add_avx2, .axpy = axpy_avx2, .scale = scale_avx2, .silu_mul = silu_mul_avx2,
     .exp_shift = exp_shift_avx2,
 };
@@ -437,6 +511,40 @@ AVX512 static float dot_mxfp4_avx512(const void *w, const float *x, size_t n)
     return _mm512_reduce_add_ps(acc);
 }
 
+/* FP8 (f8_to_f16x16): sixteen values a register, two sums in flight a block. */
+AVX512 static inline __m512 ld16_f8(const uint8_t *p)
+{
+    __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_cvtph_ps(_mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                                           _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8)));
+}
+
+AVX512 static float dot_f8_avx512(const void *w, const float *x, size_t n)
+{
+    const llm_block_f8 *b = w;
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t k = 0; k < n / LLM_QK_F8; k++, x += LLM_QK_F8) {
+        __m512 s0 = _mm512_mul_ps(ld16_f8(b[k].qs), _mm512_loadu_ps(x));
+        __m512 s1 = _mm512_mul_ps(ld16_f8(b[k].qs + 16), _mm512_loadu_ps(x + 16));
+        for (int j = 32; j < LLM_QK_F8; j += 32) {
+            s0 = _mm512_fmadd_ps(ld16_f8(b[k].qs + j), _mm512_loadu_ps(x + j), s0);
+            s1 = _mm512_fmadd_ps(ld16_f8(b[k].qs + j + 16), _mm512_loadu_ps(x + j + 16), s1);
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(b[k].d), _mm512_add_ps(s0, s1), acc);
+    }
+    return _mm512_reduce_add_ps(acc) * 256.0f;
+}
+
+AVX512 static void f8_to_f32_avx512(float *dst, const void *src, size_t n)
+{
+    const llm_block_f8 *b = src;
+    for (size_t k = 0; k < n / LLM_QK_F8; k++) {
+        __m512 d = _mm512_set1_ps(b[k].d), two8 = _mm512_set1_ps(256.0f);
+        for (int j = 0; j < LLM_QK_F8; j += 16)
+            _mm512_storeu_ps(dst + k * LLM_QK_F8 + j, _mm512_mul_ps(_mm512_mul_ps(ld16_f8(b[k].qs + j), two8), d));
+    }
+}
+
 AVX512 static void axpyw_q8_0_avx512(float *y, float a, const void *w, size_t n)
 {
     const llm_block_q8_0 *b = w;
@@ -514,9 +622,10 @@ AVX512 static float exp_shift_avx512(float *s, float m, size_t n)
 static const blas_kernels kernels_avx512 = {
     .name = "avx512",
     .dot = {dot_f32_avx512, dot_f16_avx512, dot_bf16_avx512, [LLM_DTYPE_Q8_0] = dot_q8_0_avx512,
-            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx512},
+            [LLM_DTYPE_MXFP4] = dot_mxfp4_avx512, [LLM_DTYPE_F8_E4M3_B128] = dot_f8_avx512},
     .axpyw = {axpyw_f32_avx512, axpyw_f16_avx512, axpyw_bf16_avx512, [LLM_DTYPE_Q8_0] = axpyw_q8_0_avx512},
-    .to_f32 = {dot_f32_avx512_to_f32, dot_f16_avx512_to_f32, dot_bf16_avx512_to_f32},
+    .to_f32 = {dot_f32_avx512_to_f32, dot_f16_avx512_to_f32, dot_bf16_avx512_to_f32,
+               [LLM_DTYPE_F8_E4M3_B128] = f8_to_f32_avx512},
     .sumsq = sumsq_avx512, .add = add_avx512, .axpy = axpy_avx512, .scale = scale_avx512,
     .silu_mul = silu_mul_avx512, .exp_shift = exp_shift_avx512,
 };
@@ -660,6 +769,7 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
     if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K);
+    for (int b = 0; b < 256; b++) f8_values[b] = llm_fp8_e4m3_to_f32((unsigned char)b);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
         float *bigger = llm_host_alloc(want * sizeof(float));
@@ -820,7 +930,7 @@ static void matmul_rows(float *out, const float *x, const llm_weight *w, const l
 static void gemm_rows(float *out, const float *x, const llm_weight *w, int n, size_t r_begin, size_t r_end,
                       float *scr, size_t scr_floats)
 {
-    size_t rows = w->rows, cols = w->cols, row_bytes = cols * llm_dtype_size(w->dtype);
+    size_t rows = w->rows, cols = w->cols, row_bytes = llm_dtype_row_bytes(w->dtype, cols);
     if (r_end <= r_begin) return;
     if (w->dtype == LLM_DTYPE_F32) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)(r_end - r_begin), (int)cols, 1.0f, x,
@@ -897,6 +1007,63 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
     }
 }
 
+/* FP8 rows r .. r + rm - 1 (F8_E4M3_B128) as BF16 at dst, cpad apart: each value as the reference dequantizes it
+ * (e4m3 * d in f32: ld16_f8 is e4m3 * 2^-8, exact, times 2^8 exactly) rounded to nearest even; zeros to cpad. */
+BF16DP static void f8_rows_to_bf16(uint16_t *dst, size_t cpad, const llm_block_f8 *w, size_t cols, size_t rm)
+{
+    size_t nb = cols / LLM_QK_F8;
+    for (size_t a = 0; a < rm; a++) {
+        const llm_block_f8 *b = w + a * nb;
+        uint16_t *o = dst + a * cpad;
+        for (size_t k = 0; k < nb; k++) {
+            __m512 d = _mm512_set1_ps(b[k].d), two8 = _mm512_set1_ps(256.0f);
+            for (int j = 0; j < LLM_QK_F8; j += 32) {
+                __m512 lo = _mm512_mul_ps(_mm512_mul_ps(ld16_f8(b[k].qs + j), two8), d);
+                __m512 hi = _mm512_mul_ps(_mm512_mul_ps(ld16_f8(b[k].qs + j + 16), two8), d);
+                _mm512_storeu_si512(o + k * LLM_QK_F8 + j, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+        }
+        memset(o + cols, 0, (cpad - cols) * sizeof *o);
+    }
+}
+
+/* out = x w^T for FP8 w in the fast precision, with vdpbf16ps: each thread rounds 4 rows of w at a time to BF16 into
+ * its own part of the scratch (2^-9 a weight, which ops.h allows a block format: cuda's batches do the same), then
+ * matmul_bf16's tiles with x rounded to BF16 once (2^-9 a term): at most (2^-8 + 2^-18) sum_c |w x| beside f32
+ * sums. The accurate precision keeps exact f32 weights and sgemm (matmul_gemm). */
+static void matmul_f8_bf16(float *out, const float *x, const llm_weight *w, int n)
+{
+    size_t rows = w->rows, cols = w->cols, cpad = (cols + 31) / 32 * 32, ldx = cpad;
+    size_t wpart = (4 * cpad * sizeof(uint16_t) + 63) / 64 * 64, total = scratch_floats * sizeof(float);
+    size_t wall = wpart * (size_t)blas_threads;
+    size_t chunk = total > wall ? (total - wall) / (ldx * sizeof(uint16_t)) : 0;
+    assert(chunk >= 1); /* 4 MiB a thread holds 4 rows and a position of a quarter million columns */
+    uint16_t *wt = (uint16_t *)scratch, *xs = (uint16_t *)((char *)scratch + wall);
+    const llm_block_f8 *wd = w->data;
+    size_t nb = cols / LLM_QK_F8;
+    for (size_t i0 = 0; i0 < (size_t)n; i0 += chunk) {
+        size_t m = (size_t)n - i0 < chunk ? (size_t)n - i0 : chunk;
+#pragma omp parallel num_threads(blas_threads)
+        {
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < m; i++) split_bf16(xs + i * ldx, NULL, x + (i0 + i) * cols, cols, cpad);
+            size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
+            uint16_t *mine = (uint16_t *)((char *)wt + t * wpart);
+            size_t share = ((rows + team - 1) / team + 3) / 4 * 4;
+            size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
+            for (size_t r = begin; r < end; r += 4) {
+                size_t rm = end - r < 4 ? end - r : 4;
+                f8_rows_to_bf16(mine, cpad, wd + r * nb, cols, rm);
+                for (size_t i = 0; i < m; i += 4) {
+                    size_t rn = m - i < 4 ? m - i : 4;
+                    bf16_tiles[0][rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, mine, cpad, xs + i * ldx, NULL,
+                                                  ldx, cols);
+                }
+            }
+        }
+    }
+}
+
 /* Block-quantized weights: activations quantized to 8 bits a block (into the scratch, as many positions at a time
  * as it holds), integer dot products (quant_dot.h). */
 static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
@@ -917,7 +1084,16 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
         matmul_rows(out, x, w, bias, n);
         return;
     }
-    if (llm_dtype_is_block(w->dtype)) {
+    if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
+        /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly; in the
+         * fast precision, where the CPU has AVX-512 BF16, BF16 tiles from BF16_MIN_N positions on */
+        if (bf16_gemm && !bf16_split && n >= BF16_MIN_N) {
+            matmul_f8_bf16(out, x, w, n);
+        } else if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
+            matmul_rows(out, x, w, bias, n);
+            return;
+        }
+    } else if (llm_dtype_is_block(w->dtype)) {
         matmul_quant(out, x, w, n);
     } else if (w->dtype == LLM_DTYPE_BF16 && bf16_gemm && n >= BF16_MIN_N) {
         matmul_bf16(out, x, w, n);
@@ -1176,7 +1352,8 @@ static void blas_experts(float *out, const float *x, const llm_experts *w, const
 {
     size_t picks = (size_t)n * top_k, E = (size_t)w->n_experts, rows = w->w[0].rows, cols = w->w[0].cols;
     size_t in_rows = (size_t)n * x_slots;
-    bool quant = llm_dtype_is_block(w->w[0].dtype) && w->w[0].dtype != LLM_DTYPE_MXFP4;
+    llm_dtype wt = w->w[0].dtype; /* MXFP4 and FP8 multiply in f32 (their dot kernels), the rest quantize x */
+    bool quant = llm_dtype_is_block(wt) && wt != LLM_DTYPE_MXFP4 && wt != LLM_DTYPE_F8_E4M3_B128;
     size_t xq_stride = quant ? llm_quant_scratch_bytes(llm_quant_of_dtype(w->w[0].dtype), cols, 1) : 0;
     size_t index = ((E + 1 + 2 * picks) * sizeof(size_t) + 63) / 64 * 64; /* start, order, used; then 64-aligned */
     size_t gathered = (size_t)n * (rows + cols) * sizeof(float), quantized = in_rows * xq_stride;
@@ -1236,7 +1413,8 @@ static bool blas_supports(llm_op op, llm_dtype dtype)
 {
     if (op == LLM_OP_ATTENTION) return llm_cache_type_valid(dtype); /* the cache's type; kernels for each above */
     if (!llm_dtype_is_block(dtype)) return dtype < LLM_DTYPE_COUNT;
-    if (dtype == LLM_DTYPE_MXFP4) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
+    if (dtype == LLM_DTYPE_MXFP4 || dtype == LLM_DTYPE_F8_E4M3_B128)
+        return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
     const llm_quant_kernels *k = QK ? QK : pick_quant_kernels(); /* asked before init by `llm-run devices` */
     return (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS) &&
            k->tile[llm_quant_of_dtype(dtype)] != NULL;

@@ -198,7 +198,8 @@ static int place_owned(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype, 
 
 /* A linear of a pre-quantized checkpoint (config.json's quantization_config). Into a block format the device's
  * products take when that holds every value exactly (4-bit groups of 32 or more: (q - zero) in int8 under the
- * group's f16 scale is Q8_0, and Q4_0 when every q - zero is in -8..7); else dequantized on load: to F32 on the
+ * group's f16 scale is Q8_0, and Q4_0 when every q - zero is in -8..7; FP8 whose columns are whole blocks of 128:
+ * F8_E4M3_B128, the bytes as stored under each 128 values' scale); else dequantized on load: to F32 on the
  * reference (exact), to the checkpoint's compute dtype (the embeddings') elsewhere, rounding where it must.
  * `head`: the LM head, whose product is logits. Returns 1 when the module is not stored quantized. */
 static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, bool head,
@@ -222,7 +223,9 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
     const llm_device *dev = place_dev(m);
     int threads = llm_host_physical_cores();
     w->rows = rows, w->cols = cols;
-    llm_op op = head ? LLM_OP_LOGITS : LLM_OP_MATMUL;
+    /* an expert's matrix is multiplied by the experts op (a device may take a block format in matmul but not there:
+     * cuda's experts read 16-bit weights) */
+    llm_op op = head ? LLM_OP_LOGITS : strstr(name, ".experts.") ? LLM_OP_EXPERTS : LLM_OP_MATMUL;
     /* --op-device may pin the product; experts in host memory are the host device's */
     const llm_device *who = m->placing ? m->placing : m->rt.op_device[op] ? m->rt.op_device[op] : dev;
     if (p.traits->integer && cols % LLM_QK8_0 == 0 && who->supports(op, LLM_DTYPE_Q8_0)) {
@@ -249,6 +252,24 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
         }
         free(q8); /* not exact (or no memory for it): dequantized below */
     }
+    /* FP8 as FP8 blocks: every scale layout gives each 128 values of a row one f32 scale */
+    bool f8_blocks = !p.traits->integer && cols % LLM_QK_F8 == 0;
+    if (f8_blocks && who->supports(op, LLM_DTYPE_F8_E4M3_B128)) {
+        size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_F8_B128, rows, cols);
+        void *f8 = bytes ? malloc(bytes) : NULL;
+        if (f8 && llm_pq_convert(&p, LLM_DTYPE_F8_E4M3_B128, f8, threads, NULL) == 0) {
+            if (!m->placing && llm_runtime_require(&m->rt, op, LLM_DTYPE_F8_E4M3_B128, NULL, err, err_len)) {
+                free(f8);
+                return -1;
+            }
+            if (place_blocks(m, w, f8, LLM_DTYPE_F8_E4M3_B128, name, err, err_len)) return -1;
+            m->weight_bytes += bytes;
+            m->pq_count[w->dtype]++;
+            goto release;
+        }
+        free(f8); /* a NaN, a block of two scales (weight_block_size under 128), or no memory: dequantized below */
+    }
+    if (!p.traits->integer && cols % LLM_QK_F8 != 0) m->pq_not_blocks++;
     llm_dtype to = dev == llm_device_find("cpu") ? LLM_DTYPE_F32 : m->weight_dtype;
     if (!who->supports(op, to)) to = LLM_DTYPE_BF16;
     size_t bytes = rows * cols * llm_dtype_size(to), rounded = 0;
@@ -285,6 +306,9 @@ static void print_prequant(const llm_model *m, FILE *log)
             fprintf(log, "as %s (exact)", llm_dtype_name(d));
         else if (d == LLM_DTYPE_F32)
             fprintf(log, "dequantized on load to F32 (exact)");
+        else if (m->pq_not_blocks) /* FP8 rows that are not whole blocks of 128 */
+            fprintf(log, "dequantized on load to %s (%s; %d with columns not whole blocks of 128)", llm_dtype_name(d),
+                    m->pq_rounded ? "rounded" : "exact", m->pq_not_blocks);
         else /* the device has no product for the format, and no exact block format holds it */
             fprintf(log, "dequantized on load to %s (%s; %s has no kernel for it)", llm_dtype_name(d),
                     m->pq_rounded ? "rounded" : "exact", m->rt.dev->name);

@@ -79,9 +79,11 @@ typedef struct llm_model {
     int quant_experts;       /* of quant_count, the experts' matrices */
     llm_dtype cache_type;    /* the KV cache's element type (ops.h, attention) */
     /* A pre-quantized checkpoint (config.json's quantization_config): its linears by the dtype they were loaded as
-     * (an exact Q8_0 or Q4_0, else dequantized), those it stores unquantized, and values F16/BF16 had to round. */
+     * (an exact Q8_0, Q4_0 or FP8, else dequantized), those it stores unquantized, the FP8 linears dequantized
+     * because their columns are not whole blocks of 128, and values F16/BF16 had to round. */
     int pq_count[LLM_DTYPE_COUNT];
     int pq_stored;
+    int pq_not_blocks;
     size_t pq_rounded;
     /* Experts in host memory (llm_load_options.host_experts): how many sparse layers keep theirs there, on
      * rt.expert_host, and their bytes. placing: the device the loader places (or frees) weights on while it works

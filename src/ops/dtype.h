@@ -11,7 +11,9 @@
 /* F32, F16, BF16: one value an element, as checkpoints store them. Q8_0, Q4_0, Q4_K: blocks of 32 or 256 values
  * as ggml lays them out (a row of a matrix is a whole number of blocks), only ever made by quantizing on load and
  * only for matrix products (matmul, logits). MXFP4: blocks of 32 FP4 (E2M1) values under a power-of-two scale, as
- * ggml's block_mxfp4 lays them out, made from checkpoints that ship it (gpt-oss's experts; src/quant/mxfp4.h). */
+ * ggml's block_mxfp4 lays them out, made from checkpoints that ship it (gpt-oss's experts; src/quant/mxfp4.h).
+ * F8_E4M3_B128: blocks of 128 FP8 E4M3 values along a row under one f32 scale, made from FP8 checkpoints
+ * (src/quant/prequant.h: 128x128-block, per-channel and per-tensor scales all map onto it). */
 typedef enum {
     LLM_DTYPE_F32,
     LLM_DTYPE_F16,
@@ -20,6 +22,7 @@ typedef enum {
     LLM_DTYPE_Q4_0,
     LLM_DTYPE_Q4_K,
     LLM_DTYPE_MXFP4,
+    LLM_DTYPE_F8_E4M3_B128,
     LLM_DTYPE_COUNT
 } llm_dtype;
 #define LLM_DTYPE_ELEMENT_COUNT 3 /* the element types come first */
@@ -30,7 +33,10 @@ static inline int llm_dtype_is_block(llm_dtype t) { return t >= LLM_DTYPE_Q8_0 &
 static inline size_t llm_dtype_size(llm_dtype t) { return t == LLM_DTYPE_F32 ? 4 : 2; }
 
 /* Values per block (1 for element types) and bytes per block. */
-static inline size_t llm_dtype_block(llm_dtype t) { return t == LLM_DTYPE_Q4_K ? 256 : llm_dtype_is_block(t) ? 32 : 1; }
+static inline size_t llm_dtype_block(llm_dtype t)
+{
+    return t == LLM_DTYPE_Q4_K ? 256 : t == LLM_DTYPE_F8_E4M3_B128 ? 128 : llm_dtype_is_block(t) ? 32 : 1;
+}
 static inline size_t llm_dtype_block_bytes(llm_dtype t)
 {
     switch (t) {
@@ -38,6 +44,7 @@ static inline size_t llm_dtype_block_bytes(llm_dtype t)
     case LLM_DTYPE_Q4_0: return 18;
     case LLM_DTYPE_Q4_K: return 144;
     case LLM_DTYPE_MXFP4: return 17;
+    case LLM_DTYPE_F8_E4M3_B128: return 132;
     default: return llm_dtype_size(t);
     }
 }
@@ -56,6 +63,7 @@ static inline const char *llm_dtype_name(llm_dtype t)
     case LLM_DTYPE_Q4_0: return "Q4_0";
     case LLM_DTYPE_Q4_K: return "Q4_K";
     case LLM_DTYPE_MXFP4: return "MXFP4";
+    case LLM_DTYPE_F8_E4M3_B128: return "FP8";
     default: return "?";
     }
 }

@@ -63,7 +63,7 @@ static const struct {
     [LLM_REFUSE_PERSIST_QUANT] =
         {"persist_quant",
          "weights in a format the persistent decode step has no GEMV phase for (it takes F32, F16, BF16, Q8_0, Q4_0 "
-         "and Q4_K): a kernel per op instead, each GEMV dequantizing in registers with its fusions"},
+         "and Q4_K; not FP8 or MXFP4): a kernel per op instead, each GEMV dequantizing in registers with its fusions"},
     [LLM_REFUSE_PERSIST_MOE] =
         {"persist_moe",
          "mixture-of-experts layers (route, experts, combine): the persistent decode step does not take them (the "

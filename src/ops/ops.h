@@ -124,7 +124,7 @@ typedef struct llm_ops {
 
     /* out[i, r] = sum_c w[r, c] * x[i, c] (+ bias[r] when bias is not NULL).
      * out (n, w->rows); x (n, w->cols); w in its stored dtype, products accumulated in f32. out != x.
-     * Block-quantized w (Q8_0, Q4_0, Q4_K, MXFP4): w[r, c] is the value the format defines (src/quant/quant.h, exact in
+     * Block-quantized w (Q8_0, Q4_0, Q4_K, MXFP4, FP8): w[r, c] is the value the format defines (src/quant/quant.h, exact in
      * f32). A device may instead round each block of x to 8 bits first, as llama.cpp does (quant_dot.h): its error
      * is then bounded by sum_c |w[r, c]| * (half a step of x[i, c]'s block), which tests/test_quant.c checks; or round
      * each w[r, c] to BF16 (at most 2^-9 |w[r, c] x[i, c]| a term, inside the same bound: cuda's batches).

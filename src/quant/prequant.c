@@ -33,22 +33,6 @@ const llm_pq_traits *llm_pq_traits_of(llm_pq_format f)
     return f > LLM_PQ_NONE && f < LLM_PQ_COUNT ? &traits[f] : NULL;
 }
 
-/* Normal numbers move their exponent (bias 7) and 3 mantissa bits into f32's fields; subnormals are m * 2^-9. */
-float llm_fp8_e4m3_to_f32(unsigned char b)
-{
-    uint32_t e = (b >> 3) & 15u, m = b & 7u;
-    float v;
-    if (e == 0) {
-        v = (float)m * 0x1p-9f;
-    } else if (e == 15 && m == 7) {
-        v = NAN;
-    } else {
-        uint32_t bits = (e + 120u) << 23 | m << 20;
-        memcpy(&v, &bits, sizeof v);
-    }
-    return b & 0x80 ? -v : v;
-}
-
 /* ---- quantization_config ---- */
 
 #define SUPPORTED "fp8, compressed-tensors float-quantized/pack-quantized, awq gemm, gptq 4-bit, mxfp4 (gpt-oss)"
@@ -557,11 +541,29 @@ static bool row_to_q8_0(llm_block_q8_0 *y, const float *a, const float *s, size_
     return true;
 }
 
+/* One FP8 row into FP8 blocks, exactly: each block of 128 shares one scale (f32 holds every f32, f16 and bf16 one)
+ * and no value is NaN (the fast kernels convert E4M3 by bit manipulation that does not keep NaN). The values come
+ * as the stored bytes, not through a. */
+static bool row_to_f8(llm_block_f8 *y, const unsigned char *v8, const float *s, size_t cols)
+{
+    for (size_t b = 0; b < cols / LLM_QK_F8; b++) {
+        const float *sb = s + b * LLM_QK_F8;
+        y[b].d = sb[0];
+        for (int j = 0; j < LLM_QK_F8; j++) {
+            unsigned char q = v8[b * LLM_QK_F8 + (size_t)j];
+            if (!(sb[j] == sb[0]) || (q & 0x7f) == 0x7f) return false;
+            y[b].qs[j] = q;
+        }
+    }
+    return true;
+}
+
 int llm_pq_convert(const llm_pq_parts *p, llm_dtype dtype, void *dst, int threads, size_t *rounded)
 {
     size_t rows = p->rows, cols = p->cols, changed = 0;
-    bool block = dtype == LLM_DTYPE_Q8_0;
-    if (block ? cols % LLM_QK8_0 != 0 : (unsigned)dtype >= LLM_DTYPE_ELEMENT_COUNT) return -1;
+    bool block = dtype == LLM_DTYPE_Q8_0 || dtype == LLM_DTYPE_F8_E4M3_B128;
+    if (block ? cols % llm_dtype_block(dtype) != 0 : (unsigned)dtype >= LLM_DTYPE_ELEMENT_COUNT) return -1;
+    if (dtype == LLM_DTYPE_F8_E4M3_B128 && p->traits->integer) return -1;
     size_t row_bytes = block ? llm_dtype_row_bytes(dtype, cols) : cols * llm_dtype_size(dtype);
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(+ : changed)
@@ -580,7 +582,10 @@ int llm_pq_convert(const llm_pq_parts *p, llm_dtype dtype, void *dst, int thread
             llm_pq_decode_row(p, r, a, s);
             unsigned char *out = (unsigned char *)dst + r * row_bytes;
             if (block) {
-                if (!row_to_q8_0((llm_block_q8_0 *)out, a, s, cols)) {
+                bool ok = dtype == LLM_DTYPE_Q8_0
+                              ? row_to_q8_0((llm_block_q8_0 *)out, a, s, cols)
+                              : row_to_f8((llm_block_f8 *)out, (const unsigned char *)p->values->data + r * cols, s, cols);
+                if (!ok) {
 #pragma omp atomic write
                     failed = 1;
                 }

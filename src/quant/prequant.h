@@ -85,16 +85,14 @@ void llm_pq_decode_row(const llm_pq_parts *p, size_t r, float *a, float *s);
 void llm_pq_dequantize_row(const llm_pq_parts *p, size_t r, float *out);
 
 /* The whole matrix into dst in `dtype`: an element type (the f32 values rounded to nearest even for F16 and BF16;
- * *rounded counts the values that changed), or Q8_0 / Q4_0, exact or not at all: -1 when a block of 32 columns
- * does not share one f16 scale or its integers do not fit (nothing is promised about dst then). Rows are split
- * between `threads` OpenMP threads. 0 on success; -1 also when scratch memory is short. */
+ * *rounded counts the values that changed), or Q8_0 (4-bit formats) or F8_E4M3_B128 (FP8 formats), exact or not at
+ * all: -1 when a block of 32 (128) columns does not share one f16 (f32) scale, Q8_0's integers do not fit or an FP8
+ * value is NaN (nothing is promised about dst then). Rows are split between `threads` OpenMP threads. 0 on success;
+ * -1 also when scratch memory is short. */
 int llm_pq_convert(const llm_pq_parts *p, llm_dtype dtype, void *dst, int threads, size_t *rounded);
 
 /* Would Q4_0 hold a Q8_0 matrix (every value in -8..7)? Then repack it (rows, cols) into dst. */
 bool llm_pq_q8_0_fits_q4_0(const void *q8, size_t rows, size_t cols);
 void llm_pq_q8_0_to_q4_0(void *dst, const void *q8, size_t rows, size_t cols);
-
-/* FP8 E4M3 (the "fn" variant torch calls float8_e4m3fn: no infinities, S.1111.111 is NaN) to f32, exact. */
-float llm_fp8_e4m3_to_f32(unsigned char b);
 
 #endif

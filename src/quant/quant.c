@@ -218,6 +218,61 @@ static void dequantize_q4_K(float *out, const void *src, size_t n)
     }
 }
 
+/* Normal numbers move their exponent (bias 7) and 3 mantissa bits into f32's fields; subnormals are m * 2^-9. */
+float llm_fp8_e4m3_to_f32(unsigned char b)
+{
+    uint32_t e = (b >> 3) & 15u, m = b & 7u;
+    float v;
+    if (e == 0) {
+        v = (float)m * 0x1p-9f;
+    } else if (e == 15 && m == 7) {
+        v = NAN;
+    } else {
+        uint32_t bits = (e + 120u) << 23 | m << 20;
+        memcpy(&v, &bits, sizeof v);
+    }
+    return b & 0x80 ? -v : v;
+}
+
+/* Nearest E4M3 by search over the 127 non-negative finite codes (monotonic in their value): plain and obviously
+ * right, for tests and the traits' quantizer, not a hot path. */
+unsigned char llm_f32_to_fp8_e4m3(float v)
+{
+    if (isnan(v)) return 0x7f;
+    unsigned char sign = signbit(v) ? 0x80 : 0;
+    float a = fabsf(v);
+    unsigned lo = 0;
+    while (lo < 126 && llm_fp8_e4m3_to_f32((unsigned char)(lo + 1)) <= a) lo++;
+    unsigned best = lo;
+    if (lo < 126) { /* between codes lo and lo + 1: the nearer, the even one on a tie */
+        float dl = a - llm_fp8_e4m3_to_f32((unsigned char)lo), dh = llm_fp8_e4m3_to_f32((unsigned char)(lo + 1)) - a;
+        if (dh < dl || (dh == dl && (lo & 1))) best = lo + 1;
+    }
+    return (unsigned char)(sign | best);
+}
+
+/* ---- FP8: E4M3 values under an f32 scale per 128 ---- */
+
+/* DeepSeek-V3's scheme (the fp8-block fixture's): d = max|x| / 448, q = e4m3(x / d). */
+static void quantize_f8(void *dst, const float *x, size_t n)
+{
+    llm_block_f8 *y = dst;
+    for (size_t b = 0; b < n / LLM_QK_F8; b++, x += LLM_QK_F8) {
+        float amax = 0.0f;
+        for (int j = 0; j < LLM_QK_F8; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        float d = amax / 448.0f;
+        y[b].d = d;
+        for (int j = 0; j < LLM_QK_F8; j++) y[b].qs[j] = llm_f32_to_fp8_e4m3(d != 0.0f ? x[j] / d : 0.0f);
+    }
+}
+
+static void dequantize_f8(float *out, const void *src, size_t n)
+{
+    const llm_block_f8 *x = src;
+    for (size_t b = 0; b < n / LLM_QK_F8; b++)
+        for (int j = 0; j < LLM_QK_F8; j++) out[b * LLM_QK_F8 + j] = llm_fp8_e4m3_to_f32(x[b].qs[j]) * x[b].d;
+}
+
 /* ---- Q8_K (activations of Q4_K products) ---- */
 
 static void quantize_q8_K(void *dst, const float *x, size_t n)
@@ -259,6 +314,7 @@ static const llm_quant_traits traits[LLM_QUANT_COUNT] = {
     [LLM_QUANT_Q4_K] = {"Q4_K", LLM_QK_K, sizeof(llm_block_q4_K), quantize_q4_K, dequantize_q4_K},
     [LLM_QUANT_Q8_K] = {"Q8_K", LLM_QK_K, sizeof(llm_block_q8_K), quantize_q8_K, dequantize_q8_K},
     [LLM_QUANT_MXFP4] = {"MXFP4", LLM_QK_MXFP4, sizeof(llm_block_mxfp4), llm_mxfp4_quantize, llm_mxfp4_dequantize},
+    [LLM_QUANT_F8_B128] = {"FP8", LLM_QK_F8, sizeof(llm_block_f8), quantize_f8, dequantize_f8},
 };
 
 const llm_quant_traits *llm_quant_traits_of(llm_quant_type t)

@@ -428,6 +428,12 @@ typedef struct {
  * the second for any dtype (block formats also stage x rounded to 8 bits). */
 bool llm_cuda_gemv_fits(size_t cols);
 bool llm_cuda_gemv_fits_weight(size_t cols, llm_dtype dtype);
+/* Bytes of a block's scales in a block format (memory.cu moves them after the row's quants): Q4_K's 16-byte header,
+ * FP8's f32 d, Q8_0's and Q4_0's f16 d. */
+static inline size_t llm_cuda_block_head(llm_dtype t)
+{
+    return t == LLM_DTYPE_Q4_K ? 16 : t == LLM_DTYPE_F8_E4M3_B128 ? 4 : 2;
+}
 /* A block-quantized weight (memory.cu's layout) as a BF16 (rows, cols) matrix at out, for cuBLAS (prefill.cu). */
 void llm_cuda_dequantize_bf16(void *out, const llm_weight *w, const char *op);
 void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);

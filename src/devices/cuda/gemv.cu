@@ -9,6 +9,8 @@
 #include "hopper.cuh"
 #include "quant_dot.cuh"
 
+#include <cuda_fp8.h>
+
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_ROWS 8 /* rows per block and step: four units */
@@ -302,13 +304,57 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
 }
 
-/* ---------- block-quantized weights (Q8_0, Q4_0, Q4_K): quant_dot.cuh has the layout and the dot ---------- */
+/* ---------- block-quantized weights (Q8_0, Q4_0, Q4_K, FP8): quant_dot.cuh has the layout and the dot ---------- */
+
+/* FP8 (F8_E4M3_B128) takes the same rows, chunks and epilogues, but is not rounded to 8 bits: a chunk's 16 E4M3
+ * values become f16 (exact: E4M3's values are a subset of f16's), then f32, and multiply x's f32 values from
+ * shared memory, scaled by the block's f32 d once per chunk. sm_89 and later convert two values an instruction
+ * (cvt.rn.f16x2.e4m3x2); older code and compute_80 PTX move the bits instead: a byte's exponent and mantissa shifted
+ * left by 7 and its sign to bit 15 form the f16 of value e4m3 * 2^-8 (exponent bias 15 against 7, subnormals alike;
+ * not NaN, which FP8 blocks never hold: prequant.c), and the 2^8 goes back into the sum, a power of two, exactly. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define LLM_F8_SUM_SCALE 1.0f
+#else
+#define LLM_F8_SUM_SCALE 256.0f
+#endif
+__device__ __forceinline__ void f8x4_to_float(unsigned v, float (&f)[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v >> 16), __NV_E4M3);
+    const float2 a = __half22float2(*(const __half2 *)&lo), b = __half22float2(*(const __half2 *)&hi);
+#else
+    const unsigned p = __byte_perm(v, 0u, 0x1404), q = __byte_perm(v, 0u, 0x3424); /* bytes 0, 1 (2, 3) << 8 */
+    const unsigned hp = (p & 0x80008000u) | ((p >> 1) & 0x3f803f80u), hq = (q & 0x80008000u) | ((q >> 1) & 0x3f803f80u);
+    const float2 a = __half22float2(*(const __half2 *)&hp), b = __half22float2(*(const __half2 *)&hq);
+#endif
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+/* A chunk of 16 FP8 values (q) times x's 16 values (xv), in f32: the block's scale is applied by the caller. */
+__device__ __forceinline__ float f8_dot(uint4 q, const float (&xv)[16])
+{
+    const unsigned w4[4] = {q.x, q.y, q.z, q.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float f[4];
+        f8x4_to_float(w4[i], f);
+        s += f[0] * xv[4 * i] + f[1] * xv[4 * i + 1] + f[2] * xv[4 * i + 2] + f[3] * xv[4 * i + 3];
+    }
+    return s;
+}
+
 
 /* 16 bytes at p: one load where rows are 16-byte aligned (VEC), else 2-byte loads (every row starts on an even
  * byte). Streamed: read once a step. */
-template <bool VEC> __device__ __forceinline__ uint4 load16(const unsigned char *p)
+template <bool VEC, bool A4 = false> __device__ __forceinline__ uint4 load16(const unsigned char *p)
 {
     if (VEC) return __ldcs((const uint4 *)p);
+    if (A4) { /* FP8 rows start on a multiple of 4 bytes */
+        const unsigned *u = (const unsigned *)p;
+        return make_uint4(__ldcs(u), __ldcs(u + 1), __ldcs(u + 2), __ldcs(u + 3));
+    }
     const unsigned short *s = (const unsigned short *)p;
     return make_uint4(s[0] | (unsigned)s[1] << 16, s[2] | (unsigned)s[3] << 16, s[4] | (unsigned)s[5] << 16,
                       s[6] | (unsigned)s[7] << 16);
@@ -319,10 +365,12 @@ template <int QT, bool VEC>
 __device__ __forceinline__ void q_load(uint4 &q, uint4 &h, const unsigned char *row, int k, int nb)
 {
     typedef qfmt<QT> F;
-    q = load16<VEC>(row + (size_t)k * 16);
+    q = load16<VEC, F::F8>(row + (size_t)k * 16);
     const unsigned char *scales = row + (size_t)nb * F::QB + (size_t)(k / F::CPB) * F::HEAD;
     if (QT == LLM_DTYPE_Q4_K)
         h = load16<VEC>(scales);
+    else if (F::F8)
+        h.x = *(const unsigned *)scales;
     else
         h.x = *(const unsigned short *)scales;
 }
@@ -362,7 +410,7 @@ __device__ __forceinline__ void q_group_rows(const llm_cuda_gemv &job, int g, si
 }
 
 /* Values and 16-byte chunks a block (host side). */
-static inline int qfmt_values(llm_dtype t) { return t == LLM_DTYPE_Q4_K ? 256 : 32; }
+static inline int qfmt_values(llm_dtype t) { return t == LLM_DTYPE_Q4_K ? 256 : t == LLM_DTYPE_F8_E4M3_B128 ? 128 : 32; }
 static inline int qfmt_chunks(llm_dtype t) { return t == LLM_DTYPE_Q8_0 ? 2 : t == LLM_DTYPE_Q4_0 ? 1 : 8; }
 
 /* Shared memory of the quantized x after xs, rot and the staged norm weights: xq, xd, xs16. */
@@ -415,8 +463,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 
     stage_x(job, xs, norm_smem, red);
     __syncthreads();
-    quantize_x(xs, cols, xq, xd, xs16);
-    __syncthreads();
+    if (!F::F8) {
+        quantize_x(xs, cols, xq, xd, xs16);
+        __syncthreads();
+    }
 
     float acc[P];
 #pragma unroll
@@ -426,9 +476,22 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
 #pragma unroll
         for (int c = 0; c < CPL; c++) {
             const int k = ks * per_step + c * lanes + lt;
-            if (k < n_chunks)
+            if (k < n_chunks) {
+                if constexpr (F::F8) { /* x's 16 values once for the P rows */
+                    float xv[16];
 #pragma unroll
-                for (int r = 0; r < P; r++) acc[r] += q_dot<QT>(wq[r][c], wh[r][c], k, xq, xd, xs16);
+                    for (int i = 0; i < 4; i++) {
+                        const float4 x4 = *(const float4 *)(xs + 16 * k + 4 * i);
+                        xv[4 * i] = x4.x, xv[4 * i + 1] = x4.y, xv[4 * i + 2] = x4.z, xv[4 * i + 3] = x4.w;
+                    }
+#pragma unroll
+                    for (int r = 0; r < P; r++)
+                        acc[r] += __uint_as_float(wh[r][c].x) * LLM_F8_SUM_SCALE * f8_dot(wq[r][c], xv);
+                } else {
+#pragma unroll
+                    for (int r = 0; r < P; r++) acc[r] += q_dot<QT>(wq[r][c], wh[r][c], k, xq, xd, xs16);
+                }
+            }
         }
         const int sg_now = sg;
         const bool done = ++ks == ksteps;
@@ -490,6 +553,22 @@ __global__ void dequantize_kernel(__nv_bfloat16 *out, const unsigned char *w, in
         const unsigned char *qb = (const unsigned char *)&q;
         __nv_bfloat16 *o = out + r * cols;
         float v[8];
+        if constexpr (qfmt<QT>::F8) { /* e4m3 * d, one f32 product as the reference's, then rounded to BF16 */
+            const float d = __uint_as_float(h.x);
+            const unsigned w4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float f[4];
+                    f8x4_to_float(w4[2 * half + i], f);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) v[4 * i + j] = f[j] * LLM_F8_SUM_SCALE * d;
+                }
+                store8(o + 16 * k + 8 * half, v);
+            }
+            continue;
+        }
         if (QT == LLM_DTYPE_Q8_0) {
             const float d = f16_bits(h.x);
 #pragma unroll
@@ -543,6 +622,8 @@ void llm_cuda_dequantize_bf16(void *out, const llm_weight *w, const char *op)
          : dequantize_kernel<QT, false><<<grid, threads, 0, llm_cuda.stream>>>(o, src, rows, cols))
     if (w->dtype == LLM_DTYPE_Q8_0)
         LLM_DEQUANT(LLM_DTYPE_Q8_0);
+    else if (w->dtype == LLM_DTYPE_F8_E4M3_B128)
+        LLM_DEQUANT(LLM_DTYPE_F8_E4M3_B128);
     else if (w->dtype == LLM_DTYPE_Q4_0)
         LLM_DEQUANT(LLM_DTYPE_Q4_0);
     else
@@ -689,6 +770,8 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op)
         launch_quant<LLM_DTYPE_Q4_0>(job, op);
     else if (job->dtype == LLM_DTYPE_Q4_K)
         launch_quant<LLM_DTYPE_Q4_K>(job, op);
+    else if (job->dtype == LLM_DTYPE_F8_E4M3_B128)
+        launch_quant<LLM_DTYPE_F8_E4M3_B128>(job, op);
     else if (job->dtype == LLM_DTYPE_BF16)
         launch_typed<__nv_bfloat16>(job, op);
     else if (job->dtype == LLM_DTYPE_F16)

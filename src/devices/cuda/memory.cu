@@ -368,14 +368,16 @@ bool llm_cuda_allow_smem(const void *kernel, const char *op)
 
 /* ---------- weights ---------- */
 
-/* Block-quantized weights (Q8_0, Q4_0, Q4_K) stay in blocks, each row regrouped as the kernels read it: the row's
- * quants first (32, 16 or 128 bytes a block, so a lane's 16-byte load is one aligned chunk), then its blocks' scales
- * (Q8_0 and Q4_0: the f16 d; Q4_K: the 16-byte d, dmin, scales[12] header). A row keeps its byte count
+/* Block-quantized weights (Q8_0, Q4_0, Q4_K, FP8) stay in blocks, each row regrouped as the kernels read it: the
+ * row's quants first (32, 16, 128 or 128 bytes a block, so a lane's 16-byte load is one aligned chunk), then its
+ * blocks' scales (Q8_0 and Q4_0: the f16 d; Q4_K: the 16-byte d, dmin, scales[12] header; FP8: the f32 d). A row's
+ * start is 16-byte aligned where its byte count is a multiple of 16 (FP8: 132 bytes a block, so 4 blocks: gemv.cu
+ * reads other rows 4 bytes at a time). A row keeps its byte count
  * (llm_dtype_row_bytes), so a row view of a fused projection stays valid and allocated() counts the format's bytes.
  * gemv.cu reads these rows directly; prefill.cu dequantizes them to BF16 tiles. */
 static void regroup_row(unsigned char *dst, const unsigned char *src, llm_dtype dtype, size_t blocks)
 {
-    const size_t bb = llm_dtype_block_bytes(dtype), head = dtype == LLM_DTYPE_Q4_K ? 16 : 2, qs = bb - head;
+    const size_t bb = llm_dtype_block_bytes(dtype), qs = bb - llm_cuda_block_head(dtype), head = bb - qs;
     unsigned char *scales = dst + blocks * qs;
     for (size_t b = 0; b < blocks; b++) {
         memcpy(dst + b * qs, src + b * bb + head, qs);

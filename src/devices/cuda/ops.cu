@@ -838,8 +838,8 @@ bool cuda_supports(llm_op op, llm_dtype dtype)
     /* attention's dtype is the KV cache's: every kernel that reads or writes it (attention.cu, family.cu, the KV
      * stores of kernels.cu and gemv.cu, step.cu) is instanced for F32, F16 and BF16; not Q8_0 */
     if (op == LLM_OP_ATTENTION) return llm_cuda_cache_type_ok(dtype);
-    /* block formats: the products (gemv.cu's GEMV for one token, dequantized to BF16 for cuBLAS in a batch); not
-     * MXFP4, which gpt-oss's experts bring as BF16 here (model.c) */
+    /* block formats (Q8_0, Q4_0, Q4_K, FP8): the products (gemv.cu's GEMV for one token, dequantized to BF16 for
+     * cuBLAS in a batch); not MXFP4, which gpt-oss's experts bring as BF16 here (model.c) */
     if (llm_dtype_is_block(dtype))
         return dtype != LLM_DTYPE_MXFP4 && (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS);
     return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;

@@ -1,4 +1,4 @@
-/* Block-quantized weights (Q8_0, Q4_0, Q4_K) as memory.cu lays their rows out, and a chunk's integer dot product
+/* Block-quantized weights (Q8_0, Q4_0, Q4_K; FP8's layout too) as memory.cu lays their rows out, and a chunk's integer dot product
  * with x rounded to 8 bits per block of 32: shared by the kernel-per-op GEMV (gemv.cu) and the persistent step's
  * quantized phase (step_quant.cuh), so the two compute the same products. Device code only. */
 #pragma once
@@ -12,9 +12,10 @@
  * times sum |w|), so a chunk is a few integer dot products (dp4a) and one or two scalings: the arithmetic a decode
  * step does per byte read stays far under what the SMs issue, where f32 dequantization would not. */
 template <int QT> struct qfmt {
+    static constexpr bool F8 = QT == LLM_DTYPE_F8_E4M3_B128; /* FP8: f32 d, not rounded x (gemv.cu; no step phase) */
     static constexpr int QB = QT == LLM_DTYPE_Q8_0 ? 32 : QT == LLM_DTYPE_Q4_0 ? 16 : 128; /* quant bytes a block */
-    static constexpr int HEAD = QT == LLM_DTYPE_Q4_K ? 16 : 2;                              /* scale bytes a block */
-    static constexpr int VALUES = QT == LLM_DTYPE_Q4_K ? 256 : 32;                          /* values a block */
+    static constexpr int HEAD = QT == LLM_DTYPE_Q4_K ? 16 : F8 ? 4 : 2;                     /* scale bytes a block */
+    static constexpr int VALUES = QT == LLM_DTYPE_Q4_K ? 256 : F8 ? 128 : 32;               /* values a block */
     static constexpr int CPB = QB / 16;                                                     /* chunks a block */
 };
 
