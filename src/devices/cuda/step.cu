@@ -69,7 +69,10 @@ using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 __host__ __device__ __forceinline__ int kv_box(int kv_rows) { return kv_rows < KV_BOX ? kv_rows : KV_BOX; }
 
 /* Head dimensions a lane of attention holds: 4 up to 128 (HD 0: any such size), 8 for WIDE_HEAD. */
-template <int HD> __host__ __device__ constexpr int dims_of() { return HD > 32 * MAX_DIMS ? WIDE_HEAD / 32 : MAX_DIMS; }
+template <int HD> __host__ __device__ constexpr int dims_of()
+{
+    return HD > 32 * MAX_DIMS ? WIDE_HEAD / 32 : MAX_DIMS;
+}
 
 enum { PHASE_GEMV, PHASE_ATTENTION, PHASE_FOLD };
 enum { TILE_PLAIN, TILE_ROPE, TILE_PAIRED };
@@ -526,12 +529,14 @@ __device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float 
  * as llm_cuda_rmsnorm_add computes them; block 0 writes them to post_out. A post norm spans the whole row the product
  * before wrote in tiles on every block, so it waits on all of them, as this phase's staging does anyway: every block
  * normalises and adds for itself (the same sums in the same order, so the same values), and no phase or barrier
- * more is needed. The residual is loaded first: written long before, it is there while post_y is polled for. red:
- * the 8 warps' sums (not the prologue's, which other warps may still read). Inputs of at most HELD_COLS (plan_gemv). */
+ * more is needed; the block of the phase's first unit writes the sum out (later phases read it). The residual is
+ * loaded first: written long before, it is there while post_y is polled for. red: the 8 warps' sums (not the
+ * prologue's, which other warps may still read). Inputs of at most HELD_COLS (plan_gemv). */
 template <int VPT>
 __device__ void stage_fold(const step_phase &P, float4 (&xin)[X_GROUPS], float *red, int ct)
 {
     const int wsize = P.post_dtype == LLM_DTYPE_F32 ? 4 : 2, cols = P.cols;
+    const bool writer = first_unit(P) == 0; /* a block that has a unit of the phase, so stages it (block 0 may not) */
     uint4 pw[X_GROUPS];
     float4 resid[X_GROUPS];
 #pragma unroll
@@ -558,14 +563,14 @@ __device__ void stage_fold(const step_phase &P, float4 (&xin)[X_GROUPS], float *
         normalise4(xin[i], pw[i], P.post_dtype, scale, P.norm_offset);
         xin[i] = make_float4(resid[i].x + xin[i].x, resid[i].y + xin[i].y, resid[i].z + xin[i].z,
                              resid[i].w + xin[i].w);
-        if (blockIdx.x == 0) put4(P.post_out, (size_t)c, xin[i]);
+        if (writer) put4(P.post_out, (size_t)c, xin[i]);
     }
 }
 
 /* The thread's values of the phase's input as the product sees them: staged, combined or normalised (rmsnorm: w *
  * (x * scale), the scale from every value's square, summed by each block in the same order), after a folded post
  * norm (stage_fold). Block 0 also writes the input out. */
-template <int VPT, bool WIDE>
+template <int VPT, bool WIDE, bool FOLD>
 __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float *red, int ct, int splits)
 {
     /* This thread's norm weights, loaded before the input is polled for (after it, they would cost a round trip) */
@@ -580,7 +585,7 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
             if (c < cols) nw[i] = norm_weights(P.norm_w, c, wsize);
         }
     consumers_sync(); /* every warp is done with the phase before (red's readers among them) */
-    if (P.post_w)
+    if (FOLD)
         stage_fold<VPT>(P, xin, red + WARPS, ct);
     else if (P.x.partials && P.x.head_dim == 64)
         stage_partials<64, VPT>(xin, P.x, cols, ct, splits);
@@ -1201,16 +1206,27 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 continue;
             }
             uint4 held[ROWS];
-            hold_stage(prog, ring, full, empty, held, it, ct);
             float4 xin[X_GROUPS]; /* the thread's values of the phase's input */
-            if (P.dtype == LLM_DTYPE_F32 && P.wide)
-                stage_input<4, true>(P, xin, red, ct, splits);
-            else if (P.dtype == LLM_DTYPE_F32)
-                stage_input<4, false>(P, xin, red, ct, splits);
-            else if (P.wide)
-                stage_input<8, true>(P, xin, red, ct, splits);
-            else
-                stage_input<8, false>(P, xin, red, ct, splits);
+            if (P.post_w) {
+                /* A folded post norm holds the residual and its weights while it stages: with the first stage held
+                 * too, the kernel spilled the held stage in every phase (Llama's included), so here it is taken
+                 * after staging. (Never wide: plan_gemv.) */
+                if (P.dtype == LLM_DTYPE_F32)
+                    stage_input<4, false, true>(P, xin, red, ct, splits);
+                else
+                    stage_input<8, false, true>(P, xin, red, ct, splits);
+                hold_stage(prog, ring, full, empty, held, it, ct);
+            } else {
+                hold_stage(prog, ring, full, empty, held, it, ct);
+                if (P.dtype == LLM_DTYPE_F32 && P.wide)
+                    stage_input<4, true, false>(P, xin, red, ct, splits);
+                else if (P.dtype == LLM_DTYPE_F32)
+                    stage_input<4, false, false>(P, xin, red, ct, splits);
+                else if (P.wide)
+                    stage_input<8, true, false>(P, xin, red, ct, splits);
+                else
+                    stage_input<8, false, false>(P, xin, red, ct, splits);
+            }
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
                 consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xin, held, sums, it, tile_it, ct);
