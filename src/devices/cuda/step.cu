@@ -129,7 +129,7 @@ struct step_phase {
         };
         /* PHASE_GEMV with a post norm folded in (post_w set): the input x is the residual before its add, and the
          * product's input is x + (norm_offset + post_w) * rmsnorm(post_y) (eps), then the prologue's norm if any; the
-         * sum goes to post_out (block 0). The union keeps a phase 64 words (PHASE_WORDS). */
+         * sum goes to post_out (stage_fold). The union keeps a phase 64 words (PHASE_WORDS). */
         struct {
             step_src post_y;
             step_vec post_out;
@@ -526,7 +526,7 @@ __device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float 
 }
 
 /* A post norm folded into the phase (post_w): the thread's values of x + (norm_offset + post_w) * rmsnorm(post_y),
- * as llm_cuda_rmsnorm_add computes them; block 0 writes them to post_out. A post norm spans the whole row the product
+ * as llm_cuda_rmsnorm_add computes them. A post norm spans the whole row the product
  * before wrote in tiles on every block, so it waits on all of them, as this phase's staging does anyway: every block
  * normalises and adds for itself (the same sums in the same order, so the same values), and no phase or barrier
  * more is needed; the block of the phase's first unit writes the sum out (later phases read it). The residual is
