@@ -1284,9 +1284,9 @@ static void test_decode_path(void **state)
     if (strcmp(LLM_TEST_CUDA_ARCH, "ptx80") == 0) assert_int_equal(count.persistent_capable, 0);
 }
 
-/* A step the persistent kernel would run in pieces (Gemma 2's soft-capped attention and final soft-cap cut it around
- * each attention and before the end) turns it off after the first step, counted; the logits are those of the
- * kernel-per-op step. */
+/* A step the persistent kernel would run in pieces (Gemma 2's soft-capped attention, which the attention phase does
+ * not compute, cuts it around each attention) turns it off after the first step, counted; the logits are those of
+ * the kernel-per-op step. */
 static void test_persistent_cut(void **state)
 {
     (void)state;
