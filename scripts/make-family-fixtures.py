@@ -251,6 +251,11 @@ FAMILIES = [
     ("gpt-oss", GPT_OSS_20B, dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=32,
                                   num_local_experts=8, sliding_window=WINDOW), ["sliding_attention", "full_attention"]),
+    # gemma-3-1b with its own heads (4 query heads of 256 on one KV head, its attention scale) on a windowed and a
+    # global layer: the persistent decode step's heads of 256 (tests/test_cuda.c). Last, so the seeds of the
+    # fixtures above stay theirs.
+    ("gemma3-hd256", GEMMA3_1B_IT, dict(num_hidden_layers=2, sliding_window=WINDOW, sliding_window_pattern=2,
+                                        eos_token_id=[2, 3]), ["sliding_attention", "full_attention"]),
 ]
 
 

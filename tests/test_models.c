@@ -24,7 +24,8 @@ static const char *const fixtures[] = {
     "llama-gqa-tied", "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama3-mqa-untied",
     "llama-linear-rope", "mistral-headdim", "qwen2-bias",
     /* scripts/make-family-fixtures.py: each family's published config.json, cut small */
-    "qwen3", "gemma2", "gemma3", "gemma3-mm", "phi3-window", "phi3-longrope", "olmo2", "mistral-window",
+    "qwen3", "gemma2", "gemma3", "gemma3-mm", "gemma3-hd256", "phi3-window", "phi3-longrope", "olmo2",
+    "mistral-window",
     /* mixtures of experts (qwen3-moe-dense: a dense layer between two sparse ones) */
     "mixtral", "qwen3-moe", "qwen3-moe-dense", "qwen2-moe", "olmoe", "gpt-oss", "gpt-oss-mxfp4",
 };

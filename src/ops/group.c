@@ -30,8 +30,8 @@ static const struct {
     [LLM_REFUSE_NORM_OF_PRODUCT] =
         {"norm_of_product",
          "rmsnorm of a product's output (q/k norm, post-attention or post-FFN norm): the product's epilogue (rope and "
-         "the KV store, residual add) is not fused; a post norm runs with the residual add as one kernel, q/k norms "
-         "with the rope and the KV store"},
+         "the KV store, residual add) is not fused; a post norm runs with the residual add as one kernel (in the "
+         "persistent step, in the next product's staging), q/k norms with the rope and the KV store"},
     [LLM_REFUSE_NORM_OFFSET_BATCH] =
         {"norm_offset_batch",
          "rmsnorm in the (1 + w) form (Gemma) of a batch or of several heads (q/k norms): its own kernel, not fused "
@@ -43,7 +43,7 @@ static const struct {
     [LLM_REFUSE_ATTENTION_PARAMS] =
         {"attention_params",
          "attention with a sliding window, a soft-cap, sinks or its own scale: its KV store not in the q/k/v "
-         "product's epilogue; the persistent step takes a window or a scale (head_dim up to 128), not "
+         "product's epilogue; the persistent step takes a window or a scale (head_dim up to 128, or 256), not "
          "a soft-cap or sinks; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core "
          "prefill)"},
     [LLM_REFUSE_GLU_ACT] =

@@ -36,12 +36,14 @@ static inline bool llm_cuda_is_llama_attention(const llm_attention_params *p, in
            p->scale == llm_cuda_llama_attention(head_dim, p->cache).scale;
 }
 /* What the persistent step's attention phase computes: any scale and window (a ring cache), no soft-cap or sinks,
- * an f32, f16 or bf16 cache, head_dim a multiple of 4 up to 128 (step.cu's MAX_DIMS lanes of 32), a cache row a
- * whole number of 16 bytes (the tensor copies: head_dim a multiple of 8 for a 16-bit cache). */
+ * an f32, f16 or bf16 cache, head_dim a multiple of 4 up to 128 (step.cu's MAX_DIMS lanes of 32) or 256 (Gemma's,
+ * WIDE_HEAD), a cache row a whole number of 16 bytes (the tensor copies: head_dim a multiple of 8 for a 16-bit
+ * cache). */
 static inline bool llm_cuda_step_takes_attention(const llm_attention_params *p, int head_dim)
 {
     const bool f32 = p->cache == LLM_DTYPE_F32, half = p->cache == LLM_DTYPE_F16 || p->cache == LLM_DTYPE_BF16;
-    return p->softcap == 0.0f && !p->sinks && (f32 || half) && head_dim % (f32 ? 4 : 8) == 0 && head_dim <= 128;
+    return p->softcap == 0.0f && !p->sinks && (f32 || half) && head_dim % (f32 ? 4 : 8) == 0 &&
+           (head_dim <= 128 || head_dim == 256);
 }
 
 /* What every launcher needs from the device. */
@@ -493,10 +495,10 @@ void llm_cuda_combine(float *out, float *resid, const float *y, const float *wei
 void llm_cuda_moe_release(void);
 
 /* ---- step.cu: a one-token step's GEMVs and attentions as one persistent kernel ---- */
-enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION };
+enum { LLM_CUDA_STEP_GEMV, LLM_CUDA_STEP_ATTENTION, LLM_CUDA_STEP_POST_NORM_ADD };
 
-/* What ops.cu would have launched, in order: a GEMV job as for llm_cuda_gemv_launch (mats filled), or the
- * attention op of one token (n = 1). */
+/* What ops.cu would have launched, in order: a GEMV job as for llm_cuda_gemv_launch (mats filled), the attention op
+ * of one token (n = 1), or one token's post norm and the residual add after it (llm_cuda_rmsnorm_add). */
 typedef struct {
     int kind;
     char name[48];        /* the op's name for errors and the profile */
@@ -517,6 +519,12 @@ typedef struct {
     llm_weight q_norm, k_norm;
     float qk_eps, qk_offset;
     const float *inv_freq;
+    /* LLM_CUDA_STEP_POST_NORM_ADD: y = (post_offset + post_norm) * rmsnorm(y) over dim values (post_eps), then
+     * resid += y (Gemma's and OLMo 2's post norms); the persistent step folds it into the next product's staging. */
+    float *resid, *y;
+    llm_weight post_norm;
+    float post_eps, post_offset;
+    int dim;
 } llm_cuda_step_op;
 
 enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_UNAVAILABLE, LLM_CUDA_STEP_RAN, LLM_CUDA_STEP_RAN_NEW_TABLE };

@@ -161,6 +161,8 @@ static void issue_program(void)
         llm_cuda_step_op *o = &g.prog[i];
         if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
+        else if (o->kind == LLM_CUDA_STEP_POST_NORM_ADD)
+            llm_cuda_rmsnorm_add(o->resid, o->y, &o->post_norm, 1, o->dim, o->post_eps, o->post_offset);
         else {
             if (o->qk_norm)
                 llm_cuda_qk_norm_rope((float *)o->q, (float *)o->k, o->v, &o->q_norm, &o->k_norm, o->qk_eps,
@@ -640,6 +642,13 @@ void op_add(float *x, const float *y, size_t count)
     if (P->kind == PEND_POST_NORM && (P->fused & LLM_FUSE_POST_NORM_ADD) && P->job.norm_out == y &&
         count == P->count * P->dim && !overlaps(x, bytes, y, bytes)) {
         P->kind = PEND_NONE;
+        if (P->count == 1 && records(P->fused)) { /* one token's: the persistent step folds it into the next product */
+            settle(x, bytes);
+            llm_cuda_step_op *o = record_op(LLM_CUDA_STEP_POST_NORM_ADD, "rmsnorm+add");
+            o->resid = x, o->y = P->job.norm_out, o->post_norm = P->norm_w, o->post_eps = P->job.eps;
+            o->post_offset = P->job.norm_offset, o->dim = P->dim;
+            return;
+        }
         issue_program(); /* what was recorded runs before this */
         settle(x, bytes);
         llm_cuda_rmsnorm_add(x, P->job.norm_out, &P->norm_w, (int)P->count, P->dim, P->job.eps, P->job.norm_offset);

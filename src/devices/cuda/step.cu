@@ -57,6 +57,7 @@ constexpr int WARPS = CONSUMERS / 32;
 constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
 [[maybe_unused]] constexpr unsigned EMPTY = 0xffffffffu; /* (device code only: unused in the portable pass) */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
+constexpr int WIDE_HEAD = 256;          /* ... and the one wider head size taken (Gemma's): 8 per lane */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
@@ -64,7 +65,17 @@ constexpr int HELD_COLS = CONSUMERS * 4 * X_GROUPS; /* 4,096: the widest input a
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
 using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 
-enum { PHASE_GEMV, PHASE_ATTENTION };
+/* KV rows a tensor copy: KV_BOX, or fewer where a stage holds fewer positions (heads of 256 in an f32 cache: 16, the
+ * stage's 32 KB); the planner's kv_rows_for and kv_map agree with it. */
+__host__ __device__ __forceinline__ int kv_box(int kv_rows) { return kv_rows < KV_BOX ? kv_rows : KV_BOX; }
+
+/* Head dimensions a lane of attention holds: 4 up to 128 (HD 0: any such size), 8 for WIDE_HEAD. */
+template <int HD> __host__ __device__ constexpr int dims_of()
+{
+    return HD > 32 * MAX_DIMS ? WIDE_HEAD / 32 : MAX_DIMS;
+}
+
+enum { PHASE_GEMV, PHASE_ATTENTION, PHASE_FOLD };
 enum { TILE_PLAIN, TILE_ROPE, TILE_PAIRED };
 
 /* Where one written vector goes: its arena copy (read by later phases) and/or the model's buffer; NULL: not there. */
@@ -109,11 +120,24 @@ struct step_phase {
     step_vec resid_out;
     const float *inv_freq; /* EPI_ROPE */
     int head_dim;
-    /* PHASE_ATTENTION (head_dim above) */
-    step_src q, k, v;     /* this token's q (rotated), k (rotated) and v; with k_norm_w, q and k as the product wrote
-                             them, and the phase normalises (norm_w, norm_dtype, eps, norm_offset for q; k_norm_w
-                             for k) and rotates them (inv_freq), writes them to q_out and k_out and stores the
-                             token's k and v rows in k_cache and v_cache */
+    union {
+        /* PHASE_ATTENTION (head_dim above) */
+        struct {
+            step_src q, k, v; /* this token's q (rotated), k (rotated) and v; with k_norm_w, q and k as the product
+                                 wrote them, and the phase normalises (norm_w, norm_dtype, eps, norm_offset for q;
+                                 k_norm_w for k) and rotates them (inv_freq), writes them to q_out and k_out and
+                                 stores the token's k and v rows in k_cache and v_cache */
+        };
+        /* PHASE_GEMV with a post norm folded in (post_w set): the input x is the residual before its add, and the
+         * product's input is x + (norm_offset + post_w) * rmsnorm(post_y) (eps), then the prologue's norm if any; the
+         * sum goes to post_out (stage_fold). The union keeps a phase 64 words (PHASE_WORDS). */
+        struct {
+            step_src post_y;
+            step_vec post_out;
+            const void *post_w;
+            int post_dtype;
+        };
+    };
     const void *k_norm_w;
     int k_norm_dtype;
     float scale;          /* of q . k */
@@ -144,6 +168,7 @@ struct step_program {
     size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
     unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
+    float *q_room;            /* heads of WIDE_HEAD: a block's query, WIDE_HEAD floats a block (else NULL) */
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
 };
@@ -306,22 +331,22 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
             if (attention) {
                 int h, g, s, t0, t1;
                 if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) continue;
-                const int per = P.kv_rows, hd = P.head_dim;
+                const int per = P.kv_rows, hd = P.head_dim, box = kv_box(per);
                 const int row_bytes = hd * cache_elem(P);
                 const CUtensorMap *maps = P.kv_maps;
                 const int ctx = P.ctx;
                 for (int c0 = t0, c1; c0 < t1; c0 = c1) {
                     c1 = stage_end(c0, t1, per, ctx);
                     /* whole boxes: the rows past the item's (up to 31; zeros past the cache's end) land unread */
-                    const int boxes = (c1 - c0 + KV_BOX - 1) / KV_BOX, row0 = c0 % ctx;
+                    const int boxes = (c1 - c0 + box - 1) / box, row0 = c0 % ctx;
                     uint64_t *bar;
                     char *slot = next_slot(bar);
                     if (lane == 0) {
-                        mbar_expect_tx(bar, (uint32_t)(boxes * KV_BOX * row_bytes * 2));
+                        mbar_expect_tx(bar, (uint32_t)(boxes * box * row_bytes * 2));
                         for (int b = 0; b < boxes; b++) {
-                            char *k_rows = slot + b * KV_BOX * row_bytes;
-                            tensor_copy_2d(k_rows, maps, g * hd, row0 + b * KV_BOX, bar);
-                            tensor_copy_2d(k_rows + per * row_bytes, maps + 1, g * hd, row0 + b * KV_BOX, bar);
+                            char *k_rows = slot + b * box * row_bytes;
+                            tensor_copy_2d(k_rows, maps, g * hd, row0 + b * box, bar);
+                            tensor_copy_2d(k_rows + per * row_bytes, maps + 1, g * hd, row0 + b * box, bar);
                         }
                     }
                     __syncwarp();
@@ -489,10 +514,10 @@ template <int VPT> __device__ void stage_wide_norm(float *wide, const step_src &
     }
 }
 
-/* This thread's 4 norm weights at column c, as 16 bytes (f32) or in the first 8 (bf16, f16). */
-__device__ __forceinline__ uint4 norm_weights(const step_phase &P, int c, int wsize)
+/* This thread's 4 norm weights at column c of weights nw, as 16 bytes (f32) or in the first 8 (bf16, f16). */
+__device__ __forceinline__ uint4 norm_weights(const void *nw, int c, int wsize)
 {
-    const char *w = (const char *)P.norm_w + (size_t)c * wsize;
+    const char *w = (const char *)nw + (size_t)c * wsize;
     if (wsize == 4) return __ldg((const uint4 *)w);
     const uint2 h = __ldg((const uint2 *)w);
     return make_uint4(h.x, h.y, 0, 0);
@@ -509,10 +534,52 @@ __device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float 
     x = make_float4(g[0] * (x.x * scale), g[1] * (x.y * scale), g[2] * (x.z * scale), g[3] * (x.w * scale));
 }
 
+/* A post norm folded into the phase (post_w): the thread's values of x + (norm_offset + post_w) * rmsnorm(post_y),
+ * as llm_cuda_rmsnorm_add computes them. A post norm spans the whole row the product
+ * before wrote in tiles on every block, so it waits on all of them, as this phase's staging does anyway: every block
+ * normalises and adds for itself (the same sums in the same order, so the same values), and no phase or barrier
+ * more is needed; the block of the phase's first unit writes the sum out (later phases read it). The residual is
+ * loaded first: written long before, it is there while post_y is polled for. red: the 8 warps' sums (not the
+ * prologue's, which other warps may still read). Inputs of at most HELD_COLS (plan_gemv). */
+template <int VPT>
+__device__ void stage_fold(const step_phase &P, float4 (&xin)[X_GROUPS], float *red, int ct)
+{
+    const int wsize = P.post_dtype == LLM_DTYPE_F32 ? 4 : 2, cols = P.cols;
+    const bool writer = first_unit(P) == 0; /* a block that has a unit of the phase, so stages it (block 0 may not) */
+    uint4 pw[X_GROUPS];
+    float4 resid[X_GROUPS];
+#pragma unroll
+    for (int i = 0; i < X_GROUPS; i++) {
+        const int c = group_col<VPT>(i, ct);
+        if (c < cols) pw[i] = norm_weights(P.post_w, c, wsize);
+    }
+    stage_plain<VPT>(resid, P.x, cols, ct);
+    stage_plain<VPT>(xin, P.post_y, cols, ct);
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
+        ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
+    ss = llm_cuda_warp_sum(ss);
+    if ((ct & 31) == 0) red[ct >> 5] = ss;
+    consumers_sync();
+    float total = 0.0f;
+    for (int w = 0; w < WARPS; w++) total += red[w];
+    const float scale = llm_cuda_rms_scale(total, cols, P.eps);
+#pragma unroll
+    for (int i = 0; i < X_GROUPS; i++) {
+        const int c = group_col<VPT>(i, ct);
+        if (c >= cols) continue;
+        normalise4(xin[i], pw[i], P.post_dtype, scale, P.norm_offset);
+        xin[i] = make_float4(resid[i].x + xin[i].x, resid[i].y + xin[i].y, resid[i].z + xin[i].z,
+                             resid[i].w + xin[i].w);
+        if (writer) put4(P.post_out, (size_t)c, xin[i]);
+    }
+}
+
 /* The thread's values of the phase's input as the product sees them: staged, combined or normalised (rmsnorm: w *
- * (x * scale), the scale from every value's square, summed by each block in the same order). Block 0 also writes
- * the input out. */
-template <int VPT, bool WIDE>
+ * (x * scale), the scale from every value's square, summed by each block in the same order), after a folded post
+ * norm (stage_fold). Block 0 also writes the input out. */
+template <int VPT, bool WIDE, bool FOLD>
 __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float *red, int ct, int splits)
 {
     /* This thread's norm weights, loaded before the input is polled for (after it, they would cost a round trip) */
@@ -524,10 +591,12 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
 #pragma unroll
         for (int i = 0; i < X_GROUPS; i++) {
             const int c = group_col<VPT>(i, ct);
-            if (c < cols) nw[i] = norm_weights(P, c, wsize);
+            if (c < cols) nw[i] = norm_weights(P.norm_w, c, wsize);
         }
     consumers_sync(); /* every warp is done with the phase before (red's readers among them) */
-    if (P.x.partials && P.x.head_dim == 64)
+    if (FOLD)
+        stage_fold<VPT>(P, xin, red + WARPS, ct);
+    else if (P.x.partials && P.x.head_dim == 64)
         stage_partials<64, VPT>(xin, P.x, cols, ct, splits);
     else if (P.x.partials && P.x.head_dim == 128)
         stage_partials<128, VPT>(xin, P.x, cols, ct, splits);
@@ -556,7 +625,8 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
         if (WIDE)
             for (int i = X_GROUPS; i < groups; i++) {
                 const int c = group_col<VPT>(i, ct);
-                normalise4(*(float4 *)(wide + c), norm_weights(P, c, wsize), P.norm_dtype, scale, P.norm_offset);
+                normalise4(*(float4 *)(wide + c), norm_weights(P.norm_w, c, wsize), P.norm_dtype, scale,
+                           P.norm_offset);
             }
     }
     if (blockIdx.x == 0 && (P.staged.arena || P.staged.real)) {
@@ -662,6 +732,7 @@ template <int HD, typename T>
 __device__ __forceinline__ void warp_positions(const float *q, const T *K, const T *V, int n, int hd_any,
                                                float scale, float &m, float &l, float *acc, int lane)
 {
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
     const int q4 = hd / 4;
     float score = -INFINITY;
@@ -682,12 +753,12 @@ __device__ __forceinline__ void warp_positions(const float *q, const T *K, const
     const float e = lane < n ? expf(score - m_new) : 0.0f;
     l = l * alpha + llm_cuda_warp_sum(e);
 #pragma unroll
-    for (int k = 0; k < MAX_DIMS; k++) acc[k] *= alpha;
+    for (int k = 0; k < D; k++) acc[k] *= alpha;
     auto take = [&](int j) {
         const float ej = __shfl_sync(0xffffffffu, e, j);
         const T *v = V + j * hd;
 #pragma unroll
-        for (int k = 0; k < MAX_DIMS; k++)
+        for (int k = 0; k < D; k++)
             if (lane + 32 * k < hd) acc[k] += ej * llm_cuda_kv_f32(v[lane + 32 * k]);
     };
     /* a full run unrolled, so the shuffles do not wait on each other: the run after a stage lands is on the step's
@@ -704,16 +775,18 @@ __device__ __forceinline__ void warp_positions(const float *q, const T *K, const
 /* The rope of one head held by a warp (lane j its dimensions j, j + 32, ...; hd even), as llm_cuda_qk_norm_rope
  * rotates it: dimension d < hd/2 pairs with d + hd/2, each value's partner fetched from the lane that holds it. */
 template <int HD>
-__device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int pos, const float *inv_freq, int lane)
+__device__ __forceinline__ void rope_held(float (&x)[dims_of<HD>()], int hd_any, int pos, const float *inv_freq,
+                                          int lane)
 {
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any, half = hd / 2;
-    float out[MAX_DIMS];
+    float out[D];
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++) {
+    for (int j = 0; j < D; j++) {
         const int d = lane + 32 * j, p = d < half ? d + half : d < hd ? d - half : 0;
         float partner = 0.0f;
 #pragma unroll
-        for (int jj = 0; jj < MAX_DIMS; jj++) { /* (registers take only indices known when compiled) */
+        for (int jj = 0; jj < D; jj++) { /* (registers take only indices known when compiled) */
             const float got = __shfl_sync(0xffffffffu, x[jj], p & 31);
             if (p >> 5 == jj) partner = got;
         }
@@ -724,7 +797,7 @@ __device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int 
         }
     }
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++) x[j] = out[j];
+    for (int j = 0; j < D; j++) x[j] = out[j];
 }
 
 /* This token's own k and v row (lane j its dimensions j, j + 32, ...), polled for in rounds as staging polls, folded
@@ -736,19 +809,20 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
                                         bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
                                         float scale, float &m, float &l, float *acc, int lane)
 {
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
-    float kr[MAX_DIMS] = {}, vr[MAX_DIMS] = {};
+    float kr[D] = {}, vr[D] = {};
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++)
+    for (int j = 0; j < D; j++)
         if (lane + 32 * j < hd) kr[j] = ld_relaxed1(k + lane + 32 * j), vr[j] = ld_relaxed1(v + lane + 32 * j);
     for (long long wait = 0;;) {
         bool waiting = false;
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++) waiting |= (k_flagged && is_empty(kr[j])) || (v_flagged && is_empty(vr[j]));
+        for (int j = 0; j < D; j++) waiting |= (k_flagged && is_empty(kr[j])) || (v_flagged && is_empty(vr[j]));
         if (!waiting) break;
         spin_check(wait);
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++) {
+        for (int j = 0; j < D; j++) {
             if (k_flagged && is_empty(kr[j])) kr[j] = ld_relaxed1(k + lane + 32 * j);
             if (v_flagged && is_empty(vr[j])) vr[j] = ld_relaxed1(v + lane + 32 * j);
         }
@@ -756,10 +830,10 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
     if (P.k_norm_w) {
         float ss = 0.0f;
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++) ss += kr[j] * kr[j]; /* (0 past hd) */
+        for (int j = 0; j < D; j++) ss += kr[j] * kr[j]; /* (0 past hd) */
         const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++)
+        for (int j = 0; j < D; j++)
             if (lane + 32 * j < hd)
                 kr[j] = (P.norm_offset + llm_cuda_load(P.k_norm_w, P.k_norm_dtype, (size_t)(lane + 32 * j))) *
                         (kr[j] * rms);
@@ -768,7 +842,7 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
     if (store && P.k_cache) {
         const size_t row = (size_t)(pos % P.ctx) * P.kv_heads * hd + (size_t)g * hd;
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++) {
+        for (int j = 0; j < D; j++) {
             const int d = lane + 32 * j;
             if (d >= hd) continue;
             llm_cuda_kv_put(P.k_cache, P.cache_type, row + d, kr[j]);
@@ -777,16 +851,16 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
         }
     }
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++) kr[j] = llm_cuda_kv_round<T>(kr[j]), vr[j] = llm_cuda_kv_round<T>(vr[j]);
+    for (int j = 0; j < D; j++) kr[j] = llm_cuda_kv_round<T>(kr[j]), vr[j] = llm_cuda_kv_round<T>(vr[j]);
     float dot = 0.0f;
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++)
+    for (int j = 0; j < D; j++)
         if (lane + 32 * j < hd) dot += qs[lane + 32 * j] * kr[j];
     const float score = llm_cuda_warp_sum(dot) * scale;
     const float m_new = fmaxf(m, score), alpha = expf(m - m_new), e = expf(score - m_new);
     l = l * alpha + e;
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++) acc[j] = acc[j] * alpha + e * vr[j];
+    for (int j = 0; j < D; j++) acc[j] = acc[j] * alpha + e * vr[j];
     m = m_new;
 }
 
@@ -799,6 +873,7 @@ template <int HD, typename T>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
                              uint64_t *full, uint64_t *empty, float *qs, int &it, int ct)
 {
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : P.head_dim, per = P.kv_rows, warp = ct >> 5, lane = ct & 31;
     int h, g, s, t0, t1;
     if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
@@ -829,7 +904,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         }
         consumers_sync();
     }
-    float m = -INFINITY, l = 0.0f, acc[MAX_DIMS] = {};
+    float m = -INFINITY, l = 0.0f, acc[D] = {};
     int run = 0, kept = -1; /* runs of 32 positions so far: run r goes to warp r % 8; the slot kept for the merge */
     const float scale = P.scale;
     for (int c0 = t0, c1; c0 < t1; c0 = c1, it++) {
@@ -855,7 +930,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
                        acc, lane);
     auto write_record = [&] {
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++)
+        for (int j = 0; j < D; j++)
             if (lane + 32 * j < hd) rec[4 + lane + 32 * j] = acc[j];
         if (lane == 0) rec[0] = m, rec[1] = l, rec[2] = 0.0f, rec[3] = 0.0f;
     };
@@ -867,7 +942,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     float *merge = (float *)(ring + (size_t)kept * STAGE), *mine = merge + warp * (hd + 2);
     consumers_sync(); /* every warp is done with the slot's rows */
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++)
+    for (int j = 0; j < D; j++)
         if (lane + 32 * j < hd) mine[2 + lane + 32 * j] = acc[j];
     if (lane == 0) mine[0] = m, mine[1] = l;
     fence_proxy_async_shared(); /* the copy engine's next writes to the slot come after these */
@@ -889,12 +964,12 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     for (int o = WARPS / 2; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
     m = M, l = __shfl_sync(0xffffffffu, L, 0);
 #pragma unroll
-    for (int j = 0; j < MAX_DIMS; j++) acc[j] = 0.0f;
+    for (int j = 0; j < D; j++) acc[j] = 0.0f;
 #pragma unroll
     for (int o = 0; o < WARPS; o++) {
         const float wo = __shfl_sync(0xffffffffu, w, o), *other = merge + o * (hd + 2) + 2;
 #pragma unroll
-        for (int j = 0; j < MAX_DIMS; j++)
+        for (int j = 0; j < D; j++)
             if (lane + 32 * j < hd) acc[j] += wo * other[lane + 32 * j];
     }
     __syncwarp();
@@ -902,7 +977,9 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     write_record();
 }
 
-/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants */
+/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants. A
+ * head of WIDE_HEAD keeps its query in the block's room in global memory (prog.q_room; read through L1): in shared
+ * memory it would cost the kernel 512 bytes more, and so an H100 its seventh ring stage. */
 template <typename T>
 __device__ __forceinline__ void consume_typed(const step_phase &P, const step_program &prog, int u, int pos,
                                               int splits, char *ring, uint64_t *full, uint64_t *empty, float *qs,
@@ -912,6 +989,9 @@ __device__ __forceinline__ void consume_typed(const step_phase &P, const step_pr
         consume_item<64, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
     else if (P.head_dim == 128)
         consume_item<128, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
+    else if (P.head_dim == WIDE_HEAD)
+        consume_item<WIDE_HEAD, T>(P, prog, u, pos, splits, ring, full, empty,
+                                   prog.q_room + (size_t)blockIdx.x * WIDE_HEAD, it, ct);
     else
         consume_item<0, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
 }
@@ -1087,7 +1167,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
     __shared__ tile_sums sums;
-    __shared__ float red[WARPS];
+    __shared__ float red[2 * WARPS]; /* a norm's warp sums; past WARPS, a folded post norm's (stage_fold) */
     __shared__ int last_block;
     __shared__ __align__(16) step_phase signal_tab[2];
     __shared__ __align__(16) float q_shared[32 * MAX_DIMS]; /* an attention item's query */
@@ -1141,16 +1221,27 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 continue;
             }
             uint4 held[ROWS];
-            hold_stage(prog, ring, full, empty, held, it, ct);
             float4 xin[X_GROUPS]; /* the thread's values of the phase's input */
-            if (P.dtype == LLM_DTYPE_F32 && P.wide)
-                stage_input<4, true>(P, xin, red, ct, splits);
-            else if (P.dtype == LLM_DTYPE_F32)
-                stage_input<4, false>(P, xin, red, ct, splits);
-            else if (P.wide)
-                stage_input<8, true>(P, xin, red, ct, splits);
-            else
-                stage_input<8, false>(P, xin, red, ct, splits);
+            if (P.post_w) {
+                /* A folded post norm holds the residual and its weights while it stages: with the first stage held
+                 * too, the kernel spilled the held stage in every phase (Llama's included), so here it is taken
+                 * after staging. (Never wide: plan_gemv.) */
+                if (P.dtype == LLM_DTYPE_F32)
+                    stage_input<4, false, true>(P, xin, red, ct, splits);
+                else
+                    stage_input<8, false, true>(P, xin, red, ct, splits);
+                hold_stage(prog, ring, full, empty, held, it, ct);
+            } else {
+                hold_stage(prog, ring, full, empty, held, it, ct);
+                if (P.dtype == LLM_DTYPE_F32 && P.wide)
+                    stage_input<4, true, false>(P, xin, red, ct, splits);
+                else if (P.dtype == LLM_DTYPE_F32)
+                    stage_input<4, false, false>(P, xin, red, ct, splits);
+                else if (P.wide)
+                    stage_input<8, true, false>(P, xin, red, ct, splits);
+                else
+                    stage_input<8, false, false>(P, xin, red, ct, splits);
+            }
             if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
             if (P.dtype == LLM_DTYPE_BF16)
                 consume_tiles<__nv_bfloat16>(P, prog, ring, full, empty, xin, held, sums, it, tile_it, ct);
@@ -1186,6 +1277,7 @@ struct version {
     size_t count;
     int phase;
     bool partials, read_later, final_, copy_out; /* partials: attention's, laid out as its phase's splits say */
+    bool normed_only; /* a folded post norm's y normalised: computed in registers only (stage_fold) */
     size_t arena; /* floats from the arena's start, when it has a copy there */
 };
 
@@ -1201,6 +1293,7 @@ struct refs {
     int q_out, k_out; /* attention with q/k norms: the normalised, rotated q and k */
     int kv_maps; /* attention: its K map's index in the plan's maps (V's the next) */
     int wide;    /* > 0: the input is normalised or combined and wider than HELD_COLS (the plan's wide room) */
+    int post_y, post_out, post_normed; /* a folded post norm: y read, the sum written, y normalised (never kept) */
 };
 
 struct compiler {
@@ -1278,6 +1371,8 @@ struct plan {
     float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
+    bool q_room; /* an attention phase has heads of WIDE_HEAD (step_program.q_room) */
+    float *room;
 };
 
 static bool same_positions(plan &pl, const int32_t *p)
@@ -1288,11 +1383,13 @@ static bool same_positions(plan &pl, const int32_t *p)
 }
 
 /* KV positions per attention stage: whole tensor copies of KV_BOX rows of K and of V (head_dim <= 32 * MAX_DIMS: at
- * least one), at most LLM_CUDA_PERSIST_KV_BYTES / elem (elem: a cache element's bytes). */
+ * least one), at most LLM_CUDA_PERSIST_KV_BYTES / elem (elem: a cache element's bytes); for a head of WIDE_HEAD in
+ * an f32 cache the 16 rows a stage holds, one copy of 16 (kv_box). */
 static int kv_rows_for(int head_dim, int elem)
 {
     const int most = std::max(KV_BOX, llm_cuda.persist_kv_bytes / elem);
-    return std::min(most, STAGE / (2 * elem * head_dim)) / KV_BOX * KV_BOX;
+    const int rows = std::min(most, STAGE / (2 * elem * head_dim));
+    return rows < KV_BOX ? rows : rows / KV_BOX * KV_BOX;
 }
 
 /* LLM_CUDA_PERSIST_SPLITS within what the o product's staging holds */
@@ -1321,15 +1418,15 @@ static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
     return encode;
 }
 
-/* A layer's K or V cache, (ctx, kv_dim) of element type t (F32, F16 or BF16), as a 2-D tensor whose boxes are KV_BOX
- * rows of one head. */
-static bool kv_map(CUtensorMap *map, const float *cache, int ctx, int kv_dim, int head_dim, int t)
+/* A layer's K or V cache, (ctx, kv_dim) of element type t (F32, F16 or BF16), as a 2-D tensor whose boxes are `rows`
+ * rows of one head (kv_box). */
+static bool kv_map(CUtensorMap *map, const float *cache, int ctx, int kv_dim, int head_dim, int rows, int t)
 {
     PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)kv_dim, (cuuint64_t)ctx};
     const cuuint64_t strides[1] = {(cuuint64_t)kv_dim * (cuuint64_t)llm_cuda_cache_bytes(t)};
-    const cuuint32_t box[2] = {(cuuint32_t)head_dim, (cuuint32_t)KV_BOX}, steps[2] = {1, 1};
+    const cuuint32_t box[2] = {(cuuint32_t)head_dim, (cuuint32_t)rows}, steps[2] = {1, 1};
     const CUtensorMapDataType type = t == LLM_DTYPE_F16    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                      : t == LLM_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
@@ -1348,12 +1445,13 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     /* what the phase computes; the kernel's item shapes; 16-byte rows for the copies */
     if (!llm_cuda_step_takes_attention(&op.params, hd) || op.ctx < 1 || hd <= 0 || hd % 4 || G < 1 ||
         op.heads % op.kv_heads ||
-        hd > 32 * MAX_DIMS || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
+        (hd > 32 * MAX_DIMS && hd != WIDE_HEAD) || !aligned16(op.k_cache) || !aligned16(op.v_cache) || !aligned16(op.q) ||
         !aligned16(op.k) || !aligned16(op.v) || !same_positions(pl, op.positions))
         return false;
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.cache_type = op.params.cache;
     P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.params.cache));
+    if (hd == WIDE_HEAD) pl.q_room = true;
     P.units = op.heads * most_splits();
     P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale;
     if (op.qk_norm || !op.stored) P.k_cache = op.k_cache, P.v_cache = op.v_cache; /* the phase stores the KV row */
@@ -1363,8 +1461,10 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         P.k_norm_dtype = op.k_norm.dtype, P.eps = op.qk_eps, P.norm_offset = op.qk_offset, P.inv_freq = op.inv_freq;
     }
     r.kv_maps = pl.n_maps;
-    if (!kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd, op.params.cache) ||
-        !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd, op.params.cache))
+    const int box = kv_box(P.kv_rows);
+    if (P.kv_rows < 1 ||
+        !kv_map(&pl.maps[pl.n_maps++], op.k_cache, op.ctx, (int)kv_dim, hd, box, op.params.cache) ||
+        !kv_map(&pl.maps[pl.n_maps++], op.v_cache, op.ctx, (int)kv_dim, hd, box, op.params.cache))
         return false;
     r.q = read_of(c, op.q, (size_t)op.heads * hd, i, false);
     r.k = read_of(c, op.k, kv_dim, i, false);
@@ -1378,12 +1478,27 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     return c.ok;
 }
 
-static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
+/* A post norm and the residual add after it (resid += (offset + w) * rmsnorm(y), y normalised in place): no phase of
+ * its own, but the next GEMV's staging when that product reads the sum (plan_gemv with fold). */
+static bool plan_fold(plan &pl, int i, const llm_cuda_step_op *ops)
+{
+    pl.phases[i].kind = PHASE_FOLD, pl.phases[i].units = 0;
+    return i + 1 < pl.n && ops[i + 1].kind == LLM_CUDA_STEP_GEMV;
+}
+
+static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_step_op *fold)
 {
     compiler &c = pl.c;
     step_phase &P = pl.phases[i];
     refs &r = pl.rf[i];
     const bool quant = step_quant_dtype(job.dtype);
+    /* a folded post norm: the product's input (its prologue's source) is the sum, held in registers (no wide room),
+     * and the two norms share the phase's eps and offset; not before a quantized phase (its staging has no fold) */
+    if (fold && (quant || (job.norm_src ? job.norm_src : job.x) != fold->resid || fold->dim != job.cols ||
+                 job.cols > HELD_COLS || !aligned16(fold->y) || !aligned16(fold->resid) ||
+                 !aligned16(fold->post_norm.data) ||
+                 (job.norm_src && (job.eps != fold->post_eps || job.norm_offset != fold->post_offset))))
+        return false;
     if ((job.dtype != LLM_DTYPE_BF16 && job.dtype != LLM_DTYPE_F16 && job.dtype != LLM_DTYPE_F32 && !quant) ||
         job.cols <= 0 || job.cols % 8 || job.n_mats < 1 || !aligned16(job.norm_src ? job.norm_src : job.x))
         return false;
@@ -1423,9 +1538,19 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
         tiles += M.tiles;
     }
     P.units = tiles;
-    /* reads, then writes, in the order the op does them */
-    r.x = job.norm_src ? read_of(c, job.norm_src, (size_t)job.cols, i, false)
-                       : read_of(c, job.x, (size_t)job.cols, i, true);
+    /* reads, then writes, in the order the ops do them */
+    if (fold) { /* x is the residual before the add; the sum, written here, is what the product reads */
+        P.post_w = fold->post_norm.data, P.post_dtype = fold->post_norm.dtype;
+        if (!job.norm_src) P.eps = fold->post_eps, P.norm_offset = fold->post_offset;
+        r.post_y = read_of(c, fold->y, (size_t)job.cols, i, false);
+        r.x = read_of(c, fold->resid, (size_t)job.cols, i, false);
+        r.post_normed = write_of(c, fold->y, (size_t)job.cols, i);
+        c.vers[r.post_normed].normed_only = true;
+        r.post_out = write_of(c, fold->resid, (size_t)job.cols, i);
+    } else {
+        r.x = job.norm_src ? read_of(c, job.norm_src, (size_t)job.cols, i, false)
+                           : read_of(c, job.x, (size_t)job.cols, i, true);
+    }
     if (job.cols > HELD_COLS && (job.norm_src || (r.x >= 0 && c.vers[r.x].partials)))
         r.wide = 1, pl.wide_cols = std::max(pl.wide_cols, job.cols);
     if (job.epi == LLM_CUDA_EPI_ADD) r.resid = read_of(c, job.resid, (size_t)job.mats[0].rows, i, false);
@@ -1442,7 +1567,10 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
     int units_before = 0;
     for (int i = 0; i < pl.n; i++) {
         memset(&pl.rf[i], -1, sizeof pl.rf[i]);
-        bool ok = ops[i].kind == LLM_CUDA_STEP_ATTENTION ? plan_attention(pl, i, ops[i]) : plan_gemv(pl, i, ops[i].gemv);
+        const llm_cuda_step_op *fold = i > 0 && ops[i - 1].kind == LLM_CUDA_STEP_POST_NORM_ADD ? &ops[i - 1] : NULL;
+        bool ok = ops[i].kind == LLM_CUDA_STEP_ATTENTION        ? plan_attention(pl, i, ops[i])
+                  : ops[i].kind == LLM_CUDA_STEP_POST_NORM_ADD ? plan_fold(pl, i, ops)
+                                                                : plan_gemv(pl, i, ops[i].gemv, fold);
         if (!ok) return false;
         pl.phases[i].base = units_before; /* each phase's units dealt on from where the one before left off */
         units_before = (units_before + pl.phases[i].units) % llm_cuda.sm_count;
@@ -1460,6 +1588,8 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
                 V.copy_out = true;
         /* attention's output exists only as partials until a product combines them */
         if (V.partials && (V.copy_out || (V.final_ && !V.read_later))) return false;
+        /* nor is a folded post norm's normalised y kept: a later write must replace it, unread (Gemma's next norm) */
+        if (V.normed_only && (V.read_later || V.final_)) return false;
         if (V.read_later || V.copy_out) {
             V.arena = pl.arena_floats;
             const step_phase &W = pl.phases[V.phase]; /* the phase that wrote it */
@@ -1509,8 +1639,10 @@ static void resolve(plan &pl, const llm_cuda_step_op *ops, float *arena, char *b
             P.kv_maps = (const CUtensorMap *)base + r.kv_maps;
             continue;
         }
+        if (P.kind == PHASE_FOLD) continue; /* (done by the phase after it) */
         const llm_cuda_gemv &job = op.gemv;
         P.x = src_of(r.x, job.norm_src ? job.norm_src : job.x);
+        if (P.post_w) P.post_y = src_of(r.post_y, ops[i - 1].y), P.post_out = vec_of(r.post_out);
         P.staged = vec_of(r.staged);
         P.wide = r.wide > 0 ? pl.wide : NULL;
         if (P.x.partials && c.vers[r.x].final_) P.staged.real = (float *)c.vers[r.x].real; /* attention's, combined */
@@ -1537,7 +1669,8 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
             if (h[i] && h[i] < t0) t0 = h[i];
         fprintf(f, "step %d %d\n", pl.n, llm_cuda.sm_count);
         for (int i = 0; i < pl.n; i++) {
-            fprintf(f, "%d %s", i, pl.phases[i].kind == PHASE_ATTENTION ? "attention" : "gemv");
+            const int kind = pl.phases[i].kind;
+            fprintf(f, "%d %s", i, kind == PHASE_ATTENTION ? "attention" : kind == PHASE_FOLD ? "fold" : "gemv");
             for (size_t k = (size_t)i * llm_cuda.sm_count * 3; k < (size_t)(i + 1) * llm_cuda.sm_count * 3; k++)
                 fprintf(f, " %lld", h[k] ? (long long)(h[k] - t0) : -1ll);
             fprintf(f, "\n");
@@ -1605,6 +1738,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     prog.copies = (const step_copy *)(base + maps_bytes(pl) + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
+    prog.q_room = pl.room;
     prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step")) return LLM_CUDA_STEP_REFUSED;
     cudaLaunchAttribute attr;
@@ -1651,9 +1785,11 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
         const size_t table_most = maps_bytes(pl) + 2 * n * (sizeof(step_phase) + 8 * sizeof(step_copy));
         const size_t head = (table_most + 255) / 256 * 256, arena_bytes = 2 * pl.arena_floats * sizeof(float);
         const size_t wide_bytes = (size_t)llm_cuda.sm_count * pl.wide_cols * sizeof(float);
-        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes,
+        const size_t room_bytes = pl.q_room ? (size_t)llm_cuda.sm_count * WIDE_HEAD * sizeof(float) : 0;
+        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes + room_bytes,
                                               "decode step");
         pl.wide = base && pl.wide_cols ? (float *)(base + head + 256 + arena_bytes) : NULL;
+        pl.room = base && pl.q_room ? (float *)(base + head + 256 + arena_bytes + wide_bytes) : NULL;
         size_t table_bytes = 0;
         char *table = base ? build_table(pl, ops, base, (float *)(base + head + 256), table_bytes) : NULL;
         if (table)

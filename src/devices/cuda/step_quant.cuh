@@ -7,7 +7,7 @@
 
 /* (step.cu's consumer parts this file uses; defined below it) */
 template <int VPT> __device__ __forceinline__ int group_col(int i, int ct);
-template <int VPT, bool WIDE>
+template <int VPT, bool WIDE, bool FOLD>
 __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float *red, int ct, int splits);
 
 __device__ __forceinline__ bool quant_phase(int dtype)
@@ -107,9 +107,9 @@ __device__ void stage_quant(const step_phase &P, const q_x &X, float *red, int c
     const int cols = P.cols, lane = ct & 31;
     float4 xin[X_GROUPS];
     if (P.wide)
-        stage_input<4, true>(P, xin, red, ct, splits);
+        stage_input<4, true, false>(P, xin, red, ct, splits);
     else
-        stage_input<4, false>(P, xin, red, ct, splits);
+        stage_input<4, false, false>(P, xin, red, ct, splits);
 #pragma unroll
     for (int i = 0; i < X_GROUPS; i++) {
         const int c = group_col<4>(i, ct);
