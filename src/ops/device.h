@@ -129,6 +129,8 @@ typedef struct llm_device {
     /* Optional: a new tensor-parallel group's id (llm_tp_group.id), made by its rank 0 before the other ranks start;
      * NULL: the device cannot join a group of more than one (its all_reduce is the identity). 0, else err. */
     int (*tp_unique_id)(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
+    /* Optional: how many of this device the machine has (GPUs: cuda:0 .. cuda:N-1); NULL: one. */
+    int (*instances)(void);
 } llm_device;
 
 #endif

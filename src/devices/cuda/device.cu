@@ -317,6 +317,13 @@ static void cuda_counters(llm_device_counters *out)
     out->graph_replays = g.initialized ? g.replays : 0;
 }
 
+static int cuda_instances(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) cudaGetLastError(), count = 0;
+    return count;
+}
+
 static const llm_ops cuda_ops = {
     op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
     op_route, op_experts, op_combine, op_all_reduce,
@@ -360,4 +367,5 @@ extern "C" const llm_device llm_device_cuda = {
      * against 140: half the bytes in flight a load). docs/quantization.md has the numbers. */
     LLM_DTYPE_F32,
     cuda_tp_unique_id,
+    cuda_instances,
 };
