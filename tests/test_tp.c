@@ -152,15 +152,9 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
     llm_model_free(&m);
 }
 
-/* Each dense family's fixture split over two GPUs. Against Hugging Face: the tolerance of test_models.c (1e-4 of the
- * largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
- * (fixtures are F32 checkpoints); the split only regroups sums: o's and down's dot products (at most 160 terms) are
- * summed as two halves plus one f32 add in NCCL, a reordering whose rounding is a few ulp of the terms' magnitude,
- * about 1e-6 of the logits through four layers, so 1e-5 leaves a margin of ten and still catches a lost or doubled
- * share (a bias added twice, a head missing: errors of the logits' own size). Greedy tokens exactly. */
-static void test_split_matches(void **state)
+/* Two GPUs and a build that can group them (NCCL), or the test is skipped. */
+static void two_gpus_or_skip(void)
 {
-    (void)state;
     const llm_device *cuda = llm_device_find("cuda");
     char why[256] = "";
     if (!cuda || !cuda->probe(why, sizeof why) || !cuda->instances || cuda->instances() < 2 || !cuda->tp_unique_id) {
@@ -174,6 +168,18 @@ static void test_split_matches(void **state)
         skip();
     }
     setenv("LLM_TP_EXE", "build/llm-run", 0); /* the workers: this test's binary is not llm-run */
+}
+
+/* Each dense family's fixture split over two GPUs. Against Hugging Face: the tolerance of test_models.c (1e-4 of the
+ * largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
+ * (fixtures are F32 checkpoints); the split only regroups sums: o's and down's dot products (at most 160 terms) are
+ * summed as two halves plus one f32 add in NCCL, a reordering whose rounding is a few ulp of the terms' magnitude,
+ * about 1e-6 of the logits through four layers, so 1e-5 leaves a margin of ten and still catches a lost or doubled
+ * share (a bias added twice, a head missing: errors of the logits' own size). Greedy tokens exactly. */
+static void test_split_matches(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
     /* Llama (GQA, tied), Llama 3 (one KV head: replicated), Qwen3 (q/k norms), Qwen2 (q/k/v biases), Mistral (its
      * own head_dim), Phi-3 (fused q/k/v and gate/up, partial rotary), Gemma 2 (post norms, soft-caps) */
     const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
@@ -209,9 +215,7 @@ static void test_split_matches(void **state)
 static void test_refused_before_join(void **state)
 {
     (void)state;
-    const llm_device *cuda = llm_device_find("cuda");
-    char why[256] = "";
-    if (!cuda || !cuda->probe(why, sizeof why) || !cuda->instances || cuda->instances() < 2) skip();
+    two_gpus_or_skip();
     fixture_expected ex;
     fixture_load_expected(&ex, "llama-gqa-tied");
     /* the split is refused on rank 1 (and on rank 0) before any rank joins: one line, no hang */

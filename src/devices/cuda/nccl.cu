@@ -57,8 +57,10 @@ int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len)
 void cuda_tp_close(void)
 {
 #ifdef LLM_HAVE_NCCL
-    /* after a failure the other ranks may never answer: abort rather than wait on them */
-    if (comm) g.failed ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+    /* Abort, not Finalize and Destroy: this rank's resources go at once, without waiting for the others to reach
+     * theirs (each rank closes when it is told to, or after a failure, when the others may never answer); the stream
+     * was synchronised, so nothing of this rank's is in flight. */
+    if (comm) ncclCommAbort(comm);
     comm = NULL;
 #endif
     tp_size = 1, tp_rank = 0;
