@@ -41,11 +41,12 @@ GENCODE := $(or $(GENCODE_$(CUDA_ARCH)),$(error CUDA_ARCH=$(CUDA_ARCH): use all,
 NVCCFLAGS ?= -O3 -g -lineinfo
 NVCCFLAGS += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP $(NVWERROR)
 # NCCL (tensor parallelism over several GPUs: the cuda device's all_reduce) when the toolkit ships it, or where
-# NCCL_HOME (or NCCL_INC and NCCL_LIBDIR: a pip package's nvidia/nccl) says; LLM_NCCL=0 leaves it out (then one GPU a
-# model).
-NCCL_HOME ?= $(CUDA_HOME)
+# NCCL_HOME says (/usr for Debian's libnccl-dev: lib/x86_64-linux-gnu; a pip package's nvidia/nccl), or NCCL_INC and
+# NCCL_LIBDIR; LLM_NCCL=0 leaves it out (then one GPU a model).
+NCCL_HOME ?= $(or $(firstword $(foreach d,$(CUDA_HOME) /usr,$(if $(wildcard $(d)/include/nccl.h),$(d)))),$(CUDA_HOME))
 NCCL_INC ?= $(NCCL_HOME)/include
-NCCL_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so*))))
+NCCL_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so* \
+                 $(NCCL_HOME)/lib/*/libnccl.so*))))
 LLM_NCCL ?= $(if $(and $(wildcard $(NCCL_INC)/nccl.h),$(NCCL_LIBDIR)),1,0)
 comma := ,
 NCCL_LIBS := $(if $(filter 1,$(LLM_NCCL)),-L$(NCCL_LIBDIR) -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR) -l:libnccl.so.2,)
@@ -54,7 +55,7 @@ ifeq ($(LLM_CUDA),1)
 CFLAGS  += -DLLM_HAVE_CUDA
 CU_OBJ  := $(patsubst src/%.cu,build/obj/%.o,$(CU_SRC))
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(CUDA_LIBS)
-NVCCFLAGS += $(if $(filter 1,$(LLM_NCCL)),-DLLM_HAVE_NCCL -I$(NCCL_INC),)
+NVCCFLAGS += $(if $(filter 1,$(LLM_NCCL)),-DLLM_HAVE_NCCL $(if $(filter /usr/include,$(NCCL_INC)),,-I$(NCCL_INC)),)
 endif
 
 OBJ      := $(patsubst src/%.c,build/obj/%.o,$(LIB_SRC)) $(CU_OBJ)
