@@ -120,6 +120,7 @@ typedef struct {
     int fd[LLM_TP_MAX];
     pid_t pid[LLM_TP_MAX];
     int gpu[LLM_TP_MAX];
+    char dev[32]; /* the device's name: "cuda" */
     pthread_t watchdog;
     bool watching;
     atomic_bool closing;
@@ -133,7 +134,7 @@ static void say_gone(const leader *L, int i)
     char how[64] = "";
     if (w == L->pid[i] && WIFEXITED(status)) snprintf(how, sizeof how, " (exit %d)", WEXITSTATUS(status));
     if (w == L->pid[i] && WIFSIGNALED(status)) snprintf(how, sizeof how, " (signal %d)", WTERMSIG(status));
-    fprintf(stderr, "llm-run: tensor-parallel rank %d (cuda:%d, pid %d) stopped%s; stopping the group\n", i + 1,
+    fprintf(stderr, "llm-run: tensor-parallel rank %d (%s:%d, pid %d) stopped%s; stopping the group\n", i + 1, L->dev,
             L->gpu[i + 1], (int)L->pid[i], how);
 }
 
@@ -189,7 +190,7 @@ static int broadcast(leader *L, const msg *h, const void *payload, char *err, si
 {
     for (int i = 0; i < L->n; i++)
         if (send_all(L->fd[i], h, sizeof *h) || (h->bytes && send_all(L->fd[i], payload, h->bytes))) {
-            snprintf(err, err_len, "tensor-parallel rank %d (cuda:%d) is gone", i + 1, L->gpu[i + 1]);
+            snprintf(err, err_len, "tensor-parallel rank %d (%s:%d) is gone", i + 1, L->dev, L->gpu[i + 1]);
             return -1;
         }
     return 0;
@@ -319,6 +320,7 @@ int llm_tp_load(llm_model *m, const char *path, const llm_load_options *lo, char
     L->f = (llm_followers){lead_state_init, lead_state_free, lead_forward, lead_close};
     L->n = n - 1;
     memcpy(L->gpu, gpus, sizeof gpus);
+    snprintf(L->dev, sizeof L->dev, "%s", name);
     for (int i = 0; i < L->n; i++) L->fd[i] = -1;
     fflush(NULL); /* nothing buffered twice */
     for (int i = 0; i < L->n; i++)
