@@ -1,5 +1,6 @@
 /* Tensor parallelism: the split's arithmetic (src/model/split.h) on every machine; a model split over two GPUs (one
  * process each, src/tp.c) against Hugging Face and against one GPU, where two GPUs are here (skipped otherwise). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "model/split.h"
+#include "ops/ref.h"
 #include "support/fixture_util.h"
 #include "tp.h"
 
@@ -152,6 +154,141 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
     llm_model_free(&m);
 }
 
+/* ---- two ranks in one process, on the cpu reference: the split's numbers checked on every machine ----
+ * A test double of the cpu device that joins a "group" of two threads: its all_reduce sums the two ranks' x through
+ * a barrier (rank 0's plus rank 1's, the same order on both), as NCCL does across processes. */
+extern const llm_device llm_device_cpu;
+static llm_device pair_dev;
+static llm_ops pair_ops;
+static pthread_barrier_t pair_barrier;
+static _Thread_local int pair_rank;
+static float *pair_x[2];
+static float *pair_sum; /* (count) */
+
+static void pair_all_reduce(float *x, size_t count)
+{
+    pair_x[pair_rank] = x;
+    pthread_barrier_wait(&pair_barrier);
+    if (pair_rank == 0)
+        for (size_t i = 0; i < count; i++) pair_sum[i] = pair_x[0][i] + pair_x[1][i];
+    pthread_barrier_wait(&pair_barrier);
+    memcpy(x, pair_sum, count * sizeof *x);
+    pthread_barrier_wait(&pair_barrier); /* pair_x is set again only after both copied */
+}
+
+static int pair_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
+{
+    (void)err, (void)err_len;
+    memset(id, 0, LLM_TP_ID_BYTES);
+    return 0;
+}
+
+typedef struct {
+    int rank;
+    llm_model *m;
+    const fixture_expected *ex;
+    float *logits;     /* (n_tokens, vocab): one call over every position */
+    int32_t greedy[256];
+} pair_job;
+
+static void *pair_run(void *arg)
+{
+    pair_job *j = arg;
+    pair_rank = j->rank;
+    const fixture_expected *ex = j->ex;
+    size_t vocab = (size_t)j->m->config.vocab_size;
+    llm_state s;
+    char err[512] = "";
+    const float *logits = NULL;
+    if (llm_state_init(&s, j->m, 0, 0, true, err, sizeof err) ||
+        llm_forward(j->m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err))
+        return strdup(err);
+    memcpy(j->logits, logits, (size_t)ex->n_tokens * vocab * sizeof(float));
+    llm_state_free(&s, j->m);
+    if (llm_state_init(&s, j->m, 64, 7, false, err, sizeof err)) return strdup(err);
+    for (int pos = 0; pos < ex->n_prompt; pos += 7) {
+        int n = ex->n_prompt - pos < 7 ? ex->n_prompt - pos : 7;
+        if (llm_forward(j->m, &s, ex->tokens + pos, n, pos, &logits, err, sizeof err)) return strdup(err);
+    }
+    for (int i = 0; i < ex->n_greedy; i++) {
+        j->greedy[i] = fixture_argmax(logits, (int)vocab);
+        if (i + 1 < ex->n_greedy &&
+            llm_forward(j->m, &s, &j->greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err))
+            return strdup(err);
+    }
+    llm_state_free(&s, j->m);
+    return NULL;
+}
+
+/* Each dense family's fixture split in two on the cpu reference, its ranks run as two threads: rank 0's logits against
+ * Hugging Face (test_models.c's 1e-4 of the largest logit) and against the whole model on the same device (1e-5: see
+ * test_split_matches), its greedy tokens exactly. This checks the shares themselves (rows and columns, the KV head
+ * replicated, biases on the right ranks, fused projections cut in three) wherever the tests run. */
+static void test_split_on_cpu(void **state)
+{
+    (void)state;
+    pair_dev = llm_device_cpu;
+    pair_ops = llm_ref_ops;
+    pair_ops.all_reduce = pair_all_reduce;
+    pair_dev.ops = &pair_ops;
+    pair_dev.tp_unique_id = pair_id;
+    const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
+                           "phi3-window", "gemma2"};
+    for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
+        fixture_expected ex;
+        fixture_load_expected(&ex, names[f]);
+        char err[1024] = "";
+        llm_model whole, m[2];
+        llm_load_options lo = {.device = "cpu"};
+        assert_int_equal(llm_model_load(&whole, ex.dir, &lo, err, sizeof err), 0);
+        pair_job jobs[2];
+        for (int r = 0; r < 2; r++) {
+            llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = 2}};
+            int rc = llm_model_load(&m[r], ex.dir, &lr, err, sizeof err);
+            if (rc) print_error("%s rank %d: %s\n", names[f], r, err);
+            assert_int_equal(rc, 0);
+            assert_int_equal(m[r].split.size, 2);
+            jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = &ex, .logits = malloc(ex.n_logits * sizeof(float))};
+            assert_non_null(jobs[r].logits);
+        }
+        assert_int_equal(m[0].config.num_attention_heads * 2, whole.config.num_attention_heads);
+        pair_sum = malloc((size_t)ex.n_tokens * whole.config.hidden_size * sizeof *pair_sum); /* the largest call's */
+        assert_non_null(pair_sum);
+        pthread_barrier_init(&pair_barrier, NULL, 2);
+        pthread_t t[2];
+        for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&t[r], NULL, pair_run, &jobs[r]), 0);
+        for (int r = 0; r < 2; r++) {
+            void *failed = NULL;
+            pthread_join(t[r], &failed);
+            if (failed) print_error("%s rank %d: %s\n", names[f], r, (char *)failed);
+            assert_null(failed);
+        }
+        pthread_barrier_destroy(&pair_barrier);
+        float *one = malloc(ex.n_logits * sizeof *one);
+        int32_t g1[256];
+        assert_non_null(one);
+        pair_job w = {.rank = 0, .m = &whole, .ex = &ex, .logits = one};
+        assert_null(pair_run(&w)); /* alone: its all_reduce is the reference's identity, never called */
+        memcpy(g1, w.greedy, sizeof g1);
+        double hf = fixture_max_rel_error(jobs[0].logits, ex.logits, ex.n_logits);
+        double vs_whole = fixture_max_rel_error(jobs[0].logits, one, ex.n_logits);
+        double ranks = fixture_max_rel_error(jobs[1].logits, jobs[0].logits, ex.n_logits);
+        print_message("%s split in two on cpu: max |logit - HF| / max |HF| = %.3g, against the whole model %.3g, "
+                      "rank 1 against rank 0 %.3g\n", names[f], hf, vs_whole, ranks);
+        assert_true(hf <= 1e-4);
+        assert_true(vs_whole <= 1e-5);
+        assert_true(ranks == 0.0); /* both ranks' sums are the same numbers: the head is whole on each */
+        for (int i = 0; i < ex.n_greedy; i++) {
+            assert_int_equal(jobs[0].greedy[i], ex.greedy[i]);
+            assert_int_equal(jobs[1].greedy[i], ex.greedy[i]);
+            assert_int_equal(g1[i], ex.greedy[i]);
+        }
+        free(pair_sum), free(one), free(jobs[0].logits), free(jobs[1].logits);
+        llm_model_free(&m[0]), llm_model_free(&m[1]), llm_model_free(&whole);
+        fixture_free_expected(&ex);
+    }
+}
+
 /* Two GPUs and a build that can group them (NCCL), or the test is skipped. */
 static void two_gpus_or_skip(void)
 {
@@ -232,6 +369,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_shares),  cmocka_unit_test(test_split_refused),
         cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
+        cmocka_unit_test(test_split_on_cpu),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
