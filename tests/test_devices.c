@@ -378,7 +378,7 @@ static void test_devices_listing(void **state)
         assert_non_null(strstr(out, "native ops (F32, F16 and BF16 weights unless noted): embed rmsnorm "
                                     "matmul(+Q8_0,Q4_0,Q4_K,MXFP4) rope attention(F32,F16,BF16,Q8_0 KV cache) glu "
                                     "add logits(+Q8_0,Q4_0,Q4_K,MXFP4) softcap route experts(+Q8_0,Q4_0,Q4_K,MXFP4) "
-                                    "combine\n"));
+                                    "combine all_reduce\n"));
         cli_run_free(&r);
     }
 }
