@@ -2,7 +2,8 @@
 # Tensor parallelism on a machine with two NVIDIA GPUs (issue 33): build with NCCL, test_tp (fixtures split over two
 # GPUs against Hugging Face and one GPU), then a Llama-2-7B-shaped checkpoint (random BF16) on one GPU and on two: decode
 # tg128 after 512 and pp512, and the all-reduce's row of --profile. Results under OUT (default /tmp/llm-run-tp).
-# NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's machines require.
+# NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's machines require. Arguments go to make (PKG_CFLAGS=...,
+# PKG_LIBS=..., NCCL_HOME=...).
 set -u
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/llm-run-tp}; M=${MODELS:-/tmp/llm-run-models}/llama-2-7b
@@ -10,7 +11,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 [ -f "$M/model.safetensors" ] || python3 scripts/make-random-checkpoint.py --shape llama-2-7b --out "$M" --dtype bf16 \
     > "$OUT/ckpt.txt" 2>&1 &
-make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} build/llm-run build/tests/test_tp > "$OUT/build.txt" 2>&1 || {
+make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "$@" build/llm-run build/tests/test_tp > "$OUT/build.txt" 2>&1 || {
     tail -20 "$OUT/build.txt"; exit 1; }
 grep -q 1 build/nccl-flag || echo "warning: built without NCCL (set NCCL_HOME): only test_tp's CPU part runs"
 build/tests/test_tp 2>&1 | tee "$OUT/test_tp.txt" | grep -E "GPUs|cpu:|OK|FAIL|ERROR|SKIP"
