@@ -148,3 +148,6 @@ clean:
 build/dev/bench_quant: dev/quant/bench_matmul.c $(OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(OBJ) $(LDLIBS)
+build/dev/bench_experts: dev/moe/bench_experts.c $(OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(OBJ) $(LDLIBS)

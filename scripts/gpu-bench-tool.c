@@ -413,7 +413,7 @@ static int cmd_gemv(void)
         double t[6];
         for (int r = 0; r < 6; r++) {
             double a = llm_host_now_s();
-            if (!dev->step_begin(10000 + (int)s))
+            if (!dev->step_begin(NULL, 10000 + (int)s))
                 for (int k = 0; k < launches; k++) dev->ops->matmul(out, x[k & 1], &w[k % copies], NULL, 1);
             dev->step_end();
             if (dev->sync()) return die("sync");
@@ -471,7 +471,7 @@ static int cmd_experts(void)
         double t[8];
         for (int r = 0; r < 8; r++) {
             double a = llm_host_now_s();
-            if (!dev->step_begin(20000 + s))
+            if (!dev->step_begin(NULL, 20000 + s))
                 for (int c = 0; c < calls; c++) dev->ops->experts(out, x, &ex, ids + (c % 16) * K, 1, K, slots);
             dev->step_end();
             if (dev->sync()) return die("sync");

@@ -187,10 +187,11 @@ int llm_cmd_generate(int argc, char **argv)
     }
     printf("\n");
     int decode_steps = (int)(s.n_decoded - steps0);
-    char where[160] = "";
+    char where[160] = "", bytes[16];
     if (g.model.host_layers)
-        snprintf(where, sizeof where, " (experts of %d of %d sparse layers on %s, %.2f GB in host memory)",
-                 g.model.host_layers, c->n_sparse, g.model.rt.expert_host->name, (double)g.model.host_bytes / 1e9);
+        snprintf(where, sizeof where, " (experts of %d of %d sparse layers on %s, %s in host memory)",
+                 g.model.host_layers, c->n_sparse, g.model.rt.expert_host->name,
+                 llm_bytes_text(bytes, sizeof bytes, (double)g.model.host_bytes));
     fprintf(stderr, "\nllm-run: %s on %s%s | KV cache %s | load %.2f s | prompt %d tokens, %.1f tok/s | generated %d "
             "tokens, %.1f tok/s\n", c->architecture, g.model.rt.dev->name, where, llm_dtype_name(g.model.cache_type),
             g.load_s, n_prompt, prefill_s > 0 ? n_prompt / prefill_s : 0.0, s.generated,

@@ -868,7 +868,7 @@ static void moe_block_ref(moe_block *b, const float *x, const float *resid, floa
 static void moe_block_step(moe_block *b)
 {
     int k = b->top_k;
-    if (dev->step_begin(1)) {
+    if (dev->step_begin(b, 1)) {
         dev->step_end();
         return;
     }
@@ -982,6 +982,35 @@ static void test_moe_graph_replay(void **state)
         cuda_done();
     }
     free(xs[0]), free(xs[1]), free(resid), free(ref[0]), free(ref[1]), free(first[0]), free(first[1]), free(unfused);
+}
+
+/* Two blocks of their own weights and buffers taking turns on the device, as two models' run states do: each step
+ * records and replays under its own key (step_begin), so neither replays the other's graph (which would write the
+ * other's buffers and leave its own output unchanged). */
+static void test_graph_keys(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    float *x = random_floats(512, 1.0f), *resid = random_floats(512, 1.0f), ref[2][512];
+    moe_block b[2] = {{.dim = 512, .inter = 96, .experts = 32, .top_k = 4},
+                      {.dim = 512, .inter = 96, .experts = 32, .top_k = 4}};
+    moe_block_make(&b[0]), moe_block_make(&b[1]); /* both allocated before a step: allocations drop graphs */
+    moe_block_ref(&b[0], x, resid, ref[0]), moe_block_ref(&b[1], x, resid, ref[1]);
+    assert_true(rel_error(ref[0], ref[1], 512) > 1e-3); /* different weights: a swapped output cannot pass */
+    for (int step = 0; step < 12; step++) { /* each block: issued, captured, then 4 replays */
+        int which = step % 2;
+        float *got = moe_block_run(&b[which], x, resid);
+        double err = rel_error(got, ref[which], 512);
+        print_message("two blocks, step %d (block %d): vs its reference %.2g\n", step, which, err);
+        assert_true(err < 1e-5);
+        free(got);
+    }
+    llm_device_counters count = {0};
+    dev->counters(&count);
+    assert_int_equal(count.graph_replays, 8);
+    moe_block_free(&b[0]), moe_block_free(&b[1]);
+    free(x), free(resid);
+    cuda_done();
 }
 
 /* ---- a model decoding 64 steps: graph replay against plain issue, fused against unfused, both against cpu ---- */
@@ -1497,7 +1526,8 @@ int main(void)
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_combine),
-        cmocka_unit_test(test_moe_graph_replay), cmocka_unit_test(test_graph_replay),
+        cmocka_unit_test(test_moe_graph_replay),
+        cmocka_unit_test(test_graph_keys), cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_moe_decode),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),

@@ -218,6 +218,12 @@ static void test_memory_hint(void **state)
     assert_int_equal(load(&m, ex.dir, NULL, INT_MAX, &log, err, sizeof err), 0);
     host = m.host_bytes;
     llm_model_free(&m);
+    /* the summary line gives the fixture's few kB of experts in a unit that shows them */
+    char text[16], expect[64];
+    snprintf(expect, sizeof expect, "in host memory on blas (%s)", llm_bytes_text(text, sizeof text, (double)host));
+    assert_true(host > 0 && host < 1000000);
+    assert_non_null(strstr(text, " kB"));
+    assert_non_null(strstr(log, expect));
     free(log);
     owned_free_limit = all - host / 2; /* the rest fits, the experts do not */
     size_t held = owned_bytes;
@@ -226,6 +232,7 @@ static void test_memory_hint(void **state)
     assert_int_equal(rc, -1);
     print_message("%s\n", err);
     assert_non_null(strstr(err, "of them the experts'"));
+    assert_null(strstr(err, "0.00 GB"));
     assert_non_null(strstr(err, "--cpu-moe keeps the experts in host memory"));
     assert_int_equal(owned_bytes, held); /* refused before any weight was placed */
     rc = load(&m, ex.dir, NULL, INT_MAX, &log, err, sizeof err);

@@ -781,8 +781,9 @@ done:
 }
 
 /* Expert ids for n tokens' top_k slots, distinct within a token as route makes them: random, or (all) expert
- * (i * top_k + j) mod E for token i's slot j, which chooses every expert at least once when n * top_k >= E. */
-static int32_t *expert_ids(int n, int n_experts, int top_k, bool all)
+ * (i * top_k + j) mod E for token i's slot j, which chooses every expert at least once when n * top_k >= E. With
+ * `repeat`, each odd slot repeats the slot before it: route never does so, but the experts op takes any ids. */
+static int32_t *expert_ids(int n, int n_experts, int top_k, bool all, bool repeat)
 {
     int32_t *ids = malloc((size_t)n * top_k * sizeof *ids), *perm = malloc((size_t)n_experts * sizeof *perm);
     assert_true(ids && perm);
@@ -794,6 +795,7 @@ static int32_t *expert_ids(int n, int n_experts, int top_k, bool all)
             perm[j] = perm[r], perm[r] = t;
             ids[(size_t)i * top_k + j] = all ? (i * top_k + j) % n_experts : perm[j];
         }
+        for (int j = 1; repeat && j < top_k; j += 2) ids[(size_t)i * top_k + j] = ids[(size_t)i * top_k + j - 1];
     }
     free(perm);
     return ids;
@@ -822,20 +824,25 @@ static llm_weight *host_experts(llm_dtype t, int E, size_t rows, size_t cols, fl
     return w;
 }
 
-static const llm_dtype expert_dtypes[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16,
-                                          LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
+static const llm_dtype expert_dtypes[] = {LLM_DTYPE_F32,  LLM_DTYPE_F16,  LLM_DTYPE_BF16, LLM_DTYPE_Q8_0,
+                                          LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K, LLM_DTYPE_MXFP4};
 
 static void test_experts(void **state)
 {
     (void)state;
     /* (rows, cols) of an expert, E experts, top_k, n tokens: Mixtral-like 2 of 8, Qwen3-MoE's 768 x 2048 gate/up and
      * 2048 x 768 down (16 of its 128 experts), Qwen1.5-MoE's 1408 x 2048 (4 of 60), odd sizes, top_k == E, and
-     * batches where every expert is chosen at least once (all). Each with x_slots 1 (gate, up) and top_k (down). */
-    static const struct { size_t rows, cols; int E, top_k, n; bool bias, all; } cases[] = {
-        {32, 64, 8, 2, 1, false, false},     {32, 64, 8, 2, 7, true, true},      {768, 2048, 16, 8, 1, false, false},
-        {2048, 768, 16, 8, 1, false, false}, {768, 2048, 16, 8, 4, false, true},  {1408, 2048, 60, 4, 3, false, false},
-        {129, 67, 5, 3, 17, true, false},    {64, 256, 4, 4, 13, true, true},     {96, 512, 8, 2, 128, false, true},
-        {33, 32, 3, 1, 5, false, false},
+     * batches where every expert is chosen at least once (all). Each with x_slots 1 (gate, up) and top_k (down).
+     * Decode (n 1) with gpt-oss's biases, a few tokens choosing distinct experts (a device's decode path may take
+     * them) and ids repeated within a token (repeat; its path for experts chosen twice). */
+    static const struct { size_t rows, cols; int E, top_k, n; bool bias, all, repeat; } cases[] = {
+        {32, 64, 8, 2, 1, false, false, false},      {32, 64, 8, 2, 7, true, true, false},
+        {768, 2048, 16, 8, 1, false, false, false},  {2048, 768, 16, 8, 1, false, false, false},
+        {768, 2048, 16, 8, 4, false, true, false},   {1408, 2048, 60, 4, 3, false, false, false},
+        {129, 67, 5, 3, 17, true, false, false},     {64, 256, 4, 4, 13, true, true, false},
+        {96, 512, 8, 2, 128, false, true, false},    {33, 32, 3, 1, 5, false, false, false},
+        {200, 256, 32, 8, 1, true, false, false},    {72, 128, 24, 2, 3, true, true, false},
+        {64, 128, 16, 8, 1, false, false, true},     {40, 96, 16, 4, 3, true, false, true},
     };
     op_stats st = {0};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
@@ -854,7 +861,7 @@ static void test_experts(void **state)
                     assert_non_null(hb);
                     for (int e = 0; e < E; e++) hb[e] = host_weight(LLM_DTYPE_F32, 1, rows, 0.5f, 0.0f);
                 }
-                int32_t *ids = expert_ids(n, E, k, cases[c].all);
+                int32_t *ids = expert_ids(n, E, k, cases[c].all, cases[c].repeat);
                 size_t picks = (size_t)n * k, count = picks * rows;
                 float *x = random_floats((size_t)n * x_slots * cols, 1.0f);
                 float *ref = malloc(count * sizeof *ref);
@@ -873,8 +880,9 @@ static void test_experts(void **state)
                 dev->ops->experts(dout, dx, &de, di, n, k, x_slots);
                 float *got = dev_fetch(dout, count);
                 char what[160];
-                snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s %s", dev->name, rows,
-                         cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "", cases[c].all ? " (every expert)" : "",
+                snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s%s %s", dev->name,
+                         rows, cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "",
+                         cases[c].all ? " (every expert)" : "", cases[c].repeat ? " (repeated ids)" : "",
                          llm_dtype_name(t));
                 double tol = tol_reduction(cols) + tol_16bit(t);
                 if (!llm_dtype_is_block(t)) {

@@ -337,9 +337,9 @@ static void test_json_report(void **state)
  * profile has the model issue every op on its own, and says so. */
 static int step_begins;
 
-static int replay_begin(int n)
+static int replay_begin(const void *key, int n)
 {
-    (void)n;
+    (void)key, (void)n;
     step_begins++;
     return 1;
 }

@@ -630,7 +630,8 @@ static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
 static size_t scratch_floats;
-static void *moe_ws;          /* the experts' picks sorted by expert and one group's rows (blas_experts), grown */
+static void *moe_ws;          /* the experts' picks sorted by expert, then one group's rows or the quantized inputs
+                                 (blas_experts), grown; 64-byte aligned (llm_host_alloc) */
 static size_t moe_ws_bytes;
 
 /* Per thread: 4 MiB, a tile of weights converted to f32 that stays in cache while sgemm reads it back. */
@@ -1092,8 +1093,8 @@ static void blas_route(int32_t *ids, float *weights, const float *scores, int n,
                           n_experts, top_k, rule);
 }
 
-/* One product per pick (token, slot), each through blas_matmul's one-position path: decode, where a token's top_k
- * experts are distinct and each pick reads its expert's weights once, and the fallback when no workspace fits. */
+/* One product per pick (token, slot), each through blas_matmul's one-position path: the fallback when no workspace
+ * fits. */
 static void experts_by_pick(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                             int x_slots)
 {
@@ -1106,19 +1107,80 @@ static void experts_by_pick(float *out, const float *x, const llm_experts *w, co
     }
 }
 
-/* out[p] = W_ids[p] x[p's row] for every pick p: the picks grouped by expert (a counting sort), each group's input
- * rows gathered into one block, one blas_matmul per group (its GEMV or GEMM path, for every dtype it takes), the
- * output rows scattered back to their picks. Each chosen expert's weights are read once per call; a group holds at
- * most n picks at a time (a token takes an expert once, so one block almost always holds the whole group). */
+/* The input row pick p reads: its token's, or with x_slots > 1 its own slot's. */
+static size_t pick_row(size_t p, int top_k, int x_slots)
+{
+    return x_slots > 1 ? p : p / (size_t)top_k;
+}
+
+/* Rows of a work item of experts_rows: the quantized kernels' tile (8 rows, quant_dot.c), and few enough that the
+ * items of 8 chosen experts split evenly between 16 threads. */
+#define EXPERT_TILE 8
+
+/* experts_rows takes a call whose experts are each chosen by at most this many picks (decode: one). A row's dot
+ * products, one a pick, stay under the time its bytes take from memory up to a few picks (with 2 threads here the
+ * grouped path and experts_rows measured alike from 1 to 16 tokens); past that, the grouped path's BF16 and GEMM
+ * kernels compute faster. */
+#define EXPERTS_ROWS_MAX 4
+
+/* Every chosen expert's product in one parallel region, for decode and small batches (group g: expert used[g], its
+ * picks order[start[e] .. start[e + 1])): the (expert, tile of rows) items split evenly between the threads, each
+ * weight row read once from memory and multiplied by its picks' inputs as matmul_rows does (the same function, bit
+ * for bit), or for block-quantized weights by the quant tile kernel after the inputs are quantized (the one barrier
+ * of the region). With top-8 of Qwen3-30B-A3B's 128 experts a product is 3 MB, a few microseconds of a server's
+ * bandwidth: one region a product (experts_by_pick, the decode path before) spent about as long starting and joining
+ * threads as reading weights. xq: n * x_slots quantized rows of xq_stride bytes, or NULL for other formats. */
+static void experts_rows(float *out, const float *x, const llm_experts *w, const size_t *used, const size_t *start,
+                         const size_t *order, size_t groups, int top_k, size_t in_rows, int x_slots, unsigned char *xq,
+                         size_t xq_stride)
+{
+    const llm_weight *w0 = &w->w[0];
+    size_t rows = w0->rows, cols = w0->cols, row_bytes = llm_dtype_row_bytes(w0->dtype, cols);
+    size_t tiles = (rows + EXPERT_TILE - 1) / EXPERT_TILE, items = groups * tiles;
+    float (*dot)(const void *, const float *, size_t) = K->dot[w0->dtype];
+    llm_quant_type qt = llm_quant_of_dtype(w0->dtype);
+#pragma omp parallel num_threads(blas_threads) if (items * EXPERT_TILE * cols >= PAR_MIN)
+    {
+        if (xq) {
+#pragma omp for schedule(static)
+            for (size_t r = 0; r < in_rows; r++) llm_quant_x(QK, xq + r * xq_stride, x + r * cols, qt, cols);
+        }
+#pragma omp for schedule(static)
+        for (size_t it = 0; it < items; it++) {
+            size_t g = it / tiles, r0 = it % tiles * EXPERT_TILE, nr = rows - r0 < EXPERT_TILE ? rows - r0 : EXPERT_TILE;
+            size_t e = used[g];
+            const char *we = (const char *)w->w[e].data + r0 * row_bytes;
+            for (size_t q = start[e]; q < start[e + 1]; q++) { /* the tile's rows stay in L1 for the group's picks */
+                size_t p = order[q], in = pick_row(p, top_k, x_slots);
+                float *o = out + p * rows + r0;
+                if (xq)
+                    QK->tile[qt](o, rows, (const unsigned char *)we, row_bytes, xq + in * xq_stride, xq_stride, cols,
+                                 (int)nr, 1);
+                else
+                    for (size_t r = 0; r < nr; r++) o[r] = dot(we + r * row_bytes, x + in * cols, cols);
+                if (w->bias)
+                    for (size_t r = 0; r < nr; r++) o[r] += llm_dtype_load(w->bias[e].data, w->bias[e].dtype, r0 + r);
+            }
+        }
+    }
+}
+
+/* out[p] = W_ids[p] x[p's row] for every pick p, the picks grouped by expert (a counting sort). When no expert has
+ * more than EXPERTS_ROWS_MAX picks (decode always: a token's experts are distinct), experts_rows computes them all in
+ * one parallel region. Otherwise each group's input rows are gathered into one block, one blas_matmul per group (its
+ * GEMV or GEMM path, for every dtype it takes), the output rows scattered back to their picks. Each chosen expert's
+ * weights are read once per call; a group holds at most n picks at a time (a token takes an expert once, so one
+ * block almost always holds the whole group). */
 static void blas_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                          int x_slots)
 {
     size_t picks = (size_t)n * top_k, E = (size_t)w->n_experts, rows = w->w[0].rows, cols = w->w[0].cols;
-    if (n == 1) {
-        experts_by_pick(out, x, w, ids, n, top_k, x_slots);
-        return;
-    }
-    size_t need = (E + 1 + picks) * sizeof(size_t) + (size_t)n * (rows + cols) * sizeof(float);
+    size_t in_rows = (size_t)n * x_slots;
+    bool quant = llm_dtype_is_block(w->w[0].dtype) && w->w[0].dtype != LLM_DTYPE_MXFP4;
+    size_t xq_stride = quant ? llm_quant_scratch_bytes(llm_quant_of_dtype(w->w[0].dtype), cols, 1) : 0;
+    size_t index = ((E + 1 + 2 * picks) * sizeof(size_t) + 63) / 64 * 64; /* start, order, used; then 64-aligned */
+    size_t gathered = (size_t)n * (rows + cols) * sizeof(float), quantized = in_rows * xq_stride;
+    size_t need = index + (gathered > quantized ? gathered : quantized);
     if (need > moe_ws_bytes) {
         void *bigger = llm_host_alloc(need);
         if (!bigger) { /* slower, never wrong */
@@ -1128,20 +1190,30 @@ static void blas_experts(float *out, const float *x, const llm_experts *w, const
         llm_host_free(moe_ws);
         moe_ws = bigger, moe_ws_bytes = need;
     }
-    size_t *start = moe_ws, *order = start + E + 1; /* order[start[e] .. start[e+1]) are expert e's picks */
-    float *xg = (float *)(order + picks), *og = xg + (size_t)n * cols;
+    size_t *start = moe_ws, *order = start + E + 1, *used = order + picks; /* order[start[e] .. start[e+1]): e's picks */
     memset(start, 0, (E + 1) * sizeof *start);
     for (size_t p = 0; p < picks; p++) start[ids[p] + 1]++;
-    for (size_t e = 0; e < E; e++) start[e + 1] += start[e];
+    size_t groups = 0, most = 0;
+    for (size_t e = 0; e < E; e++) {
+        if (start[e + 1]) used[groups++] = e;
+        most = start[e + 1] > most ? start[e + 1] : most;
+        start[e + 1] += start[e];
+    }
     for (size_t p = 0; p < picks; p++) order[start[ids[p]]++] = p; /* start[e] moves to expert e's end ... */
     for (size_t e = E; e > 0; e--) start[e] = start[e - 1];         /* ... and back to its beginning */
     start[0] = 0;
+    if (most <= EXPERTS_ROWS_MAX) {
+        experts_rows(out, x, w, used, start, order, groups, top_k, in_rows, x_slots,
+                     quant ? (unsigned char *)moe_ws + index : NULL, xq_stride);
+        return;
+    }
+    float *xg = (float *)((char *)moe_ws + index), *og = xg + (size_t)n * cols;
     for (size_t e = 0; e < E; e++)
         for (size_t g = start[e]; g < start[e + 1]; g += (size_t)n) {
             size_t m = start[e + 1] - g < (size_t)n ? start[e + 1] - g : (size_t)n;
             for (size_t r = 0; r < m; r++) {
-                size_t p = order[g + r], i = p / (size_t)top_k, j = p % (size_t)top_k;
-                memcpy(xg + r * cols, x + (i * (size_t)x_slots + (x_slots > 1 ? j : 0)) * cols, cols * sizeof(float));
+                size_t p = order[g + r];
+                memcpy(xg + r * cols, x + pick_row(p, top_k, x_slots) * cols, cols * sizeof(float));
             }
             blas_matmul(og, xg, &w->w[e], w->bias ? &w->bias[e] : NULL, (int)m);
             for (size_t r = 0; r < m; r++) memcpy(out + order[g + r] * rows, og + r * rows, rows * sizeof(float));

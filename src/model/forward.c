@@ -232,7 +232,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
 
     /* A device that records steps (a CUDA graph) replays this one when it has seen its shape before. */
     bool recordable = dev->step_begin && dev->step_end && !m->trace;
-    bool replay = recordable && dev->step_begin(n);
+    bool replay = recordable && dev->step_begin(s, n);
     if (!replay) {
         op->embed(s->x, &m->embed_tokens, step_tokens, n, m->embed_scale);
         trace(m, "embed", -1, s->x, xs);

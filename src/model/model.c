@@ -901,20 +901,20 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
         if (expert) experts += bytes;
     }
     if (mem.free == 0 || need <= mem.free) return 0;
-    const double gb = 1e9;
+    char h[16], nd[16], ex[16], fr[16];
+    llm_bytes_text(h, sizeof h, (double)host), llm_bytes_text(nd, sizeof nd, (double)need);
+    llm_bytes_text(ex, sizeof ex, (double)experts), llm_bytes_text(fr, sizeof fr, (double)mem.free);
     if (m->host_layers == m->config.n_sparse)
-        snprintf(err, err_len, "%s: with every layer's experts in host memory (%.2f GB) the rest of the weights takes "
-                 "%.2f GB on %s, but %.2f GB is free: use --device blas", m->dir, host / gb, need / gb, dev->name,
-                 mem.free / gb);
+        snprintf(err, err_len, "%s: with every layer's experts in host memory (%s) the rest of the weights takes %s on "
+                 "%s, but %s is free: use --device blas", m->dir, h, nd, dev->name, fr);
     else if (m->host_layers)
-        snprintf(err, err_len, "%s: the weights that stay on %s take %.2f GB (%.2f GB of them experts; %.2f GB on the "
-                 "host), but %.2f GB is free: raise --n-cpu-moe (%d of %d sparse layers now) or use --cpu-moe",
-                 m->dir, dev->name, need / gb, experts / gb, host / gb, mem.free / gb, m->host_layers,
-                 m->config.n_sparse);
+        snprintf(err, err_len, "%s: the weights that stay on %s take %s (%s of them experts; %s on the host), but %s "
+                 "is free: raise --n-cpu-moe (%d of %d sparse layers now) or use --cpu-moe", m->dir, dev->name, nd, ex,
+                 h, fr, m->host_layers, m->config.n_sparse);
     else
-        snprintf(err, err_len, "%s: the weights take %.2f GB on %s, %.2f GB of them the experts', but %.2f GB is "
-                 "free: --cpu-moe keeps the experts in host memory (or --n-cpu-moe N, the first N sparse layers')",
-                 m->dir, need / gb, dev->name, experts / gb, mem.free / gb);
+        snprintf(err, err_len, "%s: the weights take %s on %s, %s of them the experts', but %s is free: --cpu-moe "
+                 "keeps the experts in host memory (or --n-cpu-moe N, the first N sparse layers')", m->dir, nd,
+                 dev->name, ex, fr);
     return -1;
 }
 
@@ -936,6 +936,19 @@ static int split_refused(const llm_model *m, const llm_device *dev, const llm_lo
     if (!why) return 0;
     snprintf(err, err_len, "%s: %s on %s across %d GPUs: %s", m->dir, c->architecture, dev->name, opt->tp.size, why);
     return -1;
+}
+
+const char *llm_bytes_text(char *buf, size_t len, double bytes)
+{
+    if (bytes >= 1e9)
+        snprintf(buf, len, "%.2f GB", bytes / 1e9);
+    else if (bytes >= 1e6)
+        snprintf(buf, len, "%.1f MB", bytes / 1e6);
+    else if (bytes >= 1e3)
+        snprintf(buf, len, "%.1f kB", bytes / 1e3);
+    else
+        snprintf(buf, len, "%.0f B", bytes);
+    return buf;
 }
 
 int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, char *err, size_t err_len)
@@ -1073,10 +1086,13 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
             goto fail;
     }
     if (c->prequant.format != LLM_PQ_NONE && opt && opt->log) print_prequant(m, opt->log);
-    if (m->host_layers && opt && opt->log)
-        fprintf(opt->log, "experts: %d of %d sparse layers' in host memory on %s (%.2f GB), the rest of the weights on "
-                "%s (%.2f GB)\n", m->host_layers, c->n_sparse, m->rt.expert_host->name, (double)m->host_bytes / 1e9,
-                dev->name, (double)(m->weight_bytes - m->host_bytes) / 1e9);
+    if (m->host_layers && opt && opt->log) {
+        char h[16], rest[16];
+        fprintf(opt->log, "experts: %d of %d sparse layers' in host memory on %s (%s), the rest of the weights on %s "
+                "(%s)\n", m->host_layers, c->n_sparse, m->rt.expert_host->name,
+                llm_bytes_text(h, sizeof h, (double)m->host_bytes), dev->name,
+                llm_bytes_text(rest, sizeof rest, (double)(m->weight_bytes - m->host_bytes)));
+    }
     if (llm_dtype_is_block(m->quant) && opt && opt->log) {
         fprintf(opt->log, "quant: %s for the layers' linears (%d matrices%s)", llm_dtype_name(m->quant), m->quant_count,
                 quant_head ? " with the LM head" : "");

@@ -148,6 +148,10 @@ typedef struct {
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */
 void llm_model_dir(const char *path, char *dir, size_t len);
 
+/* bytes in the decimal unit that fits ("61.08 GB", "940.2 MB", "12.5 kB", "512 B": a tiny model's experts are not
+ * "0.00 GB") into buf (16 bytes hold any); returns buf, for messages. */
+const char *llm_bytes_text(char *buf, size_t len, double bytes);
+
 /* Put rotary table `table` (global or long) into m->inv_freq: the same device buffer, so that a step the device
  * recorded reads the new values. 0 on success, else err. */
 int llm_model_set_rope(llm_model *m, llm_rope_table table, char *err, size_t err_len);

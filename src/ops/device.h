@@ -101,9 +101,11 @@ typedef struct llm_device {
      * the ceiling of a decode step, which only reads its weights. */
     double (*measure_bandwidth)(void);
     /* Record-and-replay of a whole forward step (a CUDA graph). step_begin returns 1 when the device will replay a
-     * recorded step of this shape: the caller then skips its op calls and calls step_end, which launches it.
-     * Returns 0 when the caller must issue the ops (the device may record them). */
-    int (*step_begin)(int n_tokens);
+     * step recorded for this key and shape: the caller then skips its op calls and calls step_end, which launches it.
+     * Returns 0 when the caller must issue the ops (the device may record them). key names whose step it is (the
+     * forward pass's run state): a recorded step holds that state's buffers, so two models or run states taking
+     * turns on one device each replay only their own. */
+    int (*step_begin)(const void *key, int n_tokens);
     void (*step_end)(void);
     /* Optional: host memory the device transfers to fastest (page-locked), for what every step downloads into
      * (the logits). NULL, or host_alloc returning NULL: plain malloc serves. */

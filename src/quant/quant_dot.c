@@ -174,6 +174,11 @@ size_t llm_quant_scratch_bytes(llm_quant_type t, size_t cols, size_t n)
     return n && s > SIZE_MAX / n ? 0 : s * n;
 }
 
+void llm_quant_x(const llm_quant_kernels *k, unsigned char *xq, const float *x, llm_quant_type t, size_t cols)
+{
+    k->quantize_x(xq, x, cols, xq_block(t));
+}
+
 enum { TILE = 8 }; /* rows a tile; positions a tile: 4 */
 
 void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, const void *w, llm_quant_type t,

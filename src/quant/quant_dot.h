@@ -35,6 +35,11 @@ bool llm_quant_supported(const llm_quant_kernels *k, llm_quant_type t, size_t co
 /* Scratch llm_quant_matmul needs for n positions of cols columns (the quantized activations); 0 on overflow. */
 size_t llm_quant_scratch_bytes(llm_quant_type t, size_t cols, size_t n);
 
+/* One position's activations x (cols) quantized by k for weights of format t into xq, the layout `tile` reads
+ * (llm_quant_scratch_bytes(t, cols, 1) bytes a position, 64-byte aligned): for callers that split the tiles of a
+ * product themselves (the blas device's experts). */
+void llm_quant_x(const llm_quant_kernels *k, unsigned char *xq, const float *x, llm_quant_type t, size_t cols);
+
 /* The fast product: the same function as llm_quant_matmul_ref up to the activations' quantization (each x[i, c]
  * replaced by the nearest point of its block's 8-bit grid, max|x| / 127 apart) and summation order. Rows are split
  * between `threads` OpenMP threads; x is quantized once into scratch (llm_quant_scratch_bytes, 64-byte aligned).

@@ -65,6 +65,7 @@ typedef struct {
 } pending_t;
 
 typedef struct {
+    const void *key; /* step_begin's: whose step (a run state); its buffers are the ones the graph holds */
     int n, seen;
     cudaGraphExec_t exec;
 } graph_slot;
@@ -193,7 +194,7 @@ void op_all_reduce(float *x, size_t count);
 void abandon_capture(void);
 void abandon_capture_for_transfer(void); /* the same, said once on stderr: an upload or download inside a step */
 void invalidate_graphs(void);
-int cuda_step_begin(int n_tokens);
+int cuda_step_begin(const void *key, int n_tokens);
 void cuda_step_end(void);
 
 /* prefill.cu */

@@ -1,5 +1,5 @@
-/* CUDA-graph record and replay of a forward step (step_begin / step_end): the first step of a shape runs as issued,
- * the second is captured, later ones replay. Not here: what a step runs (ops.cu). */
+/* CUDA-graph record and replay of a forward step (step_begin / step_end): the first step of a shape (a key, the
+ * caller's run state, and a token count) runs as issued, the second is captured, later ones replay. Not here: what a step runs (ops.cu). */
 #include "device_internal.cuh"
 
 /* ---------- graphs ---------- */
@@ -42,11 +42,11 @@ void invalidate_graphs(void)
     abandon_capture();
     for (int i = 0; i < GRAPH_SLOTS; i++) {
         if (g.graphs[i].exec) cudaGraphExecDestroy(g.graphs[i].exec);
-        g.graphs[i] = graph_slot{0, 0, NULL};
+        g.graphs[i] = graph_slot{NULL, 0, 0, NULL};
     }
 }
 
-int cuda_step_begin(int n_tokens)
+int cuda_step_begin(const void *key, int n_tokens)
 {
     forget_split(); /* a captured step must not lean on a split made before it */
     if (!g.initialized || g.failed) return 0;
@@ -57,7 +57,7 @@ int cuda_step_begin(int n_tokens)
     settle_all();
     int slot = -1;
     for (int i = 0; i < GRAPH_SLOTS && slot < 0; i++)
-        if (g.graphs[i].seen && g.graphs[i].n == n_tokens) slot = i;
+        if (g.graphs[i].seen && g.graphs[i].key == key && g.graphs[i].n == n_tokens) slot = i;
     if (slot < 0) {
         for (int i = 0; i < GRAPH_SLOTS && slot < 0; i++)
             if (!g.graphs[i].seen) slot = i;
@@ -66,7 +66,7 @@ int cuda_step_begin(int n_tokens)
             g.next_evict = (g.next_evict + 1) % GRAPH_SLOTS;
             if (g.graphs[slot].exec) cudaGraphExecDestroy(g.graphs[slot].exec);
         }
-        g.graphs[slot] = graph_slot{n_tokens, 0, NULL};
+        g.graphs[slot] = graph_slot{key, n_tokens, 0, NULL};
     }
     graph_slot *s = &g.graphs[slot];
     if (s->exec) {
