@@ -1022,6 +1022,7 @@ static llm_device_counters last_count; /* the last decode_dir's counters on cuda
 static int last_groups; /* the groups of its plan (a step issued declares each once) */
 static int decode_batch; /* decode_dir's max_batch (0: the default); a windowed layer's ring is window + it - 1 rows */
 static llm_dtype decode_cache = LLM_DTYPE_F32; /* decode_dir's KV cache type */
+static llm_dtype decode_quant = LLM_DTYPE_F32; /* decode_dir's --quant (F32: the weights as stored) */
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
 /* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
@@ -1033,7 +1034,7 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
     setenv("LLM_CUDA_FUSE", fuse, 1);
     setenv("LLM_CUDA_PERSIST", persist, 1);
     llm_model m;
-    llm_load_options lo = {.device = device, .cache_type = decode_cache};
+    llm_load_options lo = {.device = device, .cache_type = decode_cache, .quant = decode_quant};
     char err[1024] = "";
     int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
     unsetenv("LLM_CUDA_GRAPHS");
@@ -1400,6 +1401,155 @@ static void test_persistent_wide_inputs(void **state)
     stw_rmdir(dir);
 }
 
+/* A Llama of random BF16 weights (uniform in +-0.02, norms around 1, tied embeddings) written to a new folder. */
+static char *random_llama_dir(int hidden, int heads, int kv_heads, int head_dim, int inter, int layers, int vocab)
+{
+    const size_t H = (size_t)hidden, q = (size_t)heads * head_dim, kv = (size_t)kv_heads * head_dim, I = (size_t)inter;
+    enum { PER_LAYER = 9, MOST = 2 + 4 * PER_LAYER };
+    assert_true(layers <= 4);
+    stw_tensor t[MOST];
+    char names[MOST][96], shapes[MOST][32];
+    int n = 0;
+    struct { const char *name; size_t rows, cols; float scale, offset; } spec[PER_LAYER] = {
+        {"input_layernorm", H, 0, 0.1f, 1.0f},   {"self_attn.q_proj", q, H, 0.02f, 0.0f},
+        {"self_attn.k_proj", kv, H, 0.02f, 0.0f}, {"self_attn.v_proj", kv, H, 0.02f, 0.0f},
+        {"self_attn.o_proj", H, q, 0.02f, 0.0f},  {"post_attention_layernorm", H, 0, 0.1f, 1.0f},
+        {"mlp.gate_proj", I, H, 0.02f, 0.0f},     {"mlp.up_proj", I, H, 0.02f, 0.0f},
+        {"mlp.down_proj", H, I, 0.02f, 0.0f},
+    };
+    for (int l = -1; l <= layers; l++) { /* -1: the embeddings; layers: the final norm */
+        for (int k = 0; k < (l < 0 || l == layers ? 1 : PER_LAYER); k++) {
+            size_t rows = l < 0 ? (size_t)vocab : l == layers ? H : spec[k].rows, cols = l < 0 ? H : l == layers ? 0
+                                                                                                 : spec[k].cols;
+            float scale = l < 0 ? 1.0f : l == layers ? 0.1f : spec[k].scale, offset = l == layers ? 1.0f
+                                                                                   : l < 0     ? 0.0f
+                                                                                               : spec[k].offset;
+            if (l < 0)
+                snprintf(names[n], sizeof names[n], "model.embed_tokens.weight");
+            else if (l == layers)
+                snprintf(names[n], sizeof names[n], "model.norm.weight");
+            else
+                snprintf(names[n], sizeof names[n], "model.layers.%d.%s.weight", l, spec[k].name);
+            if (cols)
+                snprintf(shapes[n], sizeof shapes[n], "[%zu, %zu]", rows, cols);
+            else
+                snprintf(shapes[n], sizeof shapes[n], "[%zu]", rows);
+            const size_t count = rows * (cols ? cols : 1);
+            t[n] = (stw_tensor){names[n], "BF16", shapes[n], random_bf16(count, scale, offset), count * 2};
+            n++;
+        }
+    }
+    size_t len = 0;
+    unsigned char *file = stw_tensors(t, n, NULL, &len);
+    assert_non_null(file);
+    char config[1024];
+    snprintf(config, sizeof config,
+             "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": %d, "
+             "\"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+             "\"num_hidden_layers\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
+             "\"max_position_embeddings\": 256, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
+             hidden, inter, heads, kv_heads, head_dim, layers, vocab);
+    char *dir = stw_tmpdir();
+    assert_int_equal(stw_write(dir, "model.safetensors", file, len), 0);
+    assert_int_equal(stw_write(dir, "config.json", config, strlen(config)), 0);
+    free(file);
+    for (int i = 0; i < n; i++) free((void *)t[i].data);
+    return dir;
+}
+
+/* The best logit's index and how far it leads the second */
+static int top_of(const float *v, int n, float *margin)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != best && v[i] > second) second = v[i];
+    *margin = v[best] - second;
+    return best;
+}
+
+/* How many of the (1 + DECODE_STEPS) positions have ref's top logit ahead by more than 2 tol of its largest |logit|,
+ * each asserted to have got's top logit the same token; said in *clear. */
+static void same_greedy_where_clear(const float *got, const float *ref, int vocab, double tol, int *clear)
+{
+    *clear = 0;
+    for (int p = 0; p <= DECODE_STEPS; p++) {
+        const float *a = got + (size_t)p * vocab, *b = ref + (size_t)p * vocab;
+        float margin, unused, big = 0.0f;
+        for (int i = 0; i < vocab; i++) big = fabsf(b[i]) > big ? fabsf(b[i]) : big;
+        const int want = top_of(b, vocab, &margin);
+        if (margin <= 2.0 * tol * big) continue;
+        (*clear)++;
+        assert_int_equal(top_of(a, vocab, &unused), want);
+    }
+}
+
+/* The persistent step's quantized GEMV phases (--quant q8_0, q4_0, q4_k): a two-layer model whose rows are one ring
+ * stage, and a one-layer model whose inputs are wider than the 4,096 columns a thread holds (hidden 4,352: the
+ * norms' and attention's combined output through the wide room; intermediate 7,424: the down product's plain input
+ * polled from memory, and every format's rows cut into two stages), with the BF16 head of tied embeddings in the same
+ * step. Each runs every step persistent (counted, no cut, no refused program) and matches:
+ *  - the kernel-per-op step (LLM_CUDA_PERSIST=0) within 2e-3 of the largest logit. Both round x to 8 bits per block of
+ *    32 the same way and take the same integer dot products; the f32 sums differ in order (~1e-6), and x's norm or
+ *    combine may differ by an ulp, which at a rounding tie moves one x value a whole 8-bit step: that value's terms
+ *    change by 1/127 of its block's largest |x| times w, about 6e-4 of one product's outputs, diluted by the
+ *    residual and the head; a wrong block, scale or nibble moves outputs by their own size;
+ *  - cpu (dequantize exactly, f32 x) within 2e-2, test_fused_layer's tolerance for quantized products (x's 8-bit
+ *    rounding, up to 1/254 of its block's largest |x| a term, compounding through the products and the head);
+ *  - with the same greedy token at each position where the reference's leads by more than twice the tolerance.
+ * Plain issue and graph replay give the same bits. Measured: printed. */
+static void test_persistent_quant(void **state)
+{
+    (void)state;
+    persistent_or_skip();
+    dev->release();
+    struct {
+        int hidden, heads, kv_heads, head_dim, inter, layers;
+    } shapes[] = {{512, 8, 2, 64, 1536, 2}, {4352, 34, 2, 128, 7424, 1}};
+    static const llm_dtype quant[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
+    const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
+    const int n_prompt = sizeof prompt / sizeof *prompt;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        char *dir = random_llama_dir(shapes[sh].hidden, shapes[sh].heads, shapes[sh].kv_heads, shapes[sh].head_dim,
+                                     shapes[sh].inter, shapes[sh].layers, 64);
+        for (size_t qi = 0; qi < sizeof quant / sizeof *quant; qi++) {
+            int vocab = 0, clear_k = 0, clear_c = 0;
+            size_t n_persisted = 0, n_graphs = 0;
+            decode_quant = quant[qi];
+            float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
+            const llm_device_counters count = last_count;
+            const int cut = last_cut;
+            float *graphs = decode_dir(dir, prompt, n_prompt, "cuda", "1", "1", "1", &vocab, &n_graphs);
+            float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
+            float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
+            decode_quant = LLM_DTYPE_F32;
+            const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+            const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
+            print_message("%s, hidden %d, intermediate %d: %zu persistent launches (plain), %zu (graphs), %d cut, %zu "
+                          "refused programs; vs the kernel-per-op step %.2g, vs cpu %.2g\n",
+                          llm_dtype_name(quant[qi]), shapes[sh].hidden, shapes[sh].inter, n_persisted, n_graphs, cut,
+                          count.refused[LLM_REFUSE_STEP], e_kernels, e_cpu);
+            assert_int_equal(n_persisted, DECODE_STEPS);
+            assert_int_equal(cut, 0);
+            assert_int_equal(count.refused[LLM_REFUSE_STEP], 0);
+            assert_int_equal(count.refused[LLM_REFUSE_PERSIST_QUANT], 0);
+            assert_int_equal(count.groups_fused, count.groups);
+            assert_true(n_graphs >= 1 && n_graphs <= 3);
+            assert_memory_equal(graphs, persisted, n * sizeof *graphs);
+            assert_true(e_kernels < 2e-3);
+            assert_true(e_cpu < 2e-2);
+            same_greedy_where_clear(persisted, kernels, vocab, 2e-3, &clear_k);
+            same_greedy_where_clear(persisted, cpu, vocab, 2e-2, &clear_c);
+            print_message("  greedy tokens the same at %d positions clear of the kernel-per-op step's tolerance, %d "
+                          "of cpu's (of %d)\n", clear_k, clear_c, 1 + DECODE_STEPS);
+            free(persisted), free(graphs), free(kernels), free(cpu);
+        }
+        stw_rmdir(dir);
+    }
+}
+
 /* LLM_CUDA_TIMELINE: the last step's kernels in launch order, each stamped start <= wait <= end, and the logits the
  * same bits as without it. */
 static void test_timeline(void **state)
@@ -1531,6 +1681,7 @@ int main(void)
         cmocka_unit_test(test_moe_decode),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),
+        cmocka_unit_test(test_persistent_quant),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),
         cmocka_unit_test(test_out_of_memory_message), cmocka_unit_test(test_memory_and_timers),

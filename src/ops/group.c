@@ -62,8 +62,8 @@ static const struct {
          "launches it saves)"},
     [LLM_REFUSE_PERSIST_QUANT] =
         {"persist_quant",
-         "block-quantized weights (Q8_0, Q4_0, Q4_K): the persistent decode step has no GEMV phase for them; a kernel "
-         "per op instead, each GEMV dequantizing in registers with its fusions"},
+         "weights in a format the persistent decode step has no GEMV phase for (it takes F32, F16, BF16, Q8_0, Q4_0 "
+         "and Q4_K): a kernel per op instead, each GEMV dequantizing in registers with its fusions"},
     [LLM_REFUSE_PERSIST_MOE] =
         {"persist_moe",
          "mixture-of-experts layers (route, experts, combine): the persistent decode step does not take them (the "

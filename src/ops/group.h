@@ -54,7 +54,7 @@ typedef enum {
     LLM_REFUSE_SOFTCAP,           /* the final soft-cap */
     LLM_REFUSE_PERSIST_OFF,       /* the persistent step is off by setting, or this GPU and build cannot run it */
     LLM_REFUSE_PERSIST_PIECES,    /* the persistent step would run in pieces */
-    LLM_REFUSE_PERSIST_QUANT,     /* block-quantized weights: no persistent GEMV phase for them */
+    LLM_REFUSE_PERSIST_QUANT,     /* weights in a block format with no persistent GEMV phase (MXFP4) */
     LLM_REFUSE_PERSIST_MOE,       /* mixture-of-experts layers: no persistent phase for them */
     LLM_REFUSE_PERSIST_TP,        /* tensor parallelism: an all-reduce between the step's phases */
     LLM_REFUSE_STEP,              /* the persistent step refused a recorded program (dtype, alignment, shapes) */

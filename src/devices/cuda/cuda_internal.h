@@ -521,5 +521,7 @@ enum { LLM_CUDA_STEP_REFUSED, LLM_CUDA_STEP_UNAVAILABLE, LLM_CUDA_STEP_RAN, LLM_
 int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing);
 /* Forget the uploaded table (its scratch buffer is gone). */
 void llm_cuda_step_forget(void);
+/* Whether the persistent step has a GEMV phase for weights of type t (F32, F16, BF16, Q8_0, Q4_0, Q4_K) */
+bool llm_cuda_step_takes_weights(llm_dtype t);
 
 #endif

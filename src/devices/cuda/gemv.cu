@@ -7,6 +7,7 @@
 
 #include "cuda_internal.h"
 #include "hopper.cuh"
+#include "quant_dot.cuh"
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
@@ -301,37 +302,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, CPL == 1 ? 3 : 2)
     llm_cuda_tl_mark(job.tl, LLM_CUDA_TL_END);
 }
 
-/* ---------- block-quantized weights (Q8_0, Q4_0, Q4_K), as memory.cu lays their rows out ----------
- * A row: its blocks' quants (QB bytes a block), then their scales (HEAD bytes a block: Q8_0's and Q4_0's f16 d,
- * Q4_K's d, dmin and scales[12]). A lane's 16-byte chunk k of quants is half a Q8_0 block, a whole Q4_0 block, or an
- * eighth of a Q4_K block (16 values of sub-block 2g in the low nibbles, 16 of sub-block 2g + 1 in the high ones).
- * The GEMV rounds x to 8 bits in blocks of 32 first (ops.h allows it: the error is at most half a step of x's block
- * times sum |w|), so a chunk is a few integer dot products (dp4a) and one or two scalings: the arithmetic a decode
- * step does per byte read stays far under what the SMs issue, where f32 dequantization would not. */
-template <int QT> struct qfmt {
-    static constexpr int QB = QT == LLM_DTYPE_Q8_0 ? 32 : QT == LLM_DTYPE_Q4_0 ? 16 : 128; /* quant bytes a block */
-    static constexpr int HEAD = QT == LLM_DTYPE_Q4_K ? 16 : 2;                              /* scale bytes a block */
-    static constexpr int VALUES = QT == LLM_DTYPE_Q4_K ? 256 : 32;                          /* values a block */
-    static constexpr int CPB = QB / 16;                                                     /* chunks a block */
-};
-
-/* Byte i (0..11) of Q4_K's scales, held in h.y, h.z, h.w; then sub-block j's 6-bit scale and min (quant.h's
- * llm_q4_K_scale_min, on registers). */
-__device__ __forceinline__ unsigned q4k_byte(uint4 h, int i)
-{
-    unsigned w = i < 4 ? h.y : i < 8 ? h.z : h.w;
-    return (w >> (8 * (i & 3))) & 0xffu;
-}
-__device__ __forceinline__ void q4k_scale_min(uint4 h, int j, float &sc, float &m)
-{
-    if (j < 4) {
-        sc = (float)(q4k_byte(h, j) & 63), m = (float)(q4k_byte(h, j + 4) & 63);
-    } else {
-        sc = (float)((q4k_byte(h, j + 4) & 0xF) | ((q4k_byte(h, j - 4) >> 6) << 4));
-        m = (float)((q4k_byte(h, j + 4) >> 4) | ((q4k_byte(h, j) >> 6) << 4));
-    }
-}
-__device__ __forceinline__ float f16_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+/* ---------- block-quantized weights (Q8_0, Q4_0, Q4_K): quant_dot.cuh has the layout and the dot ---------- */
 
 /* 16 bytes at p: one load where rows are 16-byte aligned (VEC), else 2-byte loads (every row starts on an even
  * byte). Streamed: read once a step. */
@@ -375,44 +346,6 @@ __device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, f
         if (lane == 0) xd[b] = amax / 127.0f;
         if ((lane & 15) == 0) xs16[2 * b + (lane >> 4)] = s;
     }
-}
-
-__device__ __forceinline__ int dp4a4(uint4 a, int4 b, int s)
-{
-    s = __dp4a((int)a.x, b.x, s);
-    s = __dp4a((int)a.y, b.y, s);
-    s = __dp4a((int)a.z, b.z, s);
-    return __dp4a((int)a.w, b.w, s);
-}
-__device__ __forceinline__ uint4 nibbles(uint4 q, int shift)
-{
-    return make_uint4((q.x >> shift) & 0x0F0F0F0Fu, (q.y >> shift) & 0x0F0F0F0Fu, (q.z >> shift) & 0x0F0F0F0Fu,
-                      (q.w >> shift) & 0x0F0F0F0Fu);
-}
-
-/* Chunk k of a row times the matching values of x (quantize_x's). */
-template <int QT>
-__device__ __forceinline__ float q_dot(uint4 q, uint4 h, int k, const int *xq, const float *xd, const int *xs16)
-{
-    if (QT == LLM_DTYPE_Q8_0) {
-        const int s = dp4a4(q, *(const int4 *)(xq + 4 * k), 0);
-        return f16_bits(h.x) * xd[k >> 1] * (float)s;
-    }
-    if (QT == LLM_DTYPE_Q4_0) {
-        int s = dp4a4(nibbles(q, 0), *(const int4 *)(xq + 8 * k), 0);
-        s = dp4a4(nibbles(q, 4), *(const int4 *)(xq + 8 * k + 4), s);
-        s -= 8 * (xs16[2 * k] + xs16[2 * k + 1]);
-        return f16_bits(h.x) * xd[k] * (float)s;
-    }
-    const int b = k >> 3, g = (k >> 1) & 3, base = 256 * b + 64 * g + 16 * (k & 1); /* Q4_K */
-    const int lo = dp4a4(nibbles(q, 0), *(const int4 *)(xq + base / 4), 0);
-    const int hi = dp4a4(nibbles(q, 4), *(const int4 *)(xq + (base + 32) / 4), 0);
-    float sc0, m0, sc1, m1;
-    q4k_scale_min(h, 2 * g, sc0, m0);
-    q4k_scale_min(h, 2 * g + 1, sc1, m1);
-    const float x0 = xd[8 * b + 2 * g], x1 = xd[8 * b + 2 * g + 1];
-    return f16_bits(h.x & 0xffffu) * (sc0 * x0 * (float)lo + sc1 * x1 * (float)hi) -
-           f16_bits(h.x >> 16) * (m0 * x0 * (float)xs16[base / 16] + m1 * x1 * (float)xs16[(base + 32) / 16]);
 }
 
 /* The rows of group g as byte pointers (group_rows for block formats). */

@@ -77,12 +77,14 @@ void cuda_plan_group(llm_group *grp)
     /* the GEMV's and the experts' pair's epilogue computes gate(g) * u: SiLU and tanh-GELU, not the clamped SwiGLU */
     if (grp->act == LLM_ACT_SWIGLU_OAI) refuse(grp, LLM_FUSE_GLU, LLM_REFUSE_GLU_ACT);
     refuse(grp, LLM_FUSE_SOFTCAP, LLM_REFUSE_SOFTCAP);
-    /* a model's steps with MoE layers or quantized weights never take the persistent step: off for the run */
+    /* a model's steps with MoE layers or weights in a format it has no phase for never take the persistent step:
+     * off for the run */
     if ((grp->kind == LLM_GROUP_MOE || grp->kind == LLM_GROUP_SHARED_EXPERT) && (grp->ask & LLM_FUSE_PERSIST)) {
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_MOE);
         cut_persist(LLM_REFUSE_PERSIST_MOE, "mixture-of-experts layers");
     }
-    if (llm_dtype_is_block(grp->dtype) && (grp->ask & LLM_FUSE_PERSIST)) {
+    const bool no_phase = llm_dtype_is_block(grp->dtype) && !llm_cuda_step_takes_weights(grp->dtype);
+    if (no_phase && (grp->ask & LLM_FUSE_PERSIST)) {
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_QUANT);
         cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
     }
@@ -441,7 +443,7 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
     written(out, (size_t)n * w->rows * sizeof(float));
     g.last_batched = !(n == 1 && llm_cuda_gemv_fits_weight(w->cols, w->dtype));
     if (!g.last_batched) {
-        if (llm_dtype_is_block(w->dtype) && records(now())) { /* one the plan did not see: before it is recorded */
+        if (llm_dtype_is_block(w->dtype) && !llm_cuda_step_takes_weights(w->dtype) && records(now())) { /* unplanned */
             cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
             refuse_now(LLM_REFUSE_PERSIST_QUANT);
         }

@@ -43,6 +43,7 @@
 
 #include "cuda_internal.h"
 #include "hopper.cuh"
+#include "quant_dot.cuh"
 
 namespace {
 
@@ -264,6 +265,8 @@ __device__ __forceinline__ int stage_end(int c0, int t1, int per, int ctx)
     return min(min(c0 + per, t1), (c0 / ctx + 1) * ctx);
 }
 
+#include "step_quant.cuh" /* the quantized GEMV phase */
+
 /* ---- the producer: every stage this block will consume, in order ---- */
 
 /* Run by the whole producer warp. A weight stage is 8 row chunks of 4 KB, each a bulk copy by one lane. An attention
@@ -332,6 +335,12 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
             int mm, n = 0; /* lane i < 8 copies row i of the tile */
             const int mine = tile_row(P, m, t, lane, mm);
             for (int i = 0; i < ROWS; i++) n += __shfl_sync(0xffffffffu, mine, i) >= 0;
+            if (quant_phase(P.dtype)) {
+                const size_t q_row = (size_t)(P.cols / q_values(P.dtype)) * q_bytes(P.dtype);
+                const char *row = mine >= 0 ? (const char *)P.mats[mm].w + (size_t)mine * q_row : NULL;
+                produce_quant_tile(P, row, n, lane, next_slot, read_once);
+                continue;
+            }
             const char *row = mine >= 0 ? (const char *)P.mats[mm].w + (size_t)mine * row_bytes : NULL;
             for (int off = 0; off < row_bytes; off += CHUNK) {
                 const uint32_t bytes = (uint32_t)min(CHUNK, row_bytes - off);
@@ -1125,6 +1134,12 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
                 if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
                 continue;
             }
+            if (quant_phase(P.dtype)) {
+                const int2 counts =
+                    quant_phase_consume(P, prog, ring, full, empty, red, sums, it, tile_it, ct, splits, ph);
+                it = counts.x, tile_it = counts.y;
+                continue;
+            }
             uint4 held[ROWS];
             hold_stage(prog, ring, full, empty, held, it, ct);
             float4 xin[X_GROUPS]; /* the thread's values of the phase's input */
@@ -1233,6 +1248,15 @@ static int write_of(compiler &c, const float *p, size_t count, int phase)
 
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
+/* The quantized phase's room past the ring (step_quant.cuh's q_x_at): x rounded to int8, a step per 32 values and a
+ * sum per 16 */
+static size_t step_q_x_bytes(int cols)
+{
+    return ((size_t)cols + (size_t)cols / 32 * 4 + (size_t)cols / 16 * 4 + 15) / 16 * 16;
+}
+
+static bool step_quant_dtype(int t) { return t == LLM_DTYPE_Q8_0 || t == LLM_DTYPE_Q4_0 || t == LLM_DTYPE_Q4_K; }
+
 static struct {
     char *host_table;       /* what the device's table holds now */
     size_t table_bytes;
@@ -1250,6 +1274,7 @@ struct plan {
     int stages, first_gemv;
     size_t arena_floats;
     int wide_cols; /* the widest input that needs a room of its own a block (wide), else 0 */
+    size_t q_x_bytes; /* the widest quantized phase's rounded x, in shared memory past the ring, else 0 */
     float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
@@ -1358,9 +1383,13 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job)
     compiler &c = pl.c;
     step_phase &P = pl.phases[i];
     refs &r = pl.rf[i];
-    if ((job.dtype != LLM_DTYPE_BF16 && job.dtype != LLM_DTYPE_F16 && job.dtype != LLM_DTYPE_F32) || job.cols <= 0 ||
-        job.cols % 8 || job.n_mats < 1 || !aligned16(job.norm_src ? job.norm_src : job.x))
+    const bool quant = step_quant_dtype(job.dtype);
+    if ((job.dtype != LLM_DTYPE_BF16 && job.dtype != LLM_DTYPE_F16 && job.dtype != LLM_DTYPE_F32 && !quant) ||
+        job.cols <= 0 || job.cols % 8 || job.n_mats < 1 || !aligned16(job.norm_src ? job.norm_src : job.x))
         return false;
+    /* blocks: whole runs of 8 blocks of 32 (Q4_K's of 256 alike), so rows and their scales are 16-byte copies */
+    if (quant && job.cols % 256) return false;
+    if (quant) pl.q_x_bytes = std::max(pl.q_x_bytes, step_q_x_bytes(job.cols));
     if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || !same_positions(pl, job.positions))) return false;
     if (job.epi == LLM_CUDA_EPI_SWIGLU && (job.n_mats != 2 || job.mats[0].rows % 4)) return false;
     if (job.epi == LLM_CUDA_EPI_ADD && job.n_mats != 1) return false;
@@ -1440,7 +1469,8 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
     }
     /* the kernel's own __shared__ arrays (2,816 bytes), with headroom: an H100's 227 KB then hold seven stages */
     const size_t static_smem = 3072;
-    pl.stages = llm_cuda.smem_optin > static_smem ? (int)((llm_cuda.smem_optin - static_smem) / STAGE) : 0;
+    const size_t fixed = static_smem + pl.q_x_bytes; /* and a quantized phase's room past the ring */
+    pl.stages = llm_cuda.smem_optin > fixed ? (int)((llm_cuda.smem_optin - fixed) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
     if (llm_cuda.persist_stages >= MIN_STAGES && llm_cuda.persist_stages < pl.stages)
         pl.stages = llm_cuda.persist_stages; /* LLM_CUDA_PERSIST_STAGES: a shorter ring, for tests */
@@ -1582,7 +1612,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     attr.val.cooperative = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE, cfg.stream = llm_cuda.stream;
+    cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE + pl.q_x_bytes, cfg.stream = llm_cuda.stream;
     cfg.attrs = &attr, cfg.numAttrs = 1;
     size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3;
     if (llm_cuda.step_trace && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
@@ -1632,6 +1662,11 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
     }
     free(pl.phases), free(pl.rf), free(pl.copies), free(pl.c.vers), free(pl.c.ext), free(pl.maps);
     return result;
+}
+
+bool llm_cuda_step_takes_weights(llm_dtype t)
+{
+    return t == LLM_DTYPE_F32 || t == LLM_DTYPE_F16 || t == LLM_DTYPE_BF16 || step_quant_dtype(t);
 }
 
 void llm_cuda_step_forget(void)
