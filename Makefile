@@ -40,10 +40,22 @@ GENCODE_ptx80  := -gencode=arch=compute_80,code=compute_80
 GENCODE := $(or $(GENCODE_$(CUDA_ARCH)),$(error CUDA_ARCH=$(CUDA_ARCH): use all, hopper or ptx80))
 NVCCFLAGS ?= -O3 -g -lineinfo
 NVCCFLAGS += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP $(NVWERROR)
+# NCCL (tensor parallelism over several GPUs: the cuda device's all_reduce) when the toolkit ships it, or where
+# NCCL_HOME says (/usr for Debian's libnccl-dev: lib/x86_64-linux-gnu; a pip package's nvidia/nccl), or NCCL_INC and
+# NCCL_LIBDIR; LLM_NCCL=0 leaves it out (then one GPU a model).
+NCCL_HOME ?= $(or $(firstword $(foreach d,$(CUDA_HOME) /usr,$(if $(wildcard $(d)/include/nccl.h),$(d)))),$(CUDA_HOME))
+NCCL_INC ?= $(NCCL_HOME)/include
+NCCL_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so* \
+                 $(NCCL_HOME)/lib/*/libnccl.so*))))
+LLM_NCCL ?= $(if $(and $(wildcard $(NCCL_INC)/nccl.h),$(NCCL_LIBDIR)),1,0)
+comma := ,
+NCCL_LIBS := $(if $(filter 1,$(LLM_NCCL)),-L$(NCCL_LIBDIR) -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR) -l:libnccl.so.2,)
+CUDA_LIBS := -lcublas -lcudart -lstdc++ $(NCCL_LIBS)
 ifeq ($(LLM_CUDA),1)
 CFLAGS  += -DLLM_HAVE_CUDA
 CU_OBJ  := $(patsubst src/%.cu,build/obj/%.o,$(CU_SRC))
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(CUDA_LIBS)
+NVCCFLAGS += $(if $(filter 1,$(LLM_NCCL)),-DLLM_HAVE_NCCL $(if $(filter /usr/include,$(NCCL_INC)),,-I$(NCCL_INC)),)
 endif
 
 OBJ      := $(patsubst src/%.c,build/obj/%.o,$(LIB_SRC)) $(CU_OBJ)
@@ -74,7 +86,12 @@ build/cuda-arch: FORCE
 	@echo '$(GENCODE)' | cmp -s - $@ || echo '$(GENCODE)' > $@
 .PHONY: FORCE
 
-build/obj/%.o: src/%.cu build/cuda-arch
+# and whenever NCCL is taken in or left out
+build/nccl-flag: FORCE
+	@mkdir -p build
+	@echo $(LLM_NCCL) | cmp -s - $@ || echo $(LLM_NCCL) > $@
+
+build/obj/%.o: src/%.cu build/cuda-arch build/nccl-flag
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
@@ -93,10 +110,10 @@ build/asan-tests/%: tests/%.c $(TEST_SUPPORT) $(ASAN_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out -DLLM_HAVE_CUDA,$(CFLAGS)) -O1 $(SANITIZE) $(TEST_DEFS) -Isrc -o $@ $< \
 		$(TEST_SUPPORT) $(ASAN_OBJ) \
-		$(filter-out -lcublas -lcudart -lstdc++,$(LDLIBS)) -lcmocka
+		$(filter-out $(CUDA_LIBS),$(LDLIBS)) -lcmocka
 
 build/llm-run-asan: build/asan/main.o $(ASAN_OBJ)
-	$(CC) $(SANITIZE) -o $@ $^ $(filter-out -lcublas -lcudart -lstdc++,$(LDLIBS))
+	$(CC) $(SANITIZE) -o $@ $^ $(filter-out $(CUDA_LIBS),$(LDLIBS))
 
 tests: build/llm-run build/llm-run-asan $(addprefix build/tests/,$(TESTS)) $(addprefix build/asan-tests/,$(TESTS))
 

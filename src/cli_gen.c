@@ -11,6 +11,7 @@
 #include "devices/host.h"
 #include "model/generation.h"
 #include "progress.h"
+#include "tp.h"
 
 void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own, int n_own)
 {
@@ -49,6 +50,8 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
                           "blas, the rest on the GPU (for experts that do not fit it)");
     f->n_cpu_moe = arg_int0(NULL, "n-cpu-moe", "N", "the same for the first N sparse layers' experts");
     f->precision = arg_str0(NULL, "precision", "MODE", LLM_CLI_PRECISION_HELP);
+    f->tp = arg_int0(NULL, "tp", "N", "split the model over GPUs cuda:0 .. N-1, one process each (tensor parallelism; "
+                     "or --device cuda:0,1,...)");
     table[(*n)++] = f->model_pos, table[(*n)++] = f->model_opt;
     for (int i = 0; i < n_own; i++) table[(*n)++] = own[i];
     void *mine[] = {f->system,         f->ctx,           f->batch,
@@ -56,7 +59,7 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
                     f->repeat_last_n,  f->presence_penalty, f->frequency_penalty, f->seed,       f->stop,
                     f->ignore_eos,     f->special,        f->escape,           f->no_escape,     f->device,
                     f->threads,        f->op_device,      f->quant,            f->quant_head,    f->cache_type,
-                    f->cpu_moe,        f->n_cpu_moe,      f->precision};
+                    f->cpu_moe,        f->n_cpu_moe,      f->precision,        f->tp};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) table[(*n)++] = mine[i];
 }
 
@@ -83,7 +86,12 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
         if (!(g->system = strdup(f->system->sval[0]))) goto oom;
         if (!f->no_escape->count) llm_cli_unescape(g->system);
     }
-    llm_load_options lo = {.device = f->device->count ? f->device->sval[0] : NULL,
+    char tp_devices[128];
+    const char *device;
+    if (llm_tp_device(f->device->count ? f->device->sval[0] : NULL, f->tp->count ? f->tp->ival[0] : 0, tp_devices,
+                      sizeof tp_devices, &device, err, err_len))
+        return -1;
+    llm_load_options lo = {.device = device,
                            .threads = f->threads->count ? f->threads->ival[0] : 0, .pins = pins,
                            .n_pins = f->op_device->count, .log = stderr, .quant_head = f->quant_head->count > 0};
     if (f->quant->count && llm_cli_parse_quant(f->quant->sval[0], &lo.quant, err, err_len)) return -1;
@@ -100,7 +108,7 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
     llm_progress_init(&bar, isatty(STDERR_FILENO) ? stderr : NULL, NULL);
     lo.progress = llm_progress_callback, lo.progress_user = &bar;
     double t0 = llm_host_now_s();
-    int rc = llm_model_load(&g->model, path, &lo, err, err_len);
+    int rc = llm_tp_load(&g->model, path, &lo, err, err_len);
     llm_progress_finish(&bar);
     if (rc) goto fail;
     g->load_s = llm_host_now_s() - t0;

@@ -21,7 +21,7 @@ typedef struct {
     struct arg_dbl *temp, *top_p, *min_p, *repeat_penalty, *presence_penalty, *frequency_penalty;
     struct arg_str *device, *op_device, *system, *stop, *quant, *cache_type, *precision;
     struct arg_lit *ignore_eos, *special, *escape, *no_escape, *quant_head, *cpu_moe;
-    struct arg_int *n_cpu_moe;
+    struct arg_int *n_cpu_moe, *tp;
 } llm_gen_flags;
 
 /* Creates the flags and appends them to table at *n (about 25 entries): the model's, then the command's own (n_own

@@ -14,6 +14,7 @@
 #include "compare.h"
 #include "profile.h"
 #include "session.h"
+#include "tp.h"
 
 #define MAX_LIST 16 /* values in a list option (-p, -n, -t, --device) */
 #define MAX_REPS 64
@@ -323,9 +324,11 @@ int llm_cmd_bench(int argc, char **argv)
     struct arg_lit *cpu_moe = arg_lit0(NULL, "cpu-moe", "keep every sparse layer's experts in host memory, run by "
                                        "blas, the rest on the GPU");
     struct arg_int *n_cpu_moe = arg_int0(NULL, "n-cpu-moe", "N", "the same for the first N sparse layers' experts");
+    struct arg_int *tp = arg_int0(NULL, "tp", "N", "split the model over GPUs cuda:0 .. N-1, one process each (tensor "
+                                  "parallelism)");
     struct arg_end *end = arg_end(8);
     void *table[] = {help, model_pos, model_opt, pp, tg, depth, reps, batch, device, threads, format, seed, quant,
-                     quant_head, cache_type, precision, cpu_moe, n_cpu_moe, end};
+                     quant_head, cache_type, precision, cpu_moe, n_cpu_moe, tp, end};
 
     int rc = 1;
     char err[1024] = "";
@@ -402,11 +405,16 @@ int llm_cmd_bench(int argc, char **argv)
             goto fail;
         }
         for (int t = 0; t < n_threads; t++) {
-            llm_load_options lo = {.device = name, .threads = thread_list[t], .log = stderr, .quant = quant_dtype,
+            char tp_devices[128];
+            const char *spec;
+            if (llm_tp_device(name, tp->count ? tp->ival[0] : 0, tp_devices, sizeof tp_devices, &spec, err,
+                              sizeof err))
+                goto fail;
+            llm_load_options lo = {.device = spec, .threads = thread_list[t], .log = stderr, .quant = quant_dtype,
                                    .quant_head = quant_head->count > 0, .cache_type = cache_dtype,
                                    .cache_default = !cache_type->count, .precision = prec,
                                    .host_experts = host_experts};
-            if (llm_model_load(&m, path, &lo, err, sizeof err)) goto fail;
+            if (llm_tp_load(&m, path, &lo, err, sizeof err)) goto fail;
             bm.c = m.config;
             bm.dtype = m.quant;
             llm_profile_weight_stats(&m, &bm.ws);

@@ -104,6 +104,21 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads)
         }
         fflush(out);
         dev->release();
+        /* the machine's other GPUs, each opened in turn (the device is one GPU of a process at a time) */
+        int count = dev->instances ? dev->instances() : 1;
+        for (int k = 1; k < count; k++) {
+            llm_device_options other = {.threads = threads, .index = k};
+            if (dev->init(&other, err, sizeof err) != 0) {
+                fprintf(out, "  %s:%d: not available: %s\n", name, k, err);
+                continue;
+            }
+            dev->describe(desc, sizeof desc);
+            fprintf(out, "  %s:%d: %s\n", name, k, desc);
+            dev->release();
+        }
+        if (count > 1 && dev->tp_unique_id)
+            fprintf(out, "  %d GPUs: --tp %d (or --device %s:0,1,...) splits a model over them, a process each, "
+                    "summed by NCCL\n", count, count, name);
     }
     if (measure) {
         /* A decode step only reads weights: its ceiling is the read bandwidth, with one thread and with all. */

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "tp.h"
 
 static const struct {
     const char *name;
@@ -15,6 +16,7 @@ static const struct {
     {"bench", llm_cmd_bench},
     {"compare", llm_cmd_compare},
     {"devices", llm_cmd_devices},
+    {"tp-worker", llm_cmd_tp_worker}, /* a rank of a model split over GPUs, started by llm-run itself (tp.h) */
 };
 
 int main(int argc, char **argv)

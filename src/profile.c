@@ -260,10 +260,19 @@ static void p_combine(float *out, const float *y, const float *weights, int n, i
     call_end(s, LLM_OP_COMBINE, (llm_op_cost){(picks * dim + picks + (double)n * dim) * F32, 2.0 * picks * dim});
 }
 
+/* Bytes: what each rank sends and receives of x, the bus's work; no flops counted (the adds are few). */
+static void p_all_reduce(float *x, size_t count)
+{
+    int s = call_begin();
+    P.inner.all_reduce(x, count);
+    call_end(s, LLM_OP_ALL_REDUCE, (llm_op_cost){2.0 * (double)count * F32, 0.0});
+}
+
 static const llm_ops wrappers = {
     .embed = p_embed, .rmsnorm = p_rmsnorm, .matmul = p_matmul, .rope = p_rope,
     .attention = p_attention, .glu = p_glu, .add = p_add, .logits = p_logits,
     .softcap = p_softcap, .route = p_route, .experts = p_experts, .combine = p_combine,
+    .all_reduce = p_all_reduce,
 };
 
 /* ---- lifetime and step hooks ---- */

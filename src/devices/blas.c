@@ -1433,6 +1433,7 @@ static const llm_ops blas_ops = {
     .route = blas_route,
     .experts = blas_experts,
     .combine = blas_combine,
+    .all_reduce = llm_ref_all_reduce, /* alone: a group of one */
 };
 
 static double blas_measure_bandwidth(void) { return llm_host_measure_read_bandwidth(blas_threads); }

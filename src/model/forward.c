@@ -142,7 +142,8 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         llm_state_free(s, m);
         return -1;
     }
-    if (llm_plan_build(&s->plan, m, s->window, dev, err, err_len)) {
+    if (llm_plan_build(&s->plan, m, s->window, dev, err, err_len) ||
+        (m->followers && m->followers->state_init(m->followers, s, ctx, max_batch, all_logits, err, err_len))) {
         llm_state_free(s, m);
         return -1;
     }
@@ -152,6 +153,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
 void llm_state_free(llm_state *s, const llm_model *m)
 {
     if (!s) return;
+    if (m->followers) m->followers->state_free(m->followers, s);
     void *bufs[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->gate, s->up, s->logits, s->key_cache, s->value_cache,
                     s->step_ids, s->scores, s->expert_ids, s->expert_weights, s->moe_gate, s->moe_up, s->moe_out,
                     s->moe_sum};
@@ -195,6 +197,8 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
         s->host_ids[i] = tokens[i];
         s->host_ids[n + i] = pos + i;
     }
+    /* The group's other ranks run the same call (tensor parallelism): their all-reduces meet this rank's. */
+    if (m->followers && m->followers->forward(m->followers, s, tokens, n, pos, err, err_len)) return -1;
     /* One upload for both: on cuda each is a copy the host waits for, ~1.9 us a token (dev/cuda/notes.md, version
      * 108). The positions follow the n tokens, so a step's two pointers depend on n alone, as a recorded step needs. */
     const int32_t *step_tokens = s->step_ids, *positions = s->step_ids + n;
@@ -221,6 +225,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
     int n_exp = c->num_experts, top_k = c->num_experts_per_tok;
     size_t ms = (size_t)n * top_k * c->moe_intermediate_size, ss = (size_t)n * c->shared_expert_intermediate_size;
     int n_out = s->all_logits ? n : 1;
+    bool split = m->split.size > 1; /* this rank holds a share of each layer's products (split.h) */
     /* Without all_logits only the last position's hidden state reaches the head. */
     float *x_out = s->all_logits ? s->x : s->x + (size_t)(n - 1) * dim;
     float *xb_out = s->all_logits ? s->xb : s->xb + (size_t)(n - 1) * dim;
@@ -268,6 +273,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
             trace(m, "attention", l, s->att, (size_t)n * q_dim);
             group(dev, P->attn_out);
             op->matmul(s->xb, s->att, &L->o_proj, L->o_bias.data ? &L->o_bias : NULL, n);
+            if (split) op->all_reduce(s->xb, xs); /* each rank's heads' part of o's product, summed */
             if (L->attn_post_norm.data) op->rmsnorm(s->xb, s->xb, &L->attn_post_norm, n, dim, eps, offset);
             trace(m, "attn_out", l, s->xb, xs);
             op->add(s->x, s->xb, xs);
@@ -285,6 +291,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
                 trace(m, "glu", l, s->gate, gs);
                 group(dev, P->ffn_out);
                 op->matmul(s->xb, s->gate, &L->down_proj, NULL, n);
+                if (split) op->all_reduce(s->xb, xs); /* each rank's intermediate rows' part of down's */
             } else {
                 ffn = s->moe_sum;
                 op->matmul(s->scores, in, &L->router, L->router_bias.data ? &L->router_bias : NULL, n);

@@ -673,6 +673,41 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     return load_linear(m, &L->shared_expert_gate, name, 1, hidden, "1, hidden_size", false, false, err, err_len);
 }
 
+/* Rows [first, first + count) of a matrix, or elements of a vector: a rank's share (split.h). count 0: the whole. */
+typedef struct {
+    size_t first, count;
+} span;
+
+/* Tensor `name` checked as (rows, cols) (a vector of cols when rows is 0), and the share of it this rank keeps placed
+ * as a matrix of its own: rows `r` (a vector's elements) and columns `c`, copied out of the checkpoint. Both whole
+ * (the model not split, or a tensor every rank keeps): placed as load_linear or load_weight places it. */
+static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
+                      bool linear, span r, span c, char *err, size_t err_len)
+{
+    if (!r.count && !c.count)
+        return linear ? load_linear(m, w, name, rows, cols, why, true, false, err, err_len)
+                      : load_weight(m, w, name, rows, cols, why, false, err, err_len);
+    bool vector = rows == 0;
+    const size_t matrix[2] = {rows, cols};
+    const llm_st_tensor *t = checked_tensor(m, name, false, vector ? 1 : 2, vector ? &cols : matrix, why, err, err_len);
+    if (!t) return -1;
+    if (vector) c = r, r = (span){0, 1}; /* a vector is one row: its share is columns */
+    if (!r.count) r = (span){0, rows};
+    if (!c.count) c = (span){0, cols};
+    size_t esz = llm_dtype_size(t->dtype), bytes = r.count * c.count * esz;
+    char *buf = malloc(bytes ? bytes : 1);
+    if (!buf) {
+        snprintf(err, err_len, "%s: out of memory for this GPU's share of tensor '%s' (%zu bytes)", t->file, name,
+                 bytes);
+        return -1;
+    }
+    for (size_t i = 0; i < r.count; i++)
+        memcpy(buf + i * c.count * esz, (const char *)t->data + ((r.first + i) * cols + c.first) * esz, c.count * esz);
+    w->rows = r.count, w->cols = c.count;
+    m->weight_bytes += bytes;
+    return place_owned(m, w, buf, t->dtype, t, err, err_len);
+}
+
 /* self_attn.sinks (num_attention_heads), in any float dtype, as the f32 device buffer attention reads. */
 static int load_sinks(llm_model *m, int l, char *err, size_t err_len)
 {
@@ -704,14 +739,21 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
     size_t hidden = (size_t)c->hidden_size, inter = (size_t)c->intermediate_size, hd = (size_t)c->head_dim;
     size_t q_dim = (size_t)c->num_attention_heads * c->head_dim, kv_dim = (size_t)c->num_key_value_heads * c->head_dim;
     char name[192];
-#define LOAD(field, suffix, rows, cols, why)                                                                        \
+    /* This rank's rows of q (whole heads), of k and v, and of the intermediate size; all of them without a split. */
+    const llm_split *S = &m->split;
+    bool split = S->size > 1;
+    const span all = {0, 0};
+    const span qs = split ? (span){(size_t)S->head0 * hd, (size_t)S->heads * hd} : all;
+    const span kvs = split ? (span){(size_t)S->kv0 * hd, (size_t)S->kv_heads * hd} : all;
+    const span is = split ? (span){(size_t)S->inter0, (size_t)S->inter} : all;
+#define SHARE(field, suffix, rows, cols, why, r, cs)                                                                 \
     do {                                                                                                            \
         snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, l, suffix);                                        \
-        bool linear_ = strstr(suffix, "_proj.weight") != NULL;                                                      \
-        if (linear_ ? load_linear(m, &L->field, name, rows, cols, why, true, false, err, err_len)                   \
-                    : load_weight(m, &L->field, name, rows, cols, why, false, err, err_len))                        \
+        if (load_share(m, &L->field, name, rows, cols, why, strstr(suffix, "_proj.weight") != NULL, r, cs, err,     \
+                       err_len))                                                                                    \
             return -1;                                                                                              \
     } while (0)
+#define LOAD(field, suffix, rows, cols, why) SHARE(field, suffix, rows, cols, why, all, all)
 #define NORM(field, tensor)                                                                                         \
     do {                                                                                                            \
         if (!(tensor)) break;                                                                                       \
@@ -719,24 +761,35 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
         if (load_weight(m, &L->field, name, 0, hidden, "hidden_size", false, err, err_len)) return -1;              \
     } while (0)
     NORM(attn_norm, f->attn_norm);
-    if (f->fused_qkv) {
+    if (f->fused_qkv && split) { /* each rank's q, k and v rows are three matrices of its own */
+        const char *why = "(num_attention_heads + 2 * num_key_value_heads) * head_dim, hidden_size";
+        SHARE(q_proj, "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hidden, why, qs, all);
+        SHARE(k_proj, "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hidden, why,
+              ((span){q_dim + kvs.first, kvs.count}), all);
+        SHARE(v_proj, "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hidden, why,
+              ((span){q_dim + kv_dim + kvs.first, kvs.count}), all);
+    } else if (f->fused_qkv) {
         LOAD(qkv_proj, "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, hidden,
              "(num_attention_heads + 2 * num_key_value_heads) * head_dim, hidden_size");
         L->q_proj = view_rows(&L->qkv_proj, 0, q_dim);
         L->k_proj = view_rows(&L->qkv_proj, q_dim, kv_dim);
         L->v_proj = view_rows(&L->qkv_proj, q_dim + kv_dim, kv_dim);
     } else {
-        LOAD(q_proj, "self_attn.q_proj.weight", q_dim, hidden, "num_attention_heads * head_dim, hidden_size");
-        LOAD(k_proj, "self_attn.k_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
-        LOAD(v_proj, "self_attn.v_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size");
+        SHARE(q_proj, "self_attn.q_proj.weight", q_dim, hidden, "num_attention_heads * head_dim, hidden_size", qs,
+              all);
+        SHARE(k_proj, "self_attn.k_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size", kvs,
+              all);
+        SHARE(v_proj, "self_attn.v_proj.weight", kv_dim, hidden, "num_key_value_heads * head_dim, hidden_size", kvs,
+              all);
     }
-    LOAD(o_proj, "self_attn.o_proj.weight", hidden, q_dim, "hidden_size, num_attention_heads * head_dim");
+    SHARE(o_proj, "self_attn.o_proj.weight", hidden, q_dim, "hidden_size, num_attention_heads * head_dim", all, qs);
     if (c->qkv_bias) {
-        LOAD(q_bias, "self_attn.q_proj.bias", 0, q_dim, "num_attention_heads * head_dim");
-        LOAD(k_bias, "self_attn.k_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim");
-        LOAD(v_bias, "self_attn.v_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim");
+        SHARE(q_bias, "self_attn.q_proj.bias", 0, q_dim, "num_attention_heads * head_dim", qs, all);
+        SHARE(k_bias, "self_attn.k_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim", kvs, all);
+        SHARE(v_bias, "self_attn.v_proj.bias", 0, kv_dim, "num_key_value_heads * head_dim", kvs, all);
     }
-    if (c->o_bias) LOAD(o_bias, "self_attn.o_proj.bias", 0, hidden, "hidden_size");
+    /* o's bias once in the sum over the ranks: rank 0's */
+    if (c->o_bias && S->rank == 0) LOAD(o_bias, "self_attn.o_proj.bias", 0, hidden, "hidden_size");
     if (f->sinks && load_sinks(m, l, err, err_len)) return -1;
     if (f->qk_norm == LLM_QK_NORM_HEAD) {
         LOAD(q_norm, "self_attn.q_norm.weight", 0, hd, "head_dim");
@@ -749,18 +802,24 @@ static int load_layer(llm_model *m, int l, char *err, size_t err_len)
     NORM(ffn_norm, f->ffn_norm);
     if (c->layer_sparse[l]) {
         if (load_experts(m, l, err, err_len)) return -1;
+    } else if (f->fused_gate_up && split) {
+        const char *why = "2 * intermediate_size, hidden_size";
+        SHARE(gate_proj, "mlp.gate_up_proj.weight", 2 * inter, hidden, why, is, all);
+        SHARE(up_proj, "mlp.gate_up_proj.weight", 2 * inter, hidden, why, ((span){inter + is.first, is.count}), all);
     } else if (f->fused_gate_up) {
         LOAD(gate_up_proj, "mlp.gate_up_proj.weight", 2 * inter, hidden, "2 * intermediate_size, hidden_size");
         L->gate_proj = view_rows(&L->gate_up_proj, 0, inter);
         L->up_proj = view_rows(&L->gate_up_proj, inter, inter);
     } else {
-        LOAD(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size");
-        LOAD(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size");
+        SHARE(gate_proj, "mlp.gate_proj.weight", inter, hidden, "intermediate_size, hidden_size", is, all);
+        SHARE(up_proj, "mlp.up_proj.weight", inter, hidden, "intermediate_size, hidden_size", is, all);
     }
-    if (!c->layer_sparse[l]) LOAD(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size");
+    if (!c->layer_sparse[l])
+        SHARE(down_proj, "mlp.down_proj.weight", hidden, inter, "hidden_size, intermediate_size", all, is);
     NORM(ffn_post_norm, f->ffn_post_norm);
 #undef NORM
 #undef LOAD
+#undef SHARE
     return 0;
 }
 
@@ -883,6 +942,26 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
     return -1;
 }
 
+/* Tensor parallelism takes dense layers with weights as stored, on a device whose all_reduce spans processes; the
+ * rest is refused in one line before any rank joins the group. */
+static int split_refused(const llm_model *m, const llm_device *dev, const llm_load_options *opt, char *err,
+                         size_t err_len)
+{
+    const llm_config *c = &m->config;
+    const char *why = NULL;
+    if (!dev->tp_unique_id)
+        why = "the device's all_reduce does not span processes (cuda with NCCL does)";
+    else if (c->n_sparse)
+        why = "mixture-of-experts layers do not split yet (dense families only)";
+    else if (llm_dtype_is_block(opt->quant) || c->prequant.format != LLM_PQ_NONE)
+        why = "block-quantized weights do not split yet (weights as stored only)";
+    else if (c->family->qk_norm == LLM_QK_NORM_WHOLE)
+        why = "q/k norms over the whole projection (OLMo 2) would need an all-reduce of their own";
+    if (!why) return 0;
+    snprintf(err, err_len, "%s: %s on %s across %d GPUs: %s", m->dir, c->architecture, dev->name, opt->tp.size, why);
+    return -1;
+}
+
 const char *llm_bytes_text(char *buf, size_t len, double bytes)
 {
     if (bytes >= 1e9)
@@ -940,6 +1019,12 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     else if (llm_device_resolve(opt ? opt->device : NULL, &dev, &dev_opt, chosen, sizeof chosen, err, err_len))
         goto fail;
     if (opt && opt->log) fprintf(opt->log, "device: %s\n", chosen);
+    if (opt && opt->tp.size > 1) { /* before the device joins the group: what does not split stops every rank */
+        if (split_refused(m, dev, opt, err, err_len) ||
+            llm_split_of(&m->split, c, m->dir, opt->tp.rank, opt->tp.size, err, err_len))
+            goto fail;
+        dev_opt.tp = opt->tp;
+    }
     if (llm_runtime_open(&m->rt, dev, &dev_opt, m->weight_dtype, opt ? opt->pins : NULL, opt ? opt->n_pins : 0,
                          opt ? opt->log : NULL, err, err_len))
         goto fail;
@@ -960,7 +1045,7 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     }
     /* one slot per matrix a dequantized buffer may stay in (gpt-oss's experts are rearranged on load too) */
-    if (c->prequant.format != LLM_PQ_NONE || f->moe.packed) {
+    if (c->prequant.format != LLM_PQ_NONE || f->moe.packed || m->split.size > 1) {
         m->cap_owned = c->num_hidden_layers * LLM_LAYER_WEIGHTS + c->n_sparse * 6 * c->num_experts + 2;
         if (!(m->owned = calloc((size_t)m->cap_owned, sizeof *m->owned))) {
             snprintf(err, err_len, "out of memory for %d weights", m->cap_owned);
@@ -1042,6 +1127,16 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
                 llm_dtype_name(m->weight_dtype));
     }
 
+    if (m->split.size > 1) { /* from here on the forward pass, the run state and the plan see this rank's share */
+        c->num_attention_heads = m->split.heads;
+        c->num_key_value_heads = m->split.kv_heads;
+        c->intermediate_size = m->split.inter;
+        if (opt->log)
+            fprintf(opt->log, "tensor parallel: rank %d of %d on %s: query heads %d..%d, KV heads %d..%d, "
+                    "intermediate rows %d..%d; embeddings and head whole\n", m->split.rank, m->split.size, dev->name,
+                    m->split.head0, m->split.head0 + m->split.heads - 1, m->split.kv0,
+                    m->split.kv0 + m->split.kv_heads - 1, m->split.inter0, m->split.inter0 + m->split.inter - 1);
+    }
     if (!(m->inv_freq = upload_inv_freq(m, LLM_ROPE_TABLE_GLOBAL, err, err_len))) goto fail;
     if (c->rope_local_base_freq > 0.0f && !(m->inv_freq_local = upload_inv_freq(m, LLM_ROPE_TABLE_LOCAL, err, err_len)))
         goto fail;
@@ -1064,6 +1159,8 @@ fail:
 void llm_model_free(llm_model *m)
 {
     if (!m) return;
+    if (m->followers) m->followers->close(m->followers); /* the other ranks first: they wait on this one */
+    m->followers = NULL;
     m->placing = NULL;
     if (m->rt.initialized) {
         const llm_device *dev = m->rt.dev;

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "plan.h"
 #include "safetensors.h"
+#include "split.h"
 
 /* A layer's weights by role (arch.h names the tensors per family). A norm or bias the family lacks has data NULL. */
 typedef struct {
@@ -53,11 +54,26 @@ int llm_layer_weights(llm_layer *L, llm_weight *out[LLM_LAYER_WEIGHTS]);
  * then their biases. NULL at once for a dense layer. */
 llm_weight *llm_layer_expert_weight(llm_layer *L, int i);
 
+/* The other ranks of a tensor-parallel group, run by this one (rank 0's, src/tp.c): told of every run state made or
+ * freed (`id` names it) and of every forward call before this rank runs it, so that each rank runs the same calls
+ * and their all-reduces meet. close() ends them (llm_model_free). Each returns 0, else err. */
+typedef struct llm_followers {
+    int (*state_init)(struct llm_followers *f, const void *id, int ctx, int max_batch, bool all_logits, char *err,
+                      size_t err_len);
+    void (*state_free)(struct llm_followers *f, const void *id);
+    int (*forward)(struct llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, char *err,
+                   size_t err_len);
+    void (*close)(struct llm_followers *f);
+} llm_followers;
+
 /* Called after each traced step of the forward pass with a device buffer of `count` floats (llm-run compare). */
 typedef void (*llm_trace_fn)(void *user, const char *what, int layer, const float *buf, size_t count);
 
 typedef struct llm_model {
-    llm_config config;
+    llm_config config;       /* config.json's; with tensor parallelism (split.size > 1) num_attention_heads,
+                                num_key_value_heads and intermediate_size are this rank's share (split.h) */
+    llm_split split;         /* this rank's share of every layer (size 0 or 1: the whole model) */
+    llm_followers *followers; /* the group's other ranks when this process leads them (src/tp.c); else NULL */
     llm_runtime rt;          /* the device and the op table every numeric step goes through */
     llm_st *st;              /* the checkpoint; weights may point into it on host-memory devices */
     llm_weight embed_tokens; /* (vocab, hidden) */
@@ -125,6 +141,10 @@ typedef struct {
      * experts). 0: every weight on the device. A model without sparse layers, or a device that computes in host
      * memory already (blas), gets a note on log and loads as without it. */
     int host_experts;
+    /* Tensor parallelism: this process is rank tp.rank of tp.size, and loads that rank's share of every layer
+     * (split.h) onto a device that joins the group (tp_unique_id; cuda with NCCL). Dense families with weights as
+     * stored only. size 0 or 1: the whole model. src/tp.c starts the ranks (llm_tp_load). */
+    llm_tp_group tp;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */

@@ -20,10 +20,20 @@ typedef enum { LLM_DEVICE_CPU, LLM_DEVICE_GPU } llm_device_kind;
  * reference is always exact. */
 typedef enum { LLM_PRECISION_ACCURATE, LLM_PRECISION_FAST } llm_precision;
 
+/* A tensor-parallel group (src/tp.c): `size` processes, one a GPU, each holding a share of every layer's products
+ * (src/model/split.h); the all_reduce op sums over them. rank in 0 .. size-1; size 0 or 1: a group of one, the
+ * process alone. id: the group's rendezvous, made by rank 0's device (tp_unique_id) and given to every rank. */
+#define LLM_TP_ID_BYTES 128
+typedef struct {
+    int rank, size;
+    unsigned char id[LLM_TP_ID_BYTES];
+} llm_tp_group;
+
 typedef struct {
     int threads;             /* CPU threads for devices that use them; 0 = the device's default */
     int index;               /* which GPU, for cuda:N */
     llm_precision precision; /* the batch products' (see above) */
+    llm_tp_group tp;         /* the group this process's device joins at init (size > 1: all_reduce is collective) */
 } llm_device_options;
 
 /* What a device that fuses or records steps did, for tests and tools: read here, never parsed from describe()'s
@@ -117,6 +127,12 @@ typedef struct llm_device {
     /* The KV cache's element type when the user names none (--cache-type): the smallest this device's attention
      * reads as fast and as accurately as the models need. The zero value F32 is the exact one (the reference's). */
     llm_dtype cache_type;
+
+    /* Optional: a new tensor-parallel group's id (llm_tp_group.id), made by its rank 0 before the other ranks start;
+     * NULL: the device cannot join a group of more than one (its all_reduce is the identity). 0, else err. */
+    int (*tp_unique_id)(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
+    /* Optional: how many of this device the machine has (GPUs: cuda:0 .. cuda:N-1); NULL: one. */
+    int (*instances)(void);
 } llm_device;
 
 #endif

@@ -13,9 +13,9 @@
 typedef enum {
     LLM_GROUP_ATTN_IN,       /* [norm] -> q, k, v products [+ bias] -> [q/k norms] -> rope (-> the KV store) */
     LLM_GROUP_ATTENTION,     /* attention over the cache */
-    LLM_GROUP_ATTN_OUT,      /* o product [+ bias] -> [post norm] -> residual add */
+    LLM_GROUP_ATTN_OUT,      /* o product [+ bias] -> [all-reduce] -> [post norm] -> residual add */
     LLM_GROUP_FFN_IN,        /* [norm] -> gate, up products -> glu */
-    LLM_GROUP_FFN_OUT,       /* down product -> [post norm] -> residual add */
+    LLM_GROUP_FFN_OUT,       /* down product -> [all-reduce] -> [post norm] -> residual add */
     LLM_GROUP_MOE,           /* [norm] -> router -> route -> experts' gate, up -> glu -> down -> combine (-> add) */
     LLM_GROUP_SHARED_EXPERT, /* Qwen2-MoE's shared expert: gate, up -> glu -> down, its gate, route, combine, add */
     LLM_GROUP_HEAD,          /* final norm -> logits -> [soft-cap] */
@@ -56,6 +56,7 @@ typedef enum {
     LLM_REFUSE_PERSIST_PIECES,    /* the persistent step would run in pieces */
     LLM_REFUSE_PERSIST_QUANT,     /* weights in a block format with no persistent GEMV phase (MXFP4) */
     LLM_REFUSE_PERSIST_MOE,       /* mixture-of-experts layers: no persistent phase for them */
+    LLM_REFUSE_PERSIST_TP,        /* tensor parallelism: an all-reduce between the step's phases */
     LLM_REFUSE_STEP,              /* the persistent step refused a recorded program (dtype, alignment, shapes) */
     LLM_REFUSE_HOST_STEP,         /* a step moves data to or from the host: no CUDA graph */
     LLM_REFUSE_MISMATCH,          /* the ops did not match their group's declaration */

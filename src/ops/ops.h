@@ -102,6 +102,7 @@ typedef enum {
     LLM_OP_ROUTE,
     LLM_OP_EXPERTS,
     LLM_OP_COMBINE,
+    LLM_OP_ALL_REDUCE,
     LLM_OP_COUNT
 } llm_op;
 
@@ -206,6 +207,13 @@ typedef struct llm_ops {
     /* out[i, :] = sum_{j < top_k} weights[i, j] * y[i, j, :], summed in slot order in f32.
      * out (n, dim); y (n, top_k, dim); weights (n, top_k). out != y. */
     void (*combine)(float *out, const float *y, const float *weights, int n, int top_k, int dim);
+
+    /* Tensor parallelism (device.h, llm_tp_group): x = the sum over the group's ranks of each rank's x, elementwise,
+     * in place, every rank calling it with the same count in the same order. x (count). A group of one (every device
+     * alone, and the reference) leaves x as it is. The sum's order is the device's (cuda: NCCL's ring or tree in f32),
+     * so a split model differs from the whole one by the rounding of those few adds and of the shorter dot products;
+     * on cuda it is an ncclAllReduce on the device's stream, captured in the step's CUDA graph like any kernel. */
+    void (*all_reduce)(float *x, size_t count);
 } llm_ops;
 
 bool llm_ops_has(const llm_ops *ops, llm_op op);                 /* the table has op (ops may be NULL) */

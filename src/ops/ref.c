@@ -229,6 +229,9 @@ static void ref_combine(float *out, const float *y, const float *weights, int n,
         }
 }
 
+/* A group of one: the sum over one rank is its own x. Host devices never join a larger group (no tp_unique_id). */
+void llm_ref_all_reduce(float *x, size_t count) { (void)x, (void)count; }
+
 const llm_ops llm_ref_ops = {
     .embed = ref_embed,
     .rmsnorm = ref_rmsnorm,
@@ -242,4 +245,5 @@ const llm_ops llm_ref_ops = {
     .route = ref_route,
     .experts = ref_experts,
     .combine = ref_combine,
+    .all_reduce = llm_ref_all_reduce,
 };

@@ -6,6 +6,9 @@
 
 extern const llm_ops llm_ref_ops;
 
+/* all_reduce for a process alone (a group of one): the identity. The host devices' own entry too. */
+void llm_ref_all_reduce(float *x, size_t count);
+
 /* KV cache rows in element type t (F32, F16, BF16, Q8_0; rows of kv_dim values, llm_cache_row_bytes each), as
  * ops.h's attention specifies them. Every host device stores through llm_kv_store_row, so that its caches equal the
  * reference's bit for bit (a call stores n rows: the conversion is not where attention's time goes).

@@ -201,10 +201,14 @@ static void wrap_combine(float *out, const float *y, const float *weights, int n
     free(hy), free(hw), free(ho);
 }
 
+/* Nothing crosses the bus: a host op's all_reduce is a group of one's, the identity. */
+static void wrap_all_reduce(float *x, size_t count) { (void)x, (void)count; }
+
 static const llm_ops transfer_wrappers = {
     .embed = wrap_embed, .rmsnorm = wrap_rmsnorm, .matmul = wrap_matmul, .rope = wrap_rope,
     .attention = wrap_attention, .glu = wrap_glu, .add = wrap_add, .logits = wrap_logits,
     .softcap = wrap_softcap, .route = wrap_route, .experts = wrap_experts, .combine = wrap_combine,
+    .all_reduce = wrap_all_reduce,
 };
 
 /* Route `op` to host device `host` (its native op, or the reference when host has none), with transfers

@@ -229,6 +229,10 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     g.owed_evict = 0;
     g.last_batched = false;
     g.initialized = true;
+    if (cuda_tp_open(opt, err, err_len)) {
+        cuda_release();
+        return -1;
+    }
     return 0;
 
 cuda_fail:
@@ -245,6 +249,7 @@ static void cuda_release(void)
     flush_pending();
     abandon_capture();
     if (llm_cuda.stream) cudaStreamSynchronize(llm_cuda.stream);
+    cuda_tp_close();
     tl_write();
     invalidate_graphs();
     for (int i = 0; i < LLM_TIMER_SLOTS; i++)
@@ -312,9 +317,16 @@ static void cuda_counters(llm_device_counters *out)
     out->graph_replays = g.initialized ? g.replays : 0;
 }
 
+static int cuda_instances(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) cudaGetLastError(), count = 0;
+    return count;
+}
+
 static const llm_ops cuda_ops = {
     op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
-    op_route, op_experts, op_combine,
+    op_route, op_experts, op_combine, op_all_reduce,
 };
 
 /* Positional: C++ has no designated initialisers before C++20. Order as in device.h. */
@@ -354,4 +366,6 @@ extern "C" const llm_device llm_device_cuda = {
      * cut, GPUs before Hopper), is slower on it at depth 4,096 (TinyLlama's shape 625 against 679, Llama-2-7B 135
      * against 140: half the bytes in flight a load). docs/quantization.md has the numbers. */
     LLM_DTYPE_F32,
+    cuda_tp_unique_id,
+    cuda_instances,
 };

@@ -183,6 +183,13 @@ void op_experts(float *out, const float *x, const llm_experts *w, const int32_t 
 void op_combine(float *out, const float *y, const float *weights, int n, int top_k, int dim);
 bool cuda_supports(llm_op op, llm_dtype dtype);
 
+/* nccl.cu: the tensor-parallel group this device joined at init (a group of one when none) */
+int cuda_tp_size(void);
+int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
+int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len);
+void cuda_tp_close(void);
+void op_all_reduce(float *x, size_t count);
+
 /* graphs.cu */
 void abandon_capture(void);
 void abandon_capture_for_transfer(void); /* the same, said once on stderr: an upload or download inside a step */

@@ -88,6 +88,11 @@ void cuda_plan_group(llm_group *grp)
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_QUANT);
         cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
     }
+    /* several GPUs: each layer's two all-reduces sit between the products whose phases the kernel would chain */
+    if (cuda_tp_size() > 1 && (grp->ask & LLM_FUSE_PERSIST)) {
+        refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_TP);
+        cut_persist(LLM_REFUSE_PERSIST_TP, "tensor-parallel all-reduce between phases");
+    }
     if (!g.persist) refuse(grp, LLM_FUSE_PERSIST, g.persist_cut ? g.persist_cut_refusal : LLM_REFUSE_PERSIST_OFF);
 }
 

@@ -1,0 +1,44 @@
+/* Tensor parallelism's shares (split.h): which heads and intermediate rows a rank keeps. */
+#include "split.h"
+
+#include <stdio.h>
+
+void llm_split_range(size_t n, int rank, int size, size_t *first, size_t *count)
+{
+    size_t a = n * (size_t)rank / (size_t)size, b = n * (size_t)(rank + 1) / (size_t)size;
+    *first = a, *count = b - a;
+}
+
+int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, int size, char *err, size_t err_len)
+{
+    int H = c->num_attention_heads, KV = c->num_key_value_heads, I = c->intermediate_size;
+    if (size < 1 || rank < 0 || rank >= size) {
+        snprintf(err, err_len, "tensor parallelism: rank %d of %d ranks", rank, size);
+        return -1;
+    }
+    if (H % size) {
+        snprintf(err, err_len, "%s/config.json: num_attention_heads %d does not split over %d GPUs (whole heads a "
+                 "GPU)", dir, H, size);
+        return -1;
+    }
+    if (KV % size && size % KV) {
+        snprintf(err, err_len, "%s/config.json: num_key_value_heads %d does not split over %d GPUs (a multiple of "
+                 "them, or a divisor to replicate)", dir, KV, size);
+        return -1;
+    }
+    if (I < size) {
+        snprintf(err, err_len, "%s/config.json: intermediate_size %d is smaller than %d GPUs", dir, I, size);
+        return -1;
+    }
+    s->rank = rank, s->size = size;
+    s->heads = H / size, s->head0 = rank * s->heads;
+    if (KV % size == 0) {
+        s->kv_heads = KV / size, s->kv0 = rank * s->kv_heads;
+    } else { /* each KV head replicated on size / KV ranks: those whose query heads share it */
+        s->kv_heads = 1, s->kv0 = rank / (size / KV);
+    }
+    size_t first, count;
+    llm_split_range((size_t)I, rank, size, &first, &count);
+    s->inter0 = (int)first, s->inter = (int)count;
+    return 0;
+}

@@ -1,0 +1,376 @@
+/* Tensor parallelism: the split's arithmetic (src/model/split.h) on every machine; a model split over two GPUs (one
+ * process each, src/tp.c) against Hugging Face and against one GPU, where two GPUs are here (skipped otherwise). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "devices/registry.h"
+#include "model/model.h"
+#include "model/split.h"
+#include "ops/ref.h"
+#include "support/fixture_util.h"
+#include "tp.h"
+
+/* Every rank's heads and rows, for shapes of real models and small ones: the ranks' shares tile the whole exactly,
+ * and each rank's query heads read only the KV heads it keeps (grouped-query attention: head h reads KV head
+ * h / (heads / kv_heads)), so attention needs nothing from another rank. */
+static void test_split_shares(void **state)
+{
+    (void)state;
+    const struct {
+        int heads, kv, inter, size;
+    } cases[] = {
+        {32, 32, 11008, 2}, /* Llama-2-7B */
+        {32, 8, 14336, 2},  /* Llama-3-8B, Mistral-7B */
+        {32, 8, 14336, 8},  /* one KV head a rank */
+        {16, 8, 8192, 4},   /* Qwen3-1.7B */
+        {4, 2, 160, 2},     /* the fixtures */
+        {4, 1, 160, 2},     /* MQA: the KV head on every rank */
+        {32, 2, 11, 4},     /* each KV head on two ranks; an intermediate size that does not split evenly */
+        {64, 8, 28672, 16}, /* Llama-3-70B on 16: each KV head on two ranks */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        llm_config c = {.num_attention_heads = cases[i].heads, .num_key_value_heads = cases[i].kv,
+                        .intermediate_size = cases[i].inter};
+        int size = cases[i].size, next_head = 0, next_inter = 0, group = c.num_attention_heads / c.num_key_value_heads;
+        for (int r = 0; r < size; r++) {
+            llm_split s;
+            char err[256] = "";
+            assert_int_equal(llm_split_of(&s, &c, "m", r, size, err, sizeof err), 0);
+            assert_int_equal(s.head0, next_head);
+            assert_int_equal(s.heads, c.num_attention_heads / size);
+            assert_int_equal(s.inter0, next_inter);
+            next_head += s.heads, next_inter += s.inter;
+            /* the local attention is grouped-query attention of heads over kv_heads */
+            assert_int_equal(s.heads % s.kv_heads, 0);
+            for (int h = s.head0; h < s.head0 + s.heads; h++) {
+                int g = h / group;
+                assert_true(g >= s.kv0 && g < s.kv0 + s.kv_heads);
+                assert_int_equal(g - s.kv0, (h - s.head0) / (s.heads / s.kv_heads)); /* the local group's */
+            }
+            assert_true(s.kv0 + s.kv_heads <= c.num_key_value_heads);
+        }
+        assert_int_equal(next_head, c.num_attention_heads);
+        assert_int_equal(next_inter, c.intermediate_size);
+    }
+    size_t first, count;
+    llm_split_range(11, 1, 2, &first, &count);
+    assert_int_equal(first, 5);
+    assert_int_equal(count, 6);
+}
+
+/* Shapes that do not split say why, naming config.json and the numbers. */
+static void test_split_refused(void **state)
+{
+    (void)state;
+    llm_split s;
+    char err[256] = "";
+    llm_config c = {.num_attention_heads = 14, .num_key_value_heads = 2, .intermediate_size = 4864};
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "m/config.json: num_attention_heads 14 does not split over 4 GPUs"));
+    c.num_attention_heads = 12, c.num_key_value_heads = 3;
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "num_key_value_heads 3 does not split over 2 GPUs"));
+    assert_int_equal(llm_split_of(&s, &c, "m", 2, 2, err, sizeof err), -1);
+}
+
+/* The device lists --device and --tp give. */
+static void test_device_lists(void **state)
+{
+    (void)state;
+    char name[32], err[256] = "", buf[64];
+    int gpus[LLM_TP_MAX];
+    assert_int_equal(llm_tp_parse("cuda:0,1,3", name, sizeof name, gpus, err, sizeof err), 3);
+    assert_string_equal(name, "cuda");
+    assert_int_equal(gpus[2], 3);
+    assert_int_equal(llm_tp_parse("cuda:1", name, sizeof name, gpus, err, sizeof err), 1);
+    assert_int_equal(llm_tp_parse(NULL, name, sizeof name, gpus, err, sizeof err), 1);
+    assert_int_equal(llm_tp_parse("cuda:0,0", name, sizeof name, gpus, err, sizeof err), -1);
+    assert_non_null(strstr(err, "GPU 0 is listed twice"));
+    assert_int_equal(llm_tp_parse("cuda:0,x", name, sizeof name, gpus, err, sizeof err), -1);
+    const char *out = NULL;
+    assert_int_equal(llm_tp_device(NULL, 3, buf, sizeof buf, &out, err, sizeof err), 0);
+    assert_string_equal(out, "cuda:0,1,2");
+    assert_int_equal(llm_tp_device("blas", 1, buf, sizeof buf, &out, err, sizeof err), 0);
+    assert_string_equal(out, "blas");
+    assert_int_equal(llm_tp_device("blas", 2, buf, sizeof buf, &out, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--tp 2 with --device blas"));
+}
+
+/* A host device has no all-reduce across processes: a rank of a group is refused on it, in one line. */
+static void test_host_device_refused(void **state)
+{
+    (void)state;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    llm_model m;
+    llm_load_options lo = {.device = "cpu", .tp = {.rank = 0, .size = 2}};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), -1);
+    assert_non_null(strstr(err, "across 2 GPUs: the device's all_reduce does not span processes"));
+    fixture_free_expected(&ex);
+}
+
+/* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
+ * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
+static void run_model(const fixture_expected *ex, const char *device, float **logits_out, int32_t *greedy,
+                      llm_device_counters *counters)
+{
+    llm_model m;
+    llm_load_options lo = {.device = device};
+    char err[1024] = "";
+    int rc = llm_tp_load(&m, ex->dir, &lo, err, sizeof err);
+    if (rc) print_error("%s: %s\n", device, err);
+    assert_int_equal(rc, 0);
+    size_t vocab = (size_t)m.config.vocab_size, count = (size_t)ex->n_tokens * vocab;
+    llm_state s;
+    assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
+    const float *logits = NULL;
+    assert_int_equal(llm_forward(&m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err), 0);
+    *logits_out = malloc(count * sizeof(float));
+    assert_non_null(*logits_out);
+    memcpy(*logits_out, logits, count * sizeof(float));
+    llm_state_free(&s, &m);
+    /* decode: one-token steps, replayed as CUDA graphs after the first two */
+    assert_int_equal(llm_state_init(&s, &m, 64, 7, false, err, sizeof err), 0);
+    for (int pos = 0; pos < ex->n_prompt; pos += 7) {
+        int n = ex->n_prompt - pos < 7 ? ex->n_prompt - pos : 7;
+        assert_int_equal(llm_forward(&m, &s, ex->tokens + pos, n, pos, &logits, err, sizeof err), 0);
+    }
+    for (int i = 0; i < ex->n_greedy; i++) {
+        greedy[i] = fixture_argmax(logits, (int)vocab);
+        if (i + 1 < ex->n_greedy)
+            assert_int_equal(llm_forward(&m, &s, &greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err), 0);
+    }
+    if (m.rt.dev->counters) m.rt.dev->counters(counters);
+    llm_state_free(&s, &m);
+    llm_model_free(&m);
+}
+
+/* ---- two ranks in one process, on the cpu reference: the split's numbers checked on every machine ----
+ * A test double of the cpu device that joins a "group" of two threads: its all_reduce sums the two ranks' x through
+ * a barrier (rank 0's plus rank 1's, the same order on both), as NCCL does across processes. */
+extern const llm_device llm_device_cpu;
+static llm_device pair_dev;
+static llm_ops pair_ops;
+static pthread_barrier_t pair_barrier;
+static _Thread_local int pair_rank;
+static float *pair_x[2];
+static float *pair_sum; /* (count) */
+
+static void pair_all_reduce(float *x, size_t count)
+{
+    pair_x[pair_rank] = x;
+    pthread_barrier_wait(&pair_barrier);
+    if (pair_rank == 0)
+        for (size_t i = 0; i < count; i++) pair_sum[i] = pair_x[0][i] + pair_x[1][i];
+    pthread_barrier_wait(&pair_barrier);
+    memcpy(x, pair_sum, count * sizeof *x);
+    pthread_barrier_wait(&pair_barrier); /* pair_x is set again only after both copied */
+}
+
+static int pair_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
+{
+    (void)err, (void)err_len;
+    memset(id, 0, LLM_TP_ID_BYTES);
+    return 0;
+}
+
+typedef struct {
+    int rank;
+    llm_model *m;
+    const fixture_expected *ex;
+    float *logits;     /* (n_tokens, vocab): one call over every position */
+    int32_t greedy[256];
+} pair_job;
+
+static void *pair_run(void *arg)
+{
+    pair_job *j = arg;
+    pair_rank = j->rank;
+    const fixture_expected *ex = j->ex;
+    size_t vocab = (size_t)j->m->config.vocab_size;
+    llm_state s;
+    char err[512] = "";
+    const float *logits = NULL;
+    if (llm_state_init(&s, j->m, 0, 0, true, err, sizeof err) ||
+        llm_forward(j->m, &s, ex->tokens, ex->n_tokens, 0, &logits, err, sizeof err))
+        return strdup(err);
+    memcpy(j->logits, logits, (size_t)ex->n_tokens * vocab * sizeof(float));
+    llm_state_free(&s, j->m);
+    if (llm_state_init(&s, j->m, 64, 7, false, err, sizeof err)) return strdup(err);
+    for (int pos = 0; pos < ex->n_prompt; pos += 7) {
+        int n = ex->n_prompt - pos < 7 ? ex->n_prompt - pos : 7;
+        if (llm_forward(j->m, &s, ex->tokens + pos, n, pos, &logits, err, sizeof err)) return strdup(err);
+    }
+    for (int i = 0; i < ex->n_greedy; i++) {
+        j->greedy[i] = fixture_argmax(logits, (int)vocab);
+        if (i + 1 < ex->n_greedy &&
+            llm_forward(j->m, &s, &j->greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err))
+            return strdup(err);
+    }
+    llm_state_free(&s, j->m);
+    return NULL;
+}
+
+/* Each dense family's fixture split in two on the cpu reference, its ranks run as two threads: rank 0's logits against
+ * Hugging Face (test_models.c's 1e-4 of the largest logit) and against the whole model on the same device (1e-5: see
+ * test_split_matches), its greedy tokens exactly. This checks the shares themselves (rows and columns, the KV head
+ * replicated, biases on the right ranks, fused projections cut in three) wherever the tests run. */
+static void test_split_on_cpu(void **state)
+{
+    (void)state;
+    pair_dev = llm_device_cpu;
+    pair_ops = llm_ref_ops;
+    pair_ops.all_reduce = pair_all_reduce;
+    pair_dev.ops = &pair_ops;
+    pair_dev.tp_unique_id = pair_id;
+    const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
+                           "phi3-window", "gemma2"};
+    for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
+        fixture_expected ex;
+        fixture_load_expected(&ex, names[f]);
+        char err[1024] = "";
+        llm_model whole, m[2];
+        llm_load_options lo = {.device = "cpu"};
+        assert_int_equal(llm_model_load(&whole, ex.dir, &lo, err, sizeof err), 0);
+        pair_job jobs[2];
+        for (int r = 0; r < 2; r++) {
+            llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = 2}};
+            int rc = llm_model_load(&m[r], ex.dir, &lr, err, sizeof err);
+            if (rc) print_error("%s rank %d: %s\n", names[f], r, err);
+            assert_int_equal(rc, 0);
+            assert_int_equal(m[r].split.size, 2);
+            jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = &ex, .logits = malloc(ex.n_logits * sizeof(float))};
+            assert_non_null(jobs[r].logits);
+        }
+        assert_int_equal(m[0].config.num_attention_heads * 2, whole.config.num_attention_heads);
+        pair_sum = malloc((size_t)ex.n_tokens * whole.config.hidden_size * sizeof *pair_sum); /* the largest call's */
+        assert_non_null(pair_sum);
+        pthread_barrier_init(&pair_barrier, NULL, 2);
+        pthread_t t[2];
+        for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&t[r], NULL, pair_run, &jobs[r]), 0);
+        for (int r = 0; r < 2; r++) {
+            void *failed = NULL;
+            pthread_join(t[r], &failed);
+            if (failed) print_error("%s rank %d: %s\n", names[f], r, (char *)failed);
+            assert_null(failed);
+        }
+        pthread_barrier_destroy(&pair_barrier);
+        float *one = malloc(ex.n_logits * sizeof *one);
+        int32_t g1[256];
+        assert_non_null(one);
+        pair_job w = {.rank = 0, .m = &whole, .ex = &ex, .logits = one};
+        assert_null(pair_run(&w)); /* alone: its all_reduce is the reference's identity, never called */
+        memcpy(g1, w.greedy, sizeof g1);
+        double hf = fixture_max_rel_error(jobs[0].logits, ex.logits, ex.n_logits);
+        double vs_whole = fixture_max_rel_error(jobs[0].logits, one, ex.n_logits);
+        double ranks = fixture_max_rel_error(jobs[1].logits, jobs[0].logits, ex.n_logits);
+        print_message("%s split in two on cpu: max |logit - HF| / max |HF| = %.3g, against the whole model %.3g, "
+                      "rank 1 against rank 0 %.3g\n", names[f], hf, vs_whole, ranks);
+        assert_true(hf <= 1e-4);
+        assert_true(vs_whole <= 1e-5);
+        assert_true(ranks == 0.0); /* both ranks' sums are the same numbers: the head is whole on each */
+        for (int i = 0; i < ex.n_greedy; i++) {
+            assert_int_equal(jobs[0].greedy[i], ex.greedy[i]);
+            assert_int_equal(jobs[1].greedy[i], ex.greedy[i]);
+            assert_int_equal(g1[i], ex.greedy[i]);
+        }
+        free(pair_sum), free(one), free(jobs[0].logits), free(jobs[1].logits);
+        llm_model_free(&m[0]), llm_model_free(&m[1]), llm_model_free(&whole);
+        fixture_free_expected(&ex);
+    }
+}
+
+/* Two GPUs and a build that can group them (NCCL), or the test is skipped. */
+static void two_gpus_or_skip(void)
+{
+    const llm_device *cuda = llm_device_find("cuda");
+    char why[256] = "";
+    if (!cuda || !cuda->probe(why, sizeof why) || !cuda->instances || cuda->instances() < 2 || !cuda->tp_unique_id) {
+        print_message("skipped: fewer than two usable GPUs here%s%s\n", why[0] ? ": " : "", why);
+        skip();
+    }
+    unsigned char id[LLM_TP_ID_BYTES];
+    char err[512] = "";
+    if (cuda->tp_unique_id(id, err, sizeof err)) {
+        print_message("skipped: %s\n", err);
+        skip();
+    }
+    setenv("LLM_TP_EXE", "build/llm-run", 0); /* the workers: this test's binary is not llm-run */
+}
+
+/* Each dense family's fixture split over two GPUs. Against Hugging Face: the tolerance of test_models.c (1e-4 of the
+ * largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
+ * (fixtures are F32 checkpoints); the split only regroups sums: o's and down's dot products (at most 160 terms) are
+ * summed as two halves plus one f32 add in NCCL, a reordering whose rounding is a few ulp of the terms' magnitude,
+ * about 1e-6 of the logits through four layers, so 1e-5 leaves a margin of ten and still catches a lost or doubled
+ * share (a bias added twice, a head missing: errors of the logits' own size). Greedy tokens exactly. */
+static void test_split_matches(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
+    /* Llama (GQA, tied), Llama 3 (one KV head: replicated), Qwen3 (q/k norms), Qwen2 (q/k/v biases), Mistral (its
+     * own head_dim), Phi-3 (fused q/k/v and gate/up, partial rotary), Gemma 2 (post norms, soft-caps) */
+    const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
+                           "phi3-window", "gemma2"};
+    for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
+        fixture_expected ex;
+        fixture_load_expected(&ex, names[f]);
+        float *one = NULL, *two = NULL;
+        int32_t g1[256], g2[256];
+        llm_device_counters c1 = {0}, c2 = {0};
+        run_model(&ex, "cuda:0", &one, g1, &c1);
+        run_model(&ex, "cuda:0,1", &two, g2, &c2);
+        size_t count = ex.n_logits;
+        double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
+        print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g; %zu graph replays\n",
+                      names[f], hf, vs_one, c2.graph_replays);
+        assert_true(hf <= 1e-4);
+        assert_true(vs_one <= 1e-5);
+        for (int i = 0; i < ex.n_greedy; i++) {
+            if (g2[i] != ex.greedy[i]) print_error("%s: token %d is %d, HF says %d\n", names[f], i, g2[i], ex.greedy[i]);
+            assert_int_equal(g2[i], ex.greedy[i]);
+            assert_int_equal(g2[i], g1[i]);
+        }
+        /* the all-reduce between the products: the persistent step is cut, the kernel-per-op graph replays */
+        assert_int_equal(c2.persistent_steps, 0);
+        assert_true(c2.graph_replays > 0);
+        free(one), free(two);
+        fixture_free_expected(&ex);
+    }
+}
+
+/* What does not split is refused in one line by every rank, none left waiting for the others. */
+static void test_refused_before_join(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    /* the split is refused on rank 1 (and on rank 0) before any rank joins: one line, no hang */
+    llm_model m;
+    llm_load_options lo = {.device = "cuda:0,1", .quant = LLM_DTYPE_Q8_0};
+    char err[1024] = "";
+    assert_int_equal(llm_tp_load(&m, ex.dir, &lo, err, sizeof err), -1);
+    assert_non_null(strstr(err, "block-quantized weights do not split yet"));
+    fixture_free_expected(&ex);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_shares),  cmocka_unit_test(test_split_refused),
+        cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
+        cmocka_unit_test(test_split_on_cpu),
+        cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
