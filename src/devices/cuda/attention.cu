@@ -43,58 +43,26 @@ typedef struct {
 #define DEC_MAX_HEADS 8
 #define DEC_MAX_SPLITS 8 /* a portable cluster */
 
-/* A lane's DPL values of a row (f32 q, or cache elements E read as f32): with DPL a multiple of CH (4, or 8 for a
- * 16-bit cache: 16 bytes of the cache a load either way), chunk c of CH values at dimension (c * lpg + j) * CH for
- * lane j of its group of lpg (so the lanes of a group read neighbouring 16-byte pieces: no shared-memory bank
- * conflicts); else DPL consecutive values at j * DPL. Zero at and past hd. */
-template <int DPL, int CH>
+/* A lane's DPL values of a row (f32 q, or cache elements E read as f32): with DPL a multiple of 4, float4 chunk c at dimension (c * lpg + j) * 4 for lane j
+ * of its group of lpg (so the lanes of a group read neighbouring 16-byte pieces: no shared-memory bank conflicts);
+ * else DPL consecutive floats at j * DPL. Zero at and past hd. */
+template <int DPL>
 __device__ __forceinline__ int lane_dim(int e, int j, int lpg)
 {
-    if constexpr (DPL % CH == 0) return ((e / CH) * lpg + j) * CH + e % CH;
+    if constexpr (DPL % 4 == 0) return ((e >> 2) * lpg + j) * 4 + (e & 3);
     return j * DPL + e;
 }
 
-/* Two 16-bit elements of type E, packed in a word, as f32. */
-template <typename E> __device__ __forceinline__ float2 unpack_pair(unsigned w)
+template <int DPL, typename E>
+__device__ __forceinline__ void lane_load(float (&r)[DPL], const E *row, int j, int lpg, int hd)
 {
-    if constexpr (std::is_same<E, __half>::value)
-        return __half22float2(*(const __half2 *)&w);
-    else
-        return __bfloat1622float2(*(const __nv_bfloat162 *)&w);
-}
-
-/* CH values of a row from dimension d (a multiple of CH): 16-bit elements eight at a time where the rows are 16-byte
- * aligned (wide: head_dim and so every row offset a multiple of 8), else four at a time (hd is a multiple of 4). An
- * 8-byte load of 16-bit elements halves the bytes in flight a load: TinyLlama's shape at depth 4,096 decoded 8 %
- * slower on an F16 cache than on f32 with them (docs/quantization.md). */
-template <int CH, typename E>
-__device__ __forceinline__ void load_chunk(float *r, const E *row, int d, int hd, bool wide)
-{
-    if constexpr (CH == 8 && sizeof(E) == 2) {
-        if (wide && d + 8 <= hd) {
-            const uint4 u = *(const uint4 *)(row + d);
-            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+    if constexpr (DPL % 4 == 0) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const float2 f = unpack_pair<E>(w[i]);
-                r[2 * i] = f.x, r[2 * i + 1] = f.y;
-            }
-            return;
+        for (int e = 0; e < DPL; e += 4) {
+            int d = lane_dim<DPL>(e, j, lpg);
+            float4 v = d + 4 <= hd ? llm_cuda_kv_load4(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            r[e] = v.x, r[e + 1] = v.y, r[e + 2] = v.z, r[e + 3] = v.w;
         }
-    }
-#pragma unroll
-    for (int s = 0; s < CH; s += 4) {
-        const float4 v = d + s + 4 <= hd ? llm_cuda_kv_load4(row + d + s) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        r[s] = v.x, r[s + 1] = v.y, r[s + 2] = v.z, r[s + 3] = v.w;
-    }
-}
-
-template <int DPL, int CH, typename E>
-__device__ __forceinline__ void lane_load(float (&r)[DPL], const E *row, int j, int lpg, int hd, bool wide)
-{
-    if constexpr (DPL % CH == 0) {
-#pragma unroll
-        for (int e = 0; e < DPL; e += CH) load_chunk<CH>(r + e, row, lane_dim<DPL, CH>(e, j, lpg), hd, wide);
     } else {
         if constexpr (DPL == 2 && std::is_same<E, float>::value) {
             if (j * 2 + 2 <= hd) {
@@ -107,10 +75,6 @@ __device__ __forceinline__ void lane_load(float (&r)[DPL], const E *row, int j, 
         for (int e = 0; e < DPL; e++) r[e] = j * DPL + e < hd ? llm_cuda_kv_f32(row[j * DPL + e]) : 0.0f;
     }
 }
-
-/* The values a lane holds at a time from a cache of type T: a 16-byte load's (4 of f32, 8 of a 16-bit type) where
- * its DPL values make whole chunks of them. */
-template <int DPL, typename T> __device__ constexpr int lane_chunk() { return sizeof(T) == 2 && DPL % 8 == 0 ? 8 : 4; }
 
 /* This call's own row (f32 k or v) as a read of the cache of type T would give it back: a device reads what it
  * stored (ops.h), not the value before rounding. */
@@ -231,9 +195,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     T *const k_cache = (T *)a.k_cache, *const v_cache = (T *)a.v_cache;
     constexpr int DEC_WARPS = W, DEC_THREADS = W * 32;
     extern __shared__ float4 smem4[];
-    constexpr int CH = lane_chunk<DPL, T>();
     const int hd = a.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, HPB = a.heads_per_block;
-    const bool wide = hd % 8 == 0; /* every row (and kv_s's staged one) starts 16-byte aligned */
     const int lpg = 32 / HPB, hl = lane / lpg, jl = lane - hl * lpg;
     const int kvh = blockIdx.x / a.head_blocks, hb = blockIdx.x % a.head_blocks;
     const int h0 = kvh * a.group + hb * HPB;
@@ -297,7 +259,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
     float q[DPL], acc[DPL], m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int e = 0; e < DPL; e++) q[e] = acc[e] = 0.0f;
-    if (active) lane_load<DPL, CH>(q, a.q + ((size_t)i * a.n_heads + h0 + hl) * hd, jl, lpg, hd, wide);
+    if (active) lane_load(q, a.q + ((size_t)i * a.n_heads + h0 + hl) * hd, jl, lpg, hd);
     __syncthreads(); /* the staged rows */
     /* NR rows per warp and round, their loads issued together: more of them when a lane holds few floats. The
      * staged rows first, indexed from the shared array itself so that they compile to shared-memory loads (a pointer
@@ -309,8 +271,8 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r0 + r * DEC_WARPS < staged) {
-                lane_load<DPL, CH>(kk[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS), jl, lpg, hd, wide);
-                lane_load<DPL, CH>(vv[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS) + hd, jl, lpg, hd, wide);
+                lane_load(kk[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS), jl, lpg, hd);
+                lane_load(vv[r], kv_s + 2 * hd * (r0 + r * DEC_WARPS) + hd, jl, lpg, hd);
             }
         decode_rows<DPL, NR>(q, kk, vv, min(NR, (staged - r0 + DEC_WARPS - 1) / DEC_WARPS), m, l, acc, lpg, a.scale,
                              a.softcap);
@@ -323,18 +285,16 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
             if (row < t_end) {
                 bool fresh = a.n == 1 && row == p;
                 if constexpr (std::is_same<T, float>::value) {
-                    const size_t at = ring_row(row, a.ctx) * a.kv_dim + kv_off;
-                    lane_load<DPL, CH>(kk[r], fresh ? k_i : k_cache + at, jl, lpg, hd, wide);
-                    lane_load<DPL, CH>(vv[r], fresh ? v_i : v_cache + at, jl, lpg, hd, wide);
+                    lane_load(kk[r], fresh ? k_i : k_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                    lane_load(vv[r], fresh ? v_i : v_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
                 } else if (fresh) {
-                    lane_load<DPL, CH>(kk[r], k_i, jl, lpg, hd, wide);
-                    lane_load<DPL, CH>(vv[r], v_i, jl, lpg, hd, wide);
+                    lane_load(kk[r], k_i, jl, lpg, hd);
+                    lane_load(vv[r], v_i, jl, lpg, hd);
                     round_lane<T>(kk[r]);
                     round_lane<T>(vv[r]);
                 } else {
-                    const size_t at = ring_row(row, a.ctx) * a.kv_dim + kv_off;
-                    lane_load<DPL, CH>(kk[r], k_cache + at, jl, lpg, hd, wide);
-                    lane_load<DPL, CH>(vv[r], v_cache + at, jl, lpg, hd, wide);
+                    lane_load(kk[r], k_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
+                    lane_load(vv[r], v_cache + ring_row(row, a.ctx) * a.kv_dim + kv_off, jl, lpg, hd);
                 }
             }
         }
@@ -347,7 +307,7 @@ __global__ void __maxnreg__(DPL <= 8 ? 80 : 128) attn_decode_kernel(const __grid
         if (jl == 0) wm[warp * DEC_MAX_HEADS + hl] = m, wl[warp * DEC_MAX_HEADS + hl] = l;
 #pragma unroll
         for (int e = 0; e < DPL; e++) {
-            const int d = lane_dim<DPL, CH>(e, jl, lpg);
+            const int d = lane_dim<DPL>(e, jl, lpg);
             if (d < hd) wacc[(warp * HPB + hl) * hd + d] = acc[e];
         }
     }
