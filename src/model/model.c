@@ -196,6 +196,21 @@ static int place_owned(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype, 
     return 0;
 }
 
+/* A pre-quantized matrix converted to blocks of dtype (bytes of them, owned here) placed as w, counted: the op's device
+ * asked to take the format first (unless experts go to the host device). */
+static int place_prequant_blocks(llm_model *m, llm_weight *w, void *blocks, llm_dtype dtype, size_t bytes, llm_op op,
+                                 const char *name, char *err, size_t err_len)
+{
+    if (!m->placing && llm_runtime_require(&m->rt, op, dtype, NULL, err, err_len)) {
+        free(blocks);
+        return -1;
+    }
+    if (place_blocks(m, w, blocks, dtype, name, err, err_len)) return -1;
+    m->weight_bytes += bytes;
+    m->pq_count[w->dtype]++;
+    return 0;
+}
+
 /* A linear of a pre-quantized checkpoint (config.json's quantization_config). Into a block format the device's
  * products take when that holds every value exactly (4-bit groups of 32 or more: (q - zero) in int8 under the
  * group's f16 scale is Q8_0, and Q4_0 when every q - zero is in -8..7; FP8 whose columns are whole blocks of 128:
@@ -241,13 +256,7 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
                 free(q8);
                 blocks = q4, dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
             }
-            if (!m->placing && llm_runtime_require(&m->rt, op, dtype, NULL, err, err_len)) {
-                free(blocks);
-                return -1;
-            }
-            if (place_blocks(m, w, blocks, dtype, name, err, err_len)) return -1;
-            m->weight_bytes += bytes;
-            m->pq_count[w->dtype]++;
+            if (place_prequant_blocks(m, w, blocks, dtype, bytes, op, name, err, err_len)) return -1;
             goto release;
         }
         free(q8); /* not exact (or no memory for it): dequantized below */
@@ -258,13 +267,7 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
         size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_F8_B128, rows, cols);
         void *f8 = bytes ? malloc(bytes) : NULL;
         if (f8 && llm_pq_convert(&p, LLM_DTYPE_F8_E4M3_B128, f8, threads, NULL) == 0) {
-            if (!m->placing && llm_runtime_require(&m->rt, op, LLM_DTYPE_F8_E4M3_B128, NULL, err, err_len)) {
-                free(f8);
-                return -1;
-            }
-            if (place_blocks(m, w, f8, LLM_DTYPE_F8_E4M3_B128, name, err, err_len)) return -1;
-            m->weight_bytes += bytes;
-            m->pq_count[w->dtype]++;
+            if (place_prequant_blocks(m, w, f8, LLM_DTYPE_F8_E4M3_B128, bytes, op, name, err, err_len)) return -1;
             goto release;
         }
         free(f8); /* a NaN, a block of two scales (weight_block_size under 128), or no memory: dequantized below */

@@ -27,15 +27,20 @@ static inline int round_away(float v)
 
 static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+static float block_amax(const float *x, int n)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    return amax;
+}
+
 /* ---- Q8_0 ---- */
 
 static void quantize_q8_0(void *dst, const float *x, size_t n)
 {
     llm_block_q8_0 *y = dst;
     for (size_t b = 0; b < n / LLM_QK8_0; b++, x += LLM_QK8_0) {
-        float amax = 0.0f;
-        for (int j = 0; j < LLM_QK8_0; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        float d = amax / 127.0f;
+        float d = block_amax(x, LLM_QK8_0) / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[b].d = llm_f32_to_f16(d);
         for (int j = 0; j < LLM_QK8_0; j++) y[b].qs[j] = (int8_t)round_away(x[j] * id);
@@ -258,9 +263,7 @@ static void quantize_f8(void *dst, const float *x, size_t n)
 {
     llm_block_f8 *y = dst;
     for (size_t b = 0; b < n / LLM_QK_F8; b++, x += LLM_QK_F8) {
-        float amax = 0.0f;
-        for (int j = 0; j < LLM_QK_F8; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        float d = amax / 448.0f;
+        float d = block_amax(x, LLM_QK_F8) / 448.0f;
         y[b].d = d;
         for (int j = 0; j < LLM_QK_F8; j++) y[b].qs[j] = llm_f32_to_fp8_e4m3(d != 0.0f ? x[j] / d : 0.0f);
     }
