@@ -133,6 +133,9 @@ typedef struct llm_device {
     int (*tp_unique_id)(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
     /* Optional: how many of this device the machine has (GPUs: cuda:0 .. cuda:N-1); NULL: one. */
     int (*instances)(void);
+    /* Optional: how instances a and b reach each other's memory (GPUs: peer access, NVLink or PCIe), one phrase into
+     * buf, for `llm-run devices`. NULL: the device has nothing to say. */
+    void (*link)(int a, int b, char *buf, size_t len);
 } llm_device;
 
 #endif

@@ -369,4 +369,5 @@ extern "C" const llm_device llm_device_cuda = {
     LLM_DTYPE_F16,
     cuda_tp_unique_id,
     cuda_instances,
+    cuda_link,
 };

@@ -4,6 +4,8 @@
  * (make LLM_NCCL=0) the device is always a group of one. */
 #include "device_internal.cuh"
 
+#include <dlfcn.h>
+
 #ifdef LLM_HAVE_NCCL
 #include <nccl.h>
 static_assert(sizeof(ncclUniqueId) == LLM_TP_ID_BYTES, "llm_tp_group.id holds an ncclUniqueId");
@@ -30,6 +32,59 @@ int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_l
              "GPU a model");
     return -1;
 #endif
+}
+
+/* NVLinks active on the GPU at PCI bus id `bus`, asked of the driver's NVML; -1 when NVML cannot say. NVML is opened
+ * at run time: it comes with the driver, not the toolkit, and a machine without it still runs models. Its calls are
+ * declared here as nvml.h declares them (the toolkit here ships no nvml.h): handles are pointers, results and link
+ * states ints (0: success, 1: a link active). */
+static int nvlinks_active(void *nvml, const char *bus)
+{
+    typedef int (*by_bus_fn)(const char *, void **);
+    typedef int (*state_fn)(void *, unsigned, int *);
+    by_bus_fn by_bus = (by_bus_fn)dlsym(nvml, "nvmlDeviceGetHandleByPciBusId_v2");
+    state_fn state = (state_fn)dlsym(nvml, "nvmlDeviceGetNvLinkState");
+    void *gpu = NULL;
+    if (!by_bus || !state || by_bus(bus, &gpu) != 0) return -1;
+    int active = 0;
+    for (unsigned link = 0; link < 18; link++) { /* NVML_NVLINK_MAX_LINKS: 18 since Hopper */
+        int on = 0;
+        if (state(gpu, link, &on) == 0 && on == 1) active++;
+    }
+    return active;
+}
+
+/* How GPUs a and b are linked (device.h): peer access as CUDA reports it, and NVLink when both GPUs have active
+ * links (on a machine with NVSwitch every pair is then linked through it). */
+void cuda_link(int a, int b, char *buf, size_t len)
+{
+    int peer = 0, rank = 0;
+    char bus_a[32] = "", bus_b[32] = "";
+    if (cudaDeviceCanAccessPeer(&peer, a, b) != cudaSuccess ||
+        cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, a, b) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus_a, sizeof bus_a, a) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus_b, sizeof bus_b, b) != cudaSuccess) {
+        snprintf(buf, len, "unknown (%s)", cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    int links_a = -1, links_b = -1;
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    typedef int (*void_fn)(void);
+    void_fn init = nvml ? (void_fn)dlsym(nvml, "nvmlInit_v2") : NULL;
+    void_fn shutdown = nvml ? (void_fn)dlsym(nvml, "nvmlShutdown") : NULL;
+    if (init && shutdown && init() == 0) {
+        links_a = nvlinks_active(nvml, bus_a), links_b = nvlinks_active(nvml, bus_b);
+        shutdown();
+    }
+    if (nvml) dlclose(nvml);
+    const char *path = links_a < 0 || links_b < 0 ? "NVLink unknown (no NVML)"
+                       : links_a > 0 && links_b > 0 ? "NVLink"
+                                                    : "PCIe (no active NVLink)";
+    if (links_a > 0 && links_b > 0)
+        snprintf(buf, len, "%s (%d and %d links active), peer access %s, performance rank %d", path, links_a, links_b,
+                 peer ? "yes" : "no", rank);
+    else
+        snprintf(buf, len, "%s, peer access %s, performance rank %d", path, peer ? "yes" : "no", rank);
 }
 
 /* Join the group of opt (after cudaSetDevice): blocks until every rank has joined. A group of one joins nothing. */
