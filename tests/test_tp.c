@@ -122,7 +122,7 @@ static void test_host_device_refused(void **state)
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
 static void run_model(const fixture_expected *ex, const char *device, float **logits_out, int32_t *greedy,
-                      llm_device_counters *counters)
+                      llm_device_counters *counters, char *describe, size_t describe_len)
 {
     llm_model m;
     llm_load_options lo = {.device = device};
@@ -151,6 +151,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
             assert_int_equal(llm_forward(&m, &s, &greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err), 0);
     }
     if (m.rt.dev->counters) m.rt.dev->counters(counters);
+    if (describe) m.rt.dev->describe(describe, describe_len);
     llm_state_free(&s, &m);
     llm_model_free(&m);
 }
@@ -401,9 +402,26 @@ static void test_split_matches(void **state)
         float *one = NULL, *two = NULL;
         int32_t g1[256], g2[256];
         llm_device_counters c1 = {0}, c2 = {0};
-        run_model(&ex, "cuda:0", &one, g1, &c1);
-        run_model(&ex, "cuda:0,1", &two, g2, &c2);
+        char d2[1024], d3[1024];
+        run_model(&ex, "cuda:0", &one, g1, &c1, NULL, 0);
+        run_model(&ex, "cuda:0,1", &two, g2, &c2, d2, sizeof d2);
         size_t count = ex.n_logits;
+        /* the same through NCCL at every size: two ranks' sums are one add, in the same order, so bit-identical */
+        float *nccl = NULL;
+        int32_t g3[256];
+        llm_device_counters c3 = {0};
+        setenv("LLM_CUDA_ALL_REDUCE", "nccl", 1); /* read by each rank's device as it opens */
+        run_model(&ex, "cuda:0,1", &nccl, g3, &c3, d3, sizeof d3);
+        unsetenv("LLM_CUDA_ALL_REDUCE");
+        if (f == 0) print_message("all-reduce on 2 GPUs: %s; with LLM_CUDA_ALL_REDUCE=nccl: %s\n",
+                                  strstr(d2, "all-reduce:"), strstr(d3, "all-reduce:"));
+        char link[256] = "";
+        const llm_device *cuda = llm_device_find("cuda");
+        if (cuda->link) cuda->link(0, 1, link, sizeof link);
+        if (strstr(link, "peer access yes")) assert_non_null(strstr(d2, "all-reduce: one-shot"));
+        assert_non_null(strstr(d3, "all-reduce: NCCL"));
+        assert_memory_equal(nccl, two, count * sizeof *two);
+        free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g; %zu graph replays\n",
                       names[f], hf, vs_one, c2.graph_replays);
