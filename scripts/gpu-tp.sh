@@ -6,6 +6,7 @@
 #         two-GPU decode with NCCL at every size and under each of NCCL's protocols; `compare` of the split model
 #         against blas; per-op profiles of a 512-token prompt and of decode, on one GPU and on two
 #   big   Llama-2-70B's shape cut to BIG_LAYERS layers (default 40: ~69 GB, one H200 holds it) on one GPU and on two
+# PROTOS (default "LL LL128": NCCL_PROTO values to time) and COMPARE=0 (no compare) shorten the 7b stage.
 # Results under OUT (default /tmp/llm-run-tp). NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's
 # machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...). Each run is bounded (timeout)
 # so that one hang does not take the rest.
@@ -16,12 +17,11 @@ M=$MODELS/llama-2-7b; L=${BIG_LAYERS:-40}; BIG=$MODELS/llama-2-70b-${L}l
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-if has 7b && [ ! -f "$M/model.safetensors" ]; then
-    python3 scripts/make-random-checkpoint.py --shape llama-2-7b --out "$M" --dtype bf16 > "$OUT/ckpt.txt" 2>&1 &
-elif has big && [ ! -f "$BIG/model.safetensors" ]; then
-    python3 scripts/make-random-checkpoint.py --shape llama-2-70b --layers "$L" --out "$BIG" --dtype bf16 \
-        > "$OUT/ckpt.txt" 2>&1 &
-fi
+# made on the CPU (CUDA_VISIBLE_DEVICES empty), so that the GPUs' timings are not disturbed
+has 7b && [ ! -f "$M/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scripts/make-random-checkpoint.py \
+    --shape llama-2-7b --out "$M" --dtype bf16 > "$OUT/ckpt.txt" 2>&1 &
+has big && [ ! -f "$BIG/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scripts/make-random-checkpoint.py \
+    --shape llama-2-70b --layers "$L" --out "$BIG" --dtype bf16 > "$OUT/ckpt-big.txt" 2>&1 &
 make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "$@" build/llm-run build/tests/test_tp > "$OUT/build.txt" 2>&1 || {
     tail -20 "$OUT/build.txt"; exit 1; }
 grep -q 1 build/nccl-flag || echo "warning: built without NCCL (set NCCL_HOME): only test_tp's CPU part runs"
@@ -38,13 +38,15 @@ if has 7b; then
     run one-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --device cuda -p 0 -n 128 --tg-after 512 -r 3
     run two.txt build/llm-run bench "$M" --tp 2 $B
     run two-nccl.txt env LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
-    for proto in LL LL128; do
+    for proto in ${PROTOS:-LL LL128}; do
         echo "NCCL_PROTO=$proto, NCCL at every size"
         run "two-nccl-$proto.txt" env NCCL_PROTO=$proto LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$M" --tp 2 \
             -p 0 -n 128 --tg-after 512 -r 3
     done
-    run compare.txt build/llm-run compare "$M" --device cuda:0,1 --ref blas -p 24 -n 8
-    grep -E "top-1|greedy|PASS|FAIL" "$OUT/compare.txt"
+    if [ "${COMPARE:-1}" = 1 ]; then
+        run compare.txt build/llm-run compare "$M" --device cuda:0,1 --ref blas -p 24 -n 8
+        grep -E "top-1|greedy|PASS|FAIL" "$OUT/compare.txt"
+    fi
     for d in one two; do
         [ $d = one ] && dev="--device cuda" || dev="--tp 2"
         timeout 300 build/llm-run "$M" $dev --tokens "$prompt" -n 64 --ignore-eos --temp 0 --profile \

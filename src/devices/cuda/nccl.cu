@@ -143,6 +143,7 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
         mine.ok = 0, why = cudaGetErrorString(cudaGetLastError());
     if (cudaMemcpy(d_cards + size, &mine, sizeof mine, cudaMemcpyHostToDevice) == cudaSuccess &&
         ncclAllGather(d_cards + size, d_cards, sizeof mine, ncclChar, comm, llm_cuda.stream) == ncclSuccess &&
+        cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess && /* the device's stream does not block on memcpy's */
         cudaMemcpy(all, d_cards, (size_t)size * sizeof *all, cudaMemcpyDeviceToHost) == cudaSuccess) {
         for (int j = 0; j < size && mine.ok; j++) {
             int reach = 0;
@@ -164,6 +165,7 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
     /* every rank takes the same path, or the first call would wait forever */
     if (cudaMemcpy(d_ok, &mine.ok, sizeof mine.ok, cudaMemcpyHostToDevice) == cudaSuccess &&
         ncclAllReduce(d_ok, d_ok, 1, ncclInt, ncclMin, comm, llm_cuda.stream) == ncclSuccess &&
+        cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess &&
         cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok)
         oneshot = true;
     cudaGetLastError();
