@@ -1,5 +1,7 @@
 /* Tensor parallelism: the split's arithmetic (src/model/split.h) on every machine; a model split over two GPUs (one
  * process each, src/tp.c) against Hugging Face and against one GPU, where two GPUs are here (skipped otherwise). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -16,6 +21,7 @@
 #include "model/model.h"
 #include "model/split.h"
 #include "ops/ref.h"
+#include "support/cli_run.h"
 #include "support/fixture_util.h"
 #include "tp.h"
 
@@ -119,13 +125,15 @@ static void test_host_device_refused(void **state)
     fixture_free_expected(&ex);
 }
 
+static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
+
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
 static void run_model(const fixture_expected *ex, const char *device, float **logits_out, int32_t *greedy,
                       llm_device_counters *counters, char *describe, size_t describe_len)
 {
     llm_model m;
-    llm_load_options lo = {.device = device};
+    llm_load_options lo = {.device = device, .tp_listen = run_listen};
     char err[1024] = "";
     int rc = llm_tp_load(&m, ex->dir, &lo, err, sizeof err);
     if (rc) print_error("%s: %s\n", device, err);
@@ -364,6 +372,61 @@ static void test_compare_split(void **state)
     fixture_free_expected(&ex);
 }
 
+/* ---- across hosts: the rendezvous over TCP (--tp-listen, tp-worker --connect) ----
+ * What can be checked without GPUs: the worker's arguments, and a worker that reaches something other than an llm-run
+ * rank 0 says so in one line and exits 1 (a server thread here answers with the wrong bytes). */
+static void *wrong_server(void *arg)
+{
+    int lfd = *(int *)arg;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd >= 0) {
+        char junk[512];
+        memset(junk, 'x', sizeof junk); /* as long as a hello, but not one */
+        ssize_t w = write(fd, junk, sizeof junk);
+        (void)w;
+        char back[64];
+        ssize_t r = read(fd, back, sizeof back); /* until the worker hangs up */
+        (void)r;
+        close(fd);
+    }
+    return NULL;
+}
+
+static void test_worker_connect_errors(void **state)
+{
+    (void)state;
+    cli_run_result r;
+    assert_int_equal(cli_run(&r, "tp-worker --connect 127.0.0.1:70000"), 1);
+    assert_non_null(strstr(r.err, "--connect 127.0.0.1:70000: expected [HOST:]PORT with PORT 0 to 65535"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "tp-worker --connect 127.0.0.1:5000 --device cuda:x"), 1);
+    assert_non_null(strstr(r.err, "--device cuda:x: expected cuda or cuda:N"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "tp-worker --connect"), 1);
+    assert_non_null(strstr(r.err, "llm-run tp-worker --connect HOST:PORT"));
+    cli_run_free(&r);
+    /* --tp-listen needs a group to wait for */
+    assert_int_equal(cli_run(&r, "tests/fixtures/models/llama-gqa-tied --tp-listen 5000 -n 1 -p hi"), 1);
+    assert_non_null(strstr(r.err, "--tp-listen 5000: give the group's size too"));
+    cli_run_free(&r);
+
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &len), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wrong_server, &lfd), 0);
+    int status = cli_run(&r, "tp-worker --connect 127.0.0.1:%d --device cuda:1", ntohs(a.sin_port));
+    pthread_join(t, NULL);
+    close(lfd);
+    assert_int_equal(status, 1);
+    assert_non_null(strstr(r.err, "no llm-run rank 0 of this version answered there"));
+    cli_run_free(&r);
+}
+
 /* Two GPUs and a build that can group them (NCCL), or the test is skipped. */
 static void two_gpus_or_skip(void)
 {
@@ -440,6 +503,51 @@ static void test_split_matches(void **state)
     }
 }
 
+/* Two processes on one machine joined as across hosts: rank 0 here listens on a free port, the other rank is
+ * `llm-run tp-worker --connect` started apart (as by hand or mpirun, before rank 0 listens: it retries). The split
+ * model's logits equal those of the split started by rank 0 itself (the same kernels on the same GPUs: 1e-6 of the
+ * largest logit leaves room only for a reordered sum), greedy tokens exact. */
+static void test_split_across_hosts(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(probe, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(probe, (struct sockaddr *)&a, &len), 0);
+    close(probe); /* a free port, for a moment */
+    char where[32], port[16];
+    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    snprintf(where, sizeof where, "127.0.0.1:%s", port);
+    fflush(NULL);
+    pid_t worker = fork();
+    if (worker == 0) {
+        execl(LLM_RUN, LLM_RUN, "tp-worker", "--connect", where, "--device", "cuda:1", (char *)NULL);
+        _exit(127);
+    }
+    assert_true(worker > 0);
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen3");
+    float *spawned = NULL, *joined = NULL;
+    int32_t g1[256], g2[256];
+    llm_device_counters c1 = {0}, c2 = {0};
+    run_listen = port;
+    run_model(&ex, "cuda:0,1", &joined, g2, &c2, NULL, 0);
+    run_listen = NULL;
+    int status = -1;
+    assert_int_equal(waitpid(worker, &status, 0), worker);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0); /* told to stop when rank 0 was done */
+    run_model(&ex, "cuda:0,1", &spawned, g1, &c1, NULL, 0);
+    double diff = fixture_max_rel_error(joined, spawned, ex.n_logits);
+    assert_true(diff <= 1e-6);
+    assert_memory_equal(g1, g2, (size_t)ex.n_greedy * sizeof *g1);
+    print_message("qwen3 split over two processes joined over TCP (port %s): against the split started by rank 0 "
+                  "%.3g\n", port, diff);
+    free(spawned), free(joined);
+    fixture_free_expected(&ex);
+}
+
 /* What does not split is refused in one line by every rank, none left waiting for the others. */
 static void test_refused_before_join(void **state)
 {
@@ -462,7 +570,9 @@ int main(void)
         cmocka_unit_test(test_split_shares),  cmocka_unit_test(test_split_refused),
         cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
         cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_compare_split),
+        cmocka_unit_test(test_worker_connect_errors),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
+        cmocka_unit_test(test_split_across_hosts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
