@@ -123,7 +123,7 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads)
             }
         if (count > 1 && dev->tp_unique_id)
             fprintf(out, "  %d GPUs: --tp %d (or --device %s:0,1,...) splits a model over them, a process each, "
-                    "summed by NCCL\n", count, count, name);
+                    "summed through peer memory or NCCL\n", count, count, name);
     }
     if (measure) {
         /* A decode step only reads weights: its ceiling is the read bandwidth, with one thread and with all. */
