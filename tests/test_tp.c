@@ -193,6 +193,16 @@ static int pair_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
     return 0;
 }
 
+/* The cpu device whose all_reduce sums two threads' x (pair_all_reduce): the ranks' device in these tests. */
+static void pair_device_make(void)
+{
+    pair_dev = llm_device_cpu;
+    pair_ops = llm_ref_ops;
+    pair_ops.all_reduce = pair_all_reduce;
+    pair_dev.ops = &pair_ops;
+    pair_dev.tp_unique_id = pair_id;
+}
+
 typedef struct {
     int rank;
     llm_model *m;
@@ -237,11 +247,7 @@ static void *pair_run(void *arg)
 static void test_split_on_cpu(void **state)
 {
     (void)state;
-    pair_dev = llm_device_cpu;
-    pair_ops = llm_ref_ops;
-    pair_ops.all_reduce = pair_all_reduce;
-    pair_dev.ops = &pair_ops;
-    pair_dev.tp_unique_id = pair_id;
+    pair_device_make();
     const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
                            "phi3-window", "gemma2"};
     for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
@@ -324,11 +330,7 @@ static void *compare_run(void *arg)
 static void test_compare_split(void **state)
 {
     (void)state;
-    pair_dev = llm_device_cpu;
-    pair_ops = llm_ref_ops;
-    pair_ops.all_reduce = pair_all_reduce;
-    pair_dev.ops = &pair_ops;
-    pair_dev.tp_unique_id = pair_id;
+    pair_device_make();
     fixture_expected ex;
     fixture_load_expected(&ex, "qwen3"); /* q/k norms per head: shares of normalised heads */
     char err[1024] = "";
