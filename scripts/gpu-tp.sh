@@ -1,11 +1,12 @@
 #!/bin/bash
-# Tensor parallelism on a machine with two NVIDIA GPUs (issue 33). Stages (STAGES, default "test 7b"):
+# Tensor parallelism on a machine with two (or four) NVIDIA GPUs (issue 33). Stages (STAGES, default "test 7b"):
 #   test  build with NCCL, `llm-run devices` (the GPUs and their link), test_tp (fixtures split over two GPUs against
 #         Hugging Face and one GPU, the one-shot all-reduce against NCCL's)
 #   7b    a Llama-2-7B-shaped checkpoint (random BF16) on one GPU and on two: decode tg128 after 512 and pp512; the
 #         two-GPU decode with NCCL at every size and under each of NCCL's protocols; `compare` of the split model
 #         against blas; per-op profiles of a 512-token prompt and of decode, on one GPU and on two
-#   big   Llama-2-70B's shape cut to BIG_LAYERS layers (default 40: ~69 GB, one H200 holds it) on one GPU and on two
+#   big   Llama-2-70B's shape cut to BIG_LAYERS layers (default 40: ~69 GB, one H200 holds it) on one GPU, on two
+#         and, where four are, on four
 # PROTOS (default "LL LL128": NCCL_PROTO values to time) and COMPARE=0 (no compare) shorten the 7b stage.
 # Results under OUT (default /tmp/llm-run-tp). NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's
 # machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...). Each run is bounded (timeout)
@@ -59,6 +60,7 @@ if has big; then
     run big-one.txt build/llm-run bench "$BIG" --device cuda $B
     run big-two.txt build/llm-run bench "$BIG" --tp 2 $B
     run big-two-nccl.txt env LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$BIG" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
+    [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && run big-four.txt build/llm-run bench "$BIG" --tp 4 $B
     timeout 300 build/llm-run "$BIG" --tp 2 --tokens "$prompt" -n 32 --ignore-eos --temp 0 --profile \
         > "$OUT/big-profile-two.txt" 2>&1
     grep -E "^(prefill|decode):|all_reduce|matmul|outside" "$OUT/big-profile-two.txt"
