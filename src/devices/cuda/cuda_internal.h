@@ -72,6 +72,8 @@ struct llm_cuda_ctx {
     int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
                             that fit */
     int step_stages;     /* the ring stages of the last persistent step launched (describe) */
+    int step_slots_used; /* tensor parallelism: summed products (tp_sum) of the step's programs so far, so that each
+                            program's take the step slots after them (nccl.cu) */
     int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
@@ -421,10 +423,21 @@ typedef struct {
     int kv_dim;
     int cache_type;     /* the caches' element type: LLM_DTYPE_F32, F16 or BF16 */
     float *resid;       /* EPI_ADD: resid += out */
+    /* Tensor parallelism: the one matrix's out is this rank's part of a product whose parts the group's ranks sum
+     * before the epilogue (all_reduce(out), then EPI_ADD's add): the persistent step sums them in its epilogue
+     * (nccl.cu's step slots); issued op by op, an all-reduce between the product and the add. */
+    int tp_sum;
     int pdl_early;      /* set by the launcher */
     llm_cuda_tl *tl;    /* set by the launcher */
     int q_lanes;        /* set by the launcher: block formats' threads per group of rows (gemv.cu) */
 } llm_cuda_gemv;
+
+/* Tensor parallelism inside the persistent step (nccl.cu): each rank's box (device pointers, in device memory), the
+ * offset of the step's slots in a box (floats), this rank and the group's size; false when the group has none (one
+ * GPU, or GPUs without peer access). A step slot holds a row from each rank of one summed product (tp_sum). */
+constexpr int STEP_SUM_SLOTS = 256;  /* summed products a step: two a layer */
+constexpr int STEP_SUM_ROWS = 16384; /* a summed product's rows at most */
+bool cuda_tp_step_slots(float *const **boxes, size_t *slots_at, int *rank, int *size);
 
 /* Can a one-token product with w run as a GEMV (x staged in shared memory)? The first for 16-bit and f32 weights;
  * the second for any dtype (block formats also stage x rounded to 8 bits). */

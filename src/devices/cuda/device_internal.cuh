@@ -188,6 +188,11 @@ int cuda_tp_size(void);
 int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
 void cuda_link(int a, int b, char *buf, size_t len);
 const char *cuda_tp_path(void);
+/* The group's sum of x in place on the stream (one-shot or NCCL), without the op's bookkeeping. */
+void cuda_tp_all_reduce(float *x, size_t count);
+/* all_reduce(x) right after the product that wrote x, while a one-token step is recorded: the pending product takes
+ * the sum into its epilogue (tp_sum) and true; false when it cannot (the op then runs as an all-reduce). */
+bool pending_product_takes_sum(float *x, size_t count);
 int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len);
 void cuda_tp_close(void);
 void op_all_reduce(float *x, size_t count);

@@ -53,6 +53,7 @@ int cuda_step_begin(const void *key, int n_tokens)
     flush_pending();
     g.step_tokens = n_tokens;
     g.step_programs = 0;
+    llm_cuda.step_slots_used = 0;
     if (!g.use_graphs || g.capturing) return 0;
     settle_all();
     int slot = -1;

@@ -19,7 +19,8 @@ static int tp_size = 1, tp_rank = 0;
 
 /* The one-shot all-reduce's boxes: each rank's own (box[tp_rank]) and the others' as mapped here. A box holds two
  * slots (a call's parity: a rank may run one call ahead of another, never two) of a row from each rank, then one flag
- * a rank (the last call whose row that rank has written here) and this rank's count of calls. */
+ * a rank (the last call whose row that rank has written here) and this rank's count of calls, then the persistent
+ * step's slots (step.cu, tp_sum): STEP_SUM_SLOTS summed products a step, a row from each rank, EMPTY until written. */
 constexpr int ONESHOT_MAX = 16384; /* floats a call: 64 KB, a hidden row of 16,384 */
 constexpr int ONESHOT_THREADS = 1024;
 struct oneshot_boxes {
@@ -30,7 +31,14 @@ static oneshot_boxes boxes;
 static bool oneshot;
 
 static __host__ __device__ size_t box_floats(int size) { return (size_t)2 * size * ONESHOT_MAX; }
-static size_t box_bytes(int size) { return box_floats(size) * sizeof(float) + (size_t)(size + 1) * 8; }
+/* floats from a box's start to its slots: past the flags, rounded to 16 bytes */
+[[maybe_unused]] static size_t slots_at(int size) { return (box_floats(size) + (size_t)(size + 1) * 2 + 3) / 4 * 4; }
+[[maybe_unused]] static size_t slots_floats(int size) { return (size_t)STEP_SUM_SLOTS * size * STEP_SUM_ROWS; }
+[[maybe_unused]] static size_t box_bytes(int size) { return (slots_at(size) + slots_floats(size)) * sizeof(float); }
+static float **d_boxes; /* boxes.box in device memory, for the persistent step */
+/* The persistent step sums through the boxes' slots only where every rank's step has as many blocks: each block then
+ * finishes the same tiles in the same order on every rank, so no two wait on each other. */
+static bool step_slots;
 
 int cuda_tp_size(void) { return tp_size; }
 
@@ -110,7 +118,7 @@ void cuda_link(int a, int b, char *buf, size_t len)
 /* What each rank tells the others when the group opens: its box and its GPU. */
 struct box_card {
     cudaIpcMemHandle_t handle;
-    int gpu, ok;
+    int gpu, ok, sms;
 };
 
 /* Map every rank's box (oneshot on), or leave the sums to NCCL (oneshot off), as all ranks agree: a rank that
@@ -134,19 +142,23 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
         cudaFree(d_cards), free(all);
         return -1;
     }
-    mine.gpu = opt->index;
+    mine.gpu = opt->index, mine.sms = llm_cuda.sm_count;
     mine.ok = g.set.all_reduce_oneshot;
     if (!mine.ok) why = "LLM_CUDA_ALL_REDUCE=nccl";
     if (mine.ok && (cudaMalloc(&boxes.box[rank], box_bytes(size)) != cudaSuccess ||
                     cudaMemset(boxes.box[rank], 0, box_bytes(size)) != cudaSuccess ||
+                    cudaMemset(boxes.box[rank] + slots_at(size), 0xff, slots_floats(size) * sizeof(float)) !=
+                        cudaSuccess || /* EMPTY */
                     cudaIpcGetMemHandle(&mine.handle, boxes.box[rank]) != cudaSuccess))
         mine.ok = 0, why = cudaGetErrorString(cudaGetLastError());
     if (cudaMemcpy(d_cards + size, &mine, sizeof mine, cudaMemcpyHostToDevice) == cudaSuccess &&
         ncclAllGather(d_cards + size, d_cards, sizeof mine, ncclChar, comm, llm_cuda.stream) == ncclSuccess &&
         cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess && /* the device's stream does not block on memcpy's */
         cudaMemcpy(all, d_cards, (size_t)size * sizeof *all, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        step_slots = true;
         for (int j = 0; j < size && mine.ok; j++) {
             int reach = 0;
+            if (all[j].sms != mine.sms) step_slots = false;
             if (j == rank) continue;
             if (!all[j].ok) {
                 mine.ok = 0, why = "another rank cannot share its memory";
@@ -166,7 +178,9 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
     if (cudaMemcpy(d_ok, &mine.ok, sizeof mine.ok, cudaMemcpyHostToDevice) == cudaSuccess &&
         ncclAllReduce(d_ok, d_ok, 1, ncclInt, ncclMin, comm, llm_cuda.stream) == ncclSuccess &&
         cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess &&
-        cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok)
+        cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok &&
+        cudaMalloc(&d_boxes, sizeof boxes.box) == cudaSuccess &&
+        cudaMemcpy(d_boxes, boxes.box, sizeof boxes.box, cudaMemcpyHostToDevice) == cudaSuccess)
         oneshot = true;
     cudaGetLastError();
     if (!oneshot && rank == 0)
@@ -179,12 +193,14 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
 
 static void oneshot_close(void)
 {
+    if (d_boxes) cudaFree(d_boxes);
+    d_boxes = NULL;
     for (int j = 0; j < boxes.size; j++)
         if (j != boxes.rank && boxes.box[j]) cudaIpcCloseMemHandle(boxes.box[j]);
     if (boxes.size && boxes.box[boxes.rank]) cudaFree(boxes.box[boxes.rank]);
     cudaGetLastError();
     memset(&boxes, 0, sizeof boxes);
-    oneshot = false;
+    oneshot = step_slots = false;
 }
 
 __device__ __forceinline__ void store_release_system(unsigned long long *p, unsigned long long v)
@@ -247,6 +263,13 @@ __global__ void __launch_bounds__(ONESHOT_THREADS) oneshot_all_reduce(float *x, 
 }
 #endif
 
+bool cuda_tp_step_slots(float *const **boxes_out, size_t *at, int *rank, int *size)
+{
+    if (tp_size <= 1 || !oneshot || !d_boxes || !step_slots) return false;
+    *boxes_out = d_boxes, *at = slots_at(tp_size), *rank = tp_rank, *size = tp_size;
+    return true;
+}
+
 /* How this device sums across its group, for describe; "" alone. */
 const char *cuda_tp_path(void)
 {
@@ -290,28 +313,33 @@ void cuda_tp_close(void)
 }
 
 /* In f32: one-shot up to ONESHOT_MAX floats where the GPUs reach each other's memory, else NCCL (ring or tree;
- * NCCL_PROTO and NCCL_ALGO choose). Alone: x stays as it is. */
+ * NCCL_PROTO and NCCL_ALGO choose). */
+void cuda_tp_all_reduce(float *x, size_t count)
+{
+#ifdef LLM_HAVE_NCCL
+    if (oneshot && count <= (size_t)ONESHOT_MAX) {
+        oneshot_all_reduce<<<1, ONESHOT_THREADS, 0, llm_cuda.stream>>>(x, (int)count, boxes);
+        LLM_CUDA_LAUNCHED("all_reduce");
+        return;
+    }
+    ncclResult_t r = ncclAllReduce(x, x, count, ncclFloat, ncclSum, comm, llm_cuda.stream);
+    if (r != ncclSuccess)
+        llm_cuda_fail("all_reduce", "NCCL (rank %d of %d): %s", tp_rank, tp_size, ncclGetErrorString(r));
+#else
+    (void)x, (void)count;
+#endif
+}
+
+/* Alone: x stays as it is. In a recorded one-token step, the product before it sums its parts in the persistent
+ * step's epilogue. */
 void op_all_reduce(float *x, size_t count)
 {
     if (!g.initialized || g.failed || tp_size <= 1 || count == 0) return;
-#ifdef LLM_HAVE_NCCL
+    if (pending_product_takes_sum(x, count)) return;
     forget_split();
     flush_pending();
     settle(x, count * sizeof(float));
     written(x, count * sizeof(float));
-    if (oneshot && count <= (size_t)ONESHOT_MAX) {
-        oneshot_all_reduce<<<1, ONESHOT_THREADS, 0, llm_cuda.stream>>>(x, (int)count, boxes);
-        LLM_CUDA_LAUNCHED("all_reduce");
-        after_op("all_reduce");
-        return;
-    }
-    ncclResult_t r = ncclAllReduce(x, x, count, ncclFloat, ncclSum, comm, llm_cuda.stream);
-    if (r != ncclSuccess) {
-        llm_cuda_fail("all_reduce", "NCCL (rank %d of %d): %s", tp_rank, tp_size, ncclGetErrorString(r));
-        return;
-    }
+    cuda_tp_all_reduce(x, count);
     after_op("all_reduce");
-#else
-    (void)x;
-#endif
 }

@@ -88,8 +88,12 @@ void cuda_plan_group(llm_group *grp)
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_QUANT);
         cut_persist(LLM_REFUSE_PERSIST_QUANT, "quantized weights");
     }
-    /* several GPUs: each layer's two all-reduces sit between the products whose phases the kernel would chain */
-    if (cuda_tp_size() > 1 && (grp->ask & LLM_FUSE_PERSIST)) {
+    /* several GPUs: each layer's two all-reduces sit between the products whose phases the kernel chains; it sums
+     * them in the products' epilogues through the GPUs' slots (nccl.cu), where the GPUs reach each other's memory */
+    float *const *boxes;
+    size_t at;
+    int rank, size;
+    if (cuda_tp_size() > 1 && !cuda_tp_step_slots(&boxes, &at, &rank, &size) && (grp->ask & LLM_FUSE_PERSIST)) {
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_TP);
         cut_persist(LLM_REFUSE_PERSIST_TP, "tensor-parallel all-reduce between phases");
     }
@@ -144,14 +148,19 @@ static void launch_gemv(llm_cuda_gemv *job, const char *name)
 
 /* Launch what is recorded: as one persistent kernel when step.cu takes it (two ops or more: one alone runs as
  * fast on its own kernel, and the profiler times ops one by one), else each op as it would have launched. */
+static void launch_gemv_summed(const llm_cuda_gemv *job, const char *name);
+
 static void issue_program(void)
 {
     int n = g.prog_n;
     if (n == 0) return;
     g.prog_n = 0; /* taken: anything the launch below flushes finds nothing recorded */
     if (g.step_tokens == 1) g.step_programs++;
+    int summed = 0;
+    for (int i = 0; i < n; i++) summed += g.prog[i].kind == LLM_CUDA_STEP_GEMV && g.prog[i].gemv.tp_sum;
     if (n >= 2) {
         int ran = llm_cuda_step_launch(g.prog, n, g.capturing);
+        llm_cuda.step_slots_used += summed;
         if (ran == LLM_CUDA_STEP_UNAVAILABLE) g.persist = false; /* not tried again: kernel per op from now */
         if (ran == LLM_CUDA_STEP_RAN || ran == LLM_CUDA_STEP_RAN_NEW_TABLE) {
             if (ran == LLM_CUDA_STEP_RAN_NEW_TABLE) invalidate_graphs();
@@ -164,7 +173,9 @@ static void issue_program(void)
     }
     for (int i = 0; i < n; i++) {
         llm_cuda_step_op *o = &g.prog[i];
-        if (o->kind == LLM_CUDA_STEP_GEMV)
+        if (o->kind == LLM_CUDA_STEP_GEMV && o->gemv.tp_sum)
+            launch_gemv_summed(&o->gemv, o->name);
+        else if (o->kind == LLM_CUDA_STEP_GEMV)
             launch_gemv(&o->gemv, o->name);
         else if (o->kind == LLM_CUDA_STEP_POST_NORM_ADD)
             llm_cuda_rmsnorm_add(o->resid, o->y, &o->post_norm, 1, o->dim, o->post_eps, o->post_offset);
@@ -261,6 +272,31 @@ static void retire_pending(void)
     }
     launch_gemv(&job, name);
     after_op(name);
+}
+
+bool pending_product_takes_sum(float *x, size_t count)
+{
+    pending_t *P = &g.pend;
+    float *const *boxes;
+    size_t at;
+    int rank, size;
+    if (P->seq != g.group_seq || P->kind != PEND_GEMV || !records(P->fused) || P->logits || P->job.n_mats != 1 ||
+        P->job.epi != LLM_CUDA_EPI_NONE || P->job.tp_sum || P->mats[0].out != x || count != P->mats[0].w.rows ||
+        count > (size_t)STEP_SUM_ROWS || !cuda_tp_step_slots(&boxes, &at, &rank, &size))
+        return false;
+    P->job.tp_sum = 1; /* the add after it still joins its epilogue (op_add) */
+    return true;
+}
+
+/* A product whose parts the ranks sum (tp_sum), issued on its own: the product, the all-reduce, then its add. */
+static void launch_gemv_summed(const llm_cuda_gemv *job, const char *name)
+{
+    llm_cuda_gemv part = *job;
+    part.tp_sum = 0, part.epi = LLM_CUDA_EPI_NONE, part.resid = NULL;
+    launch_gemv(&part, name);
+    const size_t rows = (size_t)part.mats[0].rows;
+    cuda_tp_all_reduce(part.mats[0].out, rows);
+    if (job->epi == LLM_CUDA_EPI_ADD) llm_cuda_add(job->resid, job->resid, src_of(part.mats[0].out, rows), rows, "add");
 }
 
 /* Everything pending or recorded, launched in order. */

@@ -136,6 +136,8 @@ struct step_phase {
             step_vec post_out;
             const void *post_w;
             int post_dtype;
+            int tp_slot; /* tensor parallelism: > 0, the rows are this rank's part of a product the ranks sum in the
+                            epilogue through step slot tp_slot - 1 (tp_sum); 0 (calloc's) otherwise */
         };
     };
     const void *k_norm_w;
@@ -171,6 +173,9 @@ struct step_program {
     float *q_room;            /* heads of WIDE_HEAD: a block's query, WIDE_HEAD floats a block (else NULL) */
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
+    float *const *tp_boxes;   /* tensor parallelism: every rank's box (nccl.cu), its slots tp_slots_at floats in */
+    size_t tp_slots_at;
+    int tp_rank, tp_size;
 };
 
 /* The kernel exists only in the Hopper code (bulk copies, mbarriers, tensor maps); in the portable code it is a
@@ -1019,7 +1024,41 @@ __device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, 
     return e;
 }
 
-__device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, float sum, int pos)
+/* A row of a product the ranks sum (tensor parallelism): this rank's part y goes to every other rank's slot (a
+ * 4-byte store over NVLink or PCIe: the value is its own flag, EMPTY until written, as in the arena), the others'
+ * parts are awaited in this rank's slots, each slot set EMPTY again once read, and the parts are added in rank order,
+ * so that every rank holds the same sum. A slot is not written again before it is read: the next write to it is the
+ * same product of a later step, which every rank reaches only after every rank has passed this one. */
+__device__ float tp_sum(const step_program &prog, int slot, int row, float y)
+{
+    const int R = prog.tp_rank, N = prog.tp_size;
+    auto at = [&](int box, int from) {
+        return prog.tp_boxes[box] + prog.tp_slots_at + ((size_t)slot * N + from) * STEP_SUM_ROWS + row;
+    };
+    for (int j = 0; j < N; j++)
+        if (j != R) asm volatile("st.relaxed.sys.global.f32 [%0], %1;" ::"l"(at(j, R)), "f"(y) : "memory");
+    float sum = 0.0f;
+    for (int r = 0; r < N; r++) {
+        float v = y;
+        if (r != R) {
+            float *p = at(R, r);
+            unsigned long long t0 = 0, now;
+            asm volatile("ld.relaxed.sys.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+            while (is_empty(v)) { /* another process's step: it may start late; 30 s is a rank gone (trap) */
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+                if (!t0) t0 = now;
+                if (now - t0 > 30ull * 1000 * 1000 * 1000) __trap();
+                asm volatile("ld.relaxed.sys.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+            }
+            *p = __uint_as_float(EMPTY);
+        }
+        sum = r == 0 ? v : sum + v;
+    }
+    return sum;
+}
+
+__device__ void finish_tile(const step_program &prog, const step_phase &P, const tile_epi &e, int lane, float sum,
+                            int pos)
 {
     const step_mat &M = P.mats[e.m], &R = P.mats[e.mm];
     float y = sum + e.bias;
@@ -1032,6 +1071,7 @@ __device__ void finish_tile(const step_phase &P, const tile_epi &e, int lane, fl
         if (lane < 4) y = llm_cuda_gate(y, P.act) * up;
     }
     if (e.row < 0) return;
+    if (P.tp_slot > 0) y = tp_sum(prog, P.tp_slot - 1, e.row, y);
     if (R.cache) llm_cuda_kv_put(R.cache, R.cache_type, (size_t)pos * R.rows + e.row, y);
     put(R.out, (size_t)e.row, y);
     if (P.epi == LLM_CUDA_EPI_ADD) {
@@ -1125,7 +1165,7 @@ __device__ void signal(const step_program &prog, const step_phase *phases, tile_
         const bool last_of_phase = cur.u + (int)gridDim.x >= tab[cur.slot].units;
         if (!last_of_phase) advance();
         const float sum = sums.take(tile_it, lane);
-        finish_tile(tab[now.slot], e_now, lane, sum, pos);
+        finish_tile(prog, tab[now.slot], e_now, lane, sum, pos);
         if (last_of_phase) advance();
         if (prog.trace && lane == 0 && (cur.ph != now.ph)) trace_mark(prog, now.ph, 2);
     }
@@ -1373,6 +1413,7 @@ struct plan {
     int n_maps;
     bool q_room; /* an attention phase has heads of WIDE_HEAD (step_program.q_room) */
     float *room;
+    int tp_slots; /* summed products (tp_sum) so far: each its own step slot */
 };
 
 static bool same_positions(plan &pl, const int32_t *p)
@@ -1508,6 +1549,11 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_
     if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || !same_positions(pl, job.positions))) return false;
     if (job.epi == LLM_CUDA_EPI_SWIGLU && (job.n_mats != 2 || job.mats[0].rows % 4)) return false;
     if (job.epi == LLM_CUDA_EPI_ADD && job.n_mats != 1) return false;
+    if (job.tp_sum) { /* (pending_product_takes_sum: one matrix of at most STEP_SUM_ROWS rows) */
+        const int slot = llm_cuda.step_slots_used + pl.tp_slots++; /* numbered across the step's programs */
+        if (slot >= STEP_SUM_SLOTS) return false;
+        P.tp_slot = slot + 1;
+    }
     P.kind = PHASE_GEMV, P.cols = job.cols, P.dtype = job.dtype, P.n_mats = job.n_mats, P.epi = job.epi;
     P.act = job.act;
     P.eps = job.eps, P.inv_freq = job.inv_freq, P.head_dim = job.head_dim;
@@ -1739,6 +1785,8 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
     prog.q_room = pl.room;
+    if (pl.tp_slots && !cuda_tp_step_slots(&prog.tp_boxes, &prog.tp_slots_at, &prog.tp_rank, &prog.tp_size))
+        return LLM_CUDA_STEP_REFUSED;
     prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step")) return LLM_CUDA_STEP_REFUSED;
     cudaLaunchAttribute attr;
