@@ -73,7 +73,6 @@ struct llm_cuda_ctx {
                             that fit */
     int step_stages;     /* the ring stages of the last persistent step launched (describe) */
     int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
-    int moe_dec;         /* LLM_CUDA_MOE_DEC: one token's expert kernels (moe.cu; measurements) */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;

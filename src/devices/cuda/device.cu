@@ -139,8 +139,6 @@ static void cuda_settings_read(cuda_settings *s)
     s->owe = env_flag("LLM_CUDA_OWE", true);
     s->moe_pdl = env_int("LLM_CUDA_MOE_PDL", 2);
     if (s->moe_pdl < 0 || s->moe_pdl > 2) s->moe_pdl = 2;
-    s->moe_dec = env_int("LLM_CUDA_MOE_DEC", 1);
-    if (s->moe_dec < 0 || s->moe_dec > 4) s->moe_dec = 1;
     s->timeline = getenv("LLM_CUDA_TIMELINE");
     if (s->timeline && !*s->timeline) s->timeline = NULL;
 }
@@ -193,7 +191,6 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.pdl = g.set.pdl && llm_cuda.hopper_code;
     llm_cuda.pdl_early = g.set.pdl_early;
     llm_cuda.moe_pdl = llm_cuda.pdl ? g.set.moe_pdl : 0;
-    llm_cuda.moe_dec = g.set.moe_dec;
     llm_cuda.attn_simt = g.set.attn_simt;
     llm_cuda.dec_heads = g.set.dec_heads;
     llm_cuda.dec_warps = g.set.dec_warps;
