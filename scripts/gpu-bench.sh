@@ -56,9 +56,12 @@ if has build; then
     objs=$(find build/obj -name '*.o' ! -path build/obj/main.o ! -path 'build/obj/cmd_*.o' | sort)
     libs="${MAKEVARS[*]:+-L$LLM_DEPS_DIR/lib} $(pkg-config --libs jansson libpcre2-8 libzstd openblas argtable2 \
         libutf8proc 2>/dev/null || echo -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc)"
+    # NCCL where the build took it in (nccl.o calls it): the library llm-run was linked with
+    nccl=$(ldd build/llm-run 2>/dev/null | grep -o '/[^ ]*libnccl\.so[^ ]*' | head -1)
     cc -std=c11 -D_DEFAULT_SOURCE -O2 -Wall -Wextra -Isrc -I"$CUDA_HOME/include" -o build/gpu-bench-tool \
         scripts/gpu-bench-tool.c $objs $libs -fopenmp -lm -L"$CUDA_HOME/lib64" -Wl,-rpath,"$CUDA_HOME/lib64" \
-        -lcublas -lcudart -lstdc++ >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+        -lcublas -lcudart -lstdc++ ${nccl:+"$nccl" -Wl,-rpath,"${nccl%/*}"} >>"$OUT/build.log" 2>&1 ||
+        { tail -20 "$OUT/build.log"; exit 1; }
     echo "built" | tee -a "$summary"
 fi
 

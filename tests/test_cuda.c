@@ -774,7 +774,8 @@ static void test_moe_experts(void **state)
 {
     (void)state;
     cuda_or_skip();
-    /* n * top_k <= 128 takes the GEMV (a block per pair, the first of an expert's pairs doing them all); more, the
+    /* one token whose rows are whole 16-byte chunks: a warp a row (or a few rows) of one slot's expert; other
+     * n * top_k <= 128 takes the GEMV (a block per pair, the first of an expert's pairs doing them all); more, the
      * pairs grouped by expert on the device and tensor-core tiles per expert (x gathered and split first, then
      * pipelined, when rows are whole 16-byte chunks; a GEMV over the tiles for f32) */
     static const struct {
@@ -785,6 +786,7 @@ static void test_moe_experts(void **state)
     } cases[] = {
         {128, 8, 1, 768, 2048, LLM_DTYPE_BF16, false}, /* Qwen3-30B-A3B's gate and up, one token */
         {128, 8, 1, 2048, 768, LLM_DTYPE_BF16, false}, /* ... and its down */
+        {32, 4, 1, 77, 256, LLM_DTYPE_F16, true},      /* one token: short rows, 4 a warp, the last warp's part-way */
         {8, 2, 3, 96, 256, LLM_DTYPE_F16, true},       /* a few tokens sharing experts */
         {16, 4, 30, 77, 100, LLM_DTYPE_BF16, true},    /* rows odd, cols % 8 != 0: element-wise loads */
         {16, 4, 40, 77, 100, LLM_DTYPE_BF16, true},    /* ... batched: the tiles without the pipeline */

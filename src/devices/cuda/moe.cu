@@ -10,8 +10,9 @@
 
 /* The launch of a kernel that reads what the kernel before wrote (all of them here: scores, ids, the experts'
  * inputs): with programmatic dependent launch as llm_cuda.moe_pdl says (LLM_CUDA_MOE_PDL, measurements: 0 none,
- * 1 launched early but the next one not let in before this one ends, 2 as the GEMVs, LLM_CUDA_PDL_EARLY). *early is
- * the kernel's pdl_early argument. */
+ * 1 launched early but the next one not let in before this one ends, 2 as the GEMVs, LLM_CUDA_PDL_EARLY, except that
+ * one token's products let the next in after their wait at the earliest: experts_one_kernel). *early is the kernel's
+ * pdl_early argument. */
 static cudaLaunchConfig_t moe_launch_config(dim3 grid, dim3 block, size_t smem, cudaLaunchAttribute *attr, int *early)
 {
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(grid, block, smem, attr);
@@ -93,7 +94,7 @@ __global__ void route_kernel(int32_t *ids, float *weights, const float *scores, 
 void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule)
 {
     size_t per = (2 * (size_t)n_experts + (size_t)top_k) * sizeof(float);
-    int warps = ROUTE_MAX_WARPS;
+    int warps = n < ROUTE_MAX_WARPS ? n : ROUTE_MAX_WARPS; /* one token: one warp, not three more that leave */
     while (warps > 1 && (size_t)warps * per + 1024 > llm_cuda.smem_optin) warps--;
     if ((size_t)warps * per + 1024 > llm_cuda.smem_optin) {
         llm_cuda_fail("route", "%d experts do not fit a block's shared memory", n_experts);
@@ -418,10 +419,106 @@ template <typename WT, bool PAIR, int PASS> static void gemv_launch3(gv_args a, 
 {
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(GV_WARPS * 32), 0, &attr, &a.pdl_early);
+    if (a.n == 1 && a.pdl_early == 2) a.pdl_early = 1; /* one token's: never before the wait (experts_one_kernel) */
     if (vec)
         LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, true, PAIR, PASS>, a));
     else
         LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_gemv_kernel<WT, false, PAIR, PASS>, a));
+}
+
+/* ---------- experts, one token: a warp a row (or a few rows) of one slot's expert ---------- */
+
+/* One token's products (n == 1: its top_k ids distinct, as route chose them; rows of whole 16-byte chunks): block
+ * (x, j) takes rows of slot j's expert, a warp R consecutive rows of each of M matrices (gate and up with M == 2),
+ * and issues a step's loads, CPL chunks a lane and row, all at once: R * M * CPL loads in flight a lane (16 in
+ * Qwen3-30B-A3B's rows, which are one step). Many short warps rather than a few long loops: the registers of every
+ * SM stay full of loads, and a warp that ends makes room for the next block's (the GEMV over pairs above runs 12
+ * warps an SM through 4 steps each, the memory idle between steps). A lane's sum runs over chunks lane, lane + 32,
+ * ... in order, as experts_gemv_kernel's: the same bits. The next kernel is let in after the wait, never before:
+ * route is complete by then, and the down+combine kernel after this one reads the ids before its own wait. */
+#define ONE_WARPS 8 /* a block's (4: a decode step 1.4 % slower, "Mixture of experts, second pass") */
+
+template <typename WT, int M, int R, int CPL>
+__global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __grid_constant__ gv_args a)
+{
+    constexpr int EPC = 16 / sizeof(WT), NR = M * R;
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early);
+    const int lane = threadIdx.x & 31, j = blockIdx.y, rows = a.rows, cols = a.cols;
+    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+    if (r0 >= rows) return;
+    const int e = a.ids[j];
+    float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
+    if (e < 0 || e >= a.n_experts) { /* outside the table: NaN rows rather than a read out of bounds */
+        if (lane < R && r0 + lane < rows) {
+            out[r0 + lane] = NAN;
+            if (M == 2) out2[r0 + lane] = NAN;
+        }
+        return;
+    }
+    const WT *rowp[NR];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            rowp[m * R + r] =
+                (const WT *)(m == 0 ? a.tab[e].w : a.tab2[e].w) + (size_t)(r0 + r < rows ? r0 + r : r0) * cols;
+    const float *x = x_row(a, j);
+    const int chunks = cols / EPC;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int k = lane; k < chunks; k += 32 * CPL) {
+        uint4 wv[CPL][NR];
+#pragma unroll
+        for (int c = 0; c < CPL; c++)
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
+#pragma unroll
+        for (int c = 0; c < CPL; c++) {
+            if (k + 32 * c >= chunks) continue;
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] += mo_dot<WT>(wv[c][r], x + (size_t)(k + 32 * c) * EPC);
+        }
+    }
+    const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = r0 + r;
+        float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
+        if (lane != r || row >= rows) continue;
+        v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+        if (M == 2) {
+            u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+            out2[row] = u;
+            if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+        }
+        out[row] = v;
+    }
+}
+
+template <typename WT, int M, int R, int CPL> static void one_launch3(gv_args a)
+{
+    constexpr int warps = ONE_WARPS;
+    dim3 grid((unsigned)((a.rows + warps * R - 1) / (warps * R)), (unsigned)a.top_k);
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(32 * warps), 0, &attr, &a.pdl_early);
+    LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_one_kernel<WT, M, R, CPL>, a));
+}
+
+/* Rows of 6 chunks a lane or more (Qwen3-30B-A3B's gate and up: 8) take 8 a step, 16 loads a lane over one row of
+ * gate and up or two of one matrix; shorter rows (its down: 3) 4 a step over twice the rows. */
+template <typename WT> static void one_launch(const gv_args &a)
+{
+    const int per_lane = (a.cols / (int)(16 / sizeof(WT)) + 31) / 32;
+    if (a.tab2) {
+        if (per_lane >= 6) one_launch3<WT, 2, 1, 8>(a);
+        else one_launch3<WT, 2, 2, 4>(a);
+    } else {
+        if (per_lane >= 6) one_launch3<WT, 1, 2, 8>(a);
+        else one_launch3<WT, 1, 4, 4>(a);
+    }
 }
 
 /* One token's pairs are its top_k (distinct when route chose them): a pass of one; more tokens may share experts. */
@@ -429,6 +526,10 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
 {
     dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
     const bool one = a.n == 1 && !a.tiles;
+    if (one && vec) {
+        one_launch<WT>(a);
+        return;
+    }
     if (a.tab2 && one) gemv_launch3<WT, true, 1>(a, vec, grid);
     else if (a.tab2) gemv_launch3<WT, true, 4>(a, vec, grid);
     else if (one) gemv_launch3<WT, false, 1>(a, vec, grid);
@@ -436,69 +537,92 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
 }
 
 /* One token's down products and the combine after them (and the residual add after that) in one launch: a warp
- * takes an output row r, the rows r of the token's experts four slots at a time (16 loads in flight a lane, the same
- * chunks in the same order as experts_gemv_kernel, so y comes out the same bits), writes y[j, r] as the experts op
- * would, and sums weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is
- * top_k. */
+ * takes one output row r and GC_SLOTS slots of it (slots 4g to 4g + 3), G = ceil(top_k / 4) warps a row, RB rows a
+ * block. A warp finds its experts and issues its first loads before the wait on the kernel before: the ids are
+ * route's, complete once this kernel is let in, because a kernel between route and this one (the one-token products,
+ * experts_one_kernel and gemv_launch3) lets the next in only after its own wait, and a wait returns once everything
+ * before is complete; they are read through L2 (__ldcg), where an SM's L1 might still hold an earlier layer's. The
+ * table and the weights are not written in a step. (Measured: the weights read after the wait instead, a decode
+ * step 2.1 % slower, "Mixture of experts, second pass".) Each y[j, r] is summed as
+ * experts_gemv_kernel sums it (the same bits) and written as the experts op would; one thread a row then adds
+ * weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is top_k. */
+#define GC_SLOTS 4
+#define GC_MAX_WARPS 8 /* top_k up to 32; more: the two ops */
 template <typename WT, bool VEC>
-__global__ void __launch_bounds__(GV_WARPS * 32) experts_combine_kernel(const __grid_constant__ gv_args a,
-                                                                        const float *weights, float *sum_out,
-                                                                        float *resid)
+__global__ void __launch_bounds__(GC_MAX_WARPS * 32)
+    experts_combine_kernel(const __grid_constant__ gv_args a, const float *weights, float *sum_out, float *resid,
+                            int G)
 {
     constexpr int CPL = 4, EPC = 16 / sizeof(WT);
+    __shared__ float ys[GC_MAX_WARPS * GC_SLOTS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = warp % G, rb = warp / G;
+    const int RB = (blockDim.x >> 5) / G, r = blockIdx.x * RB + rb, cols = a.cols, chunks = cols / EPC;
+    const bool live = r < a.rows;
+    const WT *rowp[GC_SLOTS];
+    int es[GC_SLOTS];
+    uint4 wv[CPL][GC_SLOTS];
+    auto find = [&]() {
+#pragma unroll
+        for (int u = 0; u < GC_SLOTS; u++) {
+            const int j = g * GC_SLOTS + u, e = j < a.top_k ? __ldcg(a.ids + j) : -1;
+            es[u] = e >= 0 && e < a.n_experts ? e : -1;
+            rowp[u] = (const WT *)a.tab[es[u] >= 0 ? e : 0].w + (size_t)r * cols;
+        }
+    };
+    auto load = [&](int k) {
+#pragma unroll
+        for (int c = 0; c < CPL; c++)
+#pragma unroll
+            for (int u = 0; u < GC_SLOTS; u++)
+                if (es[u] >= 0 && k + 32 * c < chunks) wv[c][u] = __ldcs((const uint4 *)rowp[u] + k + 32 * c);
+    };
+    if (live) {
+        find();
+        if (VEC) load(lane);
+    }
     if (a.pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early == 1);
-    const int lane = threadIdx.x & 31, r = blockIdx.x * GV_WARPS + (threadIdx.x >> 5), cols = a.cols;
-    if (r >= a.rows) return;
-    const int chunks = cols / EPC;
-    float total = 0.0f;
-    for (int j0 = 0; j0 < a.top_k; j0 += 4) {
-        const WT *rowp[4];
-        bool ok[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int j = j0 + u, e = j < a.top_k ? a.ids[j] : -1;
-            ok[u] = e >= 0 && e < a.n_experts;
-            rowp[u] = ok[u] ? (const WT *)a.tab[e].w + (size_t)r * cols : (const WT *)a.tab[0].w;
-        }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+        float acc[GC_SLOTS] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (VEC) {
-            for (int k = lane; k < chunks; k += 32 * CPL) {
-                uint4 wv[CPL][4];
-#pragma unroll
-                for (int c = 0; c < CPL; c++)
-#pragma unroll
-                    for (int u = 0; u < 4; u++)
-                        if (ok[u] && k + 32 * c < chunks) wv[c][u] = __ldcs((const uint4 *)rowp[u] + k + 32 * c);
+            for (int k = lane; k < chunks;) {
 #pragma unroll
                 for (int c = 0; c < CPL; c++) {
                     if (k + 32 * c >= chunks) continue;
 #pragma unroll
-                    for (int u = 0; u < 4; u++)
-                        if (ok[u]) acc[u] += mo_dot<WT>(wv[c][u], x_row(a, j0 + u) + (size_t)(k + 32 * c) * EPC);
+                    for (int u = 0; u < GC_SLOTS; u++)
+                        if (es[u] >= 0)
+                            acc[u] +=
+                                mo_dot<WT>(wv[c][u], x_row(a, g * GC_SLOTS + u) + (size_t)(k + 32 * c) * EPC);
                 }
+                k += 32 * CPL;
+                if (k < chunks) load(k);
             }
         } else {
             for (int k = lane; k < cols; k += 32)
 #pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (ok[u]) acc[u] += llm_cuda_load(rowp[u], mo_dtype<WT>(), (size_t)k) * x_row(a, j0 + u)[k];
+                for (int u = 0; u < GC_SLOTS; u++)
+                    if (es[u] >= 0)
+                        acc[u] += llm_cuda_load(rowp[u], mo_dtype<WT>(), (size_t)k) * x_row(a, g * GC_SLOTS + u)[k];
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int j = j0 + u;
+        for (int u = 0; u < GC_SLOTS; u++) {
+            const int j = g * GC_SLOTS + u;
             if (j >= a.top_k) continue;
             float v = llm_cuda_warp_sum(acc[u]);
-            if (!ok[u])
+            if (es[u] < 0)
                 v = NAN; /* an id outside the table: NaN rather than a read out of bounds */
-            else if (a.tab[a.ids[j]].bias)
-                v += llm_cuda_load(a.tab[a.ids[j]].bias, a.bias_dtype, (size_t)r);
-            total = __fadd_rn(total, __fmul_rn(weights[j], v));
-            if (lane == 0) a.out[(size_t)j * a.rows + r] = v;
+            else if (a.tab[es[u]].bias)
+                v += llm_cuda_load(a.tab[es[u]].bias, a.bias_dtype, (size_t)r);
+            if (lane == 0) ys[warp * GC_SLOTS + u] = v, a.out[(size_t)j * a.rows + r] = v;
         }
     }
-    if (lane != 0) return;
+    __syncthreads();
+    if (!live || g != 0 || lane != 0) return;
+    float total = 0.0f;
+    for (int j = 0; j < a.top_k; j++)
+        total = __fadd_rn(total, __fmul_rn(weights[j], ys[(rb * G + j / GC_SLOTS) * GC_SLOTS + j % GC_SLOTS]));
     sum_out[r] = total;
     if (resid) resid[r] += total;
 }
@@ -826,18 +950,24 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
+    const int G = (top_k + GC_SLOTS - 1) / GC_SLOTS, RB = G >= GC_MAX_WARPS ? 1 : GC_MAX_WARPS / G;
+    if (G > GC_MAX_WARPS) { /* more slots than a block's warps take: the two ops */
+        llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
+        llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
+        return;
+    }
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + GV_WARPS - 1) / GV_WARPS)),
-                                               dim3(GV_WARPS * 32), 0, &attr, &a.pdl_early);
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + RB - 1) / RB)), dim3(32 * G * RB), 0, &attr,
+                                               &a.pdl_early);
     cudaError_t e;
     if (w0->dtype == LLM_DTYPE_BF16)
-        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid)
-                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, false>, a, weights, sum_out, resid);
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid, G)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, false>, a, weights, sum_out, resid, G);
     else if (w0->dtype == LLM_DTYPE_F16)
-        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, true>, a, weights, sum_out, resid)
-                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, false>, a, weights, sum_out, resid);
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, true>, a, weights, sum_out, resid, G)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<__half, false>, a, weights, sum_out, resid, G);
     else
-        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, true>, a, weights, sum_out, resid)
-                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, false>, a, weights, sum_out, resid);
+        e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, true>, a, weights, sum_out, resid, G)
+                : cudaLaunchKernelEx(&cfg, experts_combine_kernel<float, false>, a, weights, sum_out, resid, G);
     LLM_CUDA_CHECK("experts+combine", e);
 }
