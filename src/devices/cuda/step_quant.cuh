@@ -54,50 +54,25 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
     return x;
 }
 
-/* Tiles a stage holds: 1, or with whole rows (one stage a row) as many as fit CHUNK and the consumer threads, up to 4
- * (the producer's 32 lanes, a row each). */
-__device__ __forceinline__ int q_pack(int dtype, int cols)
-{
-    const int nb = cols / q_values(dtype), row = nb * q_bytes(dtype), chunks = nb * (q_quant_bytes(dtype) / 16);
-    int pk = 1;
-    if ((QRING & 8) && q_stage_blocks(dtype, cols) >= nb)
-        while (pk < 4 && 2 * pk * row <= CHUNK && 2 * pk * chunks <= CONSUMERS) pk *= 2;
-    return pk;
-}
-
-/* The producer's stages of a quantized phase, its tiles pk at a time (lane i copies row i % 8 of tile i / 8 of the
- * pack): stage k of each row is its blocks [k * per, + nbs), quants at the row's place in the slot and their scales
- * right after them. */
+/* The producer's stages of one tile of a quantized phase: stage k of each row is its blocks [k * per, + nbs), quants
+ * at the row's slot and their scales right after them. n: the tile's rows; row: this lane's, or NULL. */
 template <typename NEXT>
-__device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lane, NEXT &next_slot,
-                                                    uint64_t read_once)
+__device__ __forceinline__ void produce_quant_tile(const step_phase &P, const char *row, int n, int lane,
+                                                   NEXT &next_slot, uint64_t read_once)
 {
-    const int nb = P.cols / q_values(P.dtype), per = q_stage_blocks(P.dtype, P.cols), pk = q_pack(P.dtype, P.cols);
-    const int qb = q_quant_bytes(P.dtype), hb = q_bytes(P.dtype) - qb, q_row = nb * q_bytes(P.dtype);
-    const int j = lane / ROWS, dst = lane % ROWS * CHUNK + j * q_row;
-    for (int u = first_unit(P), units = P.units; u < units; u += pk * gridDim.x) {
-        const char *row = NULL;
-        if (j < pk && u + j * (int)gridDim.x < units) {
-            int m, t, mm;
-            unit_tile(P, u + j * gridDim.x, m, t);
-            const int mine = tile_row(P, m, t, lane % ROWS, mm);
-            if (mine >= 0) row = (const char *)P.mats[mm].w + (size_t)mine * q_row;
-        }
-        const uint32_t n = __popc(__ballot_sync(0xffffffffu, row != NULL));
-        for (int b0 = 0; b0 < nb; b0 += per) {
-            const int nbs = min(per, nb - b0);
-            const uint32_t quants = (uint32_t)(nbs * qb), scales = (uint32_t)(nbs * hb);
-            uint64_t *bar;
-            char *slot = next_slot(bar);
-            if (lane == 0) mbar_expect_tx(bar, (quants + scales) * n);
-            __syncwarp();
-            if (row && (QRING & 4) && nbs == nb) {
-                bulk_copy_hinted(slot + dst, row, quants + scales, bar, read_once);
-            } else if (row) {
-                bulk_copy_hinted(slot + dst, row + (size_t)b0 * qb, quants, bar, read_once);
-                bulk_copy_hinted(slot + dst + quants, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar,
-                                 read_once);
-            }
+    const int nb = P.cols / q_values(P.dtype), per = q_stage_blocks(P.dtype, P.cols);
+    const int qb = q_quant_bytes(P.dtype), hb = q_bytes(P.dtype) - qb;
+    for (int b0 = 0; b0 < nb; b0 += per) {
+        const int nbs = min(per, nb - b0);
+        const uint32_t quants = (uint32_t)(nbs * qb), scales = (uint32_t)(nbs * hb);
+        uint64_t *bar;
+        char *slot = next_slot(bar);
+        if (lane == 0) mbar_expect_tx(bar, (quants + scales) * n);
+        __syncwarp();
+        if (row) {
+            bulk_copy_hinted(slot + lane * CHUNK, row + (size_t)b0 * qb, quants, bar, read_once);
+            bulk_copy_hinted(slot + lane * CHUNK + quants, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar,
+                             read_once);
         }
     }
 }
@@ -177,27 +152,18 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
 {
     typedef qfmt<QT> F;
     const int warp = ct >> 5, lane = ct & 31, cols = P.cols;
-    const int nb = cols / F::VALUES, per = q_stage_blocks(QT, cols), pk = q_pack(QT, cols);
-    /* the threads of tile j of the pack (part of them), in groups of span threads that each dot every chunk of
-     * 2^lg of its rows */
-    const int part = CONSUMERS / pk, j = ct / part;
-    int span = part, lg = 3;
-    if (QRING & 2)
-        while (span > 32 && span / 2 >= per * F::CPB) span /= 2, lg--;
-    const int c = ct % part & (span - 1), g = ct % part / span;
+    const int nb = cols / F::VALUES, per = q_stage_blocks(QT, cols);
     float acc[ROWS] = {};
-    for (int u = first_unit(P), units = P.units; u < units; u += pk * gridDim.x) {
-        const int tiles = min(pk, (units - u + (int)gridDim.x - 1) / (int)gridDim.x);
+    for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         for (int b0 = 0; b0 < nb; b0 += per) {
             const int nbs = min(per, nb - b0), slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
-            if (j < tiles && c < nbs * F::CPB) {
-                const char *stage = ring + (size_t)slot * STAGE + j * nb * (F::QB + F::HEAD);
-                const char *quants = stage + c * 16, *scales = stage + nbs * F::QB + c / F::CPB * F::HEAD;
-                const int k = b0 * F::CPB + c; /* the chunk's index in the row */
+            if (ct < nbs * F::CPB) {
+                const char *stage = ring + (size_t)slot * STAGE;
+                const char *quants = stage + ct * 16, *scales = stage + nbs * F::QB + ct / F::CPB * F::HEAD;
+                const int k = b0 * F::CPB + ct; /* the chunk's index in the row */
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
-                    if (r >> lg != g) continue;
                     const uint4 q = *(const uint4 *)(quants + r * CHUNK);
                     uint4 h = make_uint4(0, 0, 0, 0);
                     if (QT == LLM_DTYPE_Q4_K)
@@ -211,12 +177,7 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
             if (lane == 0) mbar_arrive(&empty[slot]);
             it++;
         }
-        for (int jj = 0; jj < tiles; jj++) {
-            float mine[ROWS];
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) mine[r] = jj == j ? acc[r] : 0.0f;
-            sums.put(tile_it++, warp, lane, warp_sum8(mine, lane));
-        }
+        sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
     }
