@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "compare.h"
 #include "devices/registry.h"
 #include "model/model.h"
 #include "model/split.h"
@@ -121,7 +122,7 @@ static void test_host_device_refused(void **state)
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
 static void run_model(const fixture_expected *ex, const char *device, float **logits_out, int32_t *greedy,
-                      llm_device_counters *counters)
+                      llm_device_counters *counters, char *describe, size_t describe_len)
 {
     llm_model m;
     llm_load_options lo = {.device = device};
@@ -150,6 +151,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
             assert_int_equal(llm_forward(&m, &s, &greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err), 0);
     }
     if (m.rt.dev->counters) m.rt.dev->counters(counters);
+    if (describe) m.rt.dev->describe(describe, describe_len);
     llm_state_free(&s, &m);
     llm_model_free(&m);
 }
@@ -289,6 +291,79 @@ static void test_split_on_cpu(void **state)
     }
 }
 
+/* llm-run compare with a split model as the device under test: each rank compares itself against a whole model on
+ * cpu (the two make the same forward calls, as compare's steps depend only on logits both ranks share). Rank 0's
+ * per-head and intermediate buffers are the leading part of the whole's rows, so every trace point and the logits
+ * must agree; rank 1's shares are other heads and its trace verdict is not looked at. */
+typedef struct {
+    int rank;
+    llm_model *ref, *dev;
+    const fixture_expected *ex;
+    llm_compare_result res;
+    char err[512];
+    int rc;
+} compare_job;
+
+static void *compare_run(void *arg)
+{
+    compare_job *j = arg;
+    pair_rank = j->rank;
+    llm_compare_options opt = {.chunk = 5, .n_generate = 8, .tol = 1e-5, .trace_tol = 1e-5};
+    j->rc = llm_compare_run(j->ref, j->dev, j->ex->tokens, j->ex->n_prompt, &opt, &j->res, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void test_compare_split(void **state)
+{
+    (void)state;
+    pair_dev = llm_device_cpu;
+    pair_ops = llm_ref_ops;
+    pair_ops.all_reduce = pair_all_reduce;
+    pair_dev.ops = &pair_ops;
+    pair_dev.tp_unique_id = pair_id;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen3"); /* q/k norms per head: shares of normalised heads */
+    char err[1024] = "";
+    llm_model whole[2], m[2];
+    compare_job jobs[2];
+    for (int r = 0; r < 2; r++) {
+        llm_load_options lo = {.device = "cpu"};
+        llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = 2}};
+        assert_int_equal(llm_model_load(&whole[r], ex.dir, &lo, err, sizeof err), 0);
+        assert_int_equal(llm_model_load(&m[r], ex.dir, &lr, err, sizeof err), 0);
+        jobs[r] = (compare_job){.rank = r, .ref = &whole[r], .dev = &m[r], .ex = &ex};
+    }
+    pair_sum = malloc((size_t)ex.n_tokens * whole[0].config.hidden_size * sizeof *pair_sum);
+    assert_non_null(pair_sum);
+    pthread_barrier_init(&pair_barrier, NULL, 2);
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&t[r], NULL, compare_run, &jobs[r]), 0);
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    pthread_barrier_destroy(&pair_barrier);
+    const llm_compare_result *res = &jobs[0].res;
+    if (jobs[0].rc) print_error("%s\n", jobs[0].err);
+    assert_int_equal(jobs[0].rc, 0);
+    assert_int_equal(jobs[1].rc, 0);
+    print_message("qwen3 split in two against the whole model (compare): logits rel %.3g, first divergence %s, "
+                  "greedy %d/%d\n", res->logits_rel, res->diverged ? res->first_point : "none", res->greedy_agree,
+                  res->greedy_total);
+    assert_false(res->diverged);
+    assert_true(res->pass);
+    assert_int_equal(res->top1_agree, res->positions);
+    assert_int_equal(res->greedy_agree, 8);
+    /* the shares were compared, not skipped: q's point holds a difference measured against non-zero values */
+    bool saw_q = false;
+    for (int p = 0; p < res->n_points; p++)
+        if (!strcmp(res->point[p], "q")) saw_q = res->cell[p].max_ref > 0.0;
+    assert_true(saw_q);
+    for (int r = 0; r < 2; r++) {
+        llm_compare_result_free(&jobs[r].res);
+        llm_model_free(&m[r]), llm_model_free(&whole[r]);
+    }
+    free(pair_sum);
+    fixture_free_expected(&ex);
+}
+
 /* Two GPUs and a build that can group them (NCCL), or the test is skipped. */
 static void two_gpus_or_skip(void)
 {
@@ -327,9 +402,26 @@ static void test_split_matches(void **state)
         float *one = NULL, *two = NULL;
         int32_t g1[256], g2[256];
         llm_device_counters c1 = {0}, c2 = {0};
-        run_model(&ex, "cuda:0", &one, g1, &c1);
-        run_model(&ex, "cuda:0,1", &two, g2, &c2);
+        char d2[1024], d3[1024];
+        run_model(&ex, "cuda:0", &one, g1, &c1, NULL, 0);
+        run_model(&ex, "cuda:0,1", &two, g2, &c2, d2, sizeof d2);
         size_t count = ex.n_logits;
+        /* the same through NCCL at every size: two ranks' sums are one add, in the same order, so bit-identical */
+        float *nccl = NULL;
+        int32_t g3[256];
+        llm_device_counters c3 = {0};
+        setenv("LLM_CUDA_ALL_REDUCE", "nccl", 1); /* read by each rank's device as it opens */
+        run_model(&ex, "cuda:0,1", &nccl, g3, &c3, d3, sizeof d3);
+        unsetenv("LLM_CUDA_ALL_REDUCE");
+        if (f == 0) print_message("all-reduce on 2 GPUs: %s; with LLM_CUDA_ALL_REDUCE=nccl: %s\n",
+                                  strstr(d2, "all-reduce:"), strstr(d3, "all-reduce:"));
+        char link[256] = "";
+        const llm_device *cuda = llm_device_find("cuda");
+        if (cuda->link) cuda->link(0, 1, link, sizeof link);
+        if (strstr(link, "peer access yes")) assert_non_null(strstr(d2, "all-reduce: one-shot"));
+        assert_non_null(strstr(d3, "all-reduce: NCCL"));
+        assert_memory_equal(nccl, two, count * sizeof *two);
+        free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g; %zu graph replays\n",
                       names[f], hf, vs_one, c2.graph_replays);
@@ -369,7 +461,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_shares),  cmocka_unit_test(test_split_refused),
         cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
-        cmocka_unit_test(test_split_on_cpu),
+        cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_compare_split),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
