@@ -1779,7 +1779,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.params.cache));
     /* items (heads of 256: of group heads, and a step's splits weighted by an item's work, splits_at) */
     P.group = hd == WIDE_HEAD ? group_of(G) : 1;
-    const int most = most_splits(), weight = P.group * hd / 64 > 1 ? P.group * hd / 64 : 1;
+    const int most = most_splits(), weight = hd == WIDE_HEAD ? P.group * hd / 64 : 1;
     if (pl.most_splits && (pl.most_splits != most || pl.split_weight != weight)) return false; /* one count a step */
     pl.most_splits = most, pl.split_weight = weight;
     P.units = op.heads / P.group * most;
