@@ -1262,24 +1262,6 @@ static void test_persistent_step(void **state)
             if (strcmp(splits[k][0], "4") == 0) assert_shorter_rings_match(fixtures[f], plain, n, splits[k]);
             free(graphs), free(plain);
         }
-        /* heads of 256 (4 on one KV head) in attention items of 1 and 2 heads too, not only the default 4 */
-        const char *groups[] = {"1", "2"};
-        for (size_t k = 0; strcmp(fixtures[f], "gemma3-hd256") == 0 && k < sizeof groups / sizeof *groups; k++) {
-            setenv("LLM_CUDA_PERSIST_GROUP", groups[k], 1);
-            setenv("LLM_CUDA_PERSIST_SPLITS", "4", 1);
-            setenv("LLM_CUDA_PERSIST_SPLIT_SCALE", "4", 1);
-            float *plain = decode_run_with(fixtures[f], "cuda", "0", "1", "1", &vocab, &n_plain);
-            unsetenv("LLM_CUDA_PERSIST_GROUP");
-            unsetenv("LLM_CUDA_PERSIST_SPLITS");
-            unsetenv("LLM_CUDA_PERSIST_SPLIT_SCALE");
-            double e_kernels = rel_error(plain, kernels, n), e_cpu = rel_error(plain, cpu, n);
-            print_message("%s, items of %s heads: %zu persistent launches; vs the kernel-per-op step %.2g, vs cpu %.2g\n",
-                          fixtures[f], groups[k], n_plain, e_kernels, e_cpu);
-            assert_int_equal(n_plain, DECODE_STEPS);
-            assert_true(e_kernels < 1e-5); /* as above */
-            assert_true(e_cpu < 1e-4);
-            free(plain);
-        }
         free(kernels), free(cpu);
     }
     decode_batch = 0;

@@ -65,7 +65,6 @@ struct llm_cuda_ctx {
     int attn_window_kb;  /* LLM_CUDA_ATTN_WINDOW_KB: decode attention's staging window per block */
     int gemv_cpl;        /* LLM_CUDA_GEMV_CPL: 1 or 2 chunks per lane in every GEMV; 0: by row length */
     int persist_splits;  /* LLM_CUDA_PERSIST_SPLITS: the most KV splits per head of the persistent step's attention */
-    int persist_group;   /* LLM_CUDA_PERSIST_GROUP: the most query heads of 256 an attention item computes (1, 2, 4) */
     int persist_kv_bytes; /* LLM_CUDA_PERSIST_KV_BYTES: the most bytes of a KV row's head per stage and position
                              (256: 64 positions of f32 at head_dim 64) */
     int persist_split_scale; /* LLM_CUDA_PERSIST_SPLIT_SCALE: how fast the splits grow with the position (step.cu's

@@ -128,7 +128,6 @@ static void cuda_settings_read(cuda_settings *s)
     if (s->gemv_cpl) s->gemv_cpl = s->gemv_cpl == 1 ? 1 : 2;
     s->persist = env_flag("LLM_CUDA_PERSIST", true);
     s->persist_splits = env_int("LLM_CUDA_PERSIST_SPLITS", 4);
-    s->persist_group = env_int("LLM_CUDA_PERSIST_GROUP", 4);
     s->persist_split_scale = env_int("LLM_CUDA_PERSIST_SPLIT_SCALE", 49);
     if (s->persist_split_scale < 0) s->persist_split_scale = 0;
     if (s->persist_split_scale > 1 << 24) s->persist_split_scale = 1 << 24; /* (splits_at's products fit) */
@@ -204,7 +203,6 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.persist_splits = g.set.persist_splits;
     llm_cuda.persist_split_scale = g.set.persist_split_scale;
     llm_cuda.persist_stages = g.set.persist_stages;
-    llm_cuda.persist_group = g.set.persist_group;
     llm_cuda.persist_kv_bytes = g.set.persist_kv_bytes;
     llm_cuda.step_trace = g.set.step_trace;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0, g.step_programs = 0, g.persist_cut = false;

@@ -84,7 +84,7 @@ typedef struct {
 typedef struct {
     bool graphs, fuse, sync_each, pdl, persist, owe, attn_simt;
     int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
-    int persist_kv_bytes, persist_group;
+    int persist_kv_bytes;
     int moe_pdl;
     const char *step_trace; /* NULL when unset or empty */
     const char *timeline;   /* NULL when unset or empty */

@@ -57,8 +57,7 @@ constexpr int WARPS = CONSUMERS / 32;
 constexpr int PARTS = 4;                /* tiles' partial sums in flight to the signaller */
 [[maybe_unused]] constexpr unsigned EMPTY = 0xffffffffu; /* (device code only: unused in the portable pass) */
 constexpr int MAX_DIMS = 4;             /* attention: head dimensions per lane (head_dim <= 128) */
-constexpr int WIDE_HEAD = 256;          /* ... and the one wider head size taken (Gemma's): consume_group */
-constexpr int MAX_GROUP = 4;            /* consume_group: the most query heads an item computes */
+constexpr int WIDE_HEAD = 256;          /* ... and the one wider head size taken (Gemma's): 8 per lane */
 constexpr int KV_BOX = 32;              /* KV rows per tensor copy */
 constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every split of a column in registers */
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
@@ -69,6 +68,12 @@ using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 /* KV rows a tensor copy: KV_BOX, or fewer where a stage holds fewer positions (heads of 256 in an f32 cache: 16, the
  * stage's 32 KB); the planner's kv_rows_for and kv_map agree with it. */
 __host__ __device__ __forceinline__ int kv_box(int kv_rows) { return kv_rows < KV_BOX ? kv_rows : KV_BOX; }
+
+/* Head dimensions a lane of attention holds: 4 up to 128 (HD 0: any such size), 8 for WIDE_HEAD. */
+template <int HD> __host__ __device__ constexpr int dims_of()
+{
+    return HD > 32 * MAX_DIMS ? WIDE_HEAD / 32 : MAX_DIMS;
+}
 
 enum { PHASE_GEMV, PHASE_ATTENTION, PHASE_FOLD };
 enum { TILE_PLAIN, TILE_ROPE, TILE_PAIRED };
@@ -115,7 +120,6 @@ struct step_phase {
     step_vec resid_out;
     const float *inv_freq; /* EPI_ROPE */
     int head_dim;
-    int group;            /* PHASE_ATTENTION: the query heads of an item (1, or consume_group's for WIDE_HEAD) */
     union {
         /* PHASE_ATTENTION (head_dim above) */
         struct {
@@ -157,13 +161,14 @@ struct step_program {
     const step_phase *phases; /* n_phases for each half of the arena, the first half's first */
     const step_copy *copies;  /* n_copies for each half */
     int n_phases, n_copies;
-    int most_splits, split_scale, split_weight; /* of the KV cache rows per head: splits_at */
+    int most_splits, split_scale; /* of the KV cache rows per head: splits_at */
     int first_gemv;           /* the first GEMV phase's index (n_phases: none) */
     const int32_t *positions; /* [0]: the step's position */
     float *arena;             /* two halves of half_floats: a step uses one, sets the other to EMPTY for the next */
     size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
     unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
+    float *q_room;            /* heads of WIDE_HEAD: a block's query, WIDE_HEAD floats a block (else NULL) */
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
 };
@@ -251,30 +256,27 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
 
 __device__ __forceinline__ int cache_elem(const step_phase &P) { return P.cache_type == LLM_DTYPE_F32 ? 4 : 2; }
 
-/* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once weight * pos >=
- * scale * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o
- * product, a cost at every position; fewer splits make longer items, a cost growing with the position. On TinyLlama
- * the best count grew as the square root of the position, and scale 49 picks it at every depth measured
- * (dev/cuda/notes.md, versions 91 and 95). weight: an item's work a position against TinyLlama's (a head of 64), 16
- * for consume_group's 4 heads of 256 (version 125). Every block computes the same count from the position, so it may
- * change from one step to the next. */
-__device__ __forceinline__ int splits_at(int most, int scale, int weight, int pos)
+/* How many of its most splits a step at position pos cuts each head's cache rows into: s + 1 once pos >= scale *
+ * (s + 1/2)^2. Each split is an item more per head and a record more in every block's staging of the o product,
+ * a cost at every position; fewer splits make longer items, a cost growing with the position. On TinyLlama the best
+ * count grew as the square root of the position, and scale 49 picks it at every depth measured (dev/cuda/notes.md,
+ * versions 91 and 95). Every block computes the same count from the position, so it may change from one step to the
+ * next. */
+__device__ __forceinline__ int splits_at(int most, int scale, int pos)
 {
     int s = 1;
-    while (s < most && 4ll * weight * pos >= (long long)scale * (2 * s + 1) * (2 * s + 1)) s++;
+    while (s < most && 4 * pos >= scale * (2 * s + 1) * (2 * s + 1)) s++;
     return s;
 }
 
-/* Attention item u: query heads [h, h + P.group) (of KV head g), split s of the step's `splits` over the cache rows
- * [t0, t1) below the position; false when the step uses fewer splits than the item's. Up to heads of 128 one item per
- * query head rather than per KV head: a group's heads read the same rows (from L2 after the first), but 8x the items
- * spread the arithmetic over 8x the SMs, which is what bounds attention in this kernel. Heads of 256 (Gemma 3's,
- * 4 on one KV head) made too few items that way, each too long: consume_group. */
+/* Attention item u: query head h (of KV head g), split s of the step's `splits` over the cache rows [t0, t1) below
+ * the position; false when the step uses fewer splits than the item's. One item per query head rather than per KV
+ * head: a group's heads read the same rows (from L2 after the first), but 8x the items spread the arithmetic over 8x
+ * the SMs, which is what bounds attention in this kernel. */
 __device__ __forceinline__ bool item_range(const step_phase &P, int u, int pos, int splits, int &h, int &g, int &s,
                                            int &t0, int &t1)
 {
-    const int per_split = P.heads / P.group;
-    h = u % per_split * P.group, g = h / (P.heads / P.kv_heads), s = u / per_split;
+    h = u % P.heads, g = h / (P.heads / P.kv_heads), s = u / P.heads;
     const int first = P.window > 0 && pos + 1 > P.window ? pos + 1 - P.window : 0; /* the window's first position */
     const int len = (pos - first + splits - 1) / splits;
     t0 = min(pos, first + s * len), t1 = min(pos, t0 + len);
@@ -735,7 +737,7 @@ template <int HD, typename T>
 __device__ __forceinline__ void warp_positions(const float *q, const T *K, const T *V, int n, int hd_any,
                                                float scale, float &m, float &l, float *acc, int lane)
 {
-    constexpr int D = MAX_DIMS;
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
     const int q4 = hd / 4;
     float score = -INFINITY;
@@ -778,10 +780,10 @@ __device__ __forceinline__ void warp_positions(const float *q, const T *K, const
 /* The rope of one head held by a warp (lane j its dimensions j, j + 32, ...; hd even), as llm_cuda_qk_norm_rope
  * rotates it: dimension d < hd/2 pairs with d + hd/2, each value's partner fetched from the lane that holds it. */
 template <int HD>
-__device__ __forceinline__ void rope_held(float (&x)[MAX_DIMS], int hd_any, int pos, const float *inv_freq,
+__device__ __forceinline__ void rope_held(float (&x)[dims_of<HD>()], int hd_any, int pos, const float *inv_freq,
                                           int lane)
 {
-    constexpr int D = MAX_DIMS;
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any, half = hd / 2;
     float out[D];
 #pragma unroll
@@ -812,7 +814,7 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
                                         bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
                                         float scale, float &m, float &l, float *acc, int lane)
 {
-    constexpr int D = MAX_DIMS;
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
     float kr[D] = {}, vr[D] = {};
 #pragma unroll
@@ -876,7 +878,7 @@ template <int HD, typename T>
 __device__ void consume_item(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
                              uint64_t *full, uint64_t *empty, float *qs, int &it, int ct)
 {
-    constexpr int D = MAX_DIMS;
+    constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : P.head_dim, per = P.kv_rows, warp = ct >> 5, lane = ct & 31;
     int h, g, s, t0, t1;
     if (!item_range(P, u, pos, splits, h, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
@@ -980,320 +982,9 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     write_record();
 }
 
-/* ---- heads of WIDE_HEAD: an item of GI query heads of one KV head ----
- *
- * Gemma 3's 4 query heads of 256 on one KV head made 4 x 3 items of consume_item at position 512 (12 of 132 SMs),
- * each a warp's whole dot of 256 dimensions in one lane, a position a lane, and each item copying and reading the
- * rows its KV head shares with three others: 19.3 us a layer (dev/cuda/notes.md, version 124). consume_group takes
- * GI heads of one KV head, so that a K and V row is copied and read once for them, and the step makes more splits
- * (splits_at's weight) so that there are items for more SMs. Lane j of a warp holds dimensions [8j, 8j + 8) of every
- * head: q in registers, a K or V row one 16-byte load a lane (two for f32), a position's GI scores summed over the
- * lanes together (transpose_sum). The warps take group_run positions at a time. */
-
-/* Positions a warp takes at a time: 8, or 4 for 4 heads (their 16 scores a lane before transpose_sum, with the
- * heads' q and outputs 64 registers more; 32 spilled). */
-template <int GI> __host__ __device__ constexpr int group_run() { return GI >= 4 ? 4 : 8; }
-
-/* Dimensions [8 lane, 8 lane + 8) of a row of the cache in shared memory, as f32. */
-template <typename T> __device__ __forceinline__ void row8(const T *row, int lane, float (&x)[8])
-{
-    if constexpr (sizeof(T) == 4) {
-        const float4 a = *(const float4 *)(row + lane * 8), b = *(const float4 *)(row + lane * 8 + 4);
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-    } else {
-        const uint4 u = *(const uint4 *)(row + lane * 8);
-        const T *h = (const T *)&u;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float2 f = pair_at(h + 2 * j);
-            x[2 * j] = f.x, x[2 * j + 1] = f.y;
-        }
-    }
-}
-
-__device__ __forceinline__ float dot8(const float (&a)[8], const float (&b)[8])
-{
-    float d = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) d += a[j] * b[j];
-    return d;
-}
-
-/* The sums over a warp's lanes of N values at once (N a power of two up to 32): lane l returns the total of value
- * l >> (5 - log2 N). Each round gives the partner lane the half of the values it keeps the other half of, as
- * warp_sum8 does: 31 shuffles for 32 sums, where a warp_sum each takes 160. */
-template <int N, int O = 16> __device__ __forceinline__ float transpose_sum(const float (&v)[N], int lane)
-{
-    static_assert(N >= 1 && N <= 2 * O + (O == 0) && (N & (N - 1)) == 0, "a power of two, at most the lanes left");
-    if constexpr (O == 0) {
-        return v[0];
-    } else if constexpr (N == 1) {
-        const float w[1] = {v[0] + __shfl_xor_sync(0xffffffffu, v[0], O)};
-        return transpose_sum<1, O / 2>(w, lane);
-    } else {
-        constexpr int H = N / 2;
-        const bool hi = lane & O;
-        float w[H];
-#pragma unroll
-        for (int i = 0; i < H; i++)
-            w[i] = (hi ? v[i + H] : v[i]) + __shfl_xor_sync(0xffffffffu, hi ? v[i] : v[i + H], O);
-        return transpose_sum<H, O / 2>(w, lane);
-    }
-}
-
-/* G heads' 8 dimensions a lane normalised ((offset + w) * (x * rms), rms over the head) and rotated, as
- * llm_cuda_qk_norm_rope does it: dimension d < 128 pairs with d + 128, which lane + 16 holds. The weights and the
- * angles are the same for every head: loaded and computed once. */
-template <int G>
-__device__ __forceinline__ void norm_rope8(float (&x)[G][8], const void *w, int w_dtype, float eps, float offset,
-                                           const float *inv_freq, int pos, int lane)
-{
-    constexpr int HALF = WIDE_HEAD / 2;
-    float g[8], c[8], s[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const int d = lane * 8 + j;
-        g[j] = offset + llm_cuda_load(w, w_dtype, (size_t)d);
-        const float angle = (float)pos * inv_freq[d % HALF];
-        c[j] = cosf(angle), s[j] = sinf(angle);
-    }
-    const bool low = lane < 16;
-#pragma unroll
-    for (int h = 0; h < G; h++) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) ss += x[h][j] * x[h][j];
-        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), WIDE_HEAD, eps);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float a = g[j] * (x[h][j] * rms);
-            const float partner = __shfl_xor_sync(0xffffffffu, a, 16);
-            x[h][j] = low ? a * c[j] - partner * s[j] : a * c[j] + partner * s[j];
-        }
-    }
-}
-
-/* Up to group_run positions (n rows of K and V in shared memory) for the item's GI heads: the scores q . k * scale
- * folded into each head's running max m, sum l and outputs acc, the online softmax of warp_positions. The
- * (head, position) pair h * RUN + p is summed into lane pair << SHIFT and its REP neighbours; a head's pairs
- * are the W lanes from h * W. */
-template <int GI, typename T>
-__device__ __forceinline__ void group_positions(const float (&q)[GI][8], const T *K, const T *V, int n, float scale,
-                                                float (&m)[GI], float (&l)[GI], float (&acc)[GI][8], int lane)
-{
-    constexpr int RUN = group_run<GI>();
-    constexpr int N = GI * RUN, SHIFT = N == 32 ? 0 : N == 16 ? 1 : 2, REP = 1 << SHIFT, W = 32 / GI;
-    static_assert(N <= 32 && N * REP == 32, "RUN x GI pairs over the 32 lanes");
-    float part[N];
-#pragma unroll
-    for (int p = 0; p < RUN; p++) {
-        float k[8];
-        row8(K + p * WIDE_HEAD, lane, k); /* (rows past n lie in the stage too: their scores are dropped below) */
-#pragma unroll
-        for (int h = 0; h < GI; h++) part[h * RUN + p] = dot8(q[h], k);
-    }
-    const int pair = lane >> SHIFT, head = pair / RUN;
-    float score = transpose_sum<N>(part, lane) * scale;
-    if (pair % RUN >= n) score = -INFINITY;
-    float mx = score;
-#pragma unroll
-    for (int o = W / 2; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float m_head = m[0]; /* (registers take only indices known when compiled) */
-#pragma unroll
-    for (int h = 1; h < GI; h++)
-        if (h == head) m_head = m[h];
-    const float m_new_head = fmaxf(m_head, mx); /* n >= 1: finite */
-    const float e = expf(score - m_new_head);    /* 0 for a dropped position */
-    float sum = e;
-#pragma unroll
-    for (int o = W / 2; o >= REP; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o); /* (each pair once) */
-#pragma unroll
-    for (int h = 0; h < GI; h++) {
-        const float m_new = __shfl_sync(0xffffffffu, m_new_head, h * W), alpha = expf(m[h] - m_new);
-        l[h] = l[h] * alpha + __shfl_sync(0xffffffffu, sum, h * W);
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[h][j] *= alpha;
-        m[h] = m_new;
-    }
-    auto take = [&](int p) {
-        float v[8];
-        row8(V + p * WIDE_HEAD, lane, v);
-#pragma unroll
-        for (int h = 0; h < GI; h++) {
-            const float ep = __shfl_sync(0xffffffffu, e, (h * RUN + p) << SHIFT);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[h][j] += ep * v[j];
-        }
-    };
-    if (n == RUN) {
-#pragma unroll
-        for (int p = 0; p < RUN; p++) take(p);
-    } else {
-        for (int p = 0; p < n; p++) take(p);
-    }
-}
-
-/* The 8 values a lane at p (16-byte aligned), polled for in rounds while flagged. */
-__device__ __forceinline__ void load8(const float *p, bool flagged, float (&x)[8])
-{
-    float4 a = ld_relaxed4(p), b = ld_relaxed4(p + 4);
-    for (long long wait = 0; flagged && (any_empty(a) || any_empty(b));) {
-        spin_check(wait);
-        if (any_empty(a)) a = ld_relaxed4(p);
-        if (any_empty(b)) b = ld_relaxed4(p + 4);
-    }
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-}
-
-/* This token's own k and v row of KV head g, folded into the warp's (m, l, acc) as group_positions folds a position
- * (own_row's work for consume_group): k normalised and rotated first with the phase's q/k norms, k and v stored to
- * the caches' row pos % ctx with store (and k to k_out), then both rounded as the cache of type T holds them. */
-template <int GI, typename T>
-__device__ __forceinline__ void group_own_row(const step_phase &P, const float (&q)[GI][8], int g, int pos, bool store,
-                                              float (&m)[GI], float (&l)[GI], float (&acc)[GI][8], int lane)
-{
-    const size_t at = (size_t)g * WIDE_HEAD + lane * 8;
-    float k[1][8], v[8];
-    load8(P.k.p + at, P.k.flagged, k[0]);
-    load8(P.v.p + at, P.v.flagged, v);
-    if (P.k_norm_w) norm_rope8<1>(k, P.k_norm_w, P.k_norm_dtype, P.eps, P.norm_offset, P.inv_freq, pos, lane);
-    if (store && P.k_cache) {
-        const size_t row = (size_t)(pos % P.ctx) * P.kv_heads * WIDE_HEAD + at;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            llm_cuda_kv_put(P.k_cache, P.cache_type, row + j, k[0][j]);
-            llm_cuda_kv_put(P.v_cache, P.cache_type, row + j, v[j]);
-            put(P.k_out, at + j, k[0][j]); /* (q/k norms only) */
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) k[0][j] = llm_cuda_kv_round<T>(k[0][j]), v[j] = llm_cuda_kv_round<T>(v[j]);
-#pragma unroll
-    for (int h = 0; h < GI; h++) {
-        const float score = llm_cuda_warp_sum(dot8(q[h], k[0])) * P.scale;
-        const float m_new = fmaxf(m[h], score), alpha = expf(m[h] - m_new), e = expf(score - m_new);
-        l[h] = l[h] * alpha + e;
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[h][j] = acc[h][j] * alpha + e * v[j];
-        m[h] = m_new;
-    }
-}
-
-/* One item of GI heads of WIDE_HEAD: heads [h0, h0 + GI), split s. As consume_item: the warps take turns over the
- * ring's rows, group_run positions a turn, the one whose turn is next also this token's own row in the last split;
- * they merge in the room of the item's last stage, which they free once merged. The merge: each warp's (m, l) there,
- * then its outputs weighted by exp(m - M) (8 warps x GI heads x 256 floats: 32 KB for 4 heads, the stage's room),
- * added up in warp order by every thread, 4 values each, straight into the heads' records. */
-template <int GI, typename T>
-__device__ void consume_group(const step_phase &P, const step_program &prog, int u, int pos, int splits, char *ring,
-                              uint64_t *full, uint64_t *empty, int &it, int ct)
-{
-    constexpr int HD = WIDE_HEAD;
-    static_assert(WARPS * GI * HD * 4 <= STAGE, "the merge fits a stage");
-    const int per = P.kv_rows, warp = ct >> 5, lane = ct & 31;
-    int h0, g, s, t0, t1;
-    if (!item_range(P, u, pos, splits, h0, g, s, t0, t1)) return; /* (the block's consumers alike: u is the block's) */
-    const bool last = s == splits - 1;
-    float q[GI][8]; /* every warp loads, normalises and rotates its own copy: no block barrier before the rows */
-#pragma unroll
-    for (int h = 0; h < GI; h++) load8(P.q.p + (size_t)(h0 + h) * HD + lane * 8, P.q.flagged, q[h]);
-    if (P.k_norm_w) {
-        norm_rope8<GI>(q, P.norm_w, P.norm_dtype, P.eps, P.norm_offset, P.inv_freq, pos, lane);
-        if (last && warp == 0)
-#pragma unroll
-            for (int h = 0; h < GI; h++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) put(P.q_out, (size_t)(h0 + h) * HD + lane * 8 + j, q[h][j]);
-    }
-    float m[GI], l[GI], acc[GI][8];
-#pragma unroll
-    for (int h = 0; h < GI; h++) {
-        m[h] = -INFINITY, l[h] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[h][j] = 0.0f;
-    }
-    int run = 0, kept = -1; /* turns so far: turn r goes to warp r % 8; the slot kept for the merge */
-    const float scale = P.scale;
-    for (int c0 = t0, c1; c0 < t1; c0 = c1, it++) {
-        c1 = stage_end(c0, t1, per, P.ctx);
-        const int slot = it % prog.stages, n = c1 - c0;
-        mbar_wait(&full[slot], (it / prog.stages) & 1);
-        const T *K = (const T *)(ring + (size_t)slot * STAGE), *V = K + per * HD;
-        for (int p0 = 0; p0 < n; p0 += group_run<GI>(), run++)
-            if (run % WARPS == warp)
-                group_positions<GI, T>(q, K + p0 * HD, V + p0 * HD, min(group_run<GI>(), n - p0), scale, m, l, acc,
-                                       lane);
-        __syncwarp();
-        if (c1 < t1) {
-            if (lane == 0) mbar_arrive(&empty[slot]);
-        } else {
-            kept = slot;
-        }
-    }
-    if (last && run % WARPS == warp)
-        group_own_row<GI, T>(P, q, g, pos, h0 % (P.heads / P.kv_heads) == 0, m, l, acc, lane);
-    auto record = [&](int h) { return P.partials + ((size_t)s * P.heads + h0 + h) * (HD + 4); };
-    if (kept < 0) { /* no cached rows: only warp 0 (this token's row, or nothing) has seen a position */
-        if (warp) return;
-#pragma unroll
-        for (int h = 0; h < GI; h++) {
-            float *rec = record(h);
-            *(float4 *)(rec + 4 + lane * 8) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-            *(float4 *)(rec + 8 + lane * 8) = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
-            if (lane == 0) *(float4 *)rec = make_float4(m[h], l[h], 0.0f, 0.0f);
-        }
-        return;
-    }
-    float *merge = (float *)(ring + (size_t)kept * STAGE);
-    consumers_sync(); /* every warp is done with the slot's rows */
-    if (lane == 0)
-#pragma unroll
-        for (int h = 0; h < GI; h++) merge[(warp * GI + h) * 2] = m[h], merge[(warp * GI + h) * 2 + 1] = l[h];
-    consumers_sync();
-    float M[GI], L[GI], w[GI]; /* per head: the max over the warps, the sum, this warp's weight */
-#pragma unroll
-    for (int h = 0; h < GI; h++) {
-        M[h] = -INFINITY, L[h] = 0.0f;
-#pragma unroll
-        for (int o = 0; o < WARPS; o++) M[h] = fmaxf(M[h], merge[(o * GI + h) * 2]);
-#pragma unroll
-        for (int o = 0; o < WARPS; o++) /* (0 for a warp that saw no position: m = -inf, l = 0) */
-            L[h] += expf(merge[(o * GI + h) * 2] - M[h]) * merge[(o * GI + h) * 2 + 1];
-        w[h] = expf(m[h] - M[h]);
-    }
-    consumers_sync(); /* every warp has read the (m, l) */
-#pragma unroll
-    for (int h = 0; h < GI; h++) {
-        float4 *to = (float4 *)(merge + (warp * GI + h) * HD + lane * 8);
-        to[0] = make_float4(w[h] * acc[h][0], w[h] * acc[h][1], w[h] * acc[h][2], w[h] * acc[h][3]);
-        to[1] = make_float4(w[h] * acc[h][4], w[h] * acc[h][5], w[h] * acc[h][6], w[h] * acc[h][7]);
-    }
-    fence_proxy_async_shared(); /* the copy engine's next writes to the slot come after these */
-    consumers_sync();
-    for (int i = ct * 4; i < GI * HD; i += CONSUMERS * 4) {
-        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int o = 0; o < WARPS; o++) {
-            const float4 x = *(const float4 *)(merge + o * GI * HD + i);
-            t.x += x.x, t.y += x.y, t.z += x.z, t.w += x.w;
-        }
-        const int h = i / HD;
-        float *rec = record(h);
-        *(float4 *)(rec + 4 + i % HD) = t;
-        if (i % HD == 0) {
-            float Mh = M[0], Lh = L[0];
-#pragma unroll
-            for (int k = 1; k < GI; k++)
-                if (k == h) Mh = M[k], Lh = L[k];
-            *(float4 *)rec = make_float4(Mh, Lh, 0.0f, 0.0f);
-        }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[kept]);
-}
-
-/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants;
- * heads of WIDE_HEAD in items of P.group heads (consume_group). */
+/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants. A
+ * head of WIDE_HEAD keeps its query in the block's room in global memory (prog.q_room; read through L1): in shared
+ * memory it would cost the kernel 512 bytes more, and so an H100 its seventh ring stage. */
 template <typename T>
 __device__ __forceinline__ void consume_typed(const step_phase &P, const step_program &prog, int u, int pos,
                                               int splits, char *ring, uint64_t *full, uint64_t *empty, float *qs,
@@ -1303,12 +994,9 @@ __device__ __forceinline__ void consume_typed(const step_phase &P, const step_pr
         consume_item<64, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
     else if (P.head_dim == 128)
         consume_item<128, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
-    else if (P.head_dim == WIDE_HEAD && P.group == 4)
-        consume_group<4, T>(P, prog, u, pos, splits, ring, full, empty, it, ct);
-    else if (P.head_dim == WIDE_HEAD && P.group == 2)
-        consume_group<2, T>(P, prog, u, pos, splits, ring, full, empty, it, ct);
     else if (P.head_dim == WIDE_HEAD)
-        consume_group<1, T>(P, prog, u, pos, splits, ring, full, empty, it, ct);
+        consume_item<WIDE_HEAD, T>(P, prog, u, pos, splits, ring, full, empty,
+                                   prog.q_room + (size_t)blockIdx.x * WIDE_HEAD, it, ct);
     else
         consume_item<0, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
 }
@@ -1489,8 +1177,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __shared__ __align__(16) step_phase signal_tab[2];
     __shared__ __align__(16) float q_shared[32 * MAX_DIMS]; /* an attention item's query */
     const int tid = threadIdx.x, pos = prog.positions[0];
-    /* this step's splits, the same on every block */
-    const int splits = splits_at(prog.most_splits, prog.split_scale, prog.split_weight, pos);
+    const int splits = splits_at(prog.most_splits, prog.split_scale, pos); /* this step's, the same on every block */
     /* The arena's half this step uses, filled with EMPTY by the step before (or when the table was uploaded), and
      * its phases, which point into it: a fill of its own before every step was a node of the graph, about 2 us of
      * the GPU's idle time between steps (dev/cuda/notes.md, version 113). */
@@ -1689,7 +1376,8 @@ struct plan {
     float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
-    int most_splits, split_weight; /* the attention phases' (step_program's), set by the first */
+    bool q_room; /* an attention phase has heads of WIDE_HEAD (step_program.q_room) */
+    float *room;
 };
 
 static bool same_positions(plan &pl, const int32_t *p)
@@ -1714,15 +1402,6 @@ static int most_splits(void)
 {
     const int most = llm_cuda.persist_splits;
     return most < 1 ? 1 : most > MAX_SPLITS ? MAX_SPLITS : most;
-}
-
-/* consume_group's heads an item for G query heads on a KV head: the most that LLM_CUDA_PERSIST_GROUP allows and
- * that divide G */
-static int group_of(int G)
-{
-    int gi = MAX_GROUP;
-    while (gi > 1 && (gi > llm_cuda.persist_group || G % gi)) gi /= 2;
-    return gi;
 }
 
 /* The driver's tensor-map encoder, looked up once (through the runtime: no link to the driver library); NULL where
@@ -1777,12 +1456,8 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.cache_type = op.params.cache;
     P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.params.cache));
-    /* items (heads of 256: of group heads, and a step's splits weighted by an item's work, splits_at) */
-    P.group = hd == WIDE_HEAD ? group_of(G) : 1;
-    const int most = most_splits(), weight = hd == WIDE_HEAD ? P.group * hd / 64 : 1;
-    if (pl.most_splits && (pl.most_splits != most || pl.split_weight != weight)) return false; /* one count a step */
-    pl.most_splits = most, pl.split_weight = weight;
-    P.units = op.heads / P.group * most;
+    if (hd == WIDE_HEAD) pl.q_room = true;
+    P.units = op.heads * most_splits();
     P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale;
     if (op.qk_norm || !op.stored) P.k_cache = op.k_cache, P.v_cache = op.v_cache; /* the phase stores the KV row */
     if (op.qk_norm) { /* own_row's rope pairs dimensions across lanes (hd even: hd % 4 above) */
@@ -1923,7 +1598,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
         if (V.read_later || V.copy_out) {
             V.arena = pl.arena_floats;
             const step_phase &W = pl.phases[V.phase]; /* the phase that wrote it */
-            size_t floats = V.partials ? (size_t)pl.most_splits * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
+            size_t floats = V.partials ? (size_t)most_splits() * (V.count / W.head_dim) * (W.head_dim + 4) : V.count;
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
@@ -2068,8 +1743,8 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     prog.copies = (const step_copy *)(base + maps_bytes(pl) + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
-    prog.most_splits = pl.most_splits > 0 ? pl.most_splits : 1, prog.split_weight = pl.split_weight;
-    prog.split_scale = llm_cuda.persist_split_scale;
+    prog.q_room = pl.room;
+    prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
     if (!llm_cuda_allow_smem((const void *)step_kernel, "decode step")) return LLM_CUDA_STEP_REFUSED;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeCooperative; /* every block resident at once: they wait on each other's data */
@@ -2115,9 +1790,11 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
         const size_t table_most = maps_bytes(pl) + 2 * n * (sizeof(step_phase) + 8 * sizeof(step_copy));
         const size_t head = (table_most + 255) / 256 * 256, arena_bytes = 2 * pl.arena_floats * sizeof(float);
         const size_t wide_bytes = (size_t)llm_cuda.sm_count * pl.wide_cols * sizeof(float);
-        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes,
+        const size_t room_bytes = pl.q_room ? (size_t)llm_cuda.sm_count * WIDE_HEAD * sizeof(float) : 0;
+        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes + room_bytes,
                                               "decode step");
         pl.wide = base && pl.wide_cols ? (float *)(base + head + 256 + arena_bytes) : NULL;
+        pl.room = base && pl.q_room ? (float *)(base + head + 256 + arena_bytes + wide_bytes) : NULL;
         size_t table_bytes = 0;
         char *table = base ? build_table(pl, ops, base, (float *)(base + head + 256), table_bytes) : NULL;
         if (table)
