@@ -50,7 +50,7 @@ NCCL_LIBDIR ?= $(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_HOME)/lib64/l
 LLM_NCCL ?= $(if $(and $(wildcard $(NCCL_INC)/nccl.h),$(NCCL_LIBDIR)),1,0)
 comma := ,
 NCCL_LIBS := $(if $(filter 1,$(LLM_NCCL)),-L$(NCCL_LIBDIR) -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR) -l:libnccl.so.2,)
-CUDA_LIBS := -lcublas -lcudart -lstdc++ $(NCCL_LIBS)
+CUDA_LIBS := -lcublas -lcudart -lstdc++ -ldl $(NCCL_LIBS)
 ifeq ($(LLM_CUDA),1)
 CFLAGS  += -DLLM_HAVE_CUDA
 CU_OBJ  := $(patsubst src/%.cu,build/obj/%.o,$(CU_SRC))

@@ -1,25 +1,67 @@
 #!/bin/bash
-# Tensor parallelism on a machine with two NVIDIA GPUs (issue 33): build with NCCL, test_tp (fixtures split over two
-# GPUs against Hugging Face and one GPU), then a Llama-2-7B-shaped checkpoint (random BF16) on one GPU and on two: decode
-# tg128 after 512 and pp512, and the all-reduce's row of --profile. Results under OUT (default /tmp/llm-run-tp).
-# NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's machines require. Arguments go to make (PKG_CFLAGS=...,
-# PKG_LIBS=..., NCCL_HOME=...).
+# Tensor parallelism on a machine with two (or four) NVIDIA GPUs (issue 33). Stages (STAGES, default "test 7b"):
+#   test  build with NCCL, `llm-run devices` (the GPUs and their link), test_tp (fixtures split over two GPUs against
+#         Hugging Face and one GPU, the one-shot all-reduce against NCCL's)
+#   7b    a Llama-2-7B-shaped checkpoint (random BF16) on one GPU and on two: decode tg128 after 512 and pp512; the
+#         two-GPU decode with NCCL at every size and under each of NCCL's protocols; `compare` of the split model
+#         against blas; per-op profiles of a 512-token prompt and of decode, on one GPU and on two
+#   big   Llama-2-70B's shape cut to BIG_LAYERS layers (default 40: ~69 GB, one H200 holds it) on one GPU, on two
+#         and, where four are, on four
+# PROTOS (default "LL LL128": NCCL_PROTO values to time) and COMPARE=0 (no compare) shorten the 7b stage.
+# Results under OUT (default /tmp/llm-run-tp). NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's
+# machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...). Each run is bounded (timeout)
+# so that one hang does not take the rest.
 set -u
 export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/llm-run-tp}; M=${MODELS:-/tmp/llm-run-models}/llama-2-7b
+OUT=${OUT:-/tmp/llm-run-tp}; MODELS=${MODELS:-/tmp/llm-run-models}; STAGES=${STAGES:-"test 7b"}
+M=$MODELS/llama-2-7b; L=${BIG_LAYERS:-40}; BIG=$MODELS/llama-2-70b-${L}l
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
-[ -f "$M/model.safetensors" ] || python3 scripts/make-random-checkpoint.py --shape llama-2-7b --out "$M" --dtype bf16 \
-    > "$OUT/ckpt.txt" 2>&1 &
+# made on the CPU (CUDA_VISIBLE_DEVICES empty), so that the GPUs' timings are not disturbed
+has 7b && [ ! -f "$M/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scripts/make-random-checkpoint.py \
+    --shape llama-2-7b --out "$M" --dtype bf16 > "$OUT/ckpt.txt" 2>&1 &
+has big && [ ! -f "$BIG/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scripts/make-random-checkpoint.py \
+    --shape llama-2-70b --layers "$L" --out "$BIG" --dtype bf16 > "$OUT/ckpt-big.txt" 2>&1 &
 make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "$@" build/llm-run build/tests/test_tp > "$OUT/build.txt" 2>&1 || {
     tail -20 "$OUT/build.txt"; exit 1; }
 grep -q 1 build/nccl-flag || echo "warning: built without NCCL (set NCCL_HOME): only test_tp's CPU part runs"
-build/tests/test_tp 2>&1 | tee "$OUT/test_tp.txt" | grep -E "GPUs|cpu:|OK|FAIL|ERROR|SKIP"
+run() { local f=$1; shift; timeout 300 "$@" > "$OUT/$f" 2>&1; echo "exit $?" >> "$OUT/$f"; grep -E "^\||llm-run:|exit [^0]" "$OUT/$f"; }
+prompt=$(seq -s, 11 522) # 512 token ids
+if has test; then
+    timeout 120 build/llm-run devices 2>&1 | tee "$OUT/devices.txt" | grep -E "^cuda|cuda:|GPUs"
+    timeout 400 build/tests/test_tp 2>&1 | tee "$OUT/test_tp.txt" | grep -E "GPUs|all-reduce|OK|FAIL|ERROR|SKIP"
+fi
 wait
 B="-p 512 -n 128 --tg-after 512 -r 3"
-build/llm-run bench "$M" --device cuda $B 2>&1 | tee "$OUT/one.txt" | grep "^|"
-LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --device cuda -p 0 -n 128 --tg-after 512 -r 3 2>&1 | tee "$OUT/one-graph.txt" \
-    | grep "^|" | tail -1
-build/llm-run bench "$M" --tp 2 $B 2>&1 | tee "$OUT/two.txt" | grep -E "^\||llm-run:"
-build/llm-run "$M" --tp 2 --tokens 1,2,3 -n 64 --ignore-eos --temp 0 --profile > "$OUT/profile.txt" 2>&1
-grep -E "all_reduce|matmul|decode" "$OUT/profile.txt" | head
+if has 7b; then
+    run one.txt build/llm-run bench "$M" --device cuda $B
+    run one-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --device cuda -p 0 -n 128 --tg-after 512 -r 3
+    run two.txt build/llm-run bench "$M" --tp 2 $B
+    run two-nccl.txt env LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
+    for proto in ${PROTOS:-LL LL128}; do
+        echo "NCCL_PROTO=$proto, NCCL at every size"
+        run "two-nccl-$proto.txt" env NCCL_PROTO=$proto LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$M" --tp 2 \
+            -p 0 -n 128 --tg-after 512 -r 3
+    done
+    if [ "${COMPARE:-1}" = 1 ]; then
+        run compare.txt build/llm-run compare "$M" --device cuda:0,1 --ref blas -p 24 -n 8
+        grep -E "top-1|greedy|PASS|FAIL" "$OUT/compare.txt"
+    fi
+    for d in one two; do
+        [ $d = one ] && dev="--device cuda" || dev="--tp 2"
+        timeout 300 build/llm-run "$M" $dev --tokens "$prompt" -n 64 --ignore-eos --temp 0 --profile \
+            > "$OUT/profile-$d.txt" 2>&1
+        echo "profile, $d GPU(s):"; grep -E "^(prefill|decode):|all_reduce|matmul|attention|outside" "$OUT/profile-$d.txt"
+    done
+fi
+if has big; then
+    wait
+    run big-one.txt build/llm-run bench "$BIG" --device cuda $B
+    run big-two.txt build/llm-run bench "$BIG" --tp 2 $B
+    run big-two-nccl.txt env LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$BIG" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
+    [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && run big-four.txt build/llm-run bench "$BIG" --tp 4 $B
+    timeout 300 build/llm-run "$BIG" --tp 2 --tokens "$prompt" -n 32 --ignore-eos --temp 0 --profile \
+        > "$OUT/big-profile-two.txt" 2>&1
+    grep -E "^(prefill|decode):|all_reduce|matmul|outside" "$OUT/big-profile-two.txt"
+fi

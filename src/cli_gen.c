@@ -52,6 +52,9 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
     f->precision = arg_str0(NULL, "precision", "MODE", LLM_CLI_PRECISION_HELP);
     f->tp = arg_int0(NULL, "tp", "N", "split the model over GPUs cuda:0 .. N-1, one process each (tensor parallelism; "
                      "or --device cuda:0,1,...)");
+    f->tp_listen = arg_str0(NULL, "tp-listen", "[HOST:]PORT", "with --tp N: this process is rank 0 on its first GPU "
+                            "and waits on PORT for the other N-1 ranks, started on any host as llm-run tp-worker "
+                            "--connect HOST:PORT");
     table[(*n)++] = f->model_pos, table[(*n)++] = f->model_opt;
     for (int i = 0; i < n_own; i++) table[(*n)++] = own[i];
     void *mine[] = {f->system,         f->ctx,           f->batch,
@@ -59,7 +62,7 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
                     f->repeat_last_n,  f->presence_penalty, f->frequency_penalty, f->seed,       f->stop,
                     f->ignore_eos,     f->special,        f->escape,           f->no_escape,     f->device,
                     f->threads,        f->op_device,      f->quant,            f->quant_head,    f->cache_type,
-                    f->cpu_moe,        f->n_cpu_moe,      f->precision,        f->tp};
+                    f->cpu_moe,        f->n_cpu_moe,      f->precision,        f->tp,            f->tp_listen};
     for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) table[(*n)++] = mine[i];
 }
 
@@ -96,6 +99,7 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
                            .n_pins = f->op_device->count, .log = stderr, .quant_head = f->quant_head->count > 0};
     if (f->quant->count && llm_cli_parse_quant(f->quant->sval[0], &lo.quant, err, err_len)) return -1;
     lo.cache_default = !f->cache_type->count;
+    lo.tp_listen = f->tp_listen->count ? f->tp_listen->sval[0] : NULL;
     lo.precision = LLM_PRECISION_FAST;
     if (f->precision->count && llm_cli_parse_precision(f->precision->sval[0], &lo.precision, err, err_len)) return -1;
     if (llm_cli_host_experts(f->cpu_moe->count > 0, f->n_cpu_moe->count > 0,

@@ -22,6 +22,7 @@ typedef struct {
     struct arg_str *device, *op_device, *system, *stop, *quant, *cache_type, *precision;
     struct arg_lit *ignore_eos, *special, *escape, *no_escape, *quant_head, *cpu_moe;
     struct arg_int *n_cpu_moe, *tp;
+    struct arg_str *tp_listen;
 } llm_gen_flags;
 
 /* Creates the flags and appends them to table at *n (about 25 entries): the model's, then the command's own (n_own

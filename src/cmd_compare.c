@@ -8,8 +8,39 @@
 
 #include "cli.h"
 #include "compare.h"
+#include "devices/registry.h"
+#include "tp.h"
 
 #define MAX_PINS 16
+
+/* The device a --device or --ref spec names (a list "cuda:0,1" names its device), NULL with err when it names none. */
+static const llm_device *device_of(const char *spec, char *err, size_t err_len)
+{
+    char name[32];
+    int gpus[LLM_TP_MAX];
+    int n = llm_tp_parse(spec, name, sizeof name, gpus, err, err_len);
+    if (n < 0) return NULL;
+    if (n >= 2) return llm_device_find(name);
+    const llm_device *dev = NULL;
+    llm_device_options opt = {0};
+    char chosen[256];
+    return llm_device_resolve(spec, &dev, &opt, chosen, sizeof chosen, err, err_len) ? NULL : dev;
+}
+
+/* A process drives one GPU device at a time (opening it again closes the first), so the reference and the device
+ * under test cannot both be GPUs of it: 0, else err. */
+static int one_gpu_device(const char *ref, const char *dut, char *err, size_t err_len)
+{
+    char ignored[512];
+    const llm_device *a = device_of(ref, ignored, sizeof ignored), *b = device_of(dut, ignored, sizeof ignored);
+    if (a && a == b && a->kind == LLM_DEVICE_GPU) {
+        snprintf(err, err_len, "compare: --device %s and --ref %s both run on %s in this process, which drives one "
+                 "GPU device at a time; compare against --ref cpu or blas (a split model against one GPU: "
+                 "tests/test_tp.c)", dut ? dut : "(default)", ref, a->name);
+        return -1;
+    }
+    return 0;
+}
 
 int llm_cmd_compare(int argc, char **argv)
 {
@@ -119,8 +150,13 @@ int llm_cmd_compare(int argc, char **argv)
     llm_load_options lo_dut = {.device = dev_name, .threads = n_threads, .pins = pins, .n_pins = op_device->count,
                                .log = stderr, .quant = quant_dtype, .quant_head = quant_head->count > 0,
                                .cache_type = cache_dtype, .precision = prec, .host_experts = host_experts};
-    if (llm_model_load(&ref, path, &lo_ref, err, sizeof err) || llm_model_load(&dut, path, &lo_dut, err, sizeof err))
+    if (one_gpu_device(lo_ref.device, lo_dut.device, err, sizeof err)) goto fail;
+    if (llm_tp_load(&ref, path, &lo_ref, err, sizeof err) || llm_tp_load(&dut, path, &lo_dut, err, sizeof err))
         goto fail;
+    if (ref.split.size > 1 || dut.split.size > 1)
+        printf("compare: a model split over %d GPUs: its per-head and intermediate buffers are rank 0's share, "
+               "compared with the same heads and rows of the other\n",
+               ref.split.size > 1 ? ref.split.size : dut.split.size);
 
     uint64_t prompt_seed = seed->count ? (uint64_t)(uint32_t)seed->ival[0] : 1;
     if (tokens->count) {

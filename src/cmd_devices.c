@@ -116,9 +116,14 @@ int llm_cli_list_devices(FILE *out, bool measure, int threads)
             fprintf(out, "  %s:%d: %s\n", name, k, desc);
             dev->release();
         }
+        for (int a = 0; dev->link && a < count; a++)
+            for (int b = a + 1; b < count; b++) {
+                dev->link(a, b, desc, sizeof desc);
+                fprintf(out, "  %s:%d <-> %s:%d: %s\n", name, a, name, b, desc);
+            }
         if (count > 1 && dev->tp_unique_id)
             fprintf(out, "  %d GPUs: --tp %d (or --device %s:0,1,...) splits a model over them, a process each, "
-                    "summed by NCCL\n", count, count, name);
+                    "summed through peer memory or NCCL\n", count, count, name);
     }
     if (measure) {
         /* A decode step only reads weights: its ceiling is the read bandwidth, with one thread and with all. */

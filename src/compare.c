@@ -49,6 +49,7 @@ typedef struct {
     float *scratch;
     size_t scratch_cap;
     int pos, n;         /* the chunk */
+    bool shares;        /* a model is split (tensor parallelism): per-head buffers hold rank 0's share */
     bool failed;
     char err[512];
 } tracer;
@@ -127,7 +128,8 @@ static void check_trace(tracer *t, const char *what, int layer, const float *buf
     const char *problem = NULL;
     if (!k)
         problem = "traced more points than the reference";
-    else if (strcmp(res->point[k->point], what) != 0 || k->layer != layer || k->count != count)
+    else if (strcmp(res->point[k->point], what) != 0 || k->layer != layer ||
+             (k->count != count && !(t->shares && count % (size_t)t->n == 0 && k->count % (size_t)t->n == 0)))
         problem = "does not match the reference's trace at this step";
     else if (!grow_floats(&t->scratch, &t->scratch_cap, count))
         problem = "out of memory";
@@ -141,12 +143,14 @@ static void check_trace(tracer *t, const char *what, int layer, const float *buf
 
     int row_of_cell = layer >= 0 && layer < res->n_layers ? layer : res->n_layers;
     llm_compare_err *cell = &res->cell[(size_t)row_of_cell * LLM_COMPARE_MAX_POINTS + k->point];
-    /* Buffers hold one row per position of the chunk (the final norm and logits too: all_logits is on). */
-    size_t rows = count % (size_t)t->n == 0 ? (size_t)t->n : 1, width = count / rows;
+    /* Buffers hold one row per position of the chunk (the final norm and logits too: all_logits is on). A split
+     * model's rank 0 holds the first heads and intermediate rows (split.h): its rows are the whole's leading part. */
+    size_t rows = count % (size_t)t->n == 0 ? (size_t)t->n : 1, width = count / rows, ref_width = k->count / rows;
+    if (ref_width < width) width = ref_width;
     for (size_t r = 0; r < rows; r++) {
         llm_compare_err row = {0, 0};
         for (size_t j = 0; j < width; j++) {
-            double a = t->scratch[r * width + j], b = ref[r * width + j];
+            double a = t->scratch[r * (count / rows) + j], b = ref[r * ref_width + j];
             keep_max(&row.max_abs, fabs(a - b));
             keep_max(&row.max_ref, fabs(b));
         }
@@ -239,7 +243,7 @@ int llm_compare_run(llm_model *ref, llm_model *dev, const int32_t *tokens, int n
     }
 
     llm_session sr = {0}, sd = {0};
-    tracer t = {.res = res, .trace_tol = opt->trace_tol};
+    tracer t = {.res = res, .trace_tol = opt->trace_tol, .shares = ref->split.size > 1 || dev->split.size > 1};
     llm_trace_fn saved_fn[2] = {ref->trace, dev->trace};
     void *saved_user[2] = {ref->trace_user, dev->trace_user};
     int rc = -1;

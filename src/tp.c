@@ -6,6 +6,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -85,6 +88,23 @@ typedef struct {
                            all_logits; FORWARD: n, pos */
 } msg;
 
+/* Across hosts (--tp-listen, tp-worker --connect): what rank 0 tells a worker that connects, and its answer. Every
+ * host runs the same build of llm-run (the messages are this build's structs). */
+#define HELLO_MAGIC "llm-run"
+#define HELLO_VERSION 1
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    int32_t rank, size;
+    unsigned char id[LLM_TP_ID_BYTES];
+} hello;
+
+typedef struct {
+    char magic[8];
+    uint32_t version;
+    int32_t gpu; /* the worker's GPU, for rank 0's messages */
+} hello_reply;
+
 static int send_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -120,6 +140,7 @@ typedef struct {
     int fd[LLM_TP_MAX];
     pid_t pid[LLM_TP_MAX];
     int gpu[LLM_TP_MAX];
+    char peer[LLM_TP_MAX][64]; /* a connected worker's address (--tp-listen); its pid is 0 */
     char dev[32]; /* the device's name: "cuda" */
     pthread_t watchdog;
     bool watching;
@@ -134,8 +155,12 @@ static void say_gone(const leader *L, int i)
     char how[64] = "";
     if (w == L->pid[i] && WIFEXITED(status)) snprintf(how, sizeof how, " (exit %d)", WEXITSTATUS(status));
     if (w == L->pid[i] && WIFSIGNALED(status)) snprintf(how, sizeof how, " (signal %d)", WTERMSIG(status));
-    fprintf(stderr, "llm-run: tensor-parallel rank %d (%s:%d, pid %d) stopped%s; stopping the group\n", i + 1, L->dev,
-            L->gpu[i + 1], (int)L->pid[i], how);
+    if (L->pid[i] <= 0) /* connected over TCP: another host's process, or one started by hand */
+        fprintf(stderr, "llm-run: tensor-parallel rank %d (%s:%d, connected from %s) stopped; stopping the group\n",
+                i + 1, L->dev, L->gpu[i + 1], L->peer[i]);
+    else
+        fprintf(stderr, "llm-run: tensor-parallel rank %d (%s:%d, pid %d) stopped%s; stopping the group\n", i + 1,
+                L->dev, L->gpu[i + 1], (int)L->pid[i], how);
 }
 
 /* A worker's socket turns readable only when the worker is gone. Rank 0 may then be waiting inside an all-reduce that
@@ -277,12 +302,110 @@ static int spawn(leader *L, int i, const char *exe, const char *dev_name, const 
     return 0;
 }
 
+/* "[HOST:]PORT" into host (empty: any) and port. 0, else err. */
+static int split_address(const char *where, const char *flag, char *host, size_t host_len, char *port, size_t port_len,
+                         char *err, size_t err_len)
+{
+    const char *colon = strrchr(where, ':');
+    const char *p = colon ? colon + 1 : where;
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (!*p || *end || v < 0 || v > 65535 || (colon && (size_t)(colon - where) >= host_len)) {
+        snprintf(err, err_len, "%s %s: expected [HOST:]PORT with PORT 0 to 65535", flag, where);
+        return -1;
+    }
+    snprintf(host, host_len, "%.*s", colon ? (int)(colon - where) : 0, where);
+    snprintf(port, port_len, "%ld", v);
+    return 0;
+}
+
+static void no_delay(int fd)
+{
+    int one = 1; /* each forward call is one small message: sent now, not gathered (Nagle) */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* Rank 0 across hosts: listen at `where` and take L->n workers as they connect, ranks in order of arrival; each is
+ * told its rank, the group's size and NCCL's id, and answers with its GPU. Waits at most ten minutes. */
+static int accept_workers(leader *L, const char *where, const unsigned char *id, char *err, size_t err_len)
+{
+    char host[256], port[16];
+    if (split_address(where, "--tp-listen", host, sizeof host, port, sizeof port, err, err_len)) return -1;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    int rc = getaddrinfo(*host ? host : NULL, port, &hints, &ai), lfd = -1;
+    if (rc != 0) {
+        snprintf(err, err_len, "--tp-listen %s: %s", where, gai_strerror(rc));
+        return -1;
+    }
+    int e = 0;
+    for (struct addrinfo *a = ai; a && lfd < 0; a = a->ai_next) {
+        int one = 1;
+        lfd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (lfd < 0) continue;
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(lfd, a->ai_addr, a->ai_addrlen) != 0 || listen(lfd, LLM_TP_MAX) != 0) e = errno, close(lfd), lfd = -1;
+    }
+    freeaddrinfo(ai);
+    if (lfd < 0) {
+        snprintf(err, err_len, "--tp-listen %s: cannot listen there: %s", where, strerror(e ? e : EADDRNOTAVAIL));
+        return -1;
+    }
+    fprintf(stderr, "llm-run: tensor parallelism: rank 0 on %s:%d, waiting on port %s for %d more rank%s: start "
+            "each as  llm-run tp-worker --connect THIS_HOST:%s --device cuda:N\n", L->dev, L->gpu[0], port, L->n,
+            L->n == 1 ? "" : "s", port);
+    for (int i = 0; i < L->n; i++) {
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        int r;
+        do r = poll(&p, 1, 600 * 1000);
+        while (r < 0 && errno == EINTR);
+        if (r <= 0) {
+            snprintf(err, err_len, "--tp-listen %s: %d of %d ranks joined in ten minutes", where, i + 1, L->n + 1);
+            close(lfd);
+            return -1;
+        }
+        struct sockaddr_storage from;
+        socklen_t from_len = sizeof from;
+        int fd = accept4(lfd, (struct sockaddr *)&from, &from_len, SOCK_CLOEXEC);
+        if (fd < 0) {
+            i--; /* a connection that went before it was taken */
+            continue;
+        }
+        no_delay(fd);
+        char h[64] = "?", sv[16] = "";
+        getnameinfo((struct sockaddr *)&from, from_len, h, sizeof h, sv, sizeof sv, NI_NUMERICHOST | NI_NUMERICSERV);
+        hello hi = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .rank = i + 1, .size = L->n + 1};
+        memcpy(hi.id, id, LLM_TP_ID_BYTES);
+        hello_reply back;
+        struct timeval t = {.tv_sec = 30}; /* a stranger that says nothing does not hold the group */
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+        if (send_all(fd, &hi, sizeof hi) || recv_all(fd, &back, sizeof back) ||
+            memcmp(back.magic, HELLO_MAGIC, sizeof back.magic) || back.version != HELLO_VERSION || back.gpu < 0) {
+            fprintf(stderr, "llm-run: tensor parallelism: %s is not an llm-run tp-worker of this version; ignored\n", h);
+            close(fd);
+            i--;
+            continue;
+        }
+        t.tv_sec = 0;
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+        L->fd[i] = fd, L->pid[i] = 0, L->gpu[i + 1] = back.gpu;
+        snprintf(L->peer[i], sizeof L->peer[i], "%s", h);
+        fprintf(stderr, "llm-run: tensor parallelism: rank %d is %s:%d at %s\n", i + 1, L->dev, back.gpu, h);
+    }
+    close(lfd);
+    return 0;
+}
+
 int llm_tp_load(llm_model *m, const char *path, const llm_load_options *lo, char *err, size_t err_len)
 {
     char name[32];
     int gpus[LLM_TP_MAX];
     int n = llm_tp_parse(lo ? lo->device : NULL, name, sizeof name, gpus, err, err_len);
     if (n < 0) return -1;
+    if (n < 2 && lo && lo->tp_listen) {
+        snprintf(err, err_len, "--tp-listen %s: give the group's size too (--tp N, or --device cuda:0,1,...)",
+                 lo->tp_listen);
+        return -1;
+    }
     if (n < 2) return llm_model_load(m, path, lo, err, err_len);
     memset(m, 0, sizeof *m);
     const llm_device *dev = llm_device_find(name);
@@ -323,8 +446,12 @@ int llm_tp_load(llm_model *m, const char *path, const llm_load_options *lo, char
     snprintf(L->dev, sizeof L->dev, "%s", name);
     for (int i = 0; i < L->n; i++) L->fd[i] = -1;
     fflush(NULL); /* nothing buffered twice */
-    for (int i = 0; i < L->n; i++)
-        if (spawn(L, i, exe, name, id, err, err_len)) goto fail;
+    if (lo->tp_listen) {
+        if (accept_workers(L, lo->tp_listen, id, err, err_len)) goto fail;
+    } else {
+        for (int i = 0; i < L->n; i++)
+            if (spawn(L, i, exe, name, id, err, err_len)) goto fail;
+    }
     /* what every rank loads as rank 0 does: the path, then the options that shape the weights and the cache */
     msg h = {.type = MSG_LOAD, .bytes = (uint32_t)strlen(path) + 1, .a = (int32_t)lo->cache_type,
              .b = lo->cache_default, .c = (int32_t)lo->precision, .d = lo->threads};
@@ -364,25 +491,100 @@ static int env_int(const char *name, int *out)
     return 0;
 }
 
-int llm_cmd_tp_worker(int argc, char **argv)
+/* A worker started by rank 0 on this host: its place in the environment (spawn). 0, else -1. */
+static int worker_from_env(int *rank, int *size, int *fd, llm_load_options *lo)
 {
-    (void)argc, (void)argv;
-    int rank, size, fd;
-    const char *hex = getenv("LLM_TP_ID"), *device = getenv("LLM_TP_DEVICE");
-    llm_load_options lo = {.device = device};
-    if (env_int("LLM_TP_RANK", &rank) || env_int("LLM_TP_SIZE", &size) || env_int("LLM_TP_FD", &fd) || !device ||
-        !hex || strlen(hex) != 2 * LLM_TP_ID_BYTES || rank < 1 || rank >= size) {
-        fprintf(stderr, "llm-run tp-worker: started by llm-run itself for tensor parallelism (--device cuda:0,1), "
-                "with LLM_TP_RANK, LLM_TP_SIZE, LLM_TP_ID, LLM_TP_DEVICE and LLM_TP_FD\n");
-        return 1;
-    }
+    const char *hex = getenv("LLM_TP_ID");
+    lo->device = getenv("LLM_TP_DEVICE");
+    if (env_int("LLM_TP_RANK", rank) || env_int("LLM_TP_SIZE", size) || env_int("LLM_TP_FD", fd) || !lo->device ||
+        !hex || strlen(hex) != 2 * LLM_TP_ID_BYTES || *rank < 1 || *rank >= *size)
+        return -1;
     for (int k = 0; k < LLM_TP_ID_BYTES; k++) {
         unsigned v;
-        if (sscanf(hex + 2 * k, "%2x", &v) != 1) return 1;
-        lo.tp.id[k] = (unsigned char)v;
+        if (sscanf(hex + 2 * k, "%2x", &v) != 1) return -1;
+        lo->tp.id[k] = (unsigned char)v;
+    }
+    return 0;
+}
+
+/* A worker started by hand or by mpirun (`--connect HOST:PORT`): connects to rank 0, retrying for two minutes (the
+ * ranks may start in any order), and learns its place from rank 0's hello. 0, else err. */
+static int worker_connect(const char *where, const char *device, int *rank, int *size, int *fd, llm_load_options *lo,
+                          char *dev_buf, size_t dev_len, char *err, size_t err_len)
+{
+    char host[256], port[16];
+    if (split_address(where, "--connect", host, sizeof host, port, sizeof port, err, err_len)) return -1;
+    int gpu = 0;
+    if (device) {
+        const char *colon = strchr(device, ':');
+        char *end;
+        long k = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (colon && (end == colon + 1 || *end || k < 0 || k > 1024)) {
+            snprintf(err, err_len, "--device %s: expected cuda or cuda:N", device);
+            return -1;
+        }
+        gpu = (int)k;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int s = -1, rc = 0, e = 0;
+    for (int tries = 0; s < 0 && tries < 240; tries++) {
+        if (tries) usleep(500 * 1000);
+        if ((rc = getaddrinfo(*host ? host : "localhost", port, &hints, &ai)) != 0) {
+            if (rc == EAI_AGAIN) continue;
+            snprintf(err, err_len, "--connect %s: %s", where, gai_strerror(rc));
+            return -1;
+        }
+        for (struct addrinfo *a = ai; a && s < 0; a = a->ai_next) {
+            s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+            if (s >= 0 && connect(s, a->ai_addr, a->ai_addrlen) != 0) e = errno, close(s), s = -1;
+        }
+        freeaddrinfo(ai);
+    }
+    if (s < 0) {
+        snprintf(err, err_len, "--connect %s: no rank 0 there in two minutes (%s)", where, strerror(e ? e : ETIMEDOUT));
+        return -1;
+    }
+    no_delay(s);
+    hello hi;
+    hello_reply back = {.magic = HELLO_MAGIC, .version = HELLO_VERSION, .gpu = gpu};
+    if (recv_all(s, &hi, sizeof hi) || memcmp(hi.magic, HELLO_MAGIC, sizeof hi.magic) ||
+        hi.version != HELLO_VERSION || hi.size < 2 || hi.size > LLM_TP_MAX || hi.rank < 1 || hi.rank >= hi.size ||
+        send_all(s, &back, sizeof back)) {
+        snprintf(err, err_len, "--connect %s: no llm-run rank 0 of this version answered there", where);
+        close(s);
+        return -1;
+    }
+    *rank = hi.rank, *size = hi.size, *fd = s;
+    memcpy(lo->tp.id, hi.id, LLM_TP_ID_BYTES);
+    snprintf(dev_buf, dev_len, "cuda:%d", gpu);
+    lo->device = dev_buf;
+    return 0;
+}
+
+int llm_cmd_tp_worker(int argc, char **argv)
+{
+    int rank, size, fd;
+    llm_load_options lo = {0};
+    char err[1024], path[4096], dev[32];
+    if (argc >= 3 && strcmp(argv[1], "--connect") == 0) {
+        const char *device = argc >= 5 && strcmp(argv[3], "--device") == 0 ? argv[4] : NULL;
+        if ((argc != 3 && !device) || argc > 5) {
+            fprintf(stderr, "usage: llm-run tp-worker --connect HOST:PORT [--device cuda:N]\n");
+            return 1;
+        }
+        if (worker_connect(argv[2], device, &rank, &size, &fd, &lo, dev, sizeof dev, err, sizeof err)) {
+            fprintf(stderr, "llm-run: tp-worker: %s\n", err);
+            return 1;
+        }
+        fprintf(stderr, "llm-run: tensor parallelism: rank %d of %d on %s\n", rank, size, lo.device);
+    } else if (argc > 1 || worker_from_env(&rank, &size, &fd, &lo)) {
+        fprintf(stderr, "llm-run tp-worker: a rank of a model split over GPUs (tensor parallelism). Started by llm-run "
+                "itself on this host (--tp N), or by hand or mpirun on any host as\n"
+                "  llm-run tp-worker --connect HOST:PORT [--device cuda:N]\n"
+                "to join the rank 0 that runs  llm-run MODEL --tp N --tp-listen PORT  on HOST\n");
+        return 1;
     }
     lo.tp.rank = rank, lo.tp.size = size;
-    char err[1024], path[4096];
     msg h;
     if (recv_all(fd, &h, sizeof h) || h.type != MSG_LOAD || h.bytes == 0 || h.bytes > sizeof path ||
         recv_all(fd, path, h.bytes) || path[h.bytes - 1]) {

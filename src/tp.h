@@ -12,7 +12,6 @@
 
 #include "model/model.h"
 
-#define LLM_TP_MAX 16 /* GPUs a group */
 
 /* A device list "cuda:0,1,3" into its device name ("cuda") and ordinals. Returns how many (2 or more: a group;
  * 1: a plain device, names[0..] untouched), or -1 with err (repeated or bad ordinals, too many). */

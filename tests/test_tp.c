@@ -1,5 +1,7 @@
 /* Tensor parallelism: the split's arithmetic (src/model/split.h) on every machine; a model split over two GPUs (one
  * process each, src/tp.c) against Hugging Face and against one GPU, where two GPUs are here (skipped otherwise). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,13 +10,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "compare.h"
 #include "devices/registry.h"
 #include "model/model.h"
 #include "model/split.h"
 #include "ops/ref.h"
+#include "support/cli_run.h"
 #include "support/fixture_util.h"
 #include "tp.h"
 
@@ -118,13 +125,15 @@ static void test_host_device_refused(void **state)
     fixture_free_expected(&ex);
 }
 
+static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
+
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
 static void run_model(const fixture_expected *ex, const char *device, float **logits_out, int32_t *greedy,
-                      llm_device_counters *counters)
+                      llm_device_counters *counters, char *describe, size_t describe_len)
 {
     llm_model m;
-    llm_load_options lo = {.device = device};
+    llm_load_options lo = {.device = device, .tp_listen = run_listen};
     char err[1024] = "";
     int rc = llm_tp_load(&m, ex->dir, &lo, err, sizeof err);
     if (rc) print_error("%s: %s\n", device, err);
@@ -150,6 +159,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
             assert_int_equal(llm_forward(&m, &s, &greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err), 0);
     }
     if (m.rt.dev->counters) m.rt.dev->counters(counters);
+    if (describe) m.rt.dev->describe(describe, describe_len);
     llm_state_free(&s, &m);
     llm_model_free(&m);
 }
@@ -181,6 +191,16 @@ static int pair_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
     (void)err, (void)err_len;
     memset(id, 0, LLM_TP_ID_BYTES);
     return 0;
+}
+
+/* The cpu device whose all_reduce sums two threads' x (pair_all_reduce): the ranks' device in these tests. */
+static void pair_device_make(void)
+{
+    pair_dev = llm_device_cpu;
+    pair_ops = llm_ref_ops;
+    pair_ops.all_reduce = pair_all_reduce;
+    pair_dev.ops = &pair_ops;
+    pair_dev.tp_unique_id = pair_id;
 }
 
 typedef struct {
@@ -227,11 +247,7 @@ static void *pair_run(void *arg)
 static void test_split_on_cpu(void **state)
 {
     (void)state;
-    pair_dev = llm_device_cpu;
-    pair_ops = llm_ref_ops;
-    pair_ops.all_reduce = pair_all_reduce;
-    pair_dev.ops = &pair_ops;
-    pair_dev.tp_unique_id = pair_id;
+    pair_device_make();
     const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
                            "phi3-window", "gemma2"};
     for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
@@ -289,6 +305,130 @@ static void test_split_on_cpu(void **state)
     }
 }
 
+/* llm-run compare with a split model as the device under test: each rank compares itself against a whole model on
+ * cpu (the two make the same forward calls, as compare's steps depend only on logits both ranks share). Rank 0's
+ * per-head and intermediate buffers are the leading part of the whole's rows, so every trace point and the logits
+ * must agree; rank 1's shares are other heads and its trace verdict is not looked at. */
+typedef struct {
+    int rank;
+    llm_model *ref, *dev;
+    const fixture_expected *ex;
+    llm_compare_result res;
+    char err[512];
+    int rc;
+} compare_job;
+
+static void *compare_run(void *arg)
+{
+    compare_job *j = arg;
+    pair_rank = j->rank;
+    llm_compare_options opt = {.chunk = 5, .n_generate = 8, .tol = 1e-5, .trace_tol = 1e-5};
+    j->rc = llm_compare_run(j->ref, j->dev, j->ex->tokens, j->ex->n_prompt, &opt, &j->res, j->err, sizeof j->err);
+    return NULL;
+}
+
+static void test_compare_split(void **state)
+{
+    (void)state;
+    pair_device_make();
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen3"); /* q/k norms per head: shares of normalised heads */
+    char err[1024] = "";
+    llm_model whole[2], m[2];
+    compare_job jobs[2];
+    for (int r = 0; r < 2; r++) {
+        llm_load_options lo = {.device = "cpu"};
+        llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = 2}};
+        assert_int_equal(llm_model_load(&whole[r], ex.dir, &lo, err, sizeof err), 0);
+        assert_int_equal(llm_model_load(&m[r], ex.dir, &lr, err, sizeof err), 0);
+        jobs[r] = (compare_job){.rank = r, .ref = &whole[r], .dev = &m[r], .ex = &ex};
+    }
+    pair_sum = malloc((size_t)ex.n_tokens * whole[0].config.hidden_size * sizeof *pair_sum);
+    assert_non_null(pair_sum);
+    pthread_barrier_init(&pair_barrier, NULL, 2);
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&t[r], NULL, compare_run, &jobs[r]), 0);
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    pthread_barrier_destroy(&pair_barrier);
+    const llm_compare_result *res = &jobs[0].res;
+    if (jobs[0].rc) print_error("%s\n", jobs[0].err);
+    assert_int_equal(jobs[0].rc, 0);
+    assert_int_equal(jobs[1].rc, 0);
+    print_message("qwen3 split in two against the whole model (compare): logits rel %.3g, first divergence %s, "
+                  "greedy %d/%d\n", res->logits_rel, res->diverged ? res->first_point : "none", res->greedy_agree,
+                  res->greedy_total);
+    assert_false(res->diverged);
+    assert_true(res->pass);
+    assert_int_equal(res->top1_agree, res->positions);
+    assert_int_equal(res->greedy_agree, 8);
+    /* the shares were compared, not skipped: q's point holds a difference measured against non-zero values */
+    bool saw_q = false;
+    for (int p = 0; p < res->n_points; p++)
+        if (!strcmp(res->point[p], "q")) saw_q = res->cell[p].max_ref > 0.0;
+    assert_true(saw_q);
+    for (int r = 0; r < 2; r++) {
+        llm_compare_result_free(&jobs[r].res);
+        llm_model_free(&m[r]), llm_model_free(&whole[r]);
+    }
+    free(pair_sum);
+    fixture_free_expected(&ex);
+}
+
+/* ---- across hosts: the rendezvous over TCP (--tp-listen, tp-worker --connect) ----
+ * What can be checked without GPUs: the worker's arguments, and a worker that reaches something other than an llm-run
+ * rank 0 says so in one line and exits 1 (a server thread here answers with the wrong bytes). */
+static void *wrong_server(void *arg)
+{
+    int lfd = *(int *)arg;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd >= 0) {
+        char junk[512];
+        memset(junk, 'x', sizeof junk); /* as long as a hello, but not one */
+        ssize_t w = write(fd, junk, sizeof junk);
+        (void)w;
+        char back[64];
+        ssize_t r = read(fd, back, sizeof back); /* until the worker hangs up */
+        (void)r;
+        close(fd);
+    }
+    return NULL;
+}
+
+static void test_worker_connect_errors(void **state)
+{
+    (void)state;
+    cli_run_result r;
+    assert_int_equal(cli_run(&r, "tp-worker --connect 127.0.0.1:70000"), 1);
+    assert_non_null(strstr(r.err, "--connect 127.0.0.1:70000: expected [HOST:]PORT with PORT 0 to 65535"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "tp-worker --connect 127.0.0.1:5000 --device cuda:x"), 1);
+    assert_non_null(strstr(r.err, "--device cuda:x: expected cuda or cuda:N"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "tp-worker --connect"), 1);
+    assert_non_null(strstr(r.err, "llm-run tp-worker --connect HOST:PORT"));
+    cli_run_free(&r);
+    /* --tp-listen needs a group to wait for */
+    assert_int_equal(cli_run(&r, "tests/fixtures/models/llama-gqa-tied --tp-listen 5000 -n 1 -p hi"), 1);
+    assert_non_null(strstr(r.err, "--tp-listen 5000: give the group's size too"));
+    cli_run_free(&r);
+
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &len), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wrong_server, &lfd), 0);
+    int status = cli_run(&r, "tp-worker --connect 127.0.0.1:%d --device cuda:1", ntohs(a.sin_port));
+    pthread_join(t, NULL);
+    close(lfd);
+    assert_int_equal(status, 1);
+    assert_non_null(strstr(r.err, "no llm-run rank 0 of this version answered there"));
+    cli_run_free(&r);
+}
+
 /* Two GPUs and a build that can group them (NCCL), or the test is skipped. */
 static void two_gpus_or_skip(void)
 {
@@ -307,8 +447,8 @@ static void two_gpus_or_skip(void)
     setenv("LLM_TP_EXE", "build/llm-run", 0); /* the workers: this test's binary is not llm-run */
 }
 
-/* Each dense family's fixture split over two GPUs. Against Hugging Face: the tolerance of test_models.c (1e-4 of the
- * largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
+/* Each dense family's fixture split over two GPUs (and four, where four are). Against Hugging Face: the tolerance of
+ * test_models.c (1e-4 of the largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
  * (fixtures are F32 checkpoints); the split only regroups sums: o's and down's dot products (at most 160 terms) are
  * summed as two halves plus one f32 add in NCCL, a reordering whose rounding is a few ulp of the terms' magnitude,
  * about 1e-6 of the logits through four layers, so 1e-5 leaves a margin of ten and still catches a lost or doubled
@@ -327,9 +467,26 @@ static void test_split_matches(void **state)
         float *one = NULL, *two = NULL;
         int32_t g1[256], g2[256];
         llm_device_counters c1 = {0}, c2 = {0};
-        run_model(&ex, "cuda:0", &one, g1, &c1);
-        run_model(&ex, "cuda:0,1", &two, g2, &c2);
+        char d2[1024], d3[1024];
+        run_model(&ex, "cuda:0", &one, g1, &c1, NULL, 0);
+        run_model(&ex, "cuda:0,1", &two, g2, &c2, d2, sizeof d2);
         size_t count = ex.n_logits;
+        /* the same through NCCL at every size: two ranks' sums are one add, in the same order, so bit-identical */
+        float *nccl = NULL;
+        int32_t g3[256];
+        llm_device_counters c3 = {0};
+        setenv("LLM_CUDA_ALL_REDUCE", "nccl", 1); /* read by each rank's device as it opens */
+        run_model(&ex, "cuda:0,1", &nccl, g3, &c3, d3, sizeof d3);
+        unsetenv("LLM_CUDA_ALL_REDUCE");
+        if (f == 0) print_message("all-reduce on 2 GPUs: %s; with LLM_CUDA_ALL_REDUCE=nccl: %s\n",
+                                  strstr(d2, "all-reduce:"), strstr(d3, "all-reduce:"));
+        char link[256] = "";
+        const llm_device *cuda = llm_device_find("cuda");
+        if (cuda->link) cuda->link(0, 1, link, sizeof link);
+        if (strstr(link, "peer access yes")) assert_non_null(strstr(d2, "all-reduce: one-shot"));
+        assert_non_null(strstr(d3, "all-reduce: NCCL"));
+        assert_memory_equal(nccl, two, count * sizeof *two);
+        free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g; %zu graph replays\n",
                       names[f], hf, vs_one, c2.graph_replays);
@@ -343,9 +500,69 @@ static void test_split_matches(void **state)
         /* the all-reduce between the products: the persistent step is cut, the kernel-per-op graph replays */
         assert_int_equal(c2.persistent_steps, 0);
         assert_true(c2.graph_replays > 0);
+        /* four ways where four GPUs are: a query head a GPU, the KV heads replicated; NCCL's ring may add four
+         * ranks' rows in another order than the one-shot's, so no bitwise check against it here */
+        if (llm_device_find("cuda")->instances() >= 4) {
+            float *four = NULL;
+            int32_t g4[256];
+            llm_device_counters c4 = {0};
+            run_model(&ex, "cuda:0,1,2,3", &four, g4, &c4, NULL, 0);
+            double hf4 = fixture_max_rel_error(four, ex.logits, count), vs_one4 = fixture_max_rel_error(four, one, count);
+            print_message("%s on 4 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g\n", names[f], hf4,
+                          vs_one4);
+            assert_true(hf4 <= 1e-4);
+            assert_true(vs_one4 <= 1e-5);
+            for (int i = 0; i < ex.n_greedy; i++) assert_int_equal(g4[i], ex.greedy[i]);
+            free(four);
+        }
         free(one), free(two);
         fixture_free_expected(&ex);
     }
+}
+
+/* Two processes on one machine joined as across hosts: rank 0 here listens on a free port, the other rank is
+ * `llm-run tp-worker --connect` started apart (as by hand or mpirun, before rank 0 listens: it retries). The split
+ * model's logits equal those of the split started by rank 0 itself (the same kernels on the same GPUs: 1e-6 of the
+ * largest logit leaves room only for a reordered sum), greedy tokens exact. */
+static void test_split_across_hosts(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
+    int probe = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(probe, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(probe, (struct sockaddr *)&a, &len), 0);
+    close(probe); /* a free port, for a moment */
+    char where[32], port[16];
+    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    snprintf(where, sizeof where, "127.0.0.1:%s", port);
+    fflush(NULL);
+    pid_t worker = fork();
+    if (worker == 0) {
+        execl(LLM_RUN, LLM_RUN, "tp-worker", "--connect", where, "--device", "cuda:1", (char *)NULL);
+        _exit(127);
+    }
+    assert_true(worker > 0);
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen3");
+    float *spawned = NULL, *joined = NULL;
+    int32_t g1[256], g2[256];
+    llm_device_counters c1 = {0}, c2 = {0};
+    run_listen = port;
+    run_model(&ex, "cuda:0,1", &joined, g2, &c2, NULL, 0);
+    run_listen = NULL;
+    int status = -1;
+    assert_int_equal(waitpid(worker, &status, 0), worker);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0); /* told to stop when rank 0 was done */
+    run_model(&ex, "cuda:0,1", &spawned, g1, &c1, NULL, 0);
+    double diff = fixture_max_rel_error(joined, spawned, ex.n_logits);
+    assert_true(diff <= 1e-6);
+    assert_memory_equal(g1, g2, (size_t)ex.n_greedy * sizeof *g1);
+    print_message("qwen3 split over two processes joined over TCP (port %s): against the split started by rank 0 "
+                  "%.3g\n", port, diff);
+    free(spawned), free(joined);
+    fixture_free_expected(&ex);
 }
 
 /* What does not split is refused in one line by every rank, none left waiting for the others. */
@@ -369,8 +586,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_shares),  cmocka_unit_test(test_split_refused),
         cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
-        cmocka_unit_test(test_split_on_cpu),
+        cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_compare_split),
+        cmocka_unit_test(test_worker_connect_errors),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
+        cmocka_unit_test(test_split_across_hosts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

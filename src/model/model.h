@@ -145,6 +145,9 @@ typedef struct {
      * (split.h) onto a device that joins the group (tp_unique_id; cuda with NCCL). Dense families with weights as
      * stored only. size 0 or 1: the whole model. src/tp.c starts the ranks (llm_tp_load). */
     llm_tp_group tp;
+    /* Tensor parallelism across hosts (llm_tp_load): "[HOST:]PORT" where this process, rank 0, waits for the other
+     * ranks to connect (`llm-run tp-worker --connect`) instead of starting them itself. NULL: it starts them. */
+    const char *tp_listen;
 } llm_load_options;
 
 /* The folder that holds config.json and the tokenizer: path itself, or the folder of a file in it. */

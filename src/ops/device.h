@@ -24,6 +24,7 @@ typedef enum { LLM_PRECISION_ACCURATE, LLM_PRECISION_FAST } llm_precision;
  * (src/model/split.h); the all_reduce op sums over them. rank in 0 .. size-1; size 0 or 1: a group of one, the
  * process alone. id: the group's rendezvous, made by rank 0's device (tp_unique_id) and given to every rank. */
 #define LLM_TP_ID_BYTES 128
+#define LLM_TP_MAX 16 /* GPUs a group */
 typedef struct {
     int rank, size;
     unsigned char id[LLM_TP_ID_BYTES];
@@ -133,6 +134,9 @@ typedef struct llm_device {
     int (*tp_unique_id)(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
     /* Optional: how many of this device the machine has (GPUs: cuda:0 .. cuda:N-1); NULL: one. */
     int (*instances)(void);
+    /* Optional: how instances a and b reach each other's memory (GPUs: peer access, NVLink or PCIe), one phrase into
+     * buf, for `llm-run devices`. NULL: the device has nothing to say. */
+    void (*link)(int a, int b, char *buf, size_t len);
 } llm_device;
 
 #endif

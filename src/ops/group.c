@@ -70,8 +70,8 @@ static const struct {
          "experts are known only after the router); a kernel per op, replayed as a CUDA graph"},
     [LLM_REFUSE_PERSIST_TP] =
         {"persist_tp",
-         "tensor-parallel all-reduce between phases: the persistent decode step cannot wait on the other GPUs inside "
-         "its kernel; a kernel per op with NCCL's all-reduce between them, replayed as a CUDA graph"},
+         "tensor-parallel all-reduce between phases: the persistent decode step does not yet wait on the other GPUs "
+         "inside its kernel; a kernel per op with the all-reduce between them, replayed as a CUDA graph"},
     [LLM_REFUSE_STEP] =
         {"step_refused",
          "the persistent decode step refused a recorded program (a dtype, alignment or shape it has no phase for, or "

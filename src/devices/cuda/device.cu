@@ -103,6 +103,7 @@ static int env_int(const char *name, int fallback)
  *                               (256: 64 positions of f32, 128 of a 16-bit cache), whole boxes of 32
  *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
  *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py)
+ *   LLM_CUDA_ALL_REDUCE=nccl    tensor parallelism: every all-reduce through NCCL (else one-shot up to 64 KB; nccl.cu)
  *   LLM_CUDA_MOE_PDL=0|1|2      the MoE kernels: no programmatic dependent launch / launched early, the next kernel
  *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2; notes: "Mixture of experts") */
 static void cuda_settings_read(cuda_settings *s)
@@ -139,6 +140,10 @@ static void cuda_settings_read(cuda_settings *s)
     s->owe = env_flag("LLM_CUDA_OWE", true);
     s->moe_pdl = env_int("LLM_CUDA_MOE_PDL", 2);
     if (s->moe_pdl < 0 || s->moe_pdl > 2) s->moe_pdl = 2;
+    {
+        const char *sum = getenv("LLM_CUDA_ALL_REDUCE"); /* "nccl": NCCL at every size (measurements, tests) */
+        s->all_reduce_oneshot = !(sum && strcmp(sum, "nccl") == 0);
+    }
     s->timeline = getenv("LLM_CUDA_TIMELINE");
     if (s->timeline && !*s->timeline) s->timeline = NULL;
 }
@@ -303,6 +308,9 @@ static void cuda_describe(char *buf, size_t len)
              runtime / 1000, runtime % 1000 / 10, path, g.initialized && !g.use_graphs ? "off" : "on",
              g.initialized && !g.fuse ? "off" : "on", g.initialized && !llm_cuda.pdl ? "off" : "on",
              g.initialized && !llm_cuda.split_products ? "bf16/f16 (fast)" : "split f32 (accurate)", persist);
+    const char *sum = g.initialized ? cuda_tp_path() : "";
+    size_t used = strlen(buf);
+    if (*sum && used < len) snprintf(buf + used, len - used, "; all-reduce: %s", sum);
 }
 
 static void cuda_counters(llm_device_counters *out)
@@ -369,4 +377,5 @@ extern "C" const llm_device llm_device_cuda = {
     LLM_DTYPE_F16,
     cuda_tp_unique_id,
     cuda_instances,
+    cuda_link,
 };

@@ -82,7 +82,7 @@ typedef struct {
 
 /* Every LLM_CUDA_* variable the device reads, as cuda_settings_read leaves it (see there for the table). */
 typedef struct {
-    bool graphs, fuse, sync_each, pdl, persist, owe, attn_simt;
+    bool graphs, fuse, sync_each, pdl, persist, owe, attn_simt, all_reduce_oneshot;
     int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
     int persist_kv_bytes;
     int moe_pdl;
@@ -186,6 +186,8 @@ bool cuda_supports(llm_op op, llm_dtype dtype);
 /* nccl.cu: the tensor-parallel group this device joined at init (a group of one when none) */
 int cuda_tp_size(void);
 int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
+void cuda_link(int a, int b, char *buf, size_t len);
+const char *cuda_tp_path(void);
 int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len);
 void cuda_tp_close(void);
 void op_all_reduce(float *x, size_t count);

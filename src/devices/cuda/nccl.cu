@@ -1,8 +1,14 @@
 /* The cuda device in a tensor-parallel group (device.h, llm_tp_group): one process a GPU, joined by NCCL when the
- * device opens; all_reduce is ncclAllReduce on the device's stream, so a step's CUDA graph captures it like a kernel.
- * Not here: which rank holds which rows (src/model/split.h), starting the ranks (src/tp.c). Built without NCCL
- * (make LLM_NCCL=0) the device is always a group of one. */
+ * device opens. all_reduce sums a step's small vectors (a token's hidden row: up to ONESHOT_MAX floats) in one kernel
+ * through the other GPUs' memory, mapped here by CUDA IPC over NVLink or PCIe peer access (the "one-shot"
+ * all-reduce: each rank writes its x into every other rank's box, raises a flag there, waits for theirs and adds
+ * the ranks' rows in rank order, so that every rank holds the same sums). Larger vectors (prefill) and groups whose
+ * GPUs cannot reach each other's memory go through ncclAllReduce. Both are on the device's stream, so a step's CUDA
+ * graph captures them like kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
+ * (src/tp.c). Built without NCCL (make LLM_NCCL=0) the device is always a group of one. */
 #include "device_internal.cuh"
+
+#include <dlfcn.h>
 
 #ifdef LLM_HAVE_NCCL
 #include <nccl.h>
@@ -10,6 +16,21 @@ static_assert(sizeof(ncclUniqueId) == LLM_TP_ID_BYTES, "llm_tp_group.id holds an
 static ncclComm_t comm;
 #endif
 static int tp_size = 1, tp_rank = 0;
+
+/* The one-shot all-reduce's boxes: each rank's own (box[tp_rank]) and the others' as mapped here. A box holds two
+ * slots (a call's parity: a rank may run one call ahead of another, never two) of a row from each rank, then one flag
+ * a rank (the last call whose row that rank has written here) and this rank's count of calls. */
+constexpr int ONESHOT_MAX = 16384; /* floats a call: 64 KB, a hidden row of 16,384 */
+constexpr int ONESHOT_THREADS = 1024;
+struct oneshot_boxes {
+    float *box[LLM_TP_MAX];
+    int rank, size;
+};
+static oneshot_boxes boxes;
+static bool oneshot;
+
+static __host__ __device__ size_t box_floats(int size) { return (size_t)2 * size * ONESHOT_MAX; }
+static size_t box_bytes(int size) { return box_floats(size) * sizeof(float) + (size_t)(size + 1) * 8; }
 
 int cuda_tp_size(void) { return tp_size; }
 
@@ -32,6 +53,207 @@ int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_l
 #endif
 }
 
+/* NVLinks active on the GPU at PCI bus id `bus`, asked of the driver's NVML; -1 when NVML cannot say. NVML is opened
+ * at run time: it comes with the driver, not the toolkit, and a machine without it still runs models. Its calls are
+ * declared here as nvml.h declares them (the toolkit here ships no nvml.h): handles are pointers, results and link
+ * states ints (0: success, 1: a link active). */
+static int nvlinks_active(void *nvml, const char *bus)
+{
+    typedef int (*by_bus_fn)(const char *, void **);
+    typedef int (*state_fn)(void *, unsigned, int *);
+    by_bus_fn by_bus = (by_bus_fn)dlsym(nvml, "nvmlDeviceGetHandleByPciBusId_v2");
+    state_fn state = (state_fn)dlsym(nvml, "nvmlDeviceGetNvLinkState");
+    void *gpu = NULL;
+    if (!by_bus || !state || by_bus(bus, &gpu) != 0) return -1;
+    int active = 0;
+    for (unsigned link = 0; link < 18; link++) { /* NVML_NVLINK_MAX_LINKS: 18 since Hopper */
+        int on = 0;
+        if (state(gpu, link, &on) == 0 && on == 1) active++;
+    }
+    return active;
+}
+
+/* How GPUs a and b are linked (device.h): peer access as CUDA reports it, and NVLink when both GPUs have active
+ * links (on a machine with NVSwitch every pair is then linked through it). */
+void cuda_link(int a, int b, char *buf, size_t len)
+{
+    int peer = 0, rank = 0;
+    char bus_a[32] = "", bus_b[32] = "";
+    if (cudaDeviceCanAccessPeer(&peer, a, b) != cudaSuccess ||
+        cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank, a, b) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus_a, sizeof bus_a, a) != cudaSuccess ||
+        cudaDeviceGetPCIBusId(bus_b, sizeof bus_b, b) != cudaSuccess) {
+        snprintf(buf, len, "unknown (%s)", cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    int links_a = -1, links_b = -1;
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    typedef int (*void_fn)(void);
+    void_fn init = nvml ? (void_fn)dlsym(nvml, "nvmlInit_v2") : NULL;
+    void_fn shutdown = nvml ? (void_fn)dlsym(nvml, "nvmlShutdown") : NULL;
+    if (init && shutdown && init() == 0) {
+        links_a = nvlinks_active(nvml, bus_a), links_b = nvlinks_active(nvml, bus_b);
+        shutdown();
+    }
+    if (nvml) dlclose(nvml);
+    const char *path = links_a < 0 || links_b < 0 ? "NVLink unknown (no NVML)"
+                       : links_a > 0 && links_b > 0 ? "NVLink"
+                                                    : "PCIe (no active NVLink)";
+    if (links_a > 0 && links_b > 0)
+        snprintf(buf, len, "%s (%d and %d links active), peer access %s, performance rank %d", path, links_a, links_b,
+                 peer ? "yes" : "no", rank);
+    else
+        snprintf(buf, len, "%s, peer access %s, performance rank %d", path, peer ? "yes" : "no", rank);
+}
+
+#ifdef LLM_HAVE_NCCL
+/* What each rank tells the others when the group opens: its box and its GPU. */
+struct box_card {
+    cudaIpcMemHandle_t handle;
+    int gpu, ok;
+};
+
+/* Map every rank's box (oneshot on), or leave the sums to NCCL (oneshot off), as all ranks agree: a rank that
+ * cannot share its box, or reach another's, turns the one-shot path off for the whole group (said once: it costs
+ * speed only). Every rank joins both exchanges whatever happens before them, or the others would wait forever;
+ * -1 with err only when this rank has no memory for the exchange itself (it then leaves the group, and the
+ * others end with it). */
+static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len)
+{
+    const int size = tp_size, rank = tp_rank;
+    box_card mine = {}, *all = (box_card *)calloc((size_t)size, sizeof *all), *d_cards = NULL;
+    int *d_ok = NULL, agreed = 0;
+    const char *why = NULL;
+    memset(&boxes, 0, sizeof boxes);
+    boxes.rank = rank, boxes.size = size;
+    oneshot = false;
+    if (!all || cudaMalloc(&d_cards, (size_t)(size + 1) * sizeof *d_cards) != cudaSuccess ||
+        cudaMalloc(&d_ok, sizeof *d_ok) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, err_len, "cuda:%d: no memory to join the group's one-shot all-reduce", opt->index);
+        cudaFree(d_cards), free(all);
+        return -1;
+    }
+    mine.gpu = opt->index;
+    mine.ok = g.set.all_reduce_oneshot;
+    if (!mine.ok) why = "LLM_CUDA_ALL_REDUCE=nccl";
+    if (mine.ok && (cudaMalloc(&boxes.box[rank], box_bytes(size)) != cudaSuccess ||
+                    cudaMemset(boxes.box[rank], 0, box_bytes(size)) != cudaSuccess ||
+                    cudaIpcGetMemHandle(&mine.handle, boxes.box[rank]) != cudaSuccess))
+        mine.ok = 0, why = cudaGetErrorString(cudaGetLastError());
+    if (cudaMemcpy(d_cards + size, &mine, sizeof mine, cudaMemcpyHostToDevice) == cudaSuccess &&
+        ncclAllGather(d_cards + size, d_cards, sizeof mine, ncclChar, comm, llm_cuda.stream) == ncclSuccess &&
+        cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess && /* the device's stream does not block on memcpy's */
+        cudaMemcpy(all, d_cards, (size_t)size * sizeof *all, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (int j = 0; j < size && mine.ok; j++) {
+            int reach = 0;
+            if (j == rank) continue;
+            if (!all[j].ok) {
+                mine.ok = 0, why = "another rank cannot share its memory";
+            } else if (cudaDeviceCanAccessPeer(&reach, opt->index, all[j].gpu) != cudaSuccess || !reach) {
+                mine.ok = 0, why = "the GPUs have no peer access to each other";
+            } else if (cudaIpcOpenMemHandle((void **)&boxes.box[j], all[j].handle,
+                                            cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+                mine.ok = 0, why = cudaGetErrorString(cudaGetLastError());
+                boxes.box[j] = NULL;
+            }
+        }
+    } else {
+        mine.ok = 0, why = "the boxes could not be exchanged";
+    }
+    cudaGetLastError();
+    /* every rank takes the same path, or the first call would wait forever */
+    if (cudaMemcpy(d_ok, &mine.ok, sizeof mine.ok, cudaMemcpyHostToDevice) == cudaSuccess &&
+        ncclAllReduce(d_ok, d_ok, 1, ncclInt, ncclMin, comm, llm_cuda.stream) == ncclSuccess &&
+        cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess &&
+        cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok)
+        oneshot = true;
+    cudaGetLastError();
+    if (!oneshot && rank == 0)
+        fprintf(stderr, "llm-run: cuda: all-reduce through NCCL at every size (no one-shot path: %s)\n",
+                mine.ok ? "another rank cannot take it" : why);
+    cudaFree(d_cards), cudaFree(d_ok);
+    free(all);
+    return 0;
+}
+
+static void oneshot_close(void)
+{
+    for (int j = 0; j < boxes.size; j++)
+        if (j != boxes.rank && boxes.box[j]) cudaIpcCloseMemHandle(boxes.box[j]);
+    if (boxes.size && boxes.box[boxes.rank]) cudaFree(boxes.box[boxes.rank]);
+    cudaGetLastError();
+    memset(&boxes, 0, sizeof boxes);
+    oneshot = false;
+}
+
+__device__ __forceinline__ void store_release_system(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long load_acquire_system(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long *flags_of(float *box, int size)
+{
+    return (unsigned long long *)(box + box_floats(size));
+}
+
+/* One block: the rows are small and the wait is for the other GPUs, not for bandwidth. A rank that never arrives
+ * (its process died) would hold this kernel forever: after 30 s it traps, the device's sticky error, named by the
+ * step that waits on it. */
+__global__ void __launch_bounds__(ONESHOT_THREADS) oneshot_all_reduce(float *x, int count, oneshot_boxes b)
+{
+    float *own = b.box[b.rank];
+    unsigned long long *flags = flags_of(own, b.size);
+    const unsigned long long call = flags[b.size] + 1; /* this rank's calls: every rank counts the same */
+    const size_t slot = (size_t)(call & 1) * b.size;
+    const bool vec = count % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    for (int j = 0; j < b.size; j++) {
+        if (j == b.rank) continue;
+        float *dst = b.box[j] + (slot + b.rank) * ONESHOT_MAX;
+        if (vec)
+            for (int i = threadIdx.x; i < count / 4; i += blockDim.x) ((float4 *)dst)[i] = ((const float4 *)x)[i];
+        else
+            for (int i = threadIdx.x; i < count; i += blockDim.x) dst[i] = x[i];
+    }
+    __syncthreads(); /* every row written before any flag says so */
+    const int j = threadIdx.x;
+    if (j < b.size && j != b.rank) {
+        __threadfence_system();
+        store_release_system(&flags_of(b.box[j], b.size)[b.rank], call);
+        unsigned long long start, now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+        while (load_acquire_system(&flags[j]) < call) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            if (now - start > 30ull * 1000 * 1000 * 1000) __trap();
+        }
+    }
+    __syncthreads(); /* every other rank's row is here */
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int r = 0; r < b.size; r++) {
+            const float v = r == b.rank ? x[i] : own[(slot + r) * ONESHOT_MAX + i];
+            sum = r == 0 ? v : sum + v; /* rank order on every rank: the same sums everywhere */
+        }
+        x[i] = sum;
+    }
+    if (threadIdx.x == 0) flags[b.size] = call;
+}
+#endif
+
+/* How this device sums across its group, for describe; "" alone. */
+const char *cuda_tp_path(void)
+{
+    if (tp_size <= 1) return "";
+    return oneshot ? "one-shot through peer memory up to 64 KB, NCCL above" : "NCCL";
+}
+
 /* Join the group of opt (after cudaSetDevice): blocks until every rank has joined. A group of one joins nothing. */
 int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len)
 {
@@ -48,7 +270,7 @@ int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len)
         return -1;
     }
     tp_size = opt->tp.size, tp_rank = opt->tp.rank;
-    return 0;
+    return oneshot_open(opt, err, err_len);
 #else
     return cuda_tp_unique_id(NULL, err, err_len);
 #endif
@@ -60,13 +282,15 @@ void cuda_tp_close(void)
     /* Abort, not Finalize and Destroy: this rank's resources go at once, without waiting for the others to reach
      * theirs (each rank closes when it is told to, or after a failure, when the others may never answer); the stream
      * was synchronised, so nothing of this rank's is in flight. */
+    oneshot_close();
     if (comm) ncclCommAbort(comm);
     comm = NULL;
 #endif
     tp_size = 1, tp_rank = 0;
 }
 
-/* In f32, summed by NCCL (ring or tree; NCCL_PROTO and NCCL_ALGO choose). Alone: x stays as it is. */
+/* In f32: one-shot up to ONESHOT_MAX floats where the GPUs reach each other's memory, else NCCL (ring or tree;
+ * NCCL_PROTO and NCCL_ALGO choose). Alone: x stays as it is. */
 void op_all_reduce(float *x, size_t count)
 {
     if (!g.initialized || g.failed || tp_size <= 1 || count == 0) return;
@@ -75,6 +299,12 @@ void op_all_reduce(float *x, size_t count)
     flush_pending();
     settle(x, count * sizeof(float));
     written(x, count * sizeof(float));
+    if (oneshot && count <= (size_t)ONESHOT_MAX) {
+        oneshot_all_reduce<<<1, ONESHOT_THREADS, 0, llm_cuda.stream>>>(x, (int)count, boxes);
+        LLM_CUDA_LAUNCHED("all_reduce");
+        after_op("all_reduce");
+        return;
+    }
     ncclResult_t r = ncclAllReduce(x, x, count, ncclFloat, ncclSum, comm, llm_cuda.stream);
     if (r != ncclSuccess) {
         llm_cuda_fail("all_reduce", "NCCL (rank %d of %d): %s", tp_rank, tp_size, ncclGetErrorString(r));
