@@ -541,6 +541,28 @@ __device__ __forceinline__ void normalise4(float4 &x, uint4 w, int dtype, float 
     x = make_float4(g[0] * (x.x * scale), g[1] * (x.y * scale), g[2] * (x.z * scale), g[3] * (x.w * scale));
 }
 
+/* The sum of the squares of the thread's held values (0 past the columns). */
+__device__ __forceinline__ float thread_squares(const float4 (&xin)[X_GROUPS])
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < X_GROUPS; i++)
+        ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
+    return ss;
+}
+
+/* The sum over the consumer threads of their ss (a norm's sum of squares), the same in every thread and every block:
+ * each warp's sum through red (WARPS floats), added in one order. */
+__device__ __forceinline__ float block_sum_squares(float ss, float *red, int ct)
+{
+    ss = llm_cuda_warp_sum(ss);
+    if ((ct & 31) == 0) red[ct >> 5] = ss;
+    consumers_sync();
+    float total = 0.0f;
+    for (int w = 0; w < WARPS; w++) total += red[w];
+    return total;
+}
+
 /* A post norm folded into the phase (post_w): the thread's values of x + (norm_offset + post_w) * rmsnorm(post_y),
  * as llm_cuda_rmsnorm_add computes them. A post norm spans the whole row the product
  * before wrote in tiles on every block, so it waits on all of them, as this phase's staging does anyway: every block
@@ -562,16 +584,7 @@ __device__ void stage_fold(const step_phase &P, float4 (&xin)[X_GROUPS], float *
     }
     stage_plain<VPT>(resid, P.x, cols, ct);
     stage_plain<VPT>(xin, P.post_y, cols, ct);
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
-        ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
-    ss = llm_cuda_warp_sum(ss);
-    if ((ct & 31) == 0) red[ct >> 5] = ss;
-    consumers_sync();
-    float total = 0.0f;
-    for (int w = 0; w < WARPS; w++) total += red[w];
-    const float scale = llm_cuda_rms_scale(total, cols, P.eps);
+    const float scale = llm_cuda_rms_scale(block_sum_squares(thread_squares(xin), red, ct), cols, P.eps);
 #pragma unroll
     for (int i = 0; i < X_GROUPS; i++) {
         const int c = group_col<VPT>(i, ct);
@@ -613,17 +626,9 @@ __device__ void stage_input(const step_phase &P, float4 (&xin)[X_GROUPS], float 
         stage_plain<VPT>(xin, P.x, cols, ct);
     if (WIDE && P.x.partials) stage_wide_partials<VPT>(wide, P.x, cols, groups, ct, splits);
     if (P.norm_w) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < X_GROUPS; i++) /* (0 past the columns) */
-            ss += xin[i].x * xin[i].x + xin[i].y * xin[i].y + xin[i].z * xin[i].z + xin[i].w * xin[i].w;
+        float ss = thread_squares(xin);
         if (WIDE) stage_wide_norm<VPT>(wide, P.x, groups, ct, ss);
-        ss = llm_cuda_warp_sum(ss);
-        if ((ct & 31) == 0) red[ct >> 5] = ss;
-        consumers_sync();
-        float total = 0.0f;
-        for (int w = 0; w < WARPS; w++) total += red[w];
-        const float scale = llm_cuda_rms_scale(total, cols, P.eps);
+        const float scale = llm_cuda_rms_scale(block_sum_squares(ss, red, ct), cols, P.eps);
 #pragma unroll
         for (int i = 0; i < X_GROUPS; i++) {
             const int c = group_col<VPT>(i, ct);
