@@ -126,6 +126,7 @@ static void test_host_device_refused(void **state)
 }
 
 static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
+static float *run_steps; /* when set: run_model's one-token steps' logits, (n_greedy - 1, vocab) */
 
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
@@ -155,6 +156,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
     }
     for (int i = 0; i < ex->n_greedy; i++) {
         greedy[i] = fixture_argmax(logits, (int)vocab);
+        if (run_steps && i > 0) memcpy(run_steps + (size_t)(i - 1) * vocab, logits, vocab * sizeof(float));
         if (i + 1 < ex->n_greedy)
             assert_int_equal(llm_forward(&m, &s, &greedy[i], 1, ex->n_prompt + i, &logits, err, sizeof err), 0);
     }
@@ -468,8 +470,17 @@ static void test_split_matches(void **state)
         int32_t g1[256], g2[256];
         llm_device_counters c1 = {0}, c2 = {0};
         char d2[1024], d3[1024];
+        /* the one-token steps' logits too: the persistent step computes those, not the prompt's */
+        size_t vocab = ex.n_logits / (size_t)ex.n_tokens, steps = ((size_t)ex.n_greedy - 1) * vocab;
+        float *steps1 = malloc(steps * sizeof(float)), *steps2 = malloc(steps * sizeof(float));
+        assert_true(steps1 && steps2);
+        run_steps = steps1;
         run_model(&ex, "cuda:0", &one, g1, &c1, NULL, 0);
+        run_steps = steps2;
         run_model(&ex, "cuda:0,1", &two, g2, &c2, d2, sizeof d2);
+        run_steps = NULL;
+        double steps_vs_one = fixture_max_rel_error(steps2, steps1, steps);
+        free(steps1), free(steps2);
         size_t count = ex.n_logits;
         /* The kernel-per-op step (LLM_CUDA_PERSIST=0), summing through the one-shot kernel and through NCCL at every
          * size: two ranks' sums are one add, in the same order, so the two are bit-identical. */
@@ -497,9 +508,11 @@ static void test_split_matches(void **state)
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g, against the kernel-per-op "
                       "split %.3g; %zu persistent steps (one GPU: %zu)\n", names[f], hf, vs_one, vs_op,
                       c2.persistent_steps, c1.persistent_steps);
+        print_message("%s on 2 GPUs, one-token steps: against one GPU %.3g\n", names[f], steps_vs_one);
         assert_true(hf <= 1e-4);
         assert_true(vs_one <= 1e-5);
         assert_true(vs_op <= 1e-5);
+        assert_true(steps_vs_one <= 1e-5);
         for (int i = 0; i < ex.n_greedy; i++) {
             if (g2[i] != ex.greedy[i]) print_error("%s: token %d is %d, HF says %d\n", names[f], i, g2[i], ex.greedy[i]);
             assert_int_equal(g2[i], ex.greedy[i]);

@@ -185,6 +185,7 @@ bool cuda_supports(llm_op op, llm_dtype dtype);
 
 /* nccl.cu: the tensor-parallel group this device joined at init (a group of one when none) */
 int cuda_tp_size(void);
+int cuda_tp_rank(void);
 int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len);
 void cuda_link(int a, int b, char *buf, size_t len);
 const char *cuda_tp_path(void);

@@ -41,6 +41,7 @@ static float **d_boxes; /* boxes.box in device memory, for the persistent step *
 static bool step_slots;
 
 int cuda_tp_size(void) { return tp_size; }
+int cuda_tp_rank(void) { return tp_rank; }
 
 int cuda_tp_unique_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
 {

@@ -24,6 +24,7 @@ static void say_once(llm_refusal why)
 {
     if (said[why]) return;
     said[why] = true;
+    if (cuda_tp_rank() > 0) return; /* every rank plans the same steps: rank 0 speaks for the group */
     fprintf(stderr, "cuda: %s\n", llm_refusal_text(why));
 }
 
