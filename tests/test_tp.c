@@ -125,6 +125,12 @@ static void test_host_device_refused(void **state)
     fixture_free_expected(&ex);
 }
 
+/* The dense families' fixtures every split test runs: Llama (GQA, tied), Llama 3 (one KV head: replicated), Qwen3
+ * (q/k norms), Qwen2 (q/k/v biases), Mistral (its own head_dim), Phi-3 (fused q/k/v and gate/up, partial rotary),
+ * Gemma 2 (post norms, soft-caps). */
+static const char *const DENSE[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3",  "qwen2-bias",
+                                    "mistral-headdim", "phi3-window",      "gemma2"};
+
 static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
 static float *run_steps; /* when set: run_model's one-token steps' logits, (n_greedy - 1, vocab) */
 
@@ -250,11 +256,9 @@ static void test_split_on_cpu(void **state)
 {
     (void)state;
     pair_device_make();
-    const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
-                           "phi3-window", "gemma2"};
-    for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
+    for (size_t f = 0; f < sizeof DENSE / sizeof *DENSE; f++) {
         fixture_expected ex;
-        fixture_load_expected(&ex, names[f]);
+        fixture_load_expected(&ex, DENSE[f]);
         char err[1024] = "";
         llm_model whole, m[2];
         llm_load_options lo = {.device = "cpu"};
@@ -263,7 +267,7 @@ static void test_split_on_cpu(void **state)
         for (int r = 0; r < 2; r++) {
             llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = 2}};
             int rc = llm_model_load(&m[r], ex.dir, &lr, err, sizeof err);
-            if (rc) print_error("%s rank %d: %s\n", names[f], r, err);
+            if (rc) print_error("%s rank %d: %s\n", DENSE[f], r, err);
             assert_int_equal(rc, 0);
             assert_int_equal(m[r].split.size, 2);
             jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = &ex, .logits = malloc(ex.n_logits * sizeof(float))};
@@ -278,7 +282,7 @@ static void test_split_on_cpu(void **state)
         for (int r = 0; r < 2; r++) {
             void *failed = NULL;
             pthread_join(t[r], &failed);
-            if (failed) print_error("%s rank %d: %s\n", names[f], r, (char *)failed);
+            if (failed) print_error("%s rank %d: %s\n", DENSE[f], r, (char *)failed);
             assert_null(failed);
         }
         pthread_barrier_destroy(&pair_barrier);
@@ -292,7 +296,7 @@ static void test_split_on_cpu(void **state)
         double vs_whole = fixture_max_rel_error(jobs[0].logits, one, ex.n_logits);
         double ranks = fixture_max_rel_error(jobs[1].logits, jobs[0].logits, ex.n_logits);
         print_message("%s split in two on cpu: max |logit - HF| / max |HF| = %.3g, against the whole model %.3g, "
-                      "rank 1 against rank 0 %.3g\n", names[f], hf, vs_whole, ranks);
+                      "rank 1 against rank 0 %.3g\n", DENSE[f], hf, vs_whole, ranks);
         assert_true(hf <= 1e-4);
         assert_true(vs_whole <= 1e-5);
         assert_true(ranks == 0.0); /* both ranks' sums are the same numbers: the head is whole on each */
@@ -379,6 +383,19 @@ static void test_compare_split(void **state)
 /* ---- across hosts: the rendezvous over TCP (--tp-listen, tp-worker --connect) ----
  * What can be checked without GPUs: the worker's arguments, and a worker that reaches something other than an llm-run
  * rank 0 says so in one line and exits 1 (a server thread here answers with the wrong bytes). */
+/* A TCP socket bound to a free port of 127.0.0.1 (*port). */
+static int loopback_socket(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
 static void *wrong_server(void *arg)
 {
     int lfd = *(int *)arg;
@@ -414,16 +431,12 @@ static void test_worker_connect_errors(void **state)
     assert_non_null(strstr(r.err, "--tp-listen 5000: give the group's size too"));
     cli_run_free(&r);
 
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(lfd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    int port;
+    int lfd = loopback_socket(&port);
     assert_int_equal(listen(lfd, 1), 0);
-    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &len), 0);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, wrong_server, &lfd), 0);
-    int status = cli_run(&r, "tp-worker --connect 127.0.0.1:%d --device cuda:1", ntohs(a.sin_port));
+    int status = cli_run(&r, "tp-worker --connect 127.0.0.1:%d --device cuda:1", port);
     pthread_join(t, NULL);
     close(lfd);
     assert_int_equal(status, 1);
@@ -459,13 +472,9 @@ static void test_split_matches(void **state)
 {
     (void)state;
     two_gpus_or_skip();
-    /* Llama (GQA, tied), Llama 3 (one KV head: replicated), Qwen3 (q/k norms), Qwen2 (q/k/v biases), Mistral (its
-     * own head_dim), Phi-3 (fused q/k/v and gate/up, partial rotary), Gemma 2 (post norms, soft-caps) */
-    const char *names[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3", "qwen2-bias", "mistral-headdim",
-                           "phi3-window", "gemma2"};
-    for (size_t f = 0; f < sizeof names / sizeof *names; f++) {
+    for (size_t f = 0; f < sizeof DENSE / sizeof *DENSE; f++) {
         fixture_expected ex;
-        fixture_load_expected(&ex, names[f]);
+        fixture_load_expected(&ex, DENSE[f]);
         float *one = NULL, *two = NULL;
         int32_t g1[256], g2[256];
         llm_device_counters c1 = {0}, c2 = {0};
@@ -506,15 +515,15 @@ static void test_split_matches(void **state)
         free(oneshot), free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g, against the kernel-per-op "
-                      "split %.3g; %zu persistent steps (one GPU: %zu)\n", names[f], hf, vs_one, vs_op,
+                      "split %.3g; %zu persistent steps (one GPU: %zu)\n", DENSE[f], hf, vs_one, vs_op,
                       c2.persistent_steps, c1.persistent_steps);
-        print_message("%s on 2 GPUs, one-token steps: against one GPU %.3g\n", names[f], steps_vs_one);
+        print_message("%s on 2 GPUs, one-token steps: against one GPU %.3g\n", DENSE[f], steps_vs_one);
         assert_true(hf <= 1e-4);
         assert_true(vs_one <= 1e-5);
         assert_true(vs_op <= 1e-5);
         assert_true(steps_vs_one <= 1e-5);
         for (int i = 0; i < ex.n_greedy; i++) {
-            if (g2[i] != ex.greedy[i]) print_error("%s: token %d is %d, HF says %d\n", names[f], i, g2[i], ex.greedy[i]);
+            if (g2[i] != ex.greedy[i]) print_error("%s: token %d is %d, HF says %d\n", DENSE[f], i, g2[i], ex.greedy[i]);
             assert_int_equal(g2[i], ex.greedy[i]);
             assert_int_equal(g2[i], g1[i]);
         }
@@ -532,7 +541,7 @@ static void test_split_matches(void **state)
             run_model(&ex, "cuda:0,1,2,3", &four, g4, &c4, NULL, 0);
             double hf4 = fixture_max_rel_error(four, ex.logits, count), vs_one4 = fixture_max_rel_error(four, one, count);
             print_message("%s on 4 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g; %zu persistent "
-                          "steps\n", names[f], hf4, vs_one4, c4.persistent_steps);
+                          "steps\n", DENSE[f], hf4, vs_one4, c4.persistent_steps);
             assert_true(hf4 <= 1e-4);
             assert_true(vs_one4 <= 1e-5);
             for (int i = 0; i < ex.n_greedy; i++) assert_int_equal(g4[i], ex.greedy[i]);
@@ -551,14 +560,10 @@ static void test_split_across_hosts(void **state)
 {
     (void)state;
     two_gpus_or_skip();
-    int probe = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(probe, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(probe, (struct sockaddr *)&a, &len), 0);
-    close(probe); /* a free port, for a moment */
+    int free_port;
+    close(loopback_socket(&free_port)); /* a free port, for a moment */
     char where[32], port[16];
-    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    snprintf(port, sizeof port, "%d", free_port);
     snprintf(where, sizeof where, "127.0.0.1:%s", port);
     fflush(NULL);
     pid_t worker = fork();

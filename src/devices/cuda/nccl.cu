@@ -174,14 +174,16 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
     } else {
         mine.ok = 0, why = "the boxes could not be exchanged";
     }
+    /* the table of boxes the persistent step reads: made before the ranks agree, so that no rank fails after it */
+    if (mine.ok && (cudaMalloc(&d_boxes, sizeof boxes.box) != cudaSuccess ||
+                    cudaMemcpy(d_boxes, boxes.box, sizeof boxes.box, cudaMemcpyHostToDevice) != cudaSuccess))
+        mine.ok = 0, why = "no memory for the table of boxes";
     cudaGetLastError();
     /* every rank takes the same path, or the first call would wait forever */
     if (cudaMemcpy(d_ok, &mine.ok, sizeof mine.ok, cudaMemcpyHostToDevice) == cudaSuccess &&
         ncclAllReduce(d_ok, d_ok, 1, ncclInt, ncclMin, comm, llm_cuda.stream) == ncclSuccess &&
         cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess &&
-        cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok &&
-        cudaMalloc(&d_boxes, sizeof boxes.box) == cudaSuccess &&
-        cudaMemcpy(d_boxes, boxes.box, sizeof boxes.box, cudaMemcpyHostToDevice) == cudaSuccess)
+        cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok)
         oneshot = true;
     cudaGetLastError();
     if (!oneshot && rank == 0)

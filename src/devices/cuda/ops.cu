@@ -20,6 +20,15 @@ static bool records(unsigned f) { return recording() && (f & LLM_FUSE_PERSIST); 
 /* Each reason is said once (stderr): a fusion this device does not apply costs kernels of their own, never silently. */
 static bool said[LLM_REFUSE_COUNT];
 
+/* Tensor parallelism: can the persistent step sum the ranks' parts inside its kernel (nccl.cu's step slots)? */
+static bool step_sums(void)
+{
+    float *const *boxes;
+    size_t at;
+    int rank, size;
+    return cuda_tp_step_slots(&boxes, &at, &rank, &size);
+}
+
 static void say_once(llm_refusal why)
 {
     if (said[why]) return;
@@ -91,10 +100,7 @@ void cuda_plan_group(llm_group *grp)
     }
     /* several GPUs: each layer's two all-reduces sit between the products whose phases the kernel chains; it sums
      * them in the products' epilogues through the GPUs' slots (nccl.cu), where the GPUs reach each other's memory */
-    float *const *boxes;
-    size_t at;
-    int rank, size;
-    if (cuda_tp_size() > 1 && !cuda_tp_step_slots(&boxes, &at, &rank, &size) && (grp->ask & LLM_FUSE_PERSIST)) {
+    if (cuda_tp_size() > 1 && !step_sums() && (grp->ask & LLM_FUSE_PERSIST)) {
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_PERSIST_TP);
         cut_persist(LLM_REFUSE_PERSIST_TP, "tensor-parallel all-reduce between phases");
     }
@@ -278,12 +284,9 @@ static void retire_pending(void)
 bool pending_product_takes_sum(float *x, size_t count)
 {
     pending_t *P = &g.pend;
-    float *const *boxes;
-    size_t at;
-    int rank, size;
     if (P->seq != g.group_seq || P->kind != PEND_GEMV || !records(P->fused) || P->logits || P->job.n_mats != 1 ||
         P->job.epi != LLM_CUDA_EPI_NONE || P->job.tp_sum || P->mats[0].out != x || count != P->mats[0].w.rows ||
-        count > (size_t)STEP_SUM_ROWS || !cuda_tp_step_slots(&boxes, &at, &rank, &size))
+        count > (size_t)STEP_SUM_ROWS || !step_sums())
         return false;
     P->job.tp_sum = 1; /* the add after it still joins its epilogue (op_add) */
     return true;
