@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "model/split.h"
 #include "ops/ref.h"
+#include "quant/quant.h"
 #include "support/cli_run.h"
 #include "support/fixture_util.h"
 #include "tp.h"
@@ -88,6 +89,90 @@ static void test_split_refused(void **state)
     assert_int_equal(llm_split_of(&s, &c, "m", 2, 2, err, sizeof err), -1);
 }
 
+/* Shares moved onto whole blocks for block-quantized weights (llm_split_blocks): the intermediate rows in whole
+ * blocks that still tile the whole, and o's columns (a rank's query heads) whole blocks; widths the model itself has
+ * in no whole blocks are cut as llm_split_of cuts them (those matrices are not blocks). */
+static void test_split_blocks(void **state)
+{
+    (void)state;
+    const struct {
+        int heads, kv, head_dim, inter, size;
+        size_t block;
+        int inter0[4]; /* each rank's first intermediate row */
+    } cases[] = {
+        {4, 2, 16, 160, 2, 32, {0, 64}},              /* the fixtures in Q8_0: 5 blocks as 2 and 3 */
+        {4, 2, 64, 768, 2, 128, {0, 384}},            /* the prequant fixtures in FP8: 6 blocks as 3 and 3 */
+        {8, 8, 128, 768, 4, 128, {0, 128, 384, 512}}, /* 6 blocks on 4 GPUs as 1, 2, 1, 2 */
+        {32, 8, 128, 14336, 8, 256, {0, 1792, 3584, 5376}}, /* Llama-3-8B in Q4_K on 8: 7 blocks each */
+        {32, 32, 128, 11008, 2, 256, {0, 5376}},      /* Llama-2-7B in Q4_K: 43 blocks as 21 and 22 */
+        {4, 4, 64, 688, 2, 32, {0, 344}}, /* models/tiny: 688 is no whole blocks of 32, down kept as stored: any cut */
+        {4, 2, 16, 100, 2, 1, {0, 50}},               /* weights as stored */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        llm_config c = {.num_attention_heads = cases[i].heads, .num_key_value_heads = cases[i].kv,
+                        .head_dim = cases[i].head_dim, .intermediate_size = cases[i].inter};
+        size_t block = cases[i].block, whole_blocks = (size_t)c.intermediate_size % block == 0 ? block : 1;
+        int next = 0;
+        for (int r = 0; r < cases[i].size; r++) {
+            llm_split s;
+            char err[256] = "";
+            assert_int_equal(llm_split_of(&s, &c, "m", r, cases[i].size, err, sizeof err), 0);
+            assert_int_equal(llm_split_blocks(&s, &c, "m", block, "Q8_0", err, sizeof err), 0);
+            if (r < 4) assert_int_equal(s.inter0, cases[i].inter0[r]);
+            assert_int_equal(s.inter0, next);
+            assert_true(s.inter > 0);
+            assert_int_equal((size_t)s.inter % whole_blocks, 0);
+            assert_int_equal((size_t)s.heads * (size_t)c.head_dim % block, 0);
+            next += s.inter;
+        }
+        assert_int_equal(next, c.intermediate_size);
+    }
+    /* what cannot be cut between blocks: one line naming config.json and the numbers */
+    llm_split s;
+    char err[256] = "";
+    llm_config c = {.num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .intermediate_size = 160};
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), 0);
+    assert_int_equal(llm_split_blocks(&s, &c, "m", 32, "Q8_0", err, sizeof err), -1);
+    assert_string_equal(err, "m/config.json: num_attention_heads 4 over 4 GPUs gives each 16 columns of o_proj "
+                             "(head_dim 16), not whole blocks of 32 (Q8_0)");
+    c = (llm_config){.num_attention_heads = 8, .num_key_value_heads = 8, .head_dim = 64, .intermediate_size = 160};
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 8, err, sizeof err), 0);
+    assert_int_equal(llm_split_blocks(&s, &c, "m", 32, "Q4_0", err, sizeof err), -1);
+    assert_string_equal(err, "m/config.json: intermediate_size 160 holds fewer blocks of 32 (Q4_0) than 8 GPUs (whole "
+                             "blocks a GPU)");
+}
+
+/* The premise of cutting quantized weights between blocks: a share's blocks are the whole matrix's, byte for byte
+ * (every format quantizes each block of a row on its own), for a column cut at a block boundary and any rows. */
+static void test_quant_shares(void **state)
+{
+    (void)state;
+    enum { ROWS = 6, COLS = 1024 };
+    float *w = malloc(ROWS * COLS * sizeof *w), *cut = malloc(ROWS * COLS * sizeof *cut);
+    assert_true(w && cut);
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < ROWS * COLS; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        w[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * (1.0f + (float)(i % 97)); /* blocks of varied scale */
+    }
+    const llm_dtype types[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K, LLM_DTYPE_F8_E4M3_B128};
+    for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
+        llm_dtype d = types[k];
+        size_t first = 2 * llm_dtype_block(d), count = COLS / 2, rows = ROWS - 2; /* rows 1 .. 4 */
+        size_t row = llm_dtype_row_bytes(d, COLS), share_row = llm_dtype_row_bytes(d, count);
+        char *whole = malloc(ROWS * row), *part = malloc(rows * share_row);
+        assert_true(whole && part);
+        assert_int_equal(llm_quant_matrix(whole, w, LLM_DTYPE_F32, llm_quant_of_dtype(d), ROWS, COLS, 1), 0);
+        for (size_t r = 0; r < rows; r++) memcpy(cut + r * count, w + (r + 1) * COLS + first, count * sizeof *w);
+        assert_int_equal(llm_quant_matrix(part, cut, LLM_DTYPE_F32, llm_quant_of_dtype(d), rows, count, 1), 0);
+        for (size_t r = 0; r < rows; r++)
+            assert_memory_equal(part + r * share_row, whole + (r + 1) * row + llm_dtype_row_bytes(d, first),
+                                share_row);
+        free(whole), free(part);
+    }
+    free(w), free(cut);
+}
+
 /* The device lists --device and --tp give. */
 static void test_device_lists(void **state)
 {
@@ -132,6 +217,7 @@ static const char *const DENSE[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen
                                     "mistral-headdim", "phi3-window",      "gemma2"};
 
 static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
+static llm_dtype run_quant;     /* run_model's --quant (LLM_DTYPE_F32: none) */
 static float *run_steps; /* when set: run_model's one-token steps' logits, (n_greedy - 1, vocab) */
 
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
@@ -140,7 +226,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
                       llm_device_counters *counters, char *describe, size_t describe_len)
 {
     llm_model m;
-    llm_load_options lo = {.device = device, .tp_listen = run_listen};
+    llm_load_options lo = {.device = device, .tp_listen = run_listen, .quant = run_quant};
     char err[1024] = "";
     int rc = llm_tp_load(&m, ex->dir, &lo, err, sizeof err);
     if (rc) print_error("%s: %s\n", device, err);
@@ -309,6 +395,154 @@ static void test_split_on_cpu(void **state)
         llm_model_free(&m[0]), llm_model_free(&m[1]), llm_model_free(&whole);
         fixture_free_expected(&ex);
     }
+}
+
+/* A model split in two on the pair device against the same model whole on it (the cpu reference; alone, its
+ * all_reduce is never called), both quantized on load to `quant` (LLM_DTYPE_F32: weights as stored, or pre-quantized
+ * as shipped): rank 0's logits and both ranks' greedy tokens, and what rank 0's o_proj and down_proj (cut by input
+ * columns) loaded as. (On the pair device, not "cpu" itself: a pre-quantized matrix that is not blocks is dequantized
+ * to F32 on the registry's cpu device and to the checkpoint's dtype on any other, the pair device included.) */
+typedef struct {
+    double vs_whole;          /* max |rank 0's logit - the whole model's| / max |the whole model's| */
+    int32_t greedy[2][256], whole_greedy[256];
+    llm_dtype o, down;        /* rank 0's o_proj and down_proj */
+    llm_dtype whole_o, whole_down;
+    int quant_count[2], whole_quant_count; /* matrices quantized on load: each rank's and the whole model's */
+} split_result;
+
+static void split_vs_whole(const fixture_expected *ex, llm_dtype quant, split_result *out)
+{
+    pair_device_make();
+    char err[1024] = "";
+    llm_model whole, m[2];
+    llm_load_options lo = {.device_override = &pair_dev, .quant = quant};
+    int rc = llm_model_load(&whole, ex->dir, &lo, err, sizeof err);
+    if (rc) print_error("%s: %s\n", ex->dir, err);
+    assert_int_equal(rc, 0);
+    size_t count = (size_t)ex->n_tokens * (size_t)whole.config.vocab_size;
+    pair_job jobs[2];
+    for (int r = 0; r < 2; r++) {
+        llm_load_options lr = {.device_override = &pair_dev, .quant = quant, .tp = {.rank = r, .size = 2}};
+        rc = llm_model_load(&m[r], ex->dir, &lr, err, sizeof err);
+        if (rc) print_error("%s rank %d: %s\n", ex->dir, r, err);
+        assert_int_equal(rc, 0);
+        jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = ex, .logits = malloc(count * sizeof(float))};
+        assert_non_null(jobs[r].logits);
+    }
+    pair_sum = malloc((size_t)ex->n_tokens * whole.config.hidden_size * sizeof *pair_sum);
+    assert_non_null(pair_sum);
+    pthread_barrier_init(&pair_barrier, NULL, 2);
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&t[r], NULL, pair_run, &jobs[r]), 0);
+    for (int r = 0; r < 2; r++) {
+        void *failed = NULL;
+        pthread_join(t[r], &failed);
+        if (failed) print_error("%s rank %d: %s\n", ex->dir, r, (char *)failed);
+        assert_null(failed);
+    }
+    pthread_barrier_destroy(&pair_barrier);
+    pair_job w = {.rank = 0, .m = &whole, .ex = ex, .logits = malloc(count * sizeof(float))};
+    assert_non_null(w.logits);
+    assert_null(pair_run(&w));
+    out->vs_whole = fixture_max_rel_error(jobs[0].logits, w.logits, count);
+    assert_true(fixture_max_rel_error(jobs[1].logits, jobs[0].logits, count) == 0.0); /* the head is whole on each */
+    for (int r = 0; r < 2; r++) memcpy(out->greedy[r], jobs[r].greedy, sizeof out->greedy[r]);
+    memcpy(out->whole_greedy, w.greedy, sizeof out->whole_greedy);
+    out->o = m[0].layers[0].o_proj.dtype, out->down = m[0].layers[0].down_proj.dtype;
+    out->whole_o = whole.layers[0].o_proj.dtype, out->whole_down = whole.layers[0].down_proj.dtype;
+    out->quant_count[0] = m[0].quant_count, out->quant_count[1] = m[1].quant_count;
+    out->whole_quant_count = whole.quant_count;
+    free(pair_sum), free(w.logits), free(jobs[0].logits), free(jobs[1].logits);
+    llm_model_free(&m[0]), llm_model_free(&m[1]), llm_model_free(&whole);
+}
+
+/* Each dense family's fixture quantized on load (Q8_0, Q4_0) and split in two on the cpu reference, against the same
+ * model quantized whole. The cut falls between blocks, so each rank's blocks are the whole matrix's
+ * (test_quant_shares) and the reference dequantizes them exactly and multiplies in f32 (ref.c): the split changes
+ * only the order of o's and down's sums (two halves and one add), as in test_split_on_cpu, whose 1e-5 of the largest
+ * logit holds for the same reason. Greedy tokens exactly the whole quantized model's. */
+static void test_split_quant_on_cpu(void **state)
+{
+    (void)state;
+    const llm_dtype types[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0};
+    for (size_t f = 0; f < sizeof DENSE / sizeof *DENSE; f++)
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
+            fixture_expected ex;
+            fixture_load_expected(&ex, DENSE[f]);
+            split_result res;
+            split_vs_whole(&ex, types[k], &res);
+            print_message("%s in %s split in two on cpu: against the whole model in %s %.3g; %d + %d matrices "
+                          "quantized (whole: %d)\n", DENSE[f], llm_dtype_name(types[k]), llm_dtype_name(types[k]),
+                          res.vs_whole, res.quant_count[0], res.quant_count[1], res.whole_quant_count);
+            /* the cut matrices are blocks on every rank, as in the whole model (the fixtures' widths are whole
+             * blocks of 32) */
+            assert_int_equal(res.o, types[k]);
+            assert_int_equal(res.down, types[k]);
+            assert_int_equal(res.whole_o, types[k]);
+            assert_int_equal(res.quant_count[0], res.quant_count[1]);
+            assert_true(res.vs_whole <= 1e-5);
+            for (int i = 0; i < ex.n_greedy; i++) {
+                assert_int_equal(res.greedy[0][i], res.whole_greedy[i]);
+                assert_int_equal(res.greedy[1][i], res.whole_greedy[i]);
+            }
+            fixture_free_expected(&ex);
+        }
+}
+
+/* The pre-quantized fixtures (tests/fixtures/prequant, test_prequant.c) split in two on the cpu reference: each rank
+ * converts a matrix whole (4-bit groups to Q8_0 or Q4_0, FP8 to FP8 blocks of 128 a row, act-order GPTQ to F32) and
+ * keeps its rows or its block-aligned columns of the result, so its values are the whole's and, as above, only the
+ * order of o's and down's sums differs: 1e-5 of the largest logit against the whole model over the prompt; the 24
+ * greedy tokens after it exactly the whole model's and transformers' (reference.safetensors). */
+static void test_split_prequant_on_cpu(void **state)
+{
+    (void)state;
+    const char *fixtures[] = {"awq",           "gptq-sym",       "gptq-asym-actorder", "ct-w4a16-sym",
+                              "ct-w4a16-asym", "ct-fp8-channel", "ct-fp8-tensor",      "fp8-block"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
+        fixture_expected ex = {.tokens = {322, 285, 1435, 1159, 10}, .n_tokens = 5, .n_prompt = 5, .n_greedy = 24};
+        snprintf(ex.dir, sizeof ex.dir, "tests/fixtures/prequant/%s", fixtures[f]);
+        split_result res;
+        split_vs_whole(&ex, LLM_DTYPE_F32, &res);
+        print_message("%s split in two on cpu: against the whole model %.3g; o_proj as %s, down_proj as %s\n",
+                      fixtures[f], res.vs_whole, llm_dtype_name(res.o), llm_dtype_name(res.down));
+        assert_int_equal(res.o, res.whole_o); /* each rank loads a linear as the whole model does */
+        assert_int_equal(res.down, res.whole_down);
+        assert_true(res.vs_whole <= 1e-5);
+        char path[600], err[512] = "";
+        snprintf(path, sizeof path, "%s/reference.safetensors", ex.dir);
+        llm_st *st = NULL;
+        assert_int_equal(llm_st_open(&st, path, err, sizeof err), 0);
+        const llm_st_tensor *hf = llm_st_find(st, "greedy");
+        assert_true(hf && strcmp(hf->dtype_name, "I64") == 0 && hf->numel == (size_t)ex.n_greedy);
+        for (int i = 0; i < ex.n_greedy; i++) {
+            assert_int_equal(res.greedy[0][i], res.whole_greedy[i]);
+            assert_int_equal(res.greedy[1][i], res.whole_greedy[i]);
+            assert_int_equal(res.greedy[0][i], ((const int64_t *)hf->data)[i]);
+        }
+        llm_st_close(st);
+    }
+}
+
+/* A quantized shape that does not cut between blocks is refused before the device joins a group: the fixture's four
+ * query heads of 16 over four ranks are 16 columns of o_proj each, half a block of Q8_0. */
+static void test_split_quant_refused(void **state)
+{
+    (void)state;
+    pair_device_make();
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    llm_model m;
+    llm_load_options lo = {.device_override = &pair_dev, .quant = LLM_DTYPE_Q8_0, .tp = {.rank = 0, .size = 4}};
+    char err[1024] = "";
+    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), -1);
+    assert_non_null(strstr(err, "llama-gqa-tied/config.json: num_attention_heads 4 over 4 GPUs gives each 16 columns "
+                                "of o_proj (head_dim 16), not whole blocks of 32 (Q8_0)"));
+    assert_null(strchr(err, '\n'));
+    lo.quant = LLM_DTYPE_F32; /* as stored, the same shape splits */
+    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), 0);
+    llm_model_free(&m);
+    fixture_free_expected(&ex);
 }
 
 /* llm-run compare with a split model as the device under test: each rank compares itself against a whole model on
@@ -600,12 +834,46 @@ static void test_refused_before_join(void **state)
     two_gpus_or_skip();
     fixture_expected ex;
     fixture_load_expected(&ex, "llama-gqa-tied");
-    /* the split is refused on rank 1 (and on rank 0) before any rank joins: one line, no hang */
+    /* the split is refused on rank 1 (and on rank 0) before any rank joins: one line, no hang; here an intermediate
+     * size of one block of Q8_0 for two GPUs (the refusal comes before any tensor is read) */
+    char *dir = fixture_copy_edited(ex.dir, "{\"intermediate_size\": 32}");
     llm_model m;
     llm_load_options lo = {.device = "cuda:0,1", .quant = LLM_DTYPE_Q8_0};
     char err[1024] = "";
-    assert_int_equal(llm_tp_load(&m, ex.dir, &lo, err, sizeof err), -1);
-    assert_non_null(strstr(err, "block-quantized weights do not split yet"));
+    assert_int_equal(llm_tp_load(&m, dir, &lo, err, sizeof err), -1);
+    assert_non_null(strstr(err, "config.json: intermediate_size 32 holds fewer blocks of 32 (Q8_0) than 2 GPUs"));
+    fixture_rmdir(dir);
+    fixture_free_expected(&ex);
+}
+
+/* A fixture quantized on load to Q8_0, split over two GPUs, against the same on one GPU. cuda's Q8_0 products round
+ * x to 8 bits a value per block of 32 (the GEMV of a step) or the weights to BF16 (a prompt's batches). The split's
+ * inputs to them differ from one GPU's only by the reordered sums before (a few ulp, as in test_split_matches), which
+ * can carry a value across a rounding boundary of x: one x then moves by a step of its grid, at most 1/127 of its
+ * block's largest (2^-8 of it in BF16), one term of one product, through the fixture's four layers far below 1e-2 of
+ * the largest logit, while a lost or doubled share moves the logits by their own size. Greedy tokens exactly one
+ * GPU's. The persistent step takes quantized products of 256 columns or more only: not the fixture's. */
+static void test_split_quant_matches(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    float *one = NULL, *two = NULL;
+    int32_t g1[256], g2[256];
+    llm_device_counters c1 = {0}, c2 = {0};
+    run_quant = LLM_DTYPE_Q8_0;
+    run_model(&ex, "cuda:0", &one, g1, &c1, NULL, 0);
+    run_model(&ex, "cuda:0,1", &two, g2, &c2, NULL, 0);
+    run_quant = LLM_DTYPE_F32;
+    double vs_one = fixture_max_rel_error(two, one, ex.n_logits);
+    int agree = 0;
+    for (int i = 0; i < ex.n_greedy; i++) agree += g1[i] == g2[i];
+    print_message("llama-gqa-tied in Q8_0 on 2 GPUs: against one GPU %.3g, greedy tokens %d/%d the same\n", vs_one,
+                  agree, ex.n_greedy);
+    assert_true(vs_one <= 1e-2);
+    assert_int_equal(agree, ex.n_greedy);
+    free(one), free(two);
     fixture_free_expected(&ex);
 }
 
@@ -613,10 +881,14 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_shares),  cmocka_unit_test(test_split_refused),
+        cmocka_unit_test(test_split_blocks),  cmocka_unit_test(test_quant_shares),
         cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
-        cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_compare_split),
+        cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_split_quant_on_cpu),
+        cmocka_unit_test(test_split_prequant_on_cpu), cmocka_unit_test(test_split_quant_refused),
+        cmocka_unit_test(test_compare_split),
         cmocka_unit_test(test_worker_connect_errors),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
+        cmocka_unit_test(test_split_quant_matches),
         cmocka_unit_test(test_split_across_hosts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,6 +2,7 @@
  * for presence, dtype and shape against the config), and the rotary table. The forward pass is in forward.c. */
 #include "model.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,10 +65,11 @@ static int place_blocks(llm_model *m, llm_weight *w, void *q, llm_dtype dtype, c
     return 0;
 }
 
-/* The checkpoint's matrix t quantized to m->quant into host memory the model owns (freed by free_weight), advised
- * for transparent huge pages as the blas device's own copies are. The device computes on it in place. */
-static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, const char *name, char *err,
-                           size_t err_len)
+/* The (w->rows, w->cols) matrix src (of dtype src_dtype: checkpoint t's data, or a rank's share of it) quantized to
+ * m->quant into host memory the model owns (freed by free_weight), advised for transparent huge pages as the blas
+ * device's own copies are. The device computes on it in place. */
+static int quantize_weight(llm_model *m, llm_weight *w, const void *src, llm_dtype src_dtype,
+                           const llm_st_tensor *t, const char *name, char *err, size_t err_len)
 {
     size_t bytes = llm_dtype_matrix_bytes(m->quant, w->rows, w->cols), huge = (size_t)2 << 20;
     void *q = NULL;
@@ -78,7 +80,7 @@ static int quantize_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, 
         return -1;
     }
     if (bytes >= huge) madvise(q, bytes, MADV_HUGEPAGE);
-    if (llm_quant_matrix(q, t->data, t->dtype, llm_quant_of_dtype(m->quant), w->rows, w->cols,
+    if (llm_quant_matrix(q, src, src_dtype, llm_quant_of_dtype(m->quant), w->rows, w->cols,
                          llm_host_physical_cores()) != 0) {
         free(q);
         snprintf(err, err_len, "%s: cannot quantize tensor '%s' to %s: out of memory", t->file, name,
@@ -146,7 +148,8 @@ static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, con
     w->rows = rows;
     w->cols = cols;
     if (linear && llm_dtype_is_block(m->quant)) {
-        if (cols % llm_dtype_block(m->quant) == 0) return quantize_weight(m, w, t, name, err, err_len);
+        if (cols % llm_dtype_block(m->quant) == 0)
+            return quantize_weight(m, w, t->data, t->dtype, t, name, err, err_len);
         m->quant_kept++;
     }
     m->weight_bytes += t->nbytes;
@@ -211,14 +214,48 @@ static int place_prequant_blocks(llm_model *m, llm_weight *w, void *blocks, llm_
     return 0;
 }
 
+/* Rows [first, first + count) of a matrix, or elements of a vector: a rank's share (split.h). count 0: the whole. */
+typedef struct {
+    size_t first, count;
+} span;
+
+/* Rows r and columns c of the (w->rows, w->cols) host matrix *buf of dtype, an element type or a block format whose
+ * column cut falls between blocks (llm_split_blocks cuts so), as a buffer of its own that replaces *buf (freed), w's
+ * shape and *bytes set to the share's. Both counts 0: the whole, left as it is. -1: out of memory (*buf freed). */
+static int take_share(llm_weight *w, void **buf, llm_dtype dtype, size_t *bytes, span r, span c, const char *name,
+                      char *err, size_t err_len)
+{
+    if (!r.count && !c.count) return 0;
+    assert(c.first % llm_dtype_block(dtype) == 0 && c.count % llm_dtype_block(dtype) == 0);
+    size_t row = llm_dtype_row_bytes(dtype, w->cols), at = llm_dtype_row_bytes(dtype, c.first);
+    size_t n = llm_dtype_row_bytes(dtype, c.count);
+    char *share = malloc(r.count * n + 1);
+    for (size_t i = 0; share && i < r.count; i++) memcpy(share + i * n, (char *)*buf + (r.first + i) * row + at, n);
+    free(*buf);
+    *buf = share;
+    if (!share) {
+        snprintf(err, err_len, "out of memory for this GPU's share of tensor '%s' (%zu bytes)", name, r.count * n);
+        return -1;
+    }
+    w->rows = r.count, w->cols = c.count, *bytes = r.count * n;
+    return 0;
+}
+
 /* A linear of a pre-quantized checkpoint (config.json's quantization_config). Into a block format the device's
  * products take when that holds every value exactly (4-bit groups of 32 or more: (q - zero) in int8 under the
  * group's f16 scale is Q8_0, and Q4_0 when every q - zero is in -8..7; FP8 whose columns are whole blocks of 128:
  * F8_E4M3_B128, the bytes as stored under each 128 values' scale); else dequantized on load: to F32 on the
  * reference (exact), to the checkpoint's compute dtype (the embeddings') elsewhere, rounding where it must.
- * `head`: the LM head, whose product is logits. Returns 1 when the module is not stored quantized. */
-static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, bool head,
-                         char *err, size_t err_len)
+ * `head`: the LM head, whose product is logits. Returns 1 when the module is not stored quantized.
+ * Tensor parallelism: this rank keeps rows sr and columns sc (counts 0: the whole). The whole matrix is converted
+ * first and the share cut from the result (take_share): every form it converts to holds each row on its own, a
+ * scale per block of 32 or 128 of the row's values (FP8's 128x128 blocks and per-tensor scales become one scale per
+ * 128 values of each row; a 4-bit group's scale and zero each Q8_0 block's own), so any rows and columns cut between
+ * those blocks are exact, one way for every format. Cutting the stored tensors instead would need each format's
+ * geometry (AWQ packs 8 values a word along rows, GPTQ along columns with g_idx, FP8's scales are 2-D). The cost is
+ * load time: each rank converts the whole matrix once for each of its shares. */
+static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, span sr, span sc,
+                         bool head, char *err, size_t err_len)
 {
     const llm_prequant *q = &m->config.prequant;
     char module[256];
@@ -256,7 +293,9 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
                 free(q8);
                 blocks = q4, dtype = LLM_DTYPE_Q4_0, bytes = bytes4;
             }
-            if (place_prequant_blocks(m, w, blocks, dtype, bytes, op, name, err, err_len)) return -1;
+            if (take_share(w, &blocks, dtype, &bytes, sr, sc, name, err, err_len) ||
+                place_prequant_blocks(m, w, blocks, dtype, bytes, op, name, err, err_len))
+                return -1;
             goto release;
         }
         free(q8); /* not exact (or no memory for it): dequantized below */
@@ -267,7 +306,9 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
         size_t bytes = llm_quant_matrix_bytes(LLM_QUANT_F8_B128, rows, cols);
         void *f8 = bytes ? malloc(bytes) : NULL;
         if (f8 && llm_pq_convert(&p, LLM_DTYPE_F8_E4M3_B128, f8, threads, NULL) == 0) {
-            if (place_prequant_blocks(m, w, f8, LLM_DTYPE_F8_E4M3_B128, bytes, op, name, err, err_len)) return -1;
+            if (take_share(w, &f8, LLM_DTYPE_F8_E4M3_B128, &bytes, sr, sc, name, err, err_len) ||
+                place_prequant_blocks(m, w, f8, LLM_DTYPE_F8_E4M3_B128, bytes, op, name, err, err_len))
+                return -1;
             goto release;
         }
         free(f8); /* a NaN, a block of two scales (weight_block_size under 128), or no memory: dequantized below */
@@ -283,7 +324,8 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
                  p.values->name, llm_dtype_name(to), bytes);
         return -1;
     }
-    if (place_owned(m, w, buf, to, p.values, err, err_len)) return -1;
+    if (take_share(w, &buf, to, &bytes, sr, sc, name, err, err_len) || place_owned(m, w, buf, to, p.values, err, err_len))
+        return -1;
     m->weight_bytes += bytes;
     m->pq_count[to]++;
     m->pq_rounded += rounded;
@@ -330,7 +372,7 @@ static int load_linear(llm_model *m, llm_weight *w, const char *name, size_t row
     if (m->config.prequant.format == LLM_PQ_MXFP4) { /* only the packed experts are stored so: load_packed_experts */
         m->pq_stored++;
     } else if (m->config.prequant.format != LLM_PQ_NONE) {
-        int rc = load_prequant(m, w, name, rows, cols, head, err, err_len);
+        int rc = load_prequant(m, w, name, rows, cols, (span){0, 0}, (span){0, 0}, head, err, err_len);
         if (rc <= 0) return rc;
     }
     return load_weight(m, w, name, rows, cols, why, quant, err, err_len);
@@ -676,11 +718,6 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     return load_linear(m, &L->shared_expert_gate, name, 1, hidden, "1, hidden_size", false, false, err, err_len);
 }
 
-/* Rows [first, first + count) of a matrix, or elements of a vector: a rank's share (split.h). count 0: the whole. */
-typedef struct {
-    size_t first, count;
-} span;
-
 /* Tensor `name` checked as (rows, cols) (a vector of cols when rows is 0), and the share of it this rank keeps placed
  * as a matrix of its own: rows `r` (a vector's elements) and columns `c`, copied out of the checkpoint. Both whole
  * (the model not split, or a tensor every rank keeps): placed as load_linear or load_weight places it. */
@@ -690,6 +727,14 @@ static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows
     if (!r.count && !c.count)
         return linear ? load_linear(m, w, name, rows, cols, why, true, false, err, err_len)
                       : load_weight(m, w, name, rows, cols, why, false, err, err_len);
+    const llm_pq_format pq = m->config.prequant.format;
+    if (linear && pq == LLM_PQ_MXFP4) { /* only the packed experts are stored so (load_linear) */
+        m->pq_stored++;
+    } else if (linear && pq != LLM_PQ_NONE) {
+        int rc = load_prequant(m, w, name, rows, cols, r.count ? r : (span){0, rows}, c.count ? c : (span){0, cols},
+                               false, err, err_len);
+        if (rc <= 0) return rc;
+    }
     bool vector = rows == 0;
     const size_t matrix[2] = {rows, cols};
     const llm_st_tensor *t = checked_tensor(m, name, false, vector ? 1 : 2, vector ? &cols : matrix, why, err, err_len);
@@ -707,6 +752,16 @@ static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows
     for (size_t i = 0; i < r.count; i++)
         memcpy(buf + i * c.count * esz, (const char *)t->data + ((r.first + i) * cols + c.first) * esz, c.count * esz);
     w->rows = r.count, w->cols = c.count;
+    /* --quant as the whole matrix would be (place_weight): cut between blocks (llm_split_blocks), the share's blocks
+     * are the whole's */
+    if (linear && llm_dtype_is_block(m->quant)) {
+        if (cols % llm_dtype_block(m->quant) == 0) {
+            int rc = quantize_weight(m, w, buf, t->dtype, t, name, err, err_len);
+            free(buf);
+            return rc;
+        }
+        m->quant_kept++;
+    }
     m->weight_bytes += bytes;
     return place_owned(m, w, buf, t->dtype, t, err, err_len);
 }
@@ -945,8 +1000,8 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
     return -1;
 }
 
-/* Tensor parallelism takes dense layers with weights as stored, on a device whose all_reduce spans processes; the
- * rest is refused in one line before any rank joins the group. */
+/* Tensor parallelism takes dense layers (weights as stored, quantized on load or pre-quantized), on a device whose
+ * all_reduce spans processes; the rest is refused in one line before any rank joins the group. */
 static int split_refused(const llm_model *m, const llm_device *dev, const llm_load_options *opt, char *err,
                          size_t err_len)
 {
@@ -956,13 +1011,26 @@ static int split_refused(const llm_model *m, const llm_device *dev, const llm_lo
         why = "the device's all_reduce does not span processes (cuda with NCCL does)";
     else if (c->n_sparse)
         why = "mixture-of-experts layers do not split yet (dense families only)";
-    else if (llm_dtype_is_block(opt->quant) || c->prequant.format != LLM_PQ_NONE)
-        why = "block-quantized weights do not split yet (weights as stored only)";
     else if (c->family->qk_norm == LLM_QK_NORM_WHOLE)
         why = "q/k norms over the whole projection (OLMo 2) would need an all-reduce of their own";
     if (!why) return 0;
     snprintf(err, err_len, "%s: %s on %s across %d GPUs: %s", m->dir, c->architecture, dev->name, opt->tp.size, why);
     return -1;
+}
+
+/* The blocks of columns o's and down's inputs are cut between under tensor parallelism, and the format's name:
+ * --quant's; a pre-quantized checkpoint's as load_prequant converts it (4-bit groups to Q8_0 or Q4_0, blocks of 32;
+ * FP8 to FP8 blocks of 128 a row, whatever its scales' layout); 1 for weights as stored (MXFP4 is only experts').
+ * A matrix dequantized on load instead (act-order GPTQ, FP8 of smaller blocks) could cut anywhere: asked for the
+ * same blocks all the same, as the device's choice is not known yet. */
+static size_t split_block(const llm_config *c, llm_dtype quant, const char **format)
+{
+    *format = llm_dtype_name(quant);
+    if (llm_dtype_is_block(quant)) return llm_dtype_block(quant);
+    const llm_pq_traits *t = llm_pq_traits_of(c->prequant.format);
+    if (!t || c->prequant.format == LLM_PQ_MXFP4) return 1;
+    *format = c->prequant.desc;
+    return t->integer ? LLM_QK8_0 : LLM_QK_F8;
 }
 
 const char *llm_bytes_text(char *buf, size_t len, double bytes)
@@ -1023,8 +1091,11 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         goto fail;
     if (opt && opt->log) fprintf(opt->log, "device: %s\n", chosen);
     if (opt && opt->tp.size > 1) { /* before the device joins the group: what does not split stops every rank */
+        const char *format = NULL;
+        size_t block = split_block(c, opt->quant, &format);
         if (split_refused(m, dev, opt, err, err_len) ||
-            llm_split_of(&m->split, c, m->dir, opt->tp.rank, opt->tp.size, err, err_len))
+            llm_split_of(&m->split, c, m->dir, opt->tp.rank, opt->tp.size, err, err_len) ||
+            llm_split_blocks(&m->split, c, m->dir, block, format, err, err_len))
             goto fail;
         dev_opt.tp = opt->tp;
     }

@@ -42,3 +42,27 @@ int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, i
     s->inter0 = (int)first, s->inter = (int)count;
     return 0;
 }
+
+int llm_split_blocks(llm_split *s, const llm_config *c, const char *dir, size_t block, const char *format, char *err,
+                     size_t err_len)
+{
+    size_t I = (size_t)c->intermediate_size, q_dim = (size_t)c->num_attention_heads * (size_t)c->head_dim;
+    size_t o_cols = (size_t)s->heads * (size_t)c->head_dim;
+    if (block <= 1) return 0;
+    if (q_dim % block == 0 && o_cols % block) {
+        snprintf(err, err_len, "%s/config.json: num_attention_heads %d over %d GPUs gives each %zu columns of o_proj "
+                 "(head_dim %d), not whole blocks of %zu (%s)", dir, c->num_attention_heads, s->size, o_cols,
+                 c->head_dim, block, format);
+        return -1;
+    }
+    if (I % block) return 0;
+    if (I / block < (size_t)s->size) {
+        snprintf(err, err_len, "%s/config.json: intermediate_size %zu holds fewer blocks of %zu (%s) than %d GPUs "
+                 "(whole blocks a GPU)", dir, I, block, format, s->size);
+        return -1;
+    }
+    size_t first, count;
+    llm_split_range(I / block, s->rank, s->size, &first, &count);
+    s->inter0 = (int)(first * block), s->inter = (int)(count * block);
+    return 0;
+}

@@ -27,6 +27,15 @@ typedef struct {
 int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, int size, char *err,
                  size_t err_len);
 
+/* s (llm_split_of's shares) moved onto whole blocks of `block` columns, for weights in a block format (`format`
+ * names it in err: "Q8_0"): o and down are cut by input columns, which must fall between blocks. The intermediate
+ * rows go in whole blocks (rank r's blocks [r * n / size, (r + 1) * n / size) of n = I / block), and each rank's
+ * query heads must be whole blocks of o's columns. A width that is not whole blocks in the model itself is left
+ * alone: its matrices are not blocks (--quant keeps them as stored, a pre-quantized one is dequantized on load), so
+ * they cut anywhere. block 1: nothing to do. 0, else err naming config.json and the numbers. */
+int llm_split_blocks(llm_split *s, const llm_config *c, const char *dir, size_t block, const char *format, char *err,
+                     size_t err_len);
+
 /* Rows [first, first + count) of n split over `size` parts, part `rank`: first = rank * n / size. */
 void llm_split_range(size_t n, int rank, int size, size_t *first, size_t *count);
 
