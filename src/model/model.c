@@ -324,7 +324,8 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
                  p.values->name, llm_dtype_name(to), bytes);
         return -1;
     }
-    if (take_share(w, &buf, to, &bytes, sr, sc, name, err, err_len) || place_owned(m, w, buf, to, p.values, err, err_len))
+    if (take_share(w, &buf, to, &bytes, sr, sc, name, err, err_len) ||
+        place_owned(m, w, buf, to, p.values, err, err_len))
         return -1;
     m->weight_bytes += bytes;
     m->pq_count[to]++;
