@@ -84,14 +84,14 @@ typedef struct {
     uint32_t type;
     uint32_t bytes; /* of the payload after the header */
     uint64_t id;    /* the run state (rank 0's pointer, only a name here) */
-    int32_t a, b, c, d; /* LOAD: cache_type, cache_default, precision, threads; STATE_INIT: ctx, max_batch,
-                           all_logits; FORWARD: n, pos */
+    int32_t a, b, c, d, e, f; /* LOAD: cache_type, cache_default, precision, threads, quant, quant_head; STATE_INIT:
+                                 ctx, max_batch, all_logits; FORWARD: n, pos */
 } msg;
 
 /* Across hosts (--tp-listen, tp-worker --connect): what rank 0 tells a worker that connects, and its answer. Every
  * host runs the same build of llm-run (the messages are this build's structs). */
 #define HELLO_MAGIC "llm-run"
-#define HELLO_VERSION 1
+#define HELLO_VERSION 2 /* raised whenever a message's layout changes */
 typedef struct {
     char magic[8];
     uint32_t version;
@@ -454,7 +454,8 @@ int llm_tp_load(llm_model *m, const char *path, const llm_load_options *lo, char
     }
     /* what every rank loads as rank 0 does: the path, then the options that shape the weights and the cache */
     msg h = {.type = MSG_LOAD, .bytes = (uint32_t)strlen(path) + 1, .a = (int32_t)lo->cache_type,
-             .b = lo->cache_default, .c = (int32_t)lo->precision, .d = lo->threads};
+             .b = lo->cache_default, .c = (int32_t)lo->precision, .d = lo->threads, .e = (int32_t)lo->quant,
+             .f = lo->quant_head};
     if (broadcast(L, &h, path, err, err_len)) goto fail;
     if (pthread_create(&L->watchdog, NULL, watch, L) != 0) {
         snprintf(err, err_len, "tensor parallelism: cannot start the watchdog thread");
@@ -592,6 +593,7 @@ int llm_cmd_tp_worker(int argc, char **argv)
         return 1;
     }
     lo.cache_type = (llm_dtype)h.a, lo.cache_default = h.b, lo.precision = (llm_precision)h.c, lo.threads = h.d;
+    lo.quant = (llm_dtype)h.e, lo.quant_head = h.f;
     llm_model m;
     if (llm_model_load(&m, path, &lo, err, sizeof err)) {
         fprintf(stderr, "llm-run: tensor-parallel rank %d: %s\n", rank, err);

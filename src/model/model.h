@@ -142,8 +142,8 @@ typedef struct {
      * memory already (blas), gets a note on log and loads as without it. */
     int host_experts;
     /* Tensor parallelism: this process is rank tp.rank of tp.size, and loads that rank's share of every layer
-     * (split.h) onto a device that joins the group (tp_unique_id; cuda with NCCL). Dense families with weights as
-     * stored only. size 0 or 1: the whole model. src/tp.c starts the ranks (llm_tp_load). */
+     * (split.h) onto a device that joins the group (tp_unique_id; cuda with NCCL). Dense families: weights as
+     * stored, quantized on load (quant) or pre-quantized. size 0 or 1: the whole model. src/tp.c starts the ranks (llm_tp_load). */
     llm_tp_group tp;
     /* Tensor parallelism across hosts (llm_tp_load): "[HOST:]PORT" where this process, rank 0, waits for the other
      * ranks to connect (`llm-run tp-worker --connect`) instead of starting them itself. NULL: it starts them. */
