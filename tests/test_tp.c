@@ -530,7 +530,10 @@ static void test_split_matches(void **state)
         /* Split where GPUs reach each other's memory, the persistent step sums the parts inside its kernel: it
          * runs for every fixture whose step it takes on one GPU (Phi-3's partial rope and Gemma 2's soft-caps cut it
          * on both). Without peer access, or with NCCL only, the all-reduce is an op between phases: cut. */
-        if (peers) assert_int_equal(c2.persistent_steps > 0, c1.persistent_steps > 0);
+        if (peers) { /* and every one-token step as one program, as on one GPU: none cut in pieces at the sums */
+            assert_int_equal(c2.persistent_steps, c1.persistent_steps);
+            assert_int_equal(c2.persistent_cut, c1.persistent_cut);
+        }
         assert_int_equal(c3.persistent_steps, 0);
         /* four ways where four GPUs are: a query head a GPU, the KV heads replicated; NCCL's ring may add four
          * ranks' rows in another order than the one-shot's, so no bitwise check against it here */
@@ -544,6 +547,7 @@ static void test_split_matches(void **state)
                           "steps\n", DENSE[f], hf4, vs_one4, c4.persistent_steps);
             assert_true(hf4 <= 1e-4);
             assert_true(vs_one4 <= 1e-5);
+            if (peers) assert_int_equal(c4.persistent_steps, c1.persistent_steps);
             for (int i = 0; i < ex.n_greedy; i++) assert_int_equal(g4[i], ex.greedy[i]);
             free(four);
         }
