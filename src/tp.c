@@ -85,7 +85,7 @@ typedef struct {
     uint32_t bytes; /* of the payload after the header */
     uint64_t id;    /* the run state (rank 0's pointer, only a name here) */
     int32_t a, b, c, d; /* LOAD: cache_type, cache_default, precision, threads; STATE_INIT: ctx, max_batch,
-                           all_logits; FORWARD: n, pos */
+                           all_logits; FORWARD: n, pos, op_by_op */
 } msg;
 
 /* Across hosts (--tp-listen, tp-worker --connect): what rank 0 tells a worker that connects, and its answer. Every
@@ -235,11 +235,11 @@ static void lead_state_free(llm_followers *f, const void *id)
     broadcast((leader *)f, &h, NULL, err, sizeof err); /* a worker gone is the watchdog's to say */
 }
 
-static int lead_forward(llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, char *err,
-                        size_t err_len)
+static int lead_forward(llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, bool op_by_op,
+                        char *err, size_t err_len)
 {
     msg h = {.type = MSG_FORWARD, .bytes = (uint32_t)((size_t)n * sizeof *tokens), .id = (uint64_t)(uintptr_t)id,
-             .a = n, .b = pos};
+             .a = n, .b = pos, .c = op_by_op};
     return broadcast((leader *)f, &h, tokens, err, err_len);
 }
 
@@ -479,6 +479,13 @@ fail:
 
 /* ---------- a worker ---------- */
 
+/* A trace hook that looks at nothing: with it llm_forward issues each op on its own, as rank 0's does under a
+ * profile or a compare. */
+static void issue_op_by_op(void *user, const char *what, int layer, const float *buf, size_t count)
+{
+    (void)user, (void)what, (void)layer, (void)buf, (void)count;
+}
+
 #define WORKER_STATES 8
 
 static int env_int(const char *name, int *out)
@@ -634,6 +641,7 @@ int llm_cmd_tp_worker(int argc, char **argv)
                 snprintf(err, sizeof err, "a forward call from rank 0 %s", slot < 0 ? "names no run state" : "broke off");
                 goto fail;
             }
+            m.trace = h.c ? issue_op_by_op : NULL; /* as rank 0 issues this call (llm_followers) */
             if (llm_forward(&m, &st[slot].s, tokens, h.a, h.b, &logits, err, sizeof err)) goto fail;
         } else {
             snprintf(err, sizeof err, "unknown message %u from rank 0", h.type);

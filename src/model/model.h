@@ -56,13 +56,15 @@ llm_weight *llm_layer_expert_weight(llm_layer *L, int i);
 
 /* The other ranks of a tensor-parallel group, run by this one (rank 0's, src/tp.c): told of every run state made or
  * freed (`id` names it) and of every forward call before this rank runs it, so that each rank runs the same calls
- * and their all-reduces meet. close() ends them (llm_model_free). Each returns 0, else err. */
+ * and their all-reduces meet. close() ends them (llm_model_free). Each returns 0, else err. op_by_op: this rank
+ * issues the call's ops one by one (a trace hook: --profile, compare), so the others must too: a device that records
+ * a step sums the ranks' parts inside it, and a rank that records meets none that does not. */
 typedef struct llm_followers {
     int (*state_init)(struct llm_followers *f, const void *id, int ctx, int max_batch, bool all_logits, char *err,
                       size_t err_len);
     void (*state_free)(struct llm_followers *f, const void *id);
-    int (*forward)(struct llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, char *err,
-                   size_t err_len);
+    int (*forward)(struct llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, bool op_by_op,
+                   char *err, size_t err_len);
     void (*close)(struct llm_followers *f);
 } llm_followers;
 
