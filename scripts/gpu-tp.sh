@@ -71,7 +71,7 @@ if has big; then
         [ "$n" = 1 ] && dev="--device cuda" || dev="--tp $n"
         run "big-$n.txt" build/llm-run bench "$BIG" $dev $B
         [ "$n" = 1 ] && continue
-        run "big-$n-graph.txt" env LLM_CUDA_PERSIST=0 build/llm-run bench "$BIG" $dev -p 0 -n 128 --tg-after 512 -r 3
+        [ "${BIG_GRAPH:-1}" = 1 ] && run "big-$n-graph.txt" env LLM_CUDA_PERSIST=0 build/llm-run bench "$BIG" $dev -p 0 -n 128 --tg-after 512 -r 3
         timeout 300 build/llm-run "$BIG" $dev --tokens "$prompt" -n 32 --ignore-eos --temp 0 --profile \
             > "$OUT/big-profile-$n.txt" 2>&1
         echo "profile, $n GPUs:"; grep -E "^(prefill|decode):|all_reduce|matmul|outside" "$OUT/big-profile-$n.txt"
