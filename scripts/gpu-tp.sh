@@ -60,7 +60,7 @@ if has 7b; then
         [ $d = one ] && dev="--device cuda" || dev="--tp 2"
         timeout 300 build/llm-run "$M" $dev --tokens "$prompt" -n 64 --ignore-eos --temp 0 --profile \
             > "$OUT/profile-$d.txt" 2>&1
-        echo "profile, $d GPU(s):"; grep -E "^(prefill|decode):|all_reduce|matmul|attention|outside" "$OUT/profile-$d.txt"
+        echo "profile, $d GPU(s):"; grep -E "^(prefill|decode):|all_reduce|matmul|attention|outside|profile of" "$OUT/profile-$d.txt"
     done
 fi
 if has big; then
@@ -71,9 +71,9 @@ if has big; then
         [ "$n" = 1 ] && dev="--device cuda" || dev="--tp $n"
         run "big-$n.txt" build/llm-run bench "$BIG" $dev $B
         [ "$n" = 1 ] && continue
-        run "big-$n-graph.txt" env LLM_CUDA_PERSIST=0 build/llm-run bench "$BIG" $dev -p 0 -n 128 --tg-after 512 -r 3
+        [ "${BIG_GRAPH:-1}" = 1 ] && run "big-$n-graph.txt" env LLM_CUDA_PERSIST=0 build/llm-run bench "$BIG" $dev -p 0 -n 128 --tg-after 512 -r 3
         timeout 300 build/llm-run "$BIG" $dev --tokens "$prompt" -n 32 --ignore-eos --temp 0 --profile \
             > "$OUT/big-profile-$n.txt" 2>&1
-        echo "profile, $n GPUs:"; grep -E "^(prefill|decode):|all_reduce|matmul|outside" "$OUT/big-profile-$n.txt"
+        echo "profile, $n GPUs:"; grep -E "^(prefill|decode):|all_reduce|matmul|outside|profile of" "$OUT/big-profile-$n.txt"
     done
 fi
