@@ -173,14 +173,14 @@ static void wrap_experts(float *out, const float *x, const llm_experts *w, const
     llm_weight *hw = calloc((size_t)w->n_experts, sizeof *hw), *hb = w->bias ? calloc((size_t)w->n_experts, sizeof *hb) : NULL;
     bool ok = hi && hx && ho && hw && (!w->bias || hb);
     for (size_t p = 0; ok && p < picks; p++) {
-        int e = hi[p];
+        int e = hi[p] - w->first; /* another rank's expert (ops.h): the host op gives its zero row */
         if (e < 0 || e >= w->n_experts || hw[e].data) continue;
         hw[e] = host_weight_of(&w->w[e]);
         if (hb) hb[e] = host_weight_of(&w->bias[e]);
         ok = hw[e].data && (!hb || hb[e].data);
     }
     if (ok) {
-        llm_experts h = {hw, hb, w->n_experts, false};
+        llm_experts h = {hw, hb, w->n_experts, false, w->first};
         wrap_host.experts(ho, hx, &h, hi, n, top_k, x_slots);
         wrap_dev->upload(out, ho, picks * rows * sizeof(float));
     }
