@@ -303,7 +303,8 @@ static void split_on_cpu(const char *name, int size)
     memcpy(g1, w.greedy, sizeof g1);
     double hf = fixture_max_rel_error(jobs[0].logits, ex.logits, ex.n_logits);
     double vs_whole = fixture_max_rel_error(jobs[0].logits, one, ex.n_logits), ranks = 0.0;
-    for (int r = 1; r < size; r++) ranks = fmax(ranks, fixture_max_rel_error(jobs[r].logits, jobs[0].logits, ex.n_logits));
+    for (int r = 1; r < size; r++)
+        ranks = fmax(ranks, fixture_max_rel_error(jobs[r].logits, jobs[0].logits, ex.n_logits));
     print_message("%s split in %d on cpu: max |logit - HF| / max |HF| = %.3g, against the whole model %.3g, other "
                   "ranks against rank 0 %.3g\n", name, size, hf, vs_whole, ranks);
     assert_true(hf <= 1e-4);
@@ -549,8 +550,8 @@ static void two_gpus_or_skip(void)
     setenv("LLM_TP_EXE", "build/llm-run", 0); /* the workers: this test's binary is not llm-run */
 }
 
-/* Each dense family's fixture and each mixture of experts (MOE) split over two GPUs (and four, where four are). The
- * experts split whole (test_moe_split_on_cpu says why the tolerances hold for them). Against Hugging Face: the tolerance of
+/* Each dense family's fixture and each mixture of experts (MOE) split over two GPUs (and four, where four are); the
+ * experts split whole (test_moe_split_on_cpu says why the same tolerances hold). Against Hugging Face: the tolerance of
  * test_models.c (1e-4 of the largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
  * (fixtures are F32 checkpoints); the split only regroups sums: o's and down's dot products (at most 160 terms) are
  * summed as two halves plus one f32 add in NCCL, a reordering whose rounding is a few ulp of the terms' magnitude,

@@ -753,7 +753,8 @@ static int load_sinks(llm_model *m, int l, char *err, size_t err_len)
     size_t heads = (size_t)m->config.num_attention_heads;
     const llm_st_tensor *t = checked_tensor(m, name, false, 1, &heads, "num_attention_heads", err, err_len);
     if (!t) return -1;
-    size_t h0 = m->split.size > 1 ? (size_t)m->split.head0 : 0, mine = m->split.size > 1 ? (size_t)m->split.heads : heads;
+    bool split = m->split.size > 1;
+    size_t h0 = split ? (size_t)m->split.head0 : 0, mine = split ? (size_t)m->split.heads : heads;
     float host[1024]; /* num_attention_heads <= 1024 (config.c) */
     for (size_t h = 0; h < mine; h++) host[h] = llm_dtype_load(t->data, t->dtype, h0 + h);
     const llm_device *dev = m->rt.dev;
@@ -993,7 +994,8 @@ static int split_refused(const llm_model *m, const llm_device *dev, const llm_lo
         why = "the device's all_reduce does not span processes (cuda with NCCL does)";
     else if (c->n_sparse && opt->host_experts > 0)
         why = "--cpu-moe / --n-cpu-moe: experts in host memory do not split (each GPU holds its share of the experts)";
-    else if (llm_dtype_is_block(opt->quant) || (c->prequant.format != LLM_PQ_NONE && c->prequant.format != LLM_PQ_MXFP4))
+    else if (llm_dtype_is_block(opt->quant) ||
+             (c->prequant.format != LLM_PQ_NONE && c->prequant.format != LLM_PQ_MXFP4))
         why = "block-quantized weights do not split yet (weights as stored only)";
     else if (c->family->qk_norm == LLM_QK_NORM_WHOLE)
         why = "q/k norms over the whole projection (OLMo 2) would need an all-reduce of their own";
