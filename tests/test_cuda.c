@@ -756,8 +756,8 @@ static experts_pair make_experts(int n, llm_dtype dtype, size_t rows, size_t col
         e.b[i] = make_weight(dtype, 1, rows, 0.5f);
         e.hb[i] = e.b[i].host, e.db[i] = e.b[i].device;
     }
-    e.host = (llm_experts){e.hw, e.hb, n, false};
-    e.device = (llm_experts){e.dw, e.db, n, false};
+    e.host = (llm_experts){e.hw, e.hb, n, false, 0};
+    e.device = (llm_experts){e.dw, e.db, n, false, 0};
     return e;
 }
 

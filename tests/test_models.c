@@ -217,8 +217,46 @@ static char *copy_stacked(const char *fixture_dir, const llm_config *c)
     return dir;
 }
 
+/* A rank of a model split in two (tensor parallelism, split.h) keeps experts [E/2, E) of the stack, copied out of it:
+ * the very matrices the whole model's views show. The cpu device with a group id: loading needs no all-reduce. */
+extern const llm_device llm_device_cpu;
+static int no_group_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
+{
+    (void)err, (void)err_len;
+    memset(id, 0, LLM_TP_ID_BYTES);
+    return 0;
+}
+
+static void expect_stacked_share(const char *dir, const llm_config *c)
+{
+    llm_device tp_cpu = llm_device_cpu;
+    tp_cpu.tp_unique_id = no_group_id;
+    llm_model whole, half;
+    char err[1024] = "";
+    llm_load_options lo = {.device = "cpu"}, lr = {.device_override = &tp_cpu, .tp = {.rank = 1, .size = 2}};
+    assert_int_equal(llm_model_load(&whole, dir, &lo, err, sizeof err), 0);
+    if (llm_model_load(&half, dir, &lr, err, sizeof err)) fail_msg("%s rank 1 of 2: %s", dir, err);
+    int E = c->num_experts, ne = E - E / 2;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (!c->layer_sparse[l]) continue;
+        const llm_layer *W = &whole.layers[l], *H = &half.layers[l];
+        assert_true(H->experts_stacked[0].rows > 0); /* the stack, not per-expert tensors */
+        for (int p = 0; p < 3; p++) {
+            assert_int_equal(H->experts[p].first, E / 2);
+            assert_int_equal(H->experts[p].n_experts, ne);
+            for (int e = 0; e < ne; e++) {
+                const llm_weight *a = &H->experts[p].w[e], *b = &W->experts[p].w[E / 2 + e];
+                assert_true(a->rows == b->rows && a->cols == b->cols && a->dtype == b->dtype);
+                assert_memory_equal(a->data, b->data, a->rows * a->cols * llm_dtype_size(a->dtype));
+            }
+        }
+    }
+    llm_model_free(&half), llm_model_free(&whole);
+}
+
 /* Stacked experts (copy_stacked) load as views: HF's logits on cpu and blas, and with --quant q8_0 the very logits
- * of the per-expert checkpoint quantized the same way (a block never straddles two experts' rows). */
+ * of the per-expert checkpoint quantized the same way (a block never straddles two experts' rows); split over ranks,
+ * a rank's experts (expect_stacked_share). */
 static void test_stacked_experts(void **state)
 {
     (void)state;
@@ -246,6 +284,7 @@ static void test_stacked_experts(void **state)
             assert_memory_equal(q_stacked, q_apart, count * sizeof *q_apart);
             free(q_stacked), free(q_apart);
         }
+        expect_stacked_share(dir, &c);
         /* a stack of the wrong shape names the tensor and what config.json says */
         char edit[96];
         snprintf(edit, sizeof edit, "{\"%s\": %d}", c.family->moe.inter_key, c.moe_intermediate_size + 1);

@@ -834,15 +834,19 @@ static void test_experts(void **state)
      * 2048 x 768 down (16 of its 128 experts), Qwen1.5-MoE's 1408 x 2048 (4 of 60), odd sizes, top_k == E, and
      * batches where every expert is chosen at least once (all). Each with x_slots 1 (gate, up) and top_k (down).
      * Decode (n 1) with gpt-oss's biases, a few tokens choosing distinct experts (a device's decode path may take
-     * them) and ids repeated within a token (repeat; its path for experts chosen twice). */
-    static const struct { size_t rows, cols; int E, top_k, n; bool bias, all, repeat; } cases[] = {
-        {32, 64, 8, 2, 1, false, false, false},      {32, 64, 8, 2, 7, true, true, false},
-        {768, 2048, 16, 8, 1, false, false, false},  {2048, 768, 16, 8, 1, false, false, false},
-        {768, 2048, 16, 8, 4, false, true, false},   {1408, 2048, 60, 4, 3, false, false, false},
-        {129, 67, 5, 3, 17, true, false, false},     {64, 256, 4, 4, 13, true, true, false},
-        {96, 512, 8, 2, 128, false, true, false},    {33, 32, 3, 1, 5, false, false, false},
-        {200, 256, 32, 8, 1, true, false, false},    {72, 128, 24, 2, 3, true, true, false},
-        {64, 128, 16, 8, 1, false, false, true},     {40, 96, 16, 4, 3, true, false, true},
+     * them) and ids repeated within a token (repeat; its path for experts chosen twice). With `share` the table holds
+     * experts [E/4, E/4 + E/2) only, as a rank of a split model does (llm_experts.first): the other picks' rows are
+     * zero, on one token's path, a few tokens' and a batch's. */
+    static const struct { size_t rows, cols; int E, top_k, n; bool bias, all, repeat, share; } cases[] = {
+        {32, 64, 8, 2, 1, false, false, false, false},       {32, 64, 8, 2, 7, true, true, false, false},
+        {768, 2048, 16, 8, 1, false, false, false, false},   {2048, 768, 16, 8, 1, false, false, false, false},
+        {768, 2048, 16, 8, 4, false, true, false, false},    {1408, 2048, 60, 4, 3, false, false, false, false},
+        {129, 67, 5, 3, 17, true, false, false, false},      {64, 256, 4, 4, 13, true, true, false, false},
+        {96, 512, 8, 2, 128, false, true, false, false},     {33, 32, 3, 1, 5, false, false, false, false},
+        {200, 256, 32, 8, 1, true, false, false, false},     {72, 128, 24, 2, 3, true, true, false, false},
+        {64, 128, 16, 8, 1, false, false, true, false},      {40, 96, 16, 4, 3, true, false, true, false},
+        {64, 128, 16, 4, 1, true, false, false, true},       {40, 96, 16, 4, 3, true, false, true, true},
+        {96, 512, 8, 2, 128, false, true, false, true},
     };
     op_stats st = {0};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
@@ -865,8 +869,21 @@ static void test_experts(void **state)
                 size_t picks = (size_t)n * k, count = picks * rows;
                 float *x = random_floats((size_t)n * x_slots * cols, 1.0f);
                 float *ref = malloc(count * sizeof *ref);
-                llm_experts he = {hw, hb, E, false};
+                llm_experts he = {hw, hb, E, false, 0};
                 llm_ref_ops.experts(ref, x, &he, ids, n, k, x_slots);
+                int first = cases[c].share ? E / 4 : 0, ne = cases[c].share ? E / 2 : E;
+                if (cases[c].share) { /* the reference's share: the whole table's rows where held, else zeros */
+                    float *whole = ref;
+                    ref = malloc(count * sizeof *ref);
+                    llm_experts hs = {hw + first, hb ? hb + first : NULL, ne, false, first};
+                    llm_ref_ops.experts(ref, x, &hs, ids, n, k, x_slots);
+                    for (size_t p = 0; p < picks; p++) {
+                        bool held = ids[p] >= first && ids[p] < first + ne;
+                        for (size_t r = 0; r < rows; r++)
+                            assert_true(ref[p * rows + r] == (held ? whole[p * rows + r] : 0.0f));
+                    }
+                    free(whole);
+                }
 
                 llm_weight *dw = calloc((size_t)E, sizeof *dw), *db = hb ? calloc((size_t)E, sizeof *db) : NULL;
                 assert_true(dw && (!hb || db));
@@ -874,16 +891,16 @@ static void test_experts(void **state)
                     dw[e] = llm_dtype_is_block(t) ? hw[e] : dev_weight(&hw[e]);
                     if (hb) db[e] = dev_weight(&hb[e]);
                 }
-                llm_experts de = {dw, db, E, false};
+                llm_experts de = {dw + first, db ? db + first : NULL, ne, false, first};
                 int32_t *di = dev_copy(ids, picks * sizeof *ids);
                 float *dx = dev_copy(x, (size_t)n * x_slots * cols * sizeof *x), *dout = dev_poisoned(count);
                 dev->ops->experts(dout, dx, &de, di, n, k, x_slots);
                 float *got = dev_fetch(dout, count);
                 char what[160];
-                snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s%s %s", dev->name,
-                         rows, cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "",
+                snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s%s%s %s",
+                         dev->name, rows, cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "",
                          cases[c].all ? " (every expert)" : "", cases[c].repeat ? " (repeated ids)" : "",
-                         llm_dtype_name(t));
+                         cases[c].share ? " (a share)" : "", llm_dtype_name(t));
                 double tol = tol_reduction(cols) + tol_16bit(t);
                 if (!llm_dtype_is_block(t)) {
                     note(&st, compare(what, got, ref, count, tol), tol);

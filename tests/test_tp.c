@@ -1,6 +1,8 @@
 /* Tensor parallelism: the split's arithmetic (src/model/split.h) on every machine; a model split over two GPUs (one
  * process each, src/tp.c) against Hugging Face and against one GPU, where two GPUs are here (skipped otherwise). */
 #include <arpa/inet.h>
+#include <limits.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -216,6 +218,10 @@ static void test_host_device_refused(void **state)
  * Gemma 2 (post norms, soft-caps). */
 static const char *const DENSE[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3",  "qwen2-bias",
                                     "mistral-headdim", "phi3-window",      "gemma2"};
+/* The mixtures of experts: Mixtral, Qwen3-MoE (every layer sparse; one dense layer by mlp_only_layers), Qwen2-MoE
+ * (the shared expert, q/k/v biases), gpt-oss (biased experts and router, sinks, o's bias; its MXFP4 experts).
+ * OLMoE's whole-projection q/k norms are refused (test_moe_refused). */
+static const char *const MOE[] = {"mixtral", "qwen3-moe", "qwen3-moe-dense", "qwen2-moe", "gpt-oss", "gpt-oss-mxfp4"};
 
 static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
 static llm_dtype run_quant;     /* run_model's --quant (LLM_DTYPE_F32: none) */
@@ -264,14 +270,15 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
 }
 
 /* ---- two ranks in one process, on the cpu reference: the split's numbers checked on every machine ----
- * A test double of the cpu device that joins a "group" of two threads: its all_reduce sums the two ranks' x through
- * a barrier (rank 0's plus rank 1's, the same order on both), as NCCL does across processes. */
+ * A test double of the cpu device that joins a "group" of two threads (or pair_size): its all_reduce sums the ranks'
+ * x through a barrier (rank 0's plus rank 1's ..., the same order on all), as NCCL does across processes. */
 extern const llm_device llm_device_cpu;
 static llm_device pair_dev;
 static llm_ops pair_ops;
 static pthread_barrier_t pair_barrier;
 static _Thread_local int pair_rank;
-static float *pair_x[2];
+static int pair_size = 2;
+static float *pair_x[4];
 static float *pair_sum; /* (count) */
 
 static void pair_all_reduce(float *x, size_t count)
@@ -279,7 +286,11 @@ static void pair_all_reduce(float *x, size_t count)
     pair_x[pair_rank] = x;
     pthread_barrier_wait(&pair_barrier);
     if (pair_rank == 0)
-        for (size_t i = 0; i < count; i++) pair_sum[i] = pair_x[0][i] + pair_x[1][i];
+        for (size_t i = 0; i < count; i++) {
+            float sum = pair_x[0][i];
+            for (int r = 1; r < pair_size; r++) sum += pair_x[r][i];
+            pair_sum[i] = sum;
+        }
     pthread_barrier_wait(&pair_barrier);
     memcpy(x, pair_sum, count * sizeof *x);
     pthread_barrier_wait(&pair_barrier); /* pair_x is set again only after both copied */
@@ -339,65 +350,142 @@ static void *pair_run(void *arg)
     return NULL;
 }
 
-/* Each dense family's fixture split in two on the cpu reference, its ranks run as two threads: rank 0's logits against
- * Hugging Face (test_models.c's 1e-4 of the largest logit) and against the whole model on the same device (1e-5: see
- * test_split_matches), its greedy tokens exactly. This checks the shares themselves (rows and columns, the KV head
+/* The fixture `name` split over `size` ranks (2 or 4) on the cpu reference, its ranks run as threads: rank 0's logits
+ * against Hugging Face (test_models.c's 1e-4 of the largest logit) and against the whole model on the same device
+ * (1e-5: see test_split_matches), the other ranks' equal to rank 0's, every rank's greedy tokens exactly. */
+static void split_on_cpu(const char *name, int size)
+{
+    pair_device_make();
+    pair_size = size;
+    fixture_expected ex;
+    fixture_load_expected(&ex, name);
+    char err[1024] = "";
+    llm_model whole, m[4];
+    llm_load_options lo = {.device = "cpu"};
+    assert_int_equal(llm_model_load(&whole, ex.dir, &lo, err, sizeof err), 0);
+    pair_job jobs[4];
+    for (int r = 0; r < size; r++) {
+        llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = size}};
+        int rc = llm_model_load(&m[r], ex.dir, &lr, err, sizeof err);
+        if (rc) print_error("%s rank %d of %d: %s\n", name, r, size, err);
+        assert_int_equal(rc, 0);
+        assert_int_equal(m[r].split.size, size);
+        jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = &ex, .logits = malloc(ex.n_logits * sizeof(float))};
+        assert_non_null(jobs[r].logits);
+    }
+    assert_int_equal(m[0].config.num_attention_heads * size, whole.config.num_attention_heads);
+    pair_sum = malloc((size_t)ex.n_tokens * whole.config.hidden_size * sizeof *pair_sum); /* the largest call's */
+    assert_non_null(pair_sum);
+    pthread_barrier_init(&pair_barrier, NULL, (unsigned)size);
+    pthread_t t[4];
+    for (int r = 0; r < size; r++) assert_int_equal(pthread_create(&t[r], NULL, pair_run, &jobs[r]), 0);
+    for (int r = 0; r < size; r++) {
+        void *failed = NULL;
+        pthread_join(t[r], &failed);
+        if (failed) print_error("%s rank %d of %d: %s\n", name, r, size, (char *)failed);
+        assert_null(failed);
+    }
+    pthread_barrier_destroy(&pair_barrier);
+    float *one = malloc(ex.n_logits * sizeof *one);
+    int32_t g1[256];
+    assert_non_null(one);
+    pair_job w = {.rank = 0, .m = &whole, .ex = &ex, .logits = one};
+    assert_null(pair_run(&w)); /* alone: its all_reduce is the reference's identity, never called */
+    memcpy(g1, w.greedy, sizeof g1);
+    double hf = fixture_max_rel_error(jobs[0].logits, ex.logits, ex.n_logits);
+    double vs_whole = fixture_max_rel_error(jobs[0].logits, one, ex.n_logits), ranks = 0.0;
+    for (int r = 1; r < size; r++)
+        ranks = fmax(ranks, fixture_max_rel_error(jobs[r].logits, jobs[0].logits, ex.n_logits));
+    print_message("%s split in %d on cpu: max |logit - HF| / max |HF| = %.3g, against the whole model %.3g, other "
+                  "ranks against rank 0 %.3g\n", name, size, hf, vs_whole, ranks);
+    assert_true(hf <= 1e-4);
+    assert_true(vs_whole <= 1e-5);
+    assert_true(ranks == 0.0); /* every rank's sums are the same numbers: the head is whole on each */
+    for (int i = 0; i < ex.n_greedy; i++) {
+        for (int r = 0; r < size; r++) assert_int_equal(jobs[r].greedy[i], ex.greedy[i]);
+        assert_int_equal(g1[i], ex.greedy[i]);
+    }
+    free(pair_sum), free(one);
+    for (int r = 0; r < size; r++) free(jobs[r].logits), llm_model_free(&m[r]);
+    llm_model_free(&whole);
+    fixture_free_expected(&ex);
+    pair_size = 2;
+}
+
+/* Each dense family's fixture split in two. This checks the shares themselves (rows and columns, the KV head
  * replicated, biases on the right ranks, fused projections cut in three) wherever the tests run. */
 static void test_split_on_cpu(void **state)
 {
     (void)state;
+    for (size_t f = 0; f < sizeof DENSE / sizeof *DENSE; f++) split_on_cpu(DENSE[f], 2);
+}
+
+/* Each mixture of experts split in two and in four (their 8 experts, 2 a rank; 4 query heads, one a rank, the 2 KV
+ * heads replicated): the experts of every sparse layer split whole, the router on every rank. The tolerances are the
+ * dense ones: no expert's product is cut (each is computed whole by the rank that holds it), the combine's top_k
+ * terms are regrouped into the ranks' partial sums plus the all-reduce's adds (a reordering of at most top_k f32
+ * adds), and the router reads the same residual stream on every rank, so each rank picks the whole model's experts;
+ * a pick lost, doubled or routed apart (a bias added on every rank, another rank's rows) is an error of the logits'
+ * own size. */
+static void test_moe_split_on_cpu(void **state)
+{
+    (void)state;
+    for (size_t f = 0; f < sizeof MOE / sizeof *MOE; f++) {
+        split_on_cpu(MOE[f], 2);
+        split_on_cpu(MOE[f], 4);
+    }
+}
+
+/* What a mixture of experts cannot split says why in one line: fewer experts (or shared-expert rows) than ranks,
+ * naming config.json; experts in host memory; OLMoE's q/k norms over the whole projection. Every rank's experts tile
+ * the whole, at least one a rank. */
+static void test_moe_refused(void **state)
+{
+    (void)state;
+    llm_config c = {.num_attention_heads = 32, .num_key_value_heads = 8, .intermediate_size = 14336, .n_sparse = 1,
+                    .num_experts = 8, .family = llm_family_find("MixtralForCausalLM")};
+    assert_non_null(c.family);
+    for (int size = 2; size <= 8; size *= 2) {
+        int next = 0;
+        for (int r = 0; r < size; r++) {
+            llm_split s;
+            char err[256] = "";
+            assert_int_equal(llm_split_of(&s, &c, "m", r, size, err, sizeof err), 0);
+            assert_int_equal(s.expert0, next);
+            assert_true(s.experts >= 1);
+            next += s.experts;
+        }
+        assert_int_equal(next, c.num_experts);
+    }
+    llm_split s;
+    char err[1024] = "";
+    c.num_experts = 2;
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "m/config.json: num_local_experts 2 is fewer than 4 GPUs"));
+    c.num_experts = 60, c.shared_expert_intermediate_size = 3, c.family = llm_family_find("Qwen2MoeForCausalLM");
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "m/config.json: shared_expert_intermediate_size 3 is smaller than 4 GPUs"));
+
     pair_device_make();
-    for (size_t f = 0; f < sizeof DENSE / sizeof *DENSE; f++) {
+    const struct {
+        const char *fixture;
+        int host_experts;
+        const char *says;
+    } cases[] = {
+        {"qwen3-moe", INT_MAX, "--cpu-moe / --n-cpu-moe: experts in host memory do not split"},
+        {"mixtral", 1, "--cpu-moe / --n-cpu-moe: experts in host memory do not split"},
+        {"olmoe", 0, "q/k norms over the whole projection"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         fixture_expected ex;
-        fixture_load_expected(&ex, DENSE[f]);
-        char err[1024] = "";
-        llm_model whole, m[2];
-        llm_load_options lo = {.device = "cpu"};
-        assert_int_equal(llm_model_load(&whole, ex.dir, &lo, err, sizeof err), 0);
-        pair_job jobs[2];
-        for (int r = 0; r < 2; r++) {
-            llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = 2}};
-            int rc = llm_model_load(&m[r], ex.dir, &lr, err, sizeof err);
-            if (rc) print_error("%s rank %d: %s\n", DENSE[f], r, err);
-            assert_int_equal(rc, 0);
-            assert_int_equal(m[r].split.size, 2);
-            jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = &ex, .logits = malloc(ex.n_logits * sizeof(float))};
-            assert_non_null(jobs[r].logits);
-        }
-        assert_int_equal(m[0].config.num_attention_heads * 2, whole.config.num_attention_heads);
-        pair_sum = malloc((size_t)ex.n_tokens * whole.config.hidden_size * sizeof *pair_sum); /* the largest call's */
-        assert_non_null(pair_sum);
-        pthread_barrier_init(&pair_barrier, NULL, 2);
-        pthread_t t[2];
-        for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&t[r], NULL, pair_run, &jobs[r]), 0);
-        for (int r = 0; r < 2; r++) {
-            void *failed = NULL;
-            pthread_join(t[r], &failed);
-            if (failed) print_error("%s rank %d: %s\n", DENSE[f], r, (char *)failed);
-            assert_null(failed);
-        }
-        pthread_barrier_destroy(&pair_barrier);
-        float *one = malloc(ex.n_logits * sizeof *one);
-        int32_t g1[256];
-        assert_non_null(one);
-        pair_job w = {.rank = 0, .m = &whole, .ex = &ex, .logits = one};
-        assert_null(pair_run(&w)); /* alone: its all_reduce is the reference's identity, never called */
-        memcpy(g1, w.greedy, sizeof g1);
-        double hf = fixture_max_rel_error(jobs[0].logits, ex.logits, ex.n_logits);
-        double vs_whole = fixture_max_rel_error(jobs[0].logits, one, ex.n_logits);
-        double ranks = fixture_max_rel_error(jobs[1].logits, jobs[0].logits, ex.n_logits);
-        print_message("%s split in two on cpu: max |logit - HF| / max |HF| = %.3g, against the whole model %.3g, "
-                      "rank 1 against rank 0 %.3g\n", DENSE[f], hf, vs_whole, ranks);
-        assert_true(hf <= 1e-4);
-        assert_true(vs_whole <= 1e-5);
-        assert_true(ranks == 0.0); /* both ranks' sums are the same numbers: the head is whole on each */
-        for (int i = 0; i < ex.n_greedy; i++) {
-            assert_int_equal(jobs[0].greedy[i], ex.greedy[i]);
-            assert_int_equal(jobs[1].greedy[i], ex.greedy[i]);
-            assert_int_equal(g1[i], ex.greedy[i]);
-        }
-        free(pair_sum), free(one), free(jobs[0].logits), free(jobs[1].logits);
-        llm_model_free(&m[0]), llm_model_free(&m[1]), llm_model_free(&whole);
+        fixture_load_expected(&ex, cases[i].fixture);
+        llm_model m;
+        llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = 0, .size = 2},
+                               .host_experts = cases[i].host_experts};
+        assert_int_equal(llm_model_load(&m, ex.dir, &lr, err, sizeof err), -1);
+        print_message("%s split in two: %s\n", cases[i].fixture, err);
+        assert_non_null(strstr(err, cases[i].says));
+        assert_null(strchr(err, '\n'));
         fixture_free_expected(&ex);
     }
 }
@@ -572,12 +660,11 @@ static void *compare_run(void *arg)
     return NULL;
 }
 
-static void test_compare_split(void **state)
+static void compare_split(const char *name)
 {
-    (void)state;
     pair_device_make();
     fixture_expected ex;
-    fixture_load_expected(&ex, "qwen3"); /* q/k norms per head: shares of normalised heads */
+    fixture_load_expected(&ex, name);
     char err[1024] = "";
     llm_model whole[2], m[2];
     compare_job jobs[2];
@@ -599,8 +686,8 @@ static void test_compare_split(void **state)
     if (jobs[0].rc) print_error("%s\n", jobs[0].err);
     assert_int_equal(jobs[0].rc, 0);
     assert_int_equal(jobs[1].rc, 0);
-    print_message("qwen3 split in two against the whole model (compare): logits rel %.3g, first divergence %s, "
-                  "greedy %d/%d\n", res->logits_rel, res->diverged ? res->first_point : "none", res->greedy_agree,
+    print_message("%s split in two against the whole model (compare): logits rel %.3g, first divergence %s, "
+                  "greedy %d/%d\n", name, res->logits_rel, res->diverged ? res->first_point : "none", res->greedy_agree,
                   res->greedy_total);
     assert_false(res->diverged);
     assert_true(res->pass);
@@ -617,6 +704,15 @@ static void test_compare_split(void **state)
     }
     free(pair_sum);
     fixture_free_expected(&ex);
+}
+
+/* Qwen3 (q/k norms per head: shares of normalised heads) and Qwen2-MoE (experts split whole, the shared expert's
+ * rows: the sparse glu holds rank 0's picks only, and compare leaves it out) */
+static void test_compare_split(void **state)
+{
+    (void)state;
+    compare_split("qwen3");
+    compare_split("qwen2-moe");
 }
 
 /* ---- across hosts: the rendezvous over TCP (--tp-listen, tp-worker --connect) ----
@@ -701,7 +797,8 @@ static void two_gpus_or_skip(void)
     setenv("LLM_TP_EXE", "build/llm-run", 0); /* the workers: this test's binary is not llm-run */
 }
 
-/* Each dense family's fixture split over two GPUs (and four, where four are). Against Hugging Face: the tolerance of
+/* Each dense family's fixture and each mixture of experts (MOE) split over two GPUs (and four, where four are); the
+ * experts split whole (test_moe_split_on_cpu says why the same tolerances hold). Against Hugging Face: the tolerance of
  * test_models.c (1e-4 of the largest logit). Against the same model on one GPU: 1e-5 of the largest logit. Both compute every product in f32
  * (fixtures are F32 checkpoints); the split only regroups sums: o's and down's dot products (at most 160 terms) are
  * summed as two halves plus one f32 add in NCCL, a reordering whose rounding is a few ulp of the terms' magnitude,
@@ -711,9 +808,11 @@ static void test_split_matches(void **state)
 {
     (void)state;
     two_gpus_or_skip();
-    for (size_t f = 0; f < sizeof DENSE / sizeof *DENSE; f++) {
+    const size_t n_dense = sizeof DENSE / sizeof *DENSE, n_moe = sizeof MOE / sizeof *MOE;
+    for (size_t f = 0; f < n_dense + n_moe; f++) {
+        const char *name = f < n_dense ? DENSE[f] : MOE[f - n_dense];
         fixture_expected ex;
-        fixture_load_expected(&ex, DENSE[f]);
+        fixture_load_expected(&ex, name);
         float *one = NULL, *two = NULL;
         int32_t g1[256], g2[256];
         llm_device_counters c1 = {0}, c2 = {0};
@@ -766,15 +865,15 @@ static void test_split_matches(void **state)
         free(oneshot), free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g, against the kernel-per-op "
-                      "split %.3g; %zu persistent steps (one GPU: %zu)\n", DENSE[f], hf, vs_one, vs_op,
+                      "split %.3g; %zu persistent steps (one GPU: %zu)\n", name, hf, vs_one, vs_op,
                       c2.persistent_steps, c1.persistent_steps);
-        print_message("%s on 2 GPUs, one-token steps: against one GPU %.3g\n", DENSE[f], steps_vs_one);
+        print_message("%s on 2 GPUs, one-token steps: against one GPU %.3g\n", name, steps_vs_one);
         assert_true(hf <= 1e-4);
         assert_true(vs_one <= 1e-5);
         assert_true(vs_op <= 1e-5);
         assert_true(steps_vs_one <= 1e-5);
         for (int i = 0; i < ex.n_greedy; i++) {
-            if (g2[i] != ex.greedy[i]) print_error("%s: token %d is %d, HF says %d\n", DENSE[f], i, g2[i], ex.greedy[i]);
+            if (g2[i] != ex.greedy[i]) print_error("%s: token %d is %d, HF says %d\n", name, i, g2[i], ex.greedy[i]);
             assert_int_equal(g2[i], ex.greedy[i]);
             assert_int_equal(g2[i], g1[i]);
         }
@@ -795,7 +894,7 @@ static void test_split_matches(void **state)
             run_model(&ex, "cuda:0,1,2,3", &four, g4, &c4, NULL, 0);
             double hf4 = fixture_max_rel_error(four, ex.logits, count), vs_one4 = fixture_max_rel_error(four, one, count);
             print_message("%s on 4 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g; %zu persistent "
-                          "steps\n", DENSE[f], hf4, vs_one4, c4.persistent_steps);
+                          "steps\n", name, hf4, vs_one4, c4.persistent_steps);
             assert_true(hf4 <= 1e-4);
             assert_true(vs_one4 <= 1e-5);
             if (peers) assert_int_equal(c4.persistent_steps, c1.persistent_steps);
@@ -906,6 +1005,7 @@ int main(void)
         cmocka_unit_test(test_device_lists),  cmocka_unit_test(test_host_device_refused),
         cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_split_quant_on_cpu),
         cmocka_unit_test(test_split_prequant_on_cpu), cmocka_unit_test(test_split_quant_refused),
+        cmocka_unit_test(test_moe_split_on_cpu), cmocka_unit_test(test_moe_refused),
         cmocka_unit_test(test_compare_split),
         cmocka_unit_test(test_worker_connect_errors),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),

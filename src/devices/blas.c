@@ -1276,7 +1276,11 @@ static void experts_by_pick(float *out, const float *x, const llm_experts *w, co
 {
     for (size_t p = 0; p < (size_t)n * top_k; p++) {
         size_t i = p / (size_t)top_k, j = p % (size_t)top_k;
-        int e = ids[p];
+        int e = ids[p] - w->first;
+        if (e < 0 || e >= w->n_experts) { /* another rank's expert (ops.h): a zero row */
+            memset(out + p * w->w[0].rows, 0, w->w[0].rows * sizeof *out);
+            continue;
+        }
         const llm_weight *we = &w->w[e];
         const float *row = x + (i * (size_t)x_slots + (x_slots > 1 ? j : 0)) * we->cols;
         blas_matmul(out + p * we->rows, row, we, w->bias ? &w->bias[e] : NULL, 1);
@@ -1369,14 +1373,21 @@ static void blas_experts(float *out, const float *x, const llm_experts *w, const
     }
     size_t *start = moe_ws, *order = start + E + 1, *used = order + picks; /* order[start[e] .. start[e+1]): e's picks */
     memset(start, 0, (E + 1) * sizeof *start);
-    for (size_t p = 0; p < picks; p++) start[ids[p] + 1]++;
+    for (size_t p = 0; p < picks; p++) {
+        size_t e = (size_t)(ids[p] - w->first); /* another rank's expert (ops.h), wrapped past E: a zero row */
+        if (e < E)
+            start[e + 1]++;
+        else
+            memset(out + p * rows, 0, rows * sizeof *out);
+    }
     size_t groups = 0, most = 0;
     for (size_t e = 0; e < E; e++) {
         if (start[e + 1]) used[groups++] = e;
         most = start[e + 1] > most ? start[e + 1] : most;
         start[e + 1] += start[e];
     }
-    for (size_t p = 0; p < picks; p++) order[start[ids[p]]++] = p; /* start[e] moves to expert e's end ... */
+    for (size_t p = 0; p < picks; p++)
+        if ((size_t)(ids[p] - w->first) < E) order[start[ids[p] - w->first]++] = p; /* start[e] to e's end ... */
     for (size_t e = E; e > 0; e--) start[e] = start[e - 1];         /* ... and back to its beginning */
     start[0] = 0;
     if (most <= EXPERTS_ROWS_MAX) {

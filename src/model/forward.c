@@ -315,6 +315,7 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
                     op->combine(s->xb, s->moe_out, s->expert_weights, n, 1, dim);
                     op->add(ffn, s->xb, xs);
                 }
+                if (split) op->all_reduce(ffn, xs); /* each rank's experts' picks and shared-expert rows, summed */
             }
             if (L->ffn_post_norm.data) op->rmsnorm(ffn, ffn, &L->ffn_post_norm, n, dim, eps, offset);
             trace(m, "ffn_out", l, ffn, xs);

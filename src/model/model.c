@@ -435,14 +435,26 @@ static void free_weight(const llm_model *m, llm_weight *w)
 }
 
 /* A stack of n (rows, cols) matrices, a 3-D tensor, placed as one (n * rows, cols) linear (quantized with --quant: a
- * block row never straddles two matrices) that views can cut without copying. */
+ * block row never straddles two matrices) that views can cut without copying. Under tensor parallelism only matrices
+ * [first, first + count) of it, this rank's experts, copied out as one (count * rows, cols) matrix. */
 static int load_stacked(llm_model *m, llm_weight *w, const char *name, size_t n, size_t rows, size_t cols,
-                        const char *why, char *err, size_t err_len)
+                        size_t first, size_t count, const char *why, char *err, size_t err_len)
 {
     const size_t shape[3] = {n, rows, cols};
     const llm_st_tensor *t = checked_tensor(m, name, false, 3, shape, why, err, err_len);
     if (!t) return -1;
-    return place_weight(m, w, t, name, n * rows, cols, true, err, err_len);
+    if (count == n) return place_weight(m, w, t, name, n * rows, cols, true, err, err_len);
+    size_t esz = llm_dtype_size(t->dtype), bytes = count * rows * cols * esz;
+    char *buf = malloc(bytes ? bytes : 1);
+    if (!buf) {
+        snprintf(err, err_len, "%s: out of memory for this GPU's share of tensor '%s' (%zu bytes)", t->file, name,
+                 bytes);
+        return -1;
+    }
+    memcpy(buf, (const char *)t->data + first * rows * cols * esz, bytes);
+    w->rows = count * rows, w->cols = cols;
+    m->weight_bytes += bytes;
+    return place_owned(m, w, buf, t->dtype, t, err, err_len);
 }
 
 /* An expert's matrix or bias the loader made in host memory (malloc'd, `dtype` an element type), onto the device:
@@ -530,28 +542,40 @@ static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *b
     return place_owned(m, w, bf, LLM_DTYPE_BF16, blocks, err, err_len);
 }
 
+/* The experts [*first, *first + *count) of a sparse layer this process loads: its rank's (split.h), or all of them. */
+static void experts_here(const llm_model *m, size_t *first, size_t *count)
+{
+    bool split = m->split.size > 1;
+    *first = split ? (size_t)m->split.expert0 : 0;
+    *count = split ? (size_t)m->split.experts : (size_t)m->config.num_experts;
+}
+
 /* gpt-oss's experts (arch.h, packed): gate_up_proj (E, hidden, 2 inter) with gate and up in alternate columns and
  * down_proj (E, inter, hidden), both (in, out), each with a bias; or their MXFP4 _blocks / _scales, (out, in). Each
- * expert's gate, up and down become (out, in) matrices of their own, as the experts op multiplies them. */
+ * expert's gate, up and down become (out, in) matrices of their own, as the experts op multiplies them; only this
+ * rank's experts (e0 .. e0 + ne - 1) are read. */
 static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
 {
     const llm_config *c = &m->config;
     llm_layer *L = &m->layers[l];
     size_t hidden = (size_t)c->hidden_size, E = (size_t)c->num_experts, mi = (size_t)c->moe_intermediate_size;
+    size_t e0, ne;
+    experts_here(m, &e0, &ne);
     char name[256];
     snprintf(name, sizeof name, "%slayers.%d.mlp.router.weight", m->prefix, l);
     if (load_linear(m, &L->router, name, E, hidden, "num_local_experts, hidden_size", false, false, err, err_len))
         return -1;
     snprintf(name, sizeof name, "%slayers.%d.mlp.router.bias", m->prefix, l);
     if (load_weight(m, &L->router_bias, name, 0, E, "num_local_experts", false, err, err_len)) return -1;
-    if (!(L->expert_w = calloc(3 * E, sizeof *L->expert_w)) || !(L->expert_b = calloc(3 * E, sizeof *L->expert_b))) {
-        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
+    if (!(L->expert_w = calloc(3 * ne, sizeof *L->expert_w)) ||
+        !(L->expert_b = calloc(3 * ne, sizeof *L->expert_b))) {
+        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, ne);
         return -1;
     }
     size_t before = begin_placing(m, l);
     for (int p = 0; p < 3; p++)
-        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, L->expert_b + (size_t)p * E, c->num_experts,
-                                      m->placing != NULL};
+        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * ne, L->expert_b + (size_t)p * ne, (int)ne,
+                                      m->placing != NULL, (int)e0};
     const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
     const char *proj[2] = {"gate_up_proj", "down_proj"};
 
@@ -564,9 +588,9 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
                                                       : "num_local_experts, hidden_size", err, err_len);
         if (!t) return -1;
         size_t esz = llm_dtype_size(t->dtype);
-        for (size_t e = 0; e < E; e++)
+        for (size_t e = e0; e < e0 + ne; e++)
             for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++) {
-                llm_weight *b = &L->expert_b[(size_t)p * E + e];
+                llm_weight *b = &L->expert_b[(size_t)p * ne + e - e0];
                 b->rows = 1, b->cols = rows[p];
                 char *buf = malloc(rows[p] * esz);
                 if (!buf) {
@@ -604,10 +628,10 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
             const llm_st_tensor *tb = checked_tensor(m, bname, true, 4, bshape, why, err, err_len);
             const llm_st_tensor *ts = tb ? checked_tensor(m, sname, true, 3, bshape, why, err, err_len) : NULL;
             if (!ts) return -1;
-            for (size_t e = 0; e < E; e++)
+            for (size_t e = e0; e < e0 + ne; e++)
                 for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++)
-                    if (load_mxfp4_expert(m, &L->expert_w[(size_t)p * E + e], tb, ts, e, p, rows[p], cols[p], err,
-                                          err_len))
+                    if (load_mxfp4_expert(m, &L->expert_w[(size_t)p * ne + e - e0], tb, ts, e, p, rows[p], cols[p],
+                                          err, err_len))
                         return -1;
             if (place_dev(m)->host_memory) llm_st_release(m->st, tb), llm_st_release(m->st, ts);
         }
@@ -626,9 +650,9 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
                                                err_len);
         if (!t) return -1;
         size_t esz = llm_dtype_size(t->dtype);
-        for (size_t e = 0; e < E; e++)
+        for (size_t e = e0; e < e0 + ne; e++)
             for (int p = k == 0 ? 0 : 2; p < (k == 0 ? 2 : 3); p++) {
-                llm_weight *w = &L->expert_w[(size_t)p * E + e];
+                llm_weight *w = &L->expert_w[(size_t)p * ne + e - e0];
                 w->rows = rows[p], w->cols = cols[p];
                 char *buf = malloc(rows[p] * cols[p] * esz);
                 if (!buf) {
@@ -649,10 +673,19 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
     return end_placing(m, l, before);
 }
 
+/* Rows [first, first + count) of a matrix, or elements of a vector: a rank's share (split.h). count 0: the whole. */
+typedef struct {
+    size_t first, count;
+} span;
+
+static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
+                      bool linear, span r, span c, char *err, size_t err_len);
+
 /* A sparse layer's feed-forward as the Hub ships it (arch.h, llm_moe_family): the router, each expert's gate, up
  * and down linears (quantized with --quant as the other linears), and Qwen2-MoE's shared expert and its gate. Or
  * the experts stacked as transformers 5.x holds them (mlp.experts.gate_up_proj, mlp.experts.down_proj), each a view:
- * its save_pretrained writes the Hub's layout back, but a state dict saved as it is in memory has these. */
+ * its save_pretrained writes the Hub's layout back, but a state dict saved as it is in memory has these. Split over
+ * ranks (split.h): this rank's experts only, and its rows of the shared expert. */
 static int load_experts(llm_model *m, int l, char *err, size_t err_len)
 {
     if (m->config.family->moe.packed) return load_packed_experts(m, l, err, err_len);
@@ -661,6 +694,8 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     llm_layer *L = &m->layers[l];
     size_t hidden = (size_t)c->hidden_size, E = (size_t)c->num_experts, mi = (size_t)c->moe_intermediate_size;
     size_t si = (size_t)c->shared_expert_intermediate_size;
+    size_t e0, ne; /* this rank's experts (the router stays whole: every rank routes alike) */
+    experts_here(m, &e0, &ne);
     char name[256], why[96];
     /* transformers 5.x's stacked experts (load_stacked): every family's under mlp., Mixtral's router too */
     snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
@@ -669,13 +704,13 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     snprintf(name, sizeof name, "%slayers.%d.%s.%s.weight", m->prefix, l, block, f->router);
     snprintf(why, sizeof why, "%s, hidden_size", f->count_key);
     if (load_linear(m, &L->router, name, E, hidden, why, false, false, err, err_len)) return -1;
-    if (!(L->expert_w = calloc(3 * E, sizeof *L->expert_w))) {
-        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, E);
+    if (!(L->expert_w = calloc(3 * ne, sizeof *L->expert_w))) {
+        snprintf(err, err_len, "out of memory for layer %d's %zu experts", l, ne);
         return -1;
     }
     size_t before = begin_placing(m, l);
     for (int p = 0; p < 3; p++)
-        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * E, NULL, c->num_experts, m->placing != NULL};
+        L->experts[p] = (llm_experts){L->expert_w + (size_t)p * ne, NULL, (int)ne, m->placing != NULL, (int)e0};
     const size_t rows[3] = {mi, mi, hidden}, cols[3] = {hidden, hidden, mi};
     char whys[2][96];
     snprintf(whys[0], sizeof whys[0], "%s, hidden_size", f->inter_key);
@@ -685,21 +720,22 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
         snprintf(whys[0], sizeof whys[0], "%s, 2 * %s, hidden_size", f->count_key, f->inter_key);
         snprintf(whys[1], sizeof whys[1], "%s, hidden_size, %s", f->count_key, f->inter_key);
         snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, l);
-        if (load_stacked(m, &L->experts_stacked[0], name, E, 2 * mi, hidden, whys[0], err, err_len)) return -1;
+        if (load_stacked(m, &L->experts_stacked[0], name, E, 2 * mi, hidden, e0, ne, whys[0], err, err_len))
+            return -1;
         snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, l);
-        if (load_stacked(m, &L->experts_stacked[1], name, E, hidden, mi, whys[1], err, err_len)) return -1;
-        for (size_t e = 0; e < E; e++) {
+        if (load_stacked(m, &L->experts_stacked[1], name, E, hidden, mi, e0, ne, whys[1], err, err_len)) return -1;
+        for (size_t e = 0; e < ne; e++) { /* the stack holds this rank's experts only */
             L->expert_w[e] = view_rows(&L->experts_stacked[0], 2 * mi * e, mi);
-            L->expert_w[E + e] = view_rows(&L->experts_stacked[0], 2 * mi * e + mi, mi);
-            L->expert_w[2 * E + e] = view_rows(&L->experts_stacked[1], hidden * e, hidden);
+            L->expert_w[ne + e] = view_rows(&L->experts_stacked[0], 2 * mi * e + mi, mi);
+            L->expert_w[2 * ne + e] = view_rows(&L->experts_stacked[1], hidden * e, hidden);
         }
         m->quant_experts += m->quant_count - quantized;
     }
     for (int p = 0; p < 3 && !stacked; p++) {
-        for (size_t e = 0; e < E; e++) {
+        for (size_t e = e0; e < e0 + ne; e++) {
             snprintf(name, sizeof name, "%slayers.%d.%s.experts.%zu.%s.weight", m->prefix, l, f->block, e, f->proj[p]);
-            if (load_linear(m, &L->expert_w[(size_t)p * E + e], name, rows[p], cols[p], whys[p == 2], true, false, err,
-                            err_len))
+            if (load_linear(m, &L->expert_w[(size_t)p * ne + e - e0], name, rows[p], cols[p], whys[p == 2], true,
+                            false, err, err_len))
                 return -1;
         }
     }
@@ -709,12 +745,14 @@ static int load_experts(llm_model *m, int l, char *err, size_t err_len)
     const char *sh = f->block;
     snprintf(whys[0], sizeof whys[0], "shared_expert_intermediate_size, hidden_size");
     snprintf(whys[1], sizeof whys[1], "hidden_size, shared_expert_intermediate_size");
+    /* split as the dense feed-forward: this rank's intermediate rows of gate and up, the same columns of down */
+    const span all = {0, 0}, ss = m->split.size > 1 ? (span){(size_t)m->split.shared0, (size_t)m->split.shared} : all;
     snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.gate_proj.weight", m->prefix, l, sh);
-    if (load_linear(m, &L->shared_gate_proj, name, si, hidden, whys[0], true, false, err, err_len)) return -1;
+    if (load_share(m, &L->shared_gate_proj, name, si, hidden, whys[0], true, ss, all, err, err_len)) return -1;
     snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.up_proj.weight", m->prefix, l, sh);
-    if (load_linear(m, &L->shared_up_proj, name, si, hidden, whys[0], true, false, err, err_len)) return -1;
+    if (load_share(m, &L->shared_up_proj, name, si, hidden, whys[0], true, ss, all, err, err_len)) return -1;
     snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert.down_proj.weight", m->prefix, l, sh);
-    if (load_linear(m, &L->shared_down_proj, name, hidden, si, whys[1], true, false, err, err_len)) return -1;
+    if (load_share(m, &L->shared_down_proj, name, hidden, si, whys[1], true, all, ss, err, err_len)) return -1;
     snprintf(name, sizeof name, "%slayers.%d.%s.shared_expert_gate.weight", m->prefix, l, sh);
     return load_linear(m, &L->shared_expert_gate, name, 1, hidden, "1, hidden_size", false, false, err, err_len);
 }
@@ -767,7 +805,8 @@ static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows
     return place_owned(m, w, buf, t->dtype, t, err, err_len);
 }
 
-/* self_attn.sinks (num_attention_heads), in any float dtype, as the f32 device buffer attention reads. */
+/* self_attn.sinks (num_attention_heads), in any float dtype, as the f32 device buffer attention reads: this rank's
+ * heads' under tensor parallelism. */
 static int load_sinks(llm_model *m, int l, char *err, size_t err_len)
 {
     char name[192];
@@ -775,11 +814,13 @@ static int load_sinks(llm_model *m, int l, char *err, size_t err_len)
     size_t heads = (size_t)m->config.num_attention_heads;
     const llm_st_tensor *t = checked_tensor(m, name, false, 1, &heads, "num_attention_heads", err, err_len);
     if (!t) return -1;
+    bool split = m->split.size > 1;
+    size_t h0 = split ? (size_t)m->split.head0 : 0, mine = split ? (size_t)m->split.heads : heads;
     float host[1024]; /* num_attention_heads <= 1024 (config.c) */
-    for (size_t h = 0; h < heads; h++) host[h] = llm_dtype_load(t->data, t->dtype, h);
+    for (size_t h = 0; h < mine; h++) host[h] = llm_dtype_load(t->data, t->dtype, h0 + h);
     const llm_device *dev = m->rt.dev;
-    float *d = dev->alloc(heads * sizeof(float));
-    if (!d || dev->upload(d, host, heads * sizeof(float)) != 0) {
+    float *d = dev->alloc(mine * sizeof(float));
+    if (!d || dev->upload(d, host, mine * sizeof(float)) != 0) {
         if (d) dev->free(d);
         snprintf(err, err_len, "%s: cannot place tensor '%s' on %s", t->file, name, dev->name);
         return -1;
@@ -961,7 +1002,8 @@ static int tensor_layer(const char *name)
 /* Before a mixture of experts is placed on a device that owns its memory: do the weights going there fit its free
  * memory? The experts are most of a model, and with no room for them the answer is host memory (--cpu-moe), which
  * one line says before minutes are spent loading. The checkpoint's bytes under the decoder's prefix (MXFP4 blocks
- * counted as the BF16 they become there); the run state is checked on its own (llm_state_init). */
+ * counted as the BF16 they become there; split over ranks, this rank's share of the experts and the rest whole, an
+ * overestimate by the other ranks' attention); the run state is checked on its own (llm_state_init). */
 static int experts_fit(llm_model *m, char *err, size_t err_len)
 {
     const llm_device *dev = m->rt.dev;
@@ -975,6 +1017,7 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
         bool expert = strstr(t->name, ".experts.") != NULL;
         size_t bytes = t->nbytes, n = strlen(t->name);
         if (expert && n > 7 && strcmp(t->name + n - 7, "_blocks") == 0) bytes *= 4; /* 4 bits a value to 16 */
+        if (expert && m->split.size > 1) bytes = bytes / (size_t)m->config.num_experts * (size_t)m->split.experts;
         int l = tensor_layer(t->name);
         if (expert && l >= 0 && l < m->config.num_hidden_layers && experts_on_host(m, l)) {
             host += bytes;
@@ -1001,7 +1044,8 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
     return -1;
 }
 
-/* Tensor parallelism takes dense layers (weights as stored, quantized on load or pre-quantized), on a device whose
+/* Tensor parallelism takes weights as stored (gpt-oss's MXFP4 experts too: experts split whole), quantized on load
+ * or pre-quantized, on a device whose
  * all_reduce spans processes; the rest is refused in one line before any rank joins the group. */
 static int split_refused(const llm_model *m, const llm_device *dev, const llm_load_options *opt, char *err,
                          size_t err_len)
@@ -1010,8 +1054,8 @@ static int split_refused(const llm_model *m, const llm_device *dev, const llm_lo
     const char *why = NULL;
     if (!dev->tp_unique_id)
         why = "the device's all_reduce does not span processes (cuda with NCCL does)";
-    else if (c->n_sparse)
-        why = "mixture-of-experts layers do not split yet (dense families only)";
+    else if (c->n_sparse && opt->host_experts > 0)
+        why = "--cpu-moe / --n-cpu-moe: experts in host memory do not split (each GPU holds its share of the experts)";
     else if (c->family->qk_norm == LLM_QK_NORM_WHOLE)
         why = "q/k norms over the whole projection (OLMo 2) would need an all-reduce of their own";
     if (!why) return 0;
@@ -1206,11 +1250,17 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
         c->num_attention_heads = m->split.heads;
         c->num_key_value_heads = m->split.kv_heads;
         c->intermediate_size = m->split.inter;
+        c->shared_expert_intermediate_size = m->split.shared;
+        char experts[48] = "";
+        if (c->n_sparse)
+            snprintf(experts, sizeof experts, ", experts %d..%d", m->split.expert0,
+                     m->split.expert0 + m->split.experts - 1);
         if (opt->log)
             fprintf(opt->log, "tensor parallel: rank %d of %d on %s: query heads %d..%d, KV heads %d..%d, "
-                    "intermediate rows %d..%d; embeddings and head whole\n", m->split.rank, m->split.size, dev->name,
-                    m->split.head0, m->split.head0 + m->split.heads - 1, m->split.kv0,
-                    m->split.kv0 + m->split.kv_heads - 1, m->split.inter0, m->split.inter0 + m->split.inter - 1);
+                    "intermediate rows %d..%d%s; embeddings and head whole\n", m->split.rank, m->split.size,
+                    dev->name, m->split.head0, m->split.head0 + m->split.heads - 1, m->split.kv0,
+                    m->split.kv0 + m->split.kv_heads - 1, m->split.inter0, m->split.inter0 + m->split.inter - 1,
+                    experts);
     }
     if (!(m->inv_freq = upload_inv_freq(m, LLM_ROPE_TABLE_GLOBAL, err, err_len))) goto fail;
     if (c->rope_local_base_freq > 0.0f && !(m->inv_freq_local = upload_inv_freq(m, LLM_ROPE_TABLE_LOCAL, err, err_len)))

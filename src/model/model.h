@@ -34,11 +34,12 @@ typedef struct {
     llm_weight router;                   /* (num_experts, hidden): scores for route */
     llm_weight router_bias;              /* (num_experts), or absent */
     llm_experts experts[3];              /* gate, up: each (moe_intermediate, hidden); down: (hidden, moe_intermediate) */
-    llm_weight *expert_w;                /* (3, num_experts): what experts[i].w point into (owned by the layer) */
-    llm_weight *expert_b;                /* (3, num_experts) biases, or NULL */
+    llm_weight *expert_w;                /* (3, experts here): what experts[i].w point into (owned by the layer); the
+                                          * experts here are all num_experts, or a rank's (experts[0].first ..) */
+    llm_weight *expert_b;                /* (3, experts here) biases, or NULL */
     llm_weight experts_stacked[2];       /* transformers 5.x's storage the expert_w are row views into, else absent:
-                                          * (num_experts * 2 * moe_intermediate, hidden) gate and up rows by expert,
-                                          * (num_experts * hidden, moe_intermediate) down */
+                                          * (experts here * 2 * moe_intermediate, hidden) gate and up rows by
+                                          * expert, (experts here * hidden, moe_intermediate) down */
     llm_weight shared_gate_proj, shared_up_proj; /* (shared_expert_intermediate, hidden) Qwen2-MoE's shared expert */
     llm_weight shared_down_proj;         /* (hidden, shared_expert_intermediate) */
     llm_weight shared_expert_gate;       /* (1, hidden): sigmoid of its score weighs the shared expert */
@@ -74,7 +75,8 @@ typedef void (*llm_trace_fn)(void *user, const char *what, int layer, const floa
 
 typedef struct llm_model {
     llm_config config;       /* config.json's; with tensor parallelism (split.size > 1) num_attention_heads,
-                                num_key_value_heads and intermediate_size are this rank's share (split.h) */
+                                num_key_value_heads, intermediate_size and shared_expert_intermediate_size are this
+                                rank's share (split.h); num_experts stays the model's (the router is whole) */
     llm_split split;         /* this rank's share of every layer (size 0 or 1: the whole model) */
     llm_followers *followers; /* the group's other ranks when this process leads them (src/tp.c); else NULL */
     llm_runtime rt;          /* the device and the op table every numeric step goes through */
@@ -146,8 +148,9 @@ typedef struct {
      * memory already (blas), gets a note on log and loads as without it. */
     int host_experts;
     /* Tensor parallelism: this process is rank tp.rank of tp.size, and loads that rank's share of every layer
-     * (split.h) onto a device that joins the group (tp_unique_id; cuda with NCCL). Dense families: weights as
-     * stored, quantized on load (quant) or pre-quantized. size 0 or 1: the whole model. src/tp.c starts the ranks (llm_tp_load). */
+     * (split.h) onto a device that joins the group (tp_unique_id; cuda with NCCL): weights as stored (gpt-oss's MXFP4
+     * experts too), quantized on load (quant) or pre-quantized, a mixture's experts on the GPUs (not with
+     * host_experts). size 0 or 1: the whole model. src/tp.c starts the ranks (llm_tp_load). */
     llm_tp_group tp;
     /* Tensor parallelism across hosts (llm_tp_load): "[HOST:]PORT" where this process, rank 0, waits for the other
      * ranks to connect (`llm-run tp-worker --connect`) instead of starting them itself. NULL: it starts them. */

@@ -70,10 +70,11 @@ int llm_plan_build(llm_plan *p, const llm_model *m, int window, const llm_device
             lp->ffn_out = add(p, LLM_GROUP_FFN_OUT, l, LLM_FUSE_ADD | out, &L->down_proj, offset);
             lp->ffn_out->norms_product = post;
         } else {
-            /* the combine takes the residual add after it unless a post norm or the shared expert comes between */
+            /* the combine takes the residual add after it unless a post norm, the shared expert or (split) the
+             * all-reduce comes between */
             bool shared = L->shared_expert_gate.data != NULL;
             unsigned moe = ffn_norm | LLM_FUSE_EXPERTS_PAIR | LLM_FUSE_GLU | LLM_FUSE_EXPERTS_COMBINE | out |
-                           (post || shared ? 0 : LLM_FUSE_COMBINE_ADD);
+                           (post || shared || m->split.size > 1 ? 0 : LLM_FUSE_COMBINE_ADD);
             lp->moe = add(p, LLM_GROUP_MOE, l, moe, L->experts[0].w, offset);
             lp->moe->act = c->hidden_act, lp->moe->norms_product = post;
             if (shared) {

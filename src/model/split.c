@@ -30,6 +30,17 @@ int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, i
         snprintf(err, err_len, "%s/config.json: intermediate_size %d is smaller than %d GPUs", dir, I, size);
         return -1;
     }
+    if (c->n_sparse && c->num_experts < size) {
+        snprintf(err, err_len, "%s/config.json: %s %d is fewer than %d GPUs (whole experts a GPU)", dir,
+                 c->family->moe.count_key, c->num_experts, size);
+        return -1;
+    }
+    int SI = c->n_sparse ? c->shared_expert_intermediate_size : 0;
+    if (SI && SI < size) {
+        snprintf(err, err_len, "%s/config.json: shared_expert_intermediate_size %d is smaller than %d GPUs", dir, SI,
+                 size);
+        return -1;
+    }
     s->rank = rank, s->size = size;
     s->heads = H / size, s->head0 = rank * s->heads;
     if (KV % size == 0) {
@@ -40,6 +51,13 @@ int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, i
     size_t first, count;
     llm_split_range((size_t)I, rank, size, &first, &count);
     s->inter0 = (int)first, s->inter = (int)count;
+    s->expert0 = s->experts = s->shared0 = s->shared = 0;
+    if (c->n_sparse) {
+        llm_split_range((size_t)c->num_experts, rank, size, &first, &count);
+        s->expert0 = (int)first, s->experts = (int)count;
+        llm_split_range((size_t)SI, rank, size, &first, &count);
+        s->shared0 = (int)first, s->shared = (int)count;
+    }
     return 0;
 }
 

@@ -82,11 +82,14 @@ typedef enum {
 
 /* A layer's experts: n_experts matrices of one shape and dtype, each as matmul's w, with a bias each or none. */
 typedef struct {
-    const llm_weight *w;    /* (n_experts), each (rows, cols) */
+    const llm_weight *w;    /* (n_experts), each (rows, cols): w[e] is the model's expert first + e */
     const llm_weight *bias; /* (n_experts), each (1, rows); NULL: no biases */
     int n_experts;
     bool host; /* the weights are in host memory, kept there for the runtime's host device (--cpu-moe, runtime.h),
                   which runs the call; a device's own experts op never reads it */
+    int first; /* the model's experts [first, first + n_experts) are here: 0 with all of them; a share under tensor
+                  parallelism (split.h), each rank holding its own range, so that the experts op gives zero for the
+                  picks of another rank's experts and the all-reduce after the combine adds each pick once */
 } llm_experts;
 
 typedef enum {
@@ -195,12 +198,14 @@ typedef struct llm_ops {
     void (*route)(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
                   llm_route rule);
 
-    /* The chosen experts' products: for token i, slot j < top_k and expert e = ids[i, j],
+    /* The chosen experts' products: for token i, slot j < top_k and expert e = ids[i, j] - w->first,
      *   out[i, j, r] = sum_c W_e[r, c] * x[i, j * (x_slots > 1), c] (+ bias_e[r] when w->bias is not NULL)
-     * with W_e = w->w[e] and each product the function (and the accuracy) matmul gives that row. x (n, x_slots, cols)
-     * with x_slots 1 (every slot reads the token's row: gate and up) or top_k (slot j reads its own: down);
-     * out (n, top_k, rows); ids (n, top_k) int32, each in [0, n_experts). Only the chosen experts' weights need
-     * be read: a device reads each chosen expert once per call however many tokens chose it. out != x. */
+     * with W_e = w->w[e] and each product the function (and the accuracy) matmul gives that row; where e is outside
+     * [0, n_experts) (an expert another rank holds: llm_experts.first) out[i, j, :] = 0, bias and all. x (n, x_slots,
+     * cols) with x_slots 1 (every slot reads the token's row: gate and up) or top_k (slot j reads its own: down);
+     * out (n, top_k, rows); ids (n, top_k) int32, the model's expert numbers as route gives them. Only the chosen
+     * experts' weights need be read: a device reads each chosen expert once per call however many tokens chose it.
+     * out != x. */
     void (*experts)(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                     int x_slots);
 

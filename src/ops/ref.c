@@ -211,7 +211,12 @@ static void ref_experts(float *out, const float *x, const llm_experts *w, const 
 {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < top_k; j++) {
-            int e = ids[(size_t)i * top_k + j];
+            int e = ids[(size_t)i * top_k + j] - w->first;
+            if (e < 0 || e >= w->n_experts) { /* another rank's expert: its share of the sum is that rank's */
+                size_t rows = w->w[0].rows;
+                for (size_t r = 0; r < rows; r++) out[((size_t)i * top_k + j) * rows + r] = 0.0f;
+                continue;
+            }
             const llm_weight *we = &w->w[e];
             const float *row = x + ((size_t)i * x_slots + (x_slots > 1 ? j : 0)) * we->cols;
             ref_matmul(out + ((size_t)i * top_k + j) * we->rows, row, we, w->bias ? &w->bias[e] : NULL, 1);

@@ -162,7 +162,8 @@ static void wrap_route(int32_t *ids, float *weights, const float *scores, int n,
     free(hs), free(hi), free(hw);
 }
 
-/* Only the chosen experts cross the bus; the others keep a NULL host copy the host op never reads. */
+/* Only the chosen experts cross the bus; the others keep a NULL host copy the host op never reads (their shape is
+ * there: ops.h's experts are of one shape). */
 static void wrap_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                          int x_slots)
 {
@@ -172,15 +173,16 @@ static void wrap_experts(float *out, const float *x, const llm_experts *w, const
     float *ho = malloc(picks * rows * sizeof(float));
     llm_weight *hw = calloc((size_t)w->n_experts, sizeof *hw), *hb = w->bias ? calloc((size_t)w->n_experts, sizeof *hb) : NULL;
     bool ok = hi && hx && ho && hw && (!w->bias || hb);
+    for (int e = 0; ok && e < w->n_experts; e++) hw[e] = (llm_weight){NULL, w->w[e].dtype, rows, cols};
     for (size_t p = 0; ok && p < picks; p++) {
-        int e = hi[p];
+        int e = hi[p] - w->first; /* another rank's expert (ops.h): the host op gives its zero row */
         if (e < 0 || e >= w->n_experts || hw[e].data) continue;
         hw[e] = host_weight_of(&w->w[e]);
         if (hb) hb[e] = host_weight_of(&w->bias[e]);
         ok = hw[e].data && (!hb || hb[e].data);
     }
     if (ok) {
-        llm_experts h = {hw, hb, w->n_experts, false};
+        llm_experts h = {hw, hb, w->n_experts, false, w->first};
         wrap_host.experts(ho, hx, &h, hi, n, top_k, x_slots);
         wrap_dev->upload(out, ho, picks * rows * sizeof(float));
     }

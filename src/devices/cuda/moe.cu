@@ -281,6 +281,7 @@ template <> __device__ __forceinline__ int mo_dtype<__nv_bfloat16>() { return LL
 typedef struct {
     const moe_expert *tab, *tab2; /* tab2: a second projection of the same shape (up, beside gate), or NULL */
     int n_experts, bias_dtype;
+    int first;                    /* tab[e] is the model's expert first + e; a pair of any other gets zero rows */
     const float *x;
     const int32_t *ids;
     float *out, *out2;            /* out2: tab2's products */
@@ -328,17 +329,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
             int k = 0;
             for (int q = p; q < P; q++)
                 if (a.ids[q] == e) pairs[k++] = q;
-            n_pairs = k, expert = e;
+            n_pairs = k, expert = e - a.first;
         }
         __syncthreads();
     }
     const int e = expert, np = n_pairs, rows = a.rows, cols = a.cols;
     const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
-    if (e < 0 || e >= a.n_experts) { /* outside the table: NaN rows rather than a read out of bounds */
+    if (e < 0 || e >= a.n_experts) { /* another rank's expert (ops.h): zero rows */
         for (int q = 0; q < np; q++)
             for (int r = r0 + lane; r < r0 + GV_ROWS && r < rows; r += 32) {
-                a.out[(size_t)pairs[q] * rows + r] = NAN;
-                if (PAIR) a.out2[(size_t)pairs[q] * rows + r] = NAN;
+                a.out[(size_t)pairs[q] * rows + r] = 0.0f;
+                if (PAIR) a.out2[(size_t)pairs[q] * rows + r] = 0.0f;
             }
         return;
     }
@@ -447,12 +448,12 @@ __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __gri
     const int lane = threadIdx.x & 31, j = blockIdx.y, rows = a.rows, cols = a.cols;
     const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     if (r0 >= rows) return;
-    const int e = a.ids[j];
+    const int e = a.ids[j] - a.first;
     float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
-    if (e < 0 || e >= a.n_experts) { /* outside the table: NaN rows rather than a read out of bounds */
+    if (e < 0 || e >= a.n_experts) { /* another rank's expert (ops.h): zero rows */
         if (lane < R && r0 + lane < rows) {
-            out[r0 + lane] = NAN;
-            if (M == 2) out2[r0 + lane] = NAN;
+            out[r0 + lane] = 0.0f;
+            if (M == 2) out2[r0 + lane] = 0.0f;
         }
         return;
     }
@@ -564,7 +565,7 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
     auto find = [&]() {
 #pragma unroll
         for (int u = 0; u < GC_SLOTS; u++) {
-            const int j = g * GC_SLOTS + u, e = j < a.top_k ? __ldcg(a.ids + j) : -1;
+            const int j = g * GC_SLOTS + u, e = j < a.top_k ? __ldcg(a.ids + j) - a.first : -1;
             es[u] = e >= 0 && e < a.n_experts ? e : -1;
             rowp[u] = (const WT *)a.tab[es[u] >= 0 ? e : 0].w + (size_t)r * cols;
         }
@@ -612,7 +613,7 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
             if (j >= a.top_k) continue;
             float v = llm_cuda_warp_sum(acc[u]);
             if (es[u] < 0)
-                v = NAN; /* an id outside the table: NaN rather than a read out of bounds */
+                v = 0.0f; /* another rank's expert (ops.h): its zero row, weighed as one */
             else if (a.tab[es[u]].bias)
                 v += llm_cuda_load(a.tab[es[u]].bias, a.bias_dtype, (size_t)r);
             if (lane == 0) ys[warp * GC_SLOTS + u] = v, a.out[(size_t)j * a.rows + r] = v;
@@ -634,32 +635,35 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
 /* The most tiles a grouping of P pairs over n_experts makes: each expert's last tile may be partial. */
 static int tiles_bound(int P, int n_experts, int tile) { return P / tile + (P < n_experts ? P : n_experts); }
 
-/* pairs (n * top_k of them) sorted by expert, stably (a pair's place does not depend on timing): order[s] the pair at
- * sorted place s; tiles of up to `tile` pairs of one expert: {expert, first place, count}; n_tiles[0] of them, n_tiles[1] the pairs
- * placed. One
- * block: counts by shared atomics, a scan, then the places a chunk of GROUP_THREADS pairs at a time (a pair's rank
- * among the earlier pairs of its expert: its warp's lanes by __match_any_sync, earlier warps by their counts). A pair
- * with an id outside [0, n_experts) gets NaN rows (out, rows) and no place. */
-__global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids, int P, int n_experts, int tile,
-                                                              int *order, int4 *tiles, int *n_tiles, float *out,
-                                                              int rows)
+/* pairs (n * top_k of them) sorted by the table's expert (ids[p] - first), stably (a pair's place does not depend on
+ * timing): order[s] the pair at sorted place s; tiles of up to `tile` pairs of one expert: {expert, first place,
+ * count}; n_tiles[0] of them, n_tiles[1] the pairs placed. One block: counts by shared atomics, a scan, then the
+ * places a chunk of GROUP_THREADS pairs at a time (a pair's rank among the earlier pairs of its expert: its warp's
+ * lanes by __match_any_sync, earlier warps by their counts). A pair of an expert outside the table (another rank's,
+ * ops.h) gets no tile and a place after the placed pairs (order[n_tiles[1] .. P), in any order), and with rows > 0
+ * its zero rows here (out, rows); with rows 0 gather_split_kernel writes them over its whole grid. */
+__global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids, int P, int n_experts, int first,
+                                                              int tile, int *order, int4 *tiles, int *n_tiles,
+                                                              float *out, int rows)
 {
     extern __shared__ int gs[];
+    __shared__ int n_placed, n_others;
     constexpr int W = GROUP_THREADS / 32;
     int *count = gs, *offset = count + n_experts, *running = offset + n_experts, *first_tile = running + n_experts;
     int *wc = first_tile + n_experts; /* (W, n_experts): a chunk's pairs of each expert, per warp */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) n_others = 0;
     for (int e = tid; e < n_experts; e += GROUP_THREADS) {
         count[e] = running[e] = 0;
         for (int w = 0; w < W; w++) wc[w * n_experts + e] = 0;
     }
     __syncthreads();
     for (int p = tid; p < P; p += GROUP_THREADS) {
-        int e = ids[p];
+        int e = ids[p] - first;
         if (e >= 0 && e < n_experts)
             atomicAdd(&count[e], 1);
         else
-            for (int r = 0; r < rows; r++) out[(size_t)p * rows + r] = NAN;
+            for (int r = 0; r < rows; r++) out[(size_t)p * rows + r] = 0.0f;
     }
     __syncthreads();
     if (tid == 0) {
@@ -668,15 +672,16 @@ __global__ void __launch_bounds__(GROUP_THREADS) group_kernel(const int32_t *ids
             offset[e] = at, first_tile[e] = t;
             at += count[e], t += (count[e] + tile - 1) / tile;
         }
-        n_tiles[0] = t, n_tiles[1] = at;
+        n_tiles[0] = t, n_tiles[1] = n_placed = at;
     }
     __syncthreads();
     for (int e = tid; e < n_experts; e += GROUP_THREADS)
         for (int k = 0, t = first_tile[e]; k < count[e]; k += tile, t++)
             tiles[t] = make_int4(e, offset[e] + k, count[e] - k < tile ? count[e] - k : tile, 0);
     for (int base = 0; base < P; base += GROUP_THREADS) {
-        int p = base + tid, e = p < P ? ids[p] : -1;
+        int p = base + tid, e = p < P ? ids[p] - first : -1;
         bool valid = e >= 0 && e < n_experts;
+        if (!valid && p < P) order[n_placed + atomicAdd(&n_others, 1)] = p;
         unsigned same = __match_any_sync(0xffffffffu, valid ? e : -1);
         int rank = __popc(same & ((1u << lane) - 1));
         if (valid && rank == 0) wc[warp * n_experts + e] = __popc(same);
@@ -720,11 +725,17 @@ template <> __device__ __forceinline__ float mo_f32<__half>(__half v) { return _
 #define MM2_STAGE_ELEMS ((2 * MM2_BM + MM2_BN) * MM2_LD) /* A's hi and lo, then B, 16-bit */
 #define MM2_SMEM ((size_t)MM2_STAGES * MM2_STAGE_ELEMS * 2)
 
-/* Sorted place s (< *n_valid): hi[s, :] and (lo not NULL) lo[s, :], x's row for pair order[s] as 16-bit halves. */
+/* Sorted place s (< *n_valid): hi[s, :] and (lo not NULL) lo[s, :], x's row for pair order[s] as 16-bit halves.
+ * The pairs after them, of other ranks' experts (group_kernel), get their zero rows of out here. */
 template <typename T>
 __global__ void gather_split_kernel(const gv_args a, const int *n_valid, T *hi, T *lo)
 {
-    const int per_row = a.cols / 8, count = *n_valid;
+    const int per_row = a.cols / 8, count = *n_valid, others = a.n * a.top_k - count;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < (size_t)others * a.rows;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const int s = count + (int)(k / a.rows), r = (int)(k - (size_t)(s - count) * a.rows);
+        a.out[(size_t)a.order[s] * a.rows + r] = 0.0f;
+    }
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < (size_t)count * per_row;
          k += (size_t)gridDim.x * blockDim.x) {
         const int s = (int)(k / per_row), c = (int)(k - (size_t)s * per_row) * 8;
@@ -854,7 +865,8 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     if (!t) return;
     const llm_weight *w0 = &w->w[0];
     gv_args a = {};
-    a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
+    a.tab = t->device, a.n_experts = w->n_experts, a.first = w->first;
+    a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = out, a.n = n, a.top_k = top_k, a.x_slots = x_slots;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int P = n * top_k, dtype = (int)w0->dtype;
@@ -882,8 +894,9 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
         return;
     }
     if (!llm_cuda_allow_smem((const void *)group_kernel, "experts")) return;
-    group_kernel<<<1, GROUP_THREADS, smem, llm_cuda.stream>>>(ids, P, w->n_experts, tile, order, tiles, n_tiles, out,
-                                                              a.rows);
+    /* the zero rows of other ranks' experts: gather_split_kernel's grid writes them on the tensor-core path */
+    group_kernel<<<1, GROUP_THREADS, smem, llm_cuda.stream>>>(ids, P, w->n_experts, w->first, tile, order, tiles,
+                                                              n_tiles, out, mma ? 0 : a.rows);
     if (!LLM_CUDA_LAUNCHED("experts")) return;
     a.tiles = tiles, a.n_tiles = n_tiles, a.order = order;
     if (!mma) {
@@ -928,7 +941,7 @@ void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const
     if (!(t = table_of(up))) return;
     const llm_weight *w0 = &gate->w[0];
     gv_args a = {};
-    a.tab = gate_tab, a.tab2 = t->device, a.n_experts = gate->n_experts;
+    a.tab = gate_tab, a.tab2 = t->device, a.n_experts = gate->n_experts, a.first = gate->first;
     a.bias_dtype = gate->bias ? (int)gate->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = gate_out, a.out2 = up_out, a.glu = glu, a.act = act;
     a.n = n, a.top_k = top_k, a.x_slots = 1, a.rows = (int)w0->rows, a.cols = (int)w0->cols;
@@ -946,7 +959,8 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     if (!t) return;
     const llm_weight *w0 = &w->w[0];
     gv_args a = {};
-    a.tab = t->device, a.n_experts = w->n_experts, a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
+    a.tab = t->device, a.n_experts = w->n_experts, a.first = w->first;
+    a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;

@@ -779,7 +779,8 @@ static void moe_flush(void)
 static bool same_experts(const llm_experts *a, const llm_experts *b)
 {
     const llm_weight *x = &a->w[0], *y = &b->w[0];
-    return a->n_experts == b->n_experts && x->rows == y->rows && x->cols == y->cols && x->dtype == y->dtype &&
+    return a->n_experts == b->n_experts && a->first == b->first && x->rows == y->rows && x->cols == y->cols &&
+           x->dtype == y->dtype &&
            !a->bias == !b->bias && (!a->bias || a->bias[0].dtype == b->bias[0].dtype);
 }
 
