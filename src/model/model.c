@@ -673,11 +673,6 @@ static int load_packed_experts(llm_model *m, int l, char *err, size_t err_len)
     return end_placing(m, l, before);
 }
 
-/* Rows [first, first + count) of a matrix, or elements of a vector: a rank's share (split.h). count 0: the whole. */
-typedef struct {
-    size_t first, count;
-} span;
-
 static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
                       bool linear, span r, span c, char *err, size_t err_len);
 
