@@ -1,7 +1,8 @@
 /* Tensor parallelism's split of a model (Megatron's): which share of every layer's products a rank keeps. q, k, v
  * (and their biases) and gate, up are cut by output rows, whole heads and the intermediate size; o and down by input
- * columns, so that each rank's o and down give a part of the whole product and the all_reduce op sums them.
- * Embeddings, norms and the head are whole on every rank. Pure arithmetic: tests/test_tp.c checks it on the CPU.
+ * columns, so that each rank's o and down give a part of the whole product and the all_reduce op sums them. The head
+ * is cut by vocabulary rows, and the all_gather op puts the ranks' logits together. The embeddings and the norms are
+ * whole on every rank. Pure arithmetic: tests/test_tp.c checks it on the CPU.
  * Not here: loading the rows (model.c), starting the ranks (src/tp.c). */
 #ifndef LLM_SPLIT_H
 #define LLM_SPLIT_H
@@ -10,20 +11,21 @@
 
 #include "config.h"
 
-/* What rank `rank` of `size` keeps: heads [head0, head0 + heads) of the query heads, KV heads [kv0, kv0 + kv_heads)
- * and rows [inter0, inter0 + inter) of the feed-forward's intermediate size. With fewer KV heads than ranks each KV
+/* What rank `rank` of `size` keeps: heads [head0, head0 + heads) of the query heads, KV heads [kv0, kv0 + kv_heads),
+ * rows [inter0, inter0 + inter) of the feed-forward's intermediate size and [vocab0, vocab0 + vocab) of the head. With fewer KV heads than ranks each KV
  * head is kept by size / n_kv_heads ranks in a row: those whose query heads read it. */
 typedef struct {
     int rank, size;
     int head0, heads;
     int kv0, kv_heads;
     int inter0, inter;
+    int vocab0, vocab; /* the head's rows [vocab0, vocab0 + vocab): llm_split_range over vocab_size, all_gather's */
 } llm_split;
 
 /* Rank `rank` of `size` ranks' share of a model of config c (its whole heads and intermediate size), read from
  * folder dir. The query heads must split evenly, and the KV heads either split evenly or divide the ranks; the
- * intermediate size may split unevenly (rows [r * I / size, (r + 1) * I / size)). 0, else err naming config.json
- * and the numbers. */
+ * intermediate size and the vocabulary may split unevenly (rows [r * I / size, (r + 1) * I / size)). 0, else err
+ * naming config.json and the numbers. */
 int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, int size, char *err,
                  size_t err_len);
 

@@ -103,6 +103,7 @@ typedef enum {
     LLM_OP_EXPERTS,
     LLM_OP_COMBINE,
     LLM_OP_ALL_REDUCE,
+    LLM_OP_ALL_GATHER,
     LLM_OP_COUNT
 } llm_op;
 
@@ -214,6 +215,17 @@ typedef struct llm_ops {
      * so a split model differs from the whole one by the rounding of those few adds and of the shorter dot products;
      * on cuda it is an ncclAllReduce on the device's stream, captured in the step's CUDA graph like any kernel. */
     void (*all_reduce)(float *x, size_t count);
+
+    /* Tensor parallelism's vocabulary split (split.h): each rank computed columns [first, first + count) of the
+     * logits as part; every rank receives all of them. out (n, cols) = part placed at those columns of each row, zero
+     * elsewhere, then summed over the ranks as all_reduce sums: out[i, first + j] = part[i, j]. The ranks' columns
+     * tile [0, cols) in rank order (rank r's first = r * cols / size, llm_split_range), so every rank ends with every
+     * rank's part in place, exactly: the sum adds only zeros to each value. A group of one (count == cols): a copy.
+     * part (n, count); out != part. A device may move the parts instead of summing (cuda: ncclAllGather where the
+     * parts are equal); one sum over the whole rows was chosen over an op of gathered parts because a split that
+     * does not divide the vocabulary leaves the parts unequal, which NCCL's all-gather does not take, and because a
+     * batch's rows would come back part by part rather than row by row. */
+    void (*all_gather)(float *out, const float *part, int n, size_t first, size_t count, size_t cols);
 } llm_ops;
 
 bool llm_ops_has(const llm_ops *ops, llm_op op);                 /* the table has op (ops may be NULL) */
