@@ -216,15 +216,15 @@ typedef struct llm_ops {
      * on cuda it is an ncclAllReduce on the device's stream, captured in the step's CUDA graph like any kernel. */
     void (*all_reduce)(float *x, size_t count);
 
-    /* Tensor parallelism's vocabulary split (split.h): each rank computed columns [first, first + count) of the
-     * logits as part; every rank receives all of them. out (n, cols) = part placed at those columns of each row, zero
-     * elsewhere, then summed over the ranks as all_reduce sums: out[i, first + j] = part[i, j]. The ranks' columns
-     * tile [0, cols) in rank order (rank r's first = r * cols / size, llm_split_range), so every rank ends with every
-     * rank's part in place, exactly: the sum adds only zeros to each value. A group of one (count == cols): a copy.
-     * part (n, count); out != part. A device may move the parts instead of summing (cuda: ncclAllGather where the
-     * parts are equal); one sum over the whole rows was chosen over an op of gathered parts because a split that
-     * does not divide the vocabulary leaves the parts unequal, which NCCL's all-gather does not take, and because a
-     * batch's rows would come back part by part rather than row by row. */
+    /* Tensor parallelism's vocabulary split (split.h): this rank computed columns [first, first + count) of the
+     * logits as part, and every rank receives every rank's. out = part placed at those columns of each row among
+     * zeros, then summed over the ranks as all_reduce sums. The ranks' columns tile [0, cols) in rank order (rank r's
+     * first = r * cols / size: llm_split_range), so out[i, first_r + j] = part_r[i, j] on every rank, exactly (a
+     * value meets only zeros). A group of one (count == cols): a copy. out (n, cols); part (n, count); out != part.
+     * Specified as a sum rather than as NCCL's all-gather, which concatenates equal parts: a vocabulary that the
+     * ranks do not divide leaves them unequal, and a batch's rows would come back rank by rank, not row by row. A
+     * device may still move the parts where they are equal and n is 1 (cuda: ncclAllGather, half an all-reduce's
+     * bytes): the result is the same. */
     void (*all_gather)(float *out, const float *part, int n, size_t first, size_t count, size_t cols);
 } llm_ops;
 

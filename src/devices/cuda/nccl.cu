@@ -3,8 +3,9 @@
  * through the other GPUs' memory, mapped here by CUDA IPC over NVLink or PCIe peer access (the "one-shot"
  * all-reduce: each rank writes its x into every other rank's box, raises a flag there, waits for theirs and adds
  * the ranks' rows in rank order, so that every rank holds the same sums). Larger vectors (prefill) and groups whose
- * GPUs cannot reach each other's memory go through ncclAllReduce. Both are on the device's stream, so a step's CUDA
- * graph captures them like kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
+ * GPUs cannot reach each other's memory go through ncclAllReduce. all_gather puts the ranks' logits together
+ * (ncclAllGather, or through all_reduce). All are on the device's stream, so a step's CUDA graph captures them like
+ * kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
  * (src/tp.c). Built without NCCL (make LLM_NCCL=0) the device is always a group of one. */
 #include "device_internal.cuh"
 
