@@ -304,6 +304,7 @@ llm_profile *llm_profile_start(llm_model *m, char *err, size_t err_len)
     if (dev->describe) dev->describe(P.describe, sizeof P.describe);
     if (dev->measure_bandwidth) P.peak_gbs = dev->measure_bandwidth();
     m->rt.ops = wrappers;
+    m->profiled = true;
     if (dev->step_begin && !m->trace) {
         m->trace = issue_op_by_op;
         P.op_by_op = true;
@@ -316,6 +317,7 @@ void llm_profile_stop(llm_profile *p)
 {
     if (!p || !active) return;
     p->m->rt.ops = p->inner;
+    p->m->profiled = false;
     if (p->op_by_op) p->m->trace = NULL;
     active = false;
 }
@@ -443,6 +445,25 @@ static void ops_by_time(const llm_profile_stats *st, int order[LLM_OP_COUNT])
             order[j] = order[j - 1];
             order[j - 1] = t;
         }
+}
+
+void llm_profile_print_brief(const llm_profile *p, const char *who, FILE *out)
+{
+    if (!p) return;
+    for (int ph = 0; ph < LLM_PROFILE_N_PHASES; ph++) {
+        const llm_profile_stats *st = &p->phase[ph];
+        if (st->steps == 0) continue;
+        fprintf(out, "%s: %s: %d step%s, %.3f ms on the device clock (", who, phase_names[ph], st->steps,
+                st->steps == 1 ? "" : "s", st->step_ms);
+        int order[LLM_OP_COUNT], shown = 0;
+        ops_by_time(st, order);
+        for (int i = 0; i < LLM_OP_COUNT && shown < 4; i++) {
+            const llm_profile_op *o = &st->ops[order[i]];
+            if (!o->calls) continue;
+            fprintf(out, "%s%s %.3f ms", shown++ ? ", " : "", llm_op_name(order[i]), o->ms);
+        }
+        fprintf(out, ")\n");
+    }
 }
 
 static void print_phase(const llm_profile *p, llm_profile_phase ph, FILE *out)

@@ -61,6 +61,9 @@ typedef struct llm_profile {
  * On a device that records and replays whole steps (a CUDA graph, with ops fused across calls), a replayed step
  * calls no op: the profile sets an empty trace hook, which makes llm_forward issue every op on its own. */
 llm_profile *llm_profile_start(llm_model *m, char *err, size_t err_len);
+/* One line a phase: its steps, the device-clock time and the ops that took most of it (a tensor-parallel rank's
+ * share of --profile, said by that rank as `who`). Accepts NULL. */
+void llm_profile_print_brief(const llm_profile *p, const char *who, FILE *out);
 /* Restore the model's table. Accepts NULL. The numbers stay readable until the next start. */
 void llm_profile_stop(llm_profile *p);
 

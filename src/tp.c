@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "devices/registry.h"
+#include "profile.h"
 
 /* ---------- the device list ---------- */
 
@@ -85,7 +86,7 @@ typedef struct {
     uint32_t bytes; /* of the payload after the header */
     uint64_t id;    /* the run state (rank 0's pointer, only a name here) */
     int32_t a, b, c, d; /* LOAD: cache_type, cache_default, precision, threads; STATE_INIT: ctx, max_batch,
-                           all_logits; FORWARD: n, pos */
+                           all_logits; FORWARD: n, pos, op_by_op, profiled */
 } msg;
 
 /* Across hosts (--tp-listen, tp-worker --connect): what rank 0 tells a worker that connects, and its answer. Every
@@ -235,11 +236,11 @@ static void lead_state_free(llm_followers *f, const void *id)
     broadcast((leader *)f, &h, NULL, err, sizeof err); /* a worker gone is the watchdog's to say */
 }
 
-static int lead_forward(llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, char *err,
-                        size_t err_len)
+static int lead_forward(llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, bool op_by_op,
+                        bool profiled, char *err, size_t err_len)
 {
     msg h = {.type = MSG_FORWARD, .bytes = (uint32_t)((size_t)n * sizeof *tokens), .id = (uint64_t)(uintptr_t)id,
-             .a = n, .b = pos};
+             .a = n, .b = pos, .c = op_by_op, .d = profiled};
     return broadcast((leader *)f, &h, tokens, err, err_len);
 }
 
@@ -479,6 +480,13 @@ fail:
 
 /* ---------- a worker ---------- */
 
+/* A trace hook that looks at nothing: with it llm_forward issues each op on its own, as rank 0's does under a
+ * profile or a compare. */
+static void issue_op_by_op(void *user, const char *what, int layer, const float *buf, size_t count)
+{
+    (void)user, (void)what, (void)layer, (void)buf, (void)count;
+}
+
 #define WORKER_STATES 8
 
 static int env_int(const char *name, int *out)
@@ -603,6 +611,7 @@ int llm_cmd_tp_worker(int argc, char **argv)
         bool used;
     } st[WORKER_STATES] = {0};
     int32_t *tokens = NULL;
+    llm_profile *prof = NULL; /* while rank 0 profiles; its steps split as rank 0's (a batch is the prompt's) */
     int rc = 0;
     for (;;) {
         int r = recv_all(fd, &h, sizeof h);
@@ -634,7 +643,15 @@ int llm_cmd_tp_worker(int argc, char **argv)
                 snprintf(err, sizeof err, "a forward call from rank 0 %s", slot < 0 ? "names no run state" : "broke off");
                 goto fail;
             }
+            if (h.d && !prof) { /* rank 0 profiles: so does this rank, op by op as rank 0 (the profile's trace) */
+                m.trace = NULL;
+                if (!(prof = llm_profile_start(&m, err, sizeof err))) goto fail;
+            } else if (!prof) {
+                m.trace = h.c ? issue_op_by_op : NULL; /* as rank 0 issues this call (llm_followers) */
+            }
+            llm_profile_step_begin(prof, h.a > 1 ? LLM_PROFILE_PREFILL : LLM_PROFILE_DECODE, h.b, h.a);
             if (llm_forward(&m, &st[slot].s, tokens, h.a, h.b, &logits, err, sizeof err)) goto fail;
+            llm_profile_step_end(prof);
         } else {
             snprintf(err, sizeof err, "unknown message %u from rank 0", h.type);
             goto fail;
@@ -645,6 +662,13 @@ fail:
     fprintf(stderr, "llm-run: tensor-parallel rank %d: %s\n", rank, err);
     rc = 1;
 done:
+    if (prof) {
+        char who[96];
+        snprintf(who, sizeof who, "llm-run: profile of tensor-parallel rank %d (%s)", rank,
+                 lo.device ? lo.device : m.rt.dev->name);
+        llm_profile_print_brief(prof, who, stderr);
+        llm_profile_stop(prof);
+    }
     for (int i = 0; i < WORKER_STATES; i++)
         if (st[i].used) llm_state_free(&st[i].s, &m);
     free(tokens);

@@ -20,6 +20,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "model/split.h"
+#include "profile.h"
 #include "ops/ref.h"
 #include "support/cli_run.h"
 #include "support/fixture_util.h"
@@ -144,6 +145,7 @@ static const char *const DENSE[] = {"llama-gqa-tied",  "llama3-mqa-untied", "qwe
 
 static const char *run_listen; /* run_model's rank 0 waits here for the other ranks to connect (NULL: starts them) */
 static float *run_steps; /* when set: run_model's one-token steps' logits, (n_greedy - 1, vocab) */
+static bool run_profiled; /* run_model under --profile's op profiler (rank 0's; the others profile as it does) */
 
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
@@ -156,6 +158,8 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
     int rc = llm_tp_load(&m, ex->dir, &lo, err, sizeof err);
     if (rc) print_error("%s: %s\n", device, err);
     assert_int_equal(rc, 0);
+    llm_profile *prof = run_profiled ? llm_profile_start(&m, err, sizeof err) : NULL;
+    if (run_profiled) assert_non_null(prof);
     size_t vocab = (size_t)m.config.vocab_size, count = (size_t)ex->n_tokens * vocab;
     llm_state s;
     assert_int_equal(llm_state_init(&s, &m, 0, 0, true, err, sizeof err), 0);
@@ -179,6 +183,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
     }
     if (m.rt.dev->counters) m.rt.dev->counters(counters);
     if (describe) m.rt.dev->describe(describe, describe_len);
+    llm_profile_stop(prof);
     llm_state_free(&s, &m);
     llm_model_free(&m);
 }
@@ -560,6 +565,18 @@ static void test_split_matches(void **state)
         assert_non_null(strstr(d3, "all-reduce: NCCL"));
         assert_memory_equal(nccl, oneshot, count * sizeof *oneshot);
         double vs_op = fixture_max_rel_error(two, oneshot, count);
+        if (f == 0) { /* profiled, rank 0 issues its steps op by op, and so must the others (they recorded theirs and
+                         waited in the persistent kernel for sums rank 0 never wrote) */
+            float *profiled = NULL;
+            int32_t gp[256];
+            llm_device_counters cp = {0};
+            run_profiled = true;
+            run_model(&ex, "cuda:0,1", &profiled, gp, &cp, NULL, 0);
+            run_profiled = false;
+            assert_true(fixture_max_rel_error(profiled, oneshot, count) <= 1e-5);
+            assert_memory_equal(gp, g3, (size_t)ex.n_greedy * sizeof *gp);
+            free(profiled);
+        }
         free(oneshot), free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g, against the kernel-per-op "
@@ -578,7 +595,10 @@ static void test_split_matches(void **state)
         /* Split where GPUs reach each other's memory, the persistent step sums the parts inside its kernel: it
          * runs for every fixture whose step it takes on one GPU (Phi-3's partial rope and Gemma 2's soft-caps cut it
          * on both). Without peer access, or with NCCL only, the all-reduce is an op between phases: cut. */
-        if (peers) assert_int_equal(c2.persistent_steps > 0, c1.persistent_steps > 0);
+        if (peers) { /* and every one-token step as one program, as on one GPU: none cut in pieces at the sums */
+            assert_int_equal(c2.persistent_steps, c1.persistent_steps);
+            assert_int_equal(c2.persistent_cut, c1.persistent_cut);
+        }
         assert_int_equal(c3.persistent_steps, 0);
         /* four ways where four GPUs are: a query head a GPU, the KV heads replicated; NCCL's ring may add four
          * ranks' rows in another order than the one-shot's, so no bitwise check against it here */
@@ -592,6 +612,7 @@ static void test_split_matches(void **state)
                           "steps\n", DENSE[f], hf4, vs_one4, c4.persistent_steps);
             assert_true(hf4 <= 1e-4);
             assert_true(vs_one4 <= 1e-5);
+            if (peers) assert_int_equal(c4.persistent_steps, c1.persistent_steps);
             for (int i = 0; i < ex.n_greedy; i++) assert_int_equal(g4[i], ex.greedy[i]);
             free(four);
         }

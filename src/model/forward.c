@@ -201,7 +201,9 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
         s->host_ids[n + i] = pos + i;
     }
     /* The group's other ranks run the same call (tensor parallelism): their all-reduces meet this rank's. */
-    if (m->followers && m->followers->forward(m->followers, s, tokens, n, pos, err, err_len)) return -1;
+    if (m->followers &&
+        m->followers->forward(m->followers, s, tokens, n, pos, m->trace != NULL, m->profiled, err, err_len))
+        return -1;
     /* One upload for both: on cuda each is a copy the host waits for, ~1.9 us a token (dev/cuda/notes.md, version
      * 108). The positions follow the n tokens, so a step's two pointers depend on n alone, as a recorded step needs. */
     const int32_t *step_tokens = s->step_ids, *positions = s->step_ids + n;

@@ -54,9 +54,10 @@ int llm_plan_build(llm_plan *p, const llm_model *m, int window, const llm_device
         lp->attention = add(p, LLM_GROUP_ATTENTION, l, 0, NULL, offset);
         lp->attention->head_dim = c->head_dim, lp->attention->attn = ap;
         bool post = L->attn_post_norm.data != NULL;
-        /* split over ranks, the all-reduce of o's and down's products comes between them and the residual add */
-        unsigned add_out = m->split.size > 1 ? 0 : LLM_FUSE_ADD;
-        lp->attn_out = add(p, LLM_GROUP_ATTN_OUT, l, add_out | (post ? LLM_FUSE_POST_NORM_ADD : 0), &L->o_proj,
+        /* split over ranks, the all-reduce of o's and down's products comes between them and the residual add: a
+         * device that sums inside the product (cuda's persistent step) still adds in its epilogue; one that issues
+         * the all-reduce on its own has issued the product before, and the add finds nothing to join */
+        lp->attn_out = add(p, LLM_GROUP_ATTN_OUT, l, LLM_FUSE_ADD | (post ? LLM_FUSE_POST_NORM_ADD : 0), &L->o_proj,
                            offset);
         lp->attn_out->norms_product = post;
 
@@ -66,7 +67,7 @@ int llm_plan_build(llm_plan *p, const llm_model *m, int window, const llm_device
             lp->ffn_in = add(p, LLM_GROUP_FFN_IN, l, ffn_norm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_GLU, &L->gate_proj,
                              offset);
             lp->ffn_in->act = c->hidden_act;
-            lp->ffn_out = add(p, LLM_GROUP_FFN_OUT, l, add_out | out, &L->down_proj, offset);
+            lp->ffn_out = add(p, LLM_GROUP_FFN_OUT, l, LLM_FUSE_ADD | out, &L->down_proj, offset);
             lp->ffn_out->norms_product = post;
         } else {
             /* the combine takes the residual add after it unless a post norm or the shared expert comes between */
