@@ -7,7 +7,9 @@
 #         against blas; per-op profiles of a 512-token prompt and of decode, on one GPU and on two
 #   big   Llama-2-70B's shape cut to BIG_LAYERS layers (default 40: ~69 GB, one H200 holds it; 0: all 80, 138 GB) on
 #         each of BIG_SPLITS (default "1 2 4": one GPU, two, four where four are)
-# The 7b stage also runs the persistent split against the kernel-per-op split, and four GPUs where four are.
+# The 7b stage also runs the persistent split against the kernel-per-op split, four GPUs where four are, and each of
+# QUANTS (default "q4_0"; --quant) on one GPU and on two.
+#   moe   Qwen3-30B-A3B's shape cut to MOE_LAYERS layers (default 12) on one GPU and on two (expert parallelism)
 # PROTOS (default "LL LL128": NCCL_PROTO values to time) and COMPARE=0 (no compare) shorten the 7b stage.
 # Results under OUT (default /tmp/llm-run-tp). NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's
 # machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...). Each run is bounded (timeout)
@@ -16,6 +18,7 @@ set -u
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/llm-run-tp}; MODELS=${MODELS:-/tmp/llm-run-models}; STAGES=${STAGES:-"test 7b"}
 M=$MODELS/llama-2-7b; L=${BIG_LAYERS:-40}; BIG=$MODELS/llama-2-70b-${L}l; GPUS=$(nvidia-smi -L | wc -l)
+ML=${MOE_LAYERS:-12}; MOE=$MODELS/qwen3-30b-a3b-${ML}l
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
@@ -26,10 +29,17 @@ has 7b && [ ! -f "$M/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scrip
 has big && [ ! -f "$BIG/model.safetensors" ] && CUDA_VISIBLE_DEVICES=${GEN_GPU:-} python3 \
     scripts/make-random-checkpoint.py --shape llama-2-70b --layers "$L" --out "$BIG" --dtype bf16 \
     > "$OUT/ckpt-big.txt" 2>&1 &
-make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "$@" build/llm-run build/tests/test_tp build/tests/test_cuda > "$OUT/build.txt" 2>&1 || {
+has moe && [ ! -f "$MOE/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scripts/make-random-checkpoint.py \
+    --shape qwen3-30b-a3b --layers "$ML" --out "$MOE" --dtype bf16 > "$OUT/ckpt-moe.txt" 2>&1 &
+make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "$@" build/llm-run build/tests/test_tp build/tests/test_cuda \
+    > "$OUT/build.txt" 2>&1 || {
     tail -20 "$OUT/build.txt"; exit 1; }
 grep -q 1 build/nccl-flag || echo "warning: built without NCCL (set NCCL_HOME): only test_tp's CPU part runs"
-run() { local f=$1; shift; timeout 300 "$@" > "$OUT/$f" 2>&1; echo "exit $?" >> "$OUT/$f"; grep -E "^\||llm-run:|exit [^0]" "$OUT/$f"; }
+run() {
+    local f=$1; shift
+    timeout 300 "$@" > "$OUT/$f" 2>&1; echo "exit $?" >> "$OUT/$f"; grep -E "^\||llm-run:|exit [^0]" "$OUT/$f"
+}
+shown="^(prefill|decode):|all_reduce|matmul|attention|outside|profile of" # a profile's lines worth a glance
 prompt=$(seq -s, 11 522) # 512 token ids
 if has test; then
     timeout 120 build/llm-run devices 2>&1 | tee "$OUT/devices.txt" | grep -E "^cuda|cuda:|GPUs"
@@ -46,6 +56,10 @@ if has 7b; then
     run two.txt build/llm-run bench "$M" --tp 2 $B
     run two-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
     [ "$GPUS" -ge 4 ] && run four.txt build/llm-run bench "$M" --tp 4 $B
+    for q in ${QUANTS-q4_0}; do
+        run "one-$q.txt" build/llm-run bench "$M" --device cuda --quant "$q" $B
+        run "two-$q.txt" build/llm-run bench "$M" --tp 2 --quant "$q" $B
+    done
     run two-nccl.txt env LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
     for proto in ${PROTOS:-LL LL128}; do
         echo "NCCL_PROTO=$proto, NCCL at every size"
@@ -60,7 +74,7 @@ if has 7b; then
         [ $d = one ] && dev="--device cuda" || dev="--tp 2"
         timeout 300 build/llm-run "$M" $dev --tokens "$prompt" -n 64 --ignore-eos --temp 0 --profile \
             > "$OUT/profile-$d.txt" 2>&1
-        echo "profile, $d GPU(s):"; grep -E "^(prefill|decode):|all_reduce|matmul|attention|outside|profile of" "$OUT/profile-$d.txt"
+        echo "profile, $d GPU(s):"; grep -E "$shown" "$OUT/profile-$d.txt"
     done
 fi
 if has big; then
@@ -71,9 +85,15 @@ if has big; then
         [ "$n" = 1 ] && dev="--device cuda" || dev="--tp $n"
         run "big-$n.txt" build/llm-run bench "$BIG" $dev $B
         [ "$n" = 1 ] && continue
-        [ "${BIG_GRAPH:-1}" = 1 ] && run "big-$n-graph.txt" env LLM_CUDA_PERSIST=0 build/llm-run bench "$BIG" $dev -p 0 -n 128 --tg-after 512 -r 3
+        [ "${BIG_GRAPH:-1}" = 1 ] && run "big-$n-graph.txt" env LLM_CUDA_PERSIST=0 build/llm-run bench "$BIG" $dev \
+            -p 0 -n 128 --tg-after 512 -r 3
         timeout 300 build/llm-run "$BIG" $dev --tokens "$prompt" -n 32 --ignore-eos --temp 0 --profile \
             > "$OUT/big-profile-$n.txt" 2>&1
-        echo "profile, $n GPUs:"; grep -E "^(prefill|decode):|all_reduce|matmul|outside|profile of" "$OUT/big-profile-$n.txt"
+        echo "profile, $n GPUs:"; grep -E "$shown" "$OUT/big-profile-$n.txt"
     done
+fi
+if has moe; then
+    wait
+    run moe-one.txt build/llm-run bench "$MOE" --device cuda $B
+    run moe-two.txt build/llm-run bench "$MOE" --tp 2 $B
 fi
