@@ -8,7 +8,7 @@ attention, so the numbers do not depend on a GPU). For each fixture it writes, u
   expected.json      tokens, HF's greedy continuation, versions, error budget facts (top-1 margins)
   logits.safetensors "logits": float32 (n_tokens, vocab), HF's logits at every position of `tokens`
 
-usage: make-fixtures.py OUT_DIR
+usage: make-fixtures.py OUT_DIR [NAME...]   (only the fixtures named, when any are)
 """
 import copy
 import json
@@ -66,6 +66,12 @@ FIXTURES = [
     ("qwen2-bias", Qwen2ForCausalLM,
      Qwen2Config(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
                  use_sliding_window=False, **rope_kwargs(1000000.0), **COMMON), ["float32"]),
+    # Llama with an odd vocabulary (511): tensor parallelism's split of the head by vocabulary rows (255 and 256 on
+    # two GPUs) and the gather of the logits where the parts are not equal. Last, so the fixtures above keep their
+    # seeds.
+    ("llama-odd-vocab", LlamaForCausalLM,
+     LlamaConfig(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                 **rope_kwargs(10000.0), **dict(COMMON, vocab_size=511)), ["float32"]),
 ]
 
 
@@ -112,7 +118,10 @@ def record(model, tokens):
 def main():
     out_dir = sys.argv[1]
     torch.manual_seed(0)
+    only = sys.argv[2:]
     for i, (name, cls, cfg, dtypes) in enumerate(FIXTURES):
+        if only and name not in only:
+            continue
         try:
             cfg._attn_implementation = "eager"
         except Exception:  # some versions only take it at construction; sdpa on the CPU agrees to ~1e-7

@@ -268,11 +268,19 @@ static void p_all_reduce(float *x, size_t count)
     call_end(s, LLM_OP_ALL_REDUCE, (llm_op_cost){2.0 * (double)count * F32, 0.0});
 }
 
+/* Bytes: what each rank receives of out (the bus's work, as all_reduce's), and the part it places. */
+static void p_all_gather(float *out, const float *part, int n, size_t first, size_t count, size_t cols)
+{
+    int s = call_begin();
+    P.inner.all_gather(out, part, n, first, count, cols);
+    call_end(s, LLM_OP_ALL_GATHER, (llm_op_cost){(double)n * (double)(cols + count) * F32, 0.0});
+}
+
 static const llm_ops wrappers = {
     .embed = p_embed, .rmsnorm = p_rmsnorm, .matmul = p_matmul, .rope = p_rope,
     .attention = p_attention, .glu = p_glu, .add = p_add, .logits = p_logits,
     .softcap = p_softcap, .route = p_route, .experts = p_experts, .combine = p_combine,
-    .all_reduce = p_all_reduce,
+    .all_reduce = p_all_reduce, .all_gather = p_all_gather,
 };
 
 /* ---- lifetime and step hooks ---- */

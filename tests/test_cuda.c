@@ -308,7 +308,7 @@ static void test_small_ops(void **state)
     cuda_or_skip();
     int dim = 2048, n = 7, vocab = 1000;
     size_t nd = (size_t)n * dim;
-    /* rmsnorm (one token and a batch), embed, swiglu, add */
+    /* rmsnorm (one token and a batch), embed, swiglu, add, all_gather */
     weight_pair nw = make_weight(LLM_DTYPE_BF16, 1, (size_t)dim, 1.0f);
     weight_pair table = make_weight(LLM_DTYPE_BF16, (size_t)vocab, (size_t)dim, 1.0f);
     float *x = random_floats(nd, 2.0f), *y = random_floats(nd, 2.0f), *ref = malloc(nd * sizeof *ref);
@@ -340,6 +340,12 @@ static void test_small_ops(void **state)
     dev->ops->add(dx, dy, nd);
     got = from_device(dx, nd);
     assert_memory_equal(got, ref, nd * sizeof *ref); /* one rounding, exact */
+    free(got);
+    /* all_gather alone (a group of one): n rows of a part of 300 columns placed at column 100 among zeros, exact */
+    llm_ref_ops.all_gather(ref, y, n, 100, 300, (size_t)dim);
+    dev->ops->all_gather(dout, dy, n, 100, 300, (size_t)dim);
+    got = from_device(dout, nd);
+    assert_memory_equal(got, ref, nd * sizeof *ref);
     free(got);
     free(x), free(y), free(ref);
     dev->free(dx), dev->free(dy), dev->free(dout), dev->free(dtok);

@@ -379,7 +379,7 @@ static void test_devices_listing(void **state)
                                     "matmul(+Q8_0,Q4_0,Q4_K,MXFP4,FP8) rope attention(F32,F16,BF16,Q8_0 KV cache) glu "
                                     "add logits(+Q8_0,Q4_0,Q4_K,MXFP4,FP8) softcap route "
                                     "experts(+Q8_0,Q4_0,Q4_K,MXFP4,FP8) "
-                                    "combine all_reduce\n"));
+                                    "combine all_reduce all_gather\n"));
         cli_run_free(&r);
     }
 }

@@ -22,7 +22,7 @@
 
 static const char *const fixtures[] = {
     "llama-gqa-tied", "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama3-mqa-untied",
-    "llama-linear-rope", "mistral-headdim", "qwen2-bias",
+    "llama-linear-rope", "mistral-headdim", "qwen2-bias", "llama-odd-vocab",
     /* scripts/make-family-fixtures.py: each family's published config.json, cut small */
     "qwen3", "gemma2", "gemma3", "gemma3-mm", "gemma3-hd256", "phi3-window", "phi3-longrope", "olmo2",
     "mistral-window",

@@ -298,9 +298,9 @@ static void test_json_report(void **state)
     assert_int_equal(json_integer_value(json_object_get(pre, "steps")), 2);
     assert_int_equal(json_integer_value(json_object_get(pre, "tokens")), 16);
     json_t *ops = json_object_get(pre, "ops");
-    /* every op a Llama calls: all but softcap, the experts' three (route, experts, combine) and all_reduce (a model
-     * split over GPUs') */
-    assert_int_equal(json_array_size(ops), LLM_OP_COUNT - 5);
+    /* every op a Llama calls: all but softcap, the experts' three (route, experts, combine), all_reduce and
+     * all_gather (a model split over GPUs') */
+    assert_int_equal(json_array_size(ops), LLM_OP_COUNT - 6);
     const char *fields[] = {"op", "device", "fallback", "calls", "total_ms", "pct_step", "mean_us", "bytes_per_call",
                             "flops_per_call", "gb_per_s", "gflop_per_s", "pct_peak_bandwidth"};
     size_t i;

@@ -29,28 +29,32 @@
 #include "support/fixture_util.h"
 #include "tp.h"
 
-/* Every rank's heads and rows, for shapes of real models and small ones: the ranks' shares tile the whole exactly,
- * and each rank's query heads read only the KV heads it keeps (grouped-query attention: head h reads KV head
- * h / (heads / kv_heads)), so attention needs nothing from another rank. */
+/* Every rank's heads and rows, for shapes of real models and small ones: the ranks' shares tile the whole exactly
+ * (the head's vocabulary rows in rank order, as all_gather places them), and each rank's query heads read only the
+ * KV heads it keeps (grouped-query attention: head h reads KV head h / (heads / kv_heads)), so attention needs
+ * nothing from another rank. */
 static void test_split_shares(void **state)
 {
     (void)state;
     const struct {
-        int heads, kv, inter, size;
+        int heads, kv, inter, vocab, size;
     } cases[] = {
-        {32, 32, 11008, 2}, /* Llama-2-7B */
-        {32, 8, 14336, 2},  /* Llama-3-8B, Mistral-7B */
-        {32, 8, 14336, 8},  /* one KV head a rank */
-        {16, 8, 8192, 4},   /* Qwen3-1.7B */
-        {4, 2, 160, 2},     /* the fixtures */
-        {4, 1, 160, 2},     /* MQA: the KV head on every rank */
-        {32, 2, 11, 4},     /* each KV head on two ranks; an intermediate size that does not split evenly */
-        {64, 8, 28672, 16}, /* Llama-3-70B on 16: each KV head on two ranks */
+        {32, 32, 11008, 32000, 2},  /* Llama-2-7B */
+        {32, 8, 14336, 128256, 2},  /* Llama-3-8B, Mistral-7B */
+        {32, 8, 14336, 128256, 8},  /* one KV head a rank */
+        {16, 8, 8192, 151936, 4},   /* Qwen3-1.7B */
+        {4, 2, 160, 512, 2},        /* the fixtures */
+        {4, 2, 160, 511, 2},        /* an odd vocabulary: 255 and 256 rows */
+        {4, 1, 160, 512, 2},        /* MQA: the KV head on every rank */
+        {32, 2, 11, 32001, 4},      /* each KV head on two ranks; intermediate and vocabulary sizes that do not split
+                                       evenly */
+        {64, 8, 28672, 128256, 16}, /* Llama-3-70B on 16: each KV head on two ranks */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         llm_config c = {.num_attention_heads = cases[i].heads, .num_key_value_heads = cases[i].kv,
-                        .intermediate_size = cases[i].inter};
-        int size = cases[i].size, next_head = 0, next_inter = 0, group = c.num_attention_heads / c.num_key_value_heads;
+                        .intermediate_size = cases[i].inter, .vocab_size = cases[i].vocab};
+        int size = cases[i].size, next_head = 0, next_inter = 0, next_vocab = 0;
+        int group = c.num_attention_heads / c.num_key_value_heads;
         for (int r = 0; r < size; r++) {
             llm_split s;
             char err[256] = "";
@@ -58,7 +62,9 @@ static void test_split_shares(void **state)
             assert_int_equal(s.head0, next_head);
             assert_int_equal(s.heads, c.num_attention_heads / size);
             assert_int_equal(s.inter0, next_inter);
-            next_head += s.heads, next_inter += s.inter;
+            assert_int_equal(s.vocab0, next_vocab);
+            assert_true(s.vocab >= c.vocab_size / size && s.vocab <= c.vocab_size / size + 1);
+            next_head += s.heads, next_inter += s.inter, next_vocab += s.vocab;
             /* the local attention is grouped-query attention of heads over kv_heads */
             assert_int_equal(s.heads % s.kv_heads, 0);
             for (int h = s.head0; h < s.head0 + s.heads; h++) {
@@ -70,6 +76,7 @@ static void test_split_shares(void **state)
         }
         assert_int_equal(next_head, c.num_attention_heads);
         assert_int_equal(next_inter, c.intermediate_size);
+        assert_int_equal(next_vocab, c.vocab_size);
     }
     size_t first, count;
     llm_split_range(11, 1, 2, &first, &count);
@@ -83,13 +90,16 @@ static void test_split_refused(void **state)
     (void)state;
     llm_split s;
     char err[256] = "";
-    llm_config c = {.num_attention_heads = 14, .num_key_value_heads = 2, .intermediate_size = 4864};
+    llm_config c = {.num_attention_heads = 14, .num_key_value_heads = 2, .intermediate_size = 4864, .vocab_size = 3};
     assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), -1);
     assert_non_null(strstr(err, "m/config.json: num_attention_heads 14 does not split over 4 GPUs"));
     c.num_attention_heads = 12, c.num_key_value_heads = 3;
     assert_int_equal(llm_split_of(&s, &c, "m", 0, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "num_key_value_heads 3 does not split over 2 GPUs"));
     assert_int_equal(llm_split_of(&s, &c, "m", 2, 2, err, sizeof err), -1);
+    c.num_attention_heads = 4, c.num_key_value_heads = 4;
+    assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), -1);
+    assert_non_null(strstr(err, "m/config.json: vocab_size 3 is smaller than 4 GPUs"));
 }
 
 /* Shares moved onto whole blocks for block-quantized weights (llm_split_blocks): the intermediate rows in whole
@@ -113,7 +123,7 @@ static void test_split_blocks(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         llm_config c = {.num_attention_heads = cases[i].heads, .num_key_value_heads = cases[i].kv,
-                        .head_dim = cases[i].head_dim, .intermediate_size = cases[i].inter};
+                        .head_dim = cases[i].head_dim, .intermediate_size = cases[i].inter, .vocab_size = 32000};
         size_t block = cases[i].block, whole_blocks = (size_t)c.intermediate_size % block == 0 ? block : 1;
         int next = 0;
         for (int r = 0; r < cases[i].size; r++) {
@@ -133,12 +143,14 @@ static void test_split_blocks(void **state)
     /* what cannot be cut between blocks: one line naming config.json and the numbers */
     llm_split s;
     char err[256] = "";
-    llm_config c = {.num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .intermediate_size = 160};
+    llm_config c = {.num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16, .intermediate_size = 160,
+                    .vocab_size = 32000};
     assert_int_equal(llm_split_of(&s, &c, "m", 0, 4, err, sizeof err), 0);
     assert_int_equal(llm_split_blocks(&s, &c, "m", 32, "Q8_0", err, sizeof err), -1);
     assert_string_equal(err, "m/config.json: num_attention_heads 4 over 4 GPUs gives each 16 columns of o_proj "
                              "(head_dim 16), not whole blocks of 32 (Q8_0)");
-    c = (llm_config){.num_attention_heads = 8, .num_key_value_heads = 8, .head_dim = 64, .intermediate_size = 160};
+    c = (llm_config){.num_attention_heads = 8, .num_key_value_heads = 8, .head_dim = 64, .intermediate_size = 160,
+                     .vocab_size = 32000};
     assert_int_equal(llm_split_of(&s, &c, "m", 0, 8, err, sizeof err), 0);
     assert_int_equal(llm_split_blocks(&s, &c, "m", 32, "Q4_0", err, sizeof err), -1);
     assert_string_equal(err, "m/config.json: intermediate_size 160 holds fewer blocks of 32 (Q4_0) than 8 GPUs (whole "
@@ -215,9 +227,10 @@ static void test_host_device_refused(void **state)
 
 /* The dense families' fixtures every split test runs: Llama (GQA, tied), Llama 3 (one KV head: replicated), Qwen3
  * (q/k norms), Qwen2 (q/k/v biases), Mistral (its own head_dim), Phi-3 (fused q/k/v and gate/up, partial rotary),
- * Gemma 2 (post norms, soft-caps). */
-static const char *const DENSE[] = {"llama-gqa-tied", "llama3-mqa-untied", "qwen3",  "qwen2-bias",
-                                    "mistral-headdim", "phi3-window",      "gemma2"};
+ * Gemma 2 (post norms, soft-caps: the final one on each rank's vocabulary rows), and a Llama whose vocabulary (511)
+ * splits into unequal parts. */
+static const char *const DENSE[] = {"llama-gqa-tied",  "llama3-mqa-untied", "qwen3",  "qwen2-bias",
+                                    "mistral-headdim", "phi3-window",       "gemma2", "llama-odd-vocab"};
 /* The mixtures of experts: Mixtral, Qwen3-MoE (every layer sparse; one dense layer by mlp_only_layers), Qwen2-MoE
  * (the shared expert, q/k/v biases), gpt-oss (biased experts and router, sinks, o's bias; its MXFP4 experts).
  * OLMoE's whole-projection q/k norms are refused (test_moe_refused). */
@@ -271,7 +284,8 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
 
 /* ---- two ranks in one process, on the cpu reference: the split's numbers checked on every machine ----
  * A test double of the cpu device that joins a "group" of two threads (or pair_size): its all_reduce sums the ranks'
- * x through a barrier (rank 0's plus rank 1's ..., the same order on all), as NCCL does across processes. */
+ * x through a barrier (rank 0's plus rank 1's ..., the same order on all), as NCCL does across processes; its
+ * all_gather places the rank's part among zeros and sums that, as ops.h specifies. */
 extern const llm_device llm_device_cpu;
 static llm_device pair_dev;
 static llm_ops pair_ops;
@@ -279,7 +293,15 @@ static pthread_barrier_t pair_barrier;
 static _Thread_local int pair_rank;
 static int pair_size = 2;
 static float *pair_x[4];
-static float *pair_sum; /* (count) */
+static float *pair_sum; /* (count): the largest call's (pair_sum_for) */
+
+/* pair_sum for a fixture's calls: its largest sum is n_tokens rows of hidden (o's, down's) or of the vocabulary
+ * (all_gather's). */
+static float *pair_sum_for(const fixture_expected *ex, const llm_config *whole)
+{
+    size_t hidden = (size_t)whole->hidden_size, vocab = (size_t)whole->vocab_size;
+    return malloc((size_t)ex->n_tokens * (hidden > vocab ? hidden : vocab) * sizeof(float));
+}
 
 static void pair_all_reduce(float *x, size_t count)
 {
@@ -296,6 +318,13 @@ static void pair_all_reduce(float *x, size_t count)
     pthread_barrier_wait(&pair_barrier); /* pair_x is set again only after both copied */
 }
 
+static void pair_all_gather(float *out, const float *part, int n, size_t first, size_t count, size_t cols)
+{
+    memset(out, 0, (size_t)n * cols * sizeof *out);
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * cols + first, part + (size_t)i * count, count * sizeof *out);
+    pair_all_reduce(out, (size_t)n * cols);
+}
+
 static int pair_id(unsigned char id[LLM_TP_ID_BYTES], char *err, size_t err_len)
 {
     (void)err, (void)err_len;
@@ -309,6 +338,7 @@ static void pair_device_make(void)
     pair_dev = llm_device_cpu;
     pair_ops = llm_ref_ops;
     pair_ops.all_reduce = pair_all_reduce;
+    pair_ops.all_gather = pair_all_gather;
     pair_dev.ops = &pair_ops;
     pair_dev.tp_unique_id = pair_id;
 }
@@ -365,16 +395,35 @@ static void split_on_cpu(const char *name, int size)
     assert_int_equal(llm_model_load(&whole, ex.dir, &lo, err, sizeof err), 0);
     pair_job jobs[4];
     for (int r = 0; r < size; r++) {
-        llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = size}};
+        char *log = NULL;
+        size_t log_len = 0;
+        FILE *log_file = open_memstream(&log, &log_len);
+        assert_non_null(log_file);
+        llm_load_options lr = {.device_override = &pair_dev, .tp = {.rank = r, .size = size}, .log = log_file};
         int rc = llm_model_load(&m[r], ex.dir, &lr, err, sizeof err);
+        fclose(log_file);
         if (rc) print_error("%s rank %d of %d: %s\n", name, r, size, err);
         assert_int_equal(rc, 0);
         assert_int_equal(m[r].split.size, size);
+        /* the head is this rank's vocabulary rows alone (the table's own rows where tied), named as loaded */
+        size_t first, count, vocab = (size_t)whole.config.vocab_size;
+        llm_split_range(vocab, r, size, &first, &count);
+        assert_int_equal(m[r].split.vocab0, first);
+        assert_int_equal(m[r].lm_head.rows, count);
+        if (whole.config.tie_word_embeddings)
+            assert_ptr_equal(m[r].lm_head.data, (const char *)m[r].embed_tokens.data +
+                                                    first * llm_dtype_row_bytes(whole.embed_tokens.dtype,
+                                                                                whole.embed_tokens.cols));
+        char want[96];
+        snprintf(want, sizeof want, "vocabulary rows %zu..%zu of the head", first, first + count - 1);
+        if (!strstr(log, want)) print_error("%s rank %d: no '%s' in:\n%s", name, r, want, log);
+        assert_non_null(strstr(log, want));
+        free(log);
         jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = &ex, .logits = malloc(ex.n_logits * sizeof(float))};
         assert_non_null(jobs[r].logits);
     }
     assert_int_equal(m[0].config.num_attention_heads * size, whole.config.num_attention_heads);
-    pair_sum = malloc((size_t)ex.n_tokens * whole.config.hidden_size * sizeof *pair_sum); /* the largest call's */
+    pair_sum = pair_sum_for(&ex, &whole.config);
     assert_non_null(pair_sum);
     pthread_barrier_init(&pair_barrier, NULL, (unsigned)size);
     pthread_t t[4];
@@ -400,7 +449,7 @@ static void split_on_cpu(const char *name, int size)
                   "ranks against rank 0 %.3g\n", name, size, hf, vs_whole, ranks);
     assert_true(hf <= 1e-4);
     assert_true(vs_whole <= 1e-5);
-    assert_true(ranks == 0.0); /* every rank's sums are the same numbers: the head is whole on each */
+    assert_true(ranks == 0.0); /* every rank gathered the same numbers */
     for (int i = 0; i < ex.n_greedy; i++) {
         for (int r = 0; r < size; r++) assert_int_equal(jobs[r].greedy[i], ex.greedy[i]);
         assert_int_equal(g1[i], ex.greedy[i]);
@@ -413,7 +462,8 @@ static void split_on_cpu(const char *name, int size)
 }
 
 /* Each dense family's fixture split in two. This checks the shares themselves (rows and columns, the KV head
- * replicated, biases on the right ranks, fused projections cut in three) wherever the tests run. */
+ * replicated, biases on the right ranks, fused projections cut in three, the head's vocabulary rows and their
+ * gather, also unequal) wherever the tests run. */
 static void test_split_on_cpu(void **state)
 {
     (void)state;
@@ -443,7 +493,7 @@ static void test_moe_refused(void **state)
 {
     (void)state;
     llm_config c = {.num_attention_heads = 32, .num_key_value_heads = 8, .intermediate_size = 14336, .n_sparse = 1,
-                    .num_experts = 8, .family = llm_family_find("MixtralForCausalLM")};
+                    .num_experts = 8, .vocab_size = 32000, .family = llm_family_find("MixtralForCausalLM")};
     assert_non_null(c.family);
     for (int size = 2; size <= 8; size *= 2) {
         int next = 0;
@@ -522,7 +572,7 @@ static void split_vs_whole(const fixture_expected *ex, llm_dtype quant, split_re
         jobs[r] = (pair_job){.rank = r, .m = &m[r], .ex = ex, .logits = malloc(count * sizeof(float))};
         assert_non_null(jobs[r].logits);
     }
-    pair_sum = malloc((size_t)ex->n_tokens * whole.config.hidden_size * sizeof *pair_sum);
+    pair_sum = pair_sum_for(ex, &whole.config);
     assert_non_null(pair_sum);
     pthread_barrier_init(&pair_barrier, NULL, 2);
     pthread_t t[2];
@@ -675,7 +725,7 @@ static void compare_split(const char *name)
         assert_int_equal(llm_model_load(&m[r], ex.dir, &lr, err, sizeof err), 0);
         jobs[r] = (compare_job){.rank = r, .ref = &whole[r], .dev = &m[r], .ex = &ex};
     }
-    pair_sum = malloc((size_t)ex.n_tokens * whole[0].config.hidden_size * sizeof *pair_sum);
+    pair_sum = pair_sum_for(&ex, &whole[0].config);
     assert_non_null(pair_sum);
     pthread_barrier_init(&pair_barrier, NULL, 2);
     pthread_t t[2];

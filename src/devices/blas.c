@@ -1445,6 +1445,7 @@ static const llm_ops blas_ops = {
     .experts = blas_experts,
     .combine = blas_combine,
     .all_reduce = llm_ref_all_reduce, /* alone: a group of one */
+    .all_gather = llm_ref_all_gather,
 };
 
 static double blas_measure_bandwidth(void) { return llm_host_measure_read_bandwidth(blas_threads); }

@@ -83,8 +83,10 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     for (int l = 0; l < c->num_hidden_layers; l++) cache += layer_bytes(s, m, l);
     size_t logit_bytes = n_logits * vocab * sizeof(float);
     /* One position's logits, where the device's ops can write host memory in place: no download after each step
-     * (for a batch of them, all_logits, the device's own memory and one download are faster). */
-    if (!all_logits && dev->shared_alloc && (s->host_logits = dev->shared_alloc(logit_bytes)) != NULL) {
+     * (for a batch of them, all_logits, the device's own memory and one download are faster). Not a split model's:
+     * all_gather writes them, and NCCL moves device memory. */
+    bool split = m->split.size > 1;
+    if (!all_logits && !split && dev->shared_alloc && (s->host_logits = dev->shared_alloc(logit_bytes)) != NULL) {
         s->logits = s->host_logits;
         s->logits_shared = s->logits_pinned = true;
     }
@@ -94,6 +96,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
         {(void **)&s->k, B * kv_dim * sizeof(float)},     {(void **)&s->v, B * kv_dim * sizeof(float)},
         {(void **)&s->gate, B * inter * sizeof(float)},   {(void **)&s->up, B * inter * sizeof(float)},
         {(void **)&s->logits, n_logits * vocab * sizeof(float)},
+        {(void **)&s->logits_part, split ? n_logits * (size_t)m->split.vocab * sizeof(float) : 0},
         {(void **)&s->key_cache, cache},                  {(void **)&s->value_cache, cache},
         {(void **)&s->step_ids, 2 * B * sizeof(int32_t)},
         {(void **)&s->scores, B * E * sizeof(float)},     {(void **)&s->expert_ids, picks * sizeof(int32_t)},
@@ -156,7 +159,7 @@ void llm_state_free(llm_state *s, const llm_model *m)
     if (m->followers) m->followers->state_free(m->followers, s);
     void *bufs[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->gate, s->up, s->logits, s->key_cache, s->value_cache,
                     s->step_ids, s->scores, s->expert_ids, s->expert_weights, s->moe_gate, s->moe_up, s->moe_out,
-                    s->moe_sum};
+                    s->moe_sum, s->logits_part};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i] && !(s->logits_shared && bufs[i] == s->logits)) m->rt.dev->free(bufs[i]);
     if (s->logits_pinned)
@@ -326,9 +329,14 @@ int llm_forward(llm_model *m, llm_state *s, const int32_t *tokens, int n, int po
         group(dev, s->plan.head);
         op->rmsnorm(xb_out, x_out, &m->norm, n_out, dim, eps, offset);
         trace(m, "final_norm", -1, xb_out, (size_t)n_out * dim);
-        op->logits(s->logits, xb_out, &m->lm_head, n_out);
+        /* split: this rank's vocabulary rows of the head (soft-capped value by value), then every rank's gathered */
+        float *head_out = split ? s->logits_part : s->logits;
+        op->logits(head_out, xb_out, &m->lm_head, n_out);
         if (c->final_logit_softcapping > 0.0f)
-            op->softcap(s->logits, c->final_logit_softcapping, (size_t)n_out * c->vocab_size);
+            op->softcap(head_out, c->final_logit_softcapping, (size_t)n_out * m->lm_head.rows);
+        if (split)
+            op->all_gather(s->logits, s->logits_part, n_out, (size_t)m->split.vocab0, (size_t)m->split.vocab,
+                           (size_t)c->vocab_size);
         trace(m, "logits", -1, s->logits, (size_t)n_out * c->vocab_size);
     }
     if (recordable) dev->step_end();

@@ -1215,12 +1215,19 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
     char norm_name[64];
     snprintf(norm_name, sizeof norm_name, "%snorm.weight", m->prefix);
     if (load_weight(m, &m->norm, norm_name, 0, hidden, "hidden_size", false, err, err_len)) goto fail;
+    /* Split, each rank's head is its vocabulary rows (split.h): the rows of the table it embeds with when tied. */
+    const span head_rows = {(size_t)m->split.vocab0, (size_t)m->split.vocab};
     if (c->tie_word_embeddings) {
-        m->lm_head = m->embed_tokens;
+        m->lm_head = m->split.size > 1 ? view_rows(&m->embed_tokens, head_rows.first, head_rows.count)
+                                       : m->embed_tokens;
     } else {
-        const char *head = f->lm_heads[0];
+        const char *head = f->lm_heads[0], *why = "vocab_size, hidden_size";
         if (f->lm_heads[1] && !llm_st_find(m->st, head)) head = f->lm_heads[1];
-        if (load_linear(m, &m->lm_head, head, vocab, hidden, "vocab_size, hidden_size", quant_head, true, err, err_len))
+        /* a share as load_linear would place the whole: quantized only with --quant-head, converted if shipped so */
+        bool head_linear = quant_head || c->prequant.format != LLM_PQ_NONE;
+        if (m->split.size > 1 ? load_share(m, &m->lm_head, head, vocab, hidden, why, head_linear, head_rows,
+                                           (span){0, 0}, err, err_len)
+                              : load_linear(m, &m->lm_head, head, vocab, hidden, why, quant_head, true, err, err_len))
             goto fail;
     }
     if (c->prequant.format != LLM_PQ_NONE && opt && opt->log) print_prequant(m, opt->log);
@@ -1252,10 +1259,11 @@ int llm_model_load(llm_model *m, const char *path, const llm_load_options *opt, 
                      m->split.expert0 + m->split.experts - 1);
         if (opt->log)
             fprintf(opt->log, "tensor parallel: rank %d of %d on %s: query heads %d..%d, KV heads %d..%d, "
-                    "intermediate rows %d..%d%s; embeddings and head whole\n", m->split.rank, m->split.size,
-                    dev->name, m->split.head0, m->split.head0 + m->split.heads - 1, m->split.kv0,
-                    m->split.kv0 + m->split.kv_heads - 1, m->split.inter0, m->split.inter0 + m->split.inter - 1,
-                    experts);
+                    "intermediate rows %d..%d%s, vocabulary rows %d..%d of the head; embeddings whole\n",
+                    m->split.rank, m->split.size, dev->name, m->split.head0, m->split.head0 + m->split.heads - 1,
+                    m->split.kv0, m->split.kv0 + m->split.kv_heads - 1, m->split.inter0,
+                    m->split.inter0 + m->split.inter - 1, experts, m->split.vocab0,
+                    m->split.vocab0 + m->split.vocab - 1);
     }
     if (!(m->inv_freq = upload_inv_freq(m, LLM_ROPE_TABLE_GLOBAL, err, err_len))) goto fail;
     if (c->rope_local_base_freq > 0.0f && !(m->inv_freq_local = upload_inv_freq(m, LLM_ROPE_TABLE_LOCAL, err, err_len)))

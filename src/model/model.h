@@ -84,7 +84,8 @@ typedef struct llm_model {
     llm_weight embed_tokens; /* (vocab, hidden) */
     llm_layer *layers;       /* (num_hidden_layers) */
     llm_weight norm;         /* (hidden) */
-    llm_weight lm_head;      /* (vocab, hidden); the embedding table itself when tied */
+    llm_weight lm_head;      /* (vocab, hidden), split: this rank's (split.vocab, hidden) rows; the embedding table
+                                (its rows) when tied */
     float *inv_freq;         /* device (rotary_dim / 2), rotary frequencies with rope scaling applied */
     float *inv_freq_local;   /* device (rotary_dim / 2), the windowed layers' own (rope_local_base_freq); or NULL */
     bool rope_long;          /* inv_freq holds LongRoPE's long factors (llm_forward switches it in place) */
@@ -192,6 +193,7 @@ typedef struct {
     float *moe_out;          /* (max_batch, top_k, hidden) each chosen expert's output */
     float *moe_sum;          /* (max_batch, hidden) their weighted sum: the sparse block's output */
     float *logits;           /* (max_batch or 1, vocab) */
+    float *logits_part;      /* (max_batch or 1, split.vocab): a split's own vocabulary rows, before all_gather */
     void *key_cache;         /* each layer's (ctx or window_rows, kv_dim) in m->cache_type, layer after layer, each
                               * layer's from a multiple of 64 bytes (a Q8_0 row is 34 bytes a block) */
     void *value_cache;       /* the same */

@@ -41,6 +41,10 @@ int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, i
                  size);
         return -1;
     }
+    if (c->vocab_size < size) {
+        snprintf(err, err_len, "%s/config.json: vocab_size %d is smaller than %d GPUs", dir, c->vocab_size, size);
+        return -1;
+    }
     s->rank = rank, s->size = size;
     s->heads = H / size, s->head0 = rank * s->heads;
     if (KV % size == 0) {
@@ -51,6 +55,8 @@ int llm_split_of(llm_split *s, const llm_config *c, const char *dir, int rank, i
     size_t first, count;
     llm_split_range((size_t)I, rank, size, &first, &count);
     s->inter0 = (int)first, s->inter = (int)count;
+    llm_split_range((size_t)c->vocab_size, rank, size, &first, &count);
+    s->vocab0 = (int)first, s->vocab = (int)count;
     s->expert0 = s->experts = s->shared0 = s->shared = 0;
     if (c->n_sparse) {
         llm_split_range((size_t)c->num_experts, rank, size, &first, &count);

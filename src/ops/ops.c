@@ -8,7 +8,7 @@ static const char *const op_names[LLM_OP_COUNT] = {
     [LLM_OP_ROPE] = "rope",     [LLM_OP_ATTENTION] = "attention", [LLM_OP_GLU] = "glu",
     [LLM_OP_ADD] = "add",       [LLM_OP_LOGITS] = "logits",       [LLM_OP_SOFTCAP] = "softcap",
     [LLM_OP_ROUTE] = "route",   [LLM_OP_EXPERTS] = "experts",     [LLM_OP_COMBINE] = "combine",
-    [LLM_OP_ALL_REDUCE] = "all_reduce",
+    [LLM_OP_ALL_REDUCE] = "all_reduce", [LLM_OP_ALL_GATHER] = "all_gather",
 };
 
 const char *llm_op_name(llm_op op) { return (unsigned)op < LLM_OP_COUNT ? op_names[op] : "?"; }
@@ -40,6 +40,7 @@ bool llm_ops_has(const llm_ops *ops, llm_op op)
     case LLM_OP_EXPERTS: return ops->experts != NULL;
     case LLM_OP_COMBINE: return ops->combine != NULL;
     case LLM_OP_ALL_REDUCE: return ops->all_reduce != NULL;
+    case LLM_OP_ALL_GATHER: return ops->all_gather != NULL;
     default: return false;
     }
 }
@@ -60,6 +61,7 @@ void llm_ops_copy(llm_ops *dst, const llm_ops *src, llm_op op)
     case LLM_OP_EXPERTS: dst->experts = src->experts; break;
     case LLM_OP_COMBINE: dst->combine = src->combine; break;
     case LLM_OP_ALL_REDUCE: dst->all_reduce = src->all_reduce; break;
+    case LLM_OP_ALL_GATHER: dst->all_gather = src->all_gather; break;
     default: break;
     }
 }

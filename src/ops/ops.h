@@ -106,6 +106,7 @@ typedef enum {
     LLM_OP_EXPERTS,
     LLM_OP_COMBINE,
     LLM_OP_ALL_REDUCE,
+    LLM_OP_ALL_GATHER,
     LLM_OP_COUNT
 } llm_op;
 
@@ -219,6 +220,17 @@ typedef struct llm_ops {
      * so a split model differs from the whole one by the rounding of those few adds and of the shorter dot products;
      * on cuda it is an ncclAllReduce on the device's stream, captured in the step's CUDA graph like any kernel. */
     void (*all_reduce)(float *x, size_t count);
+
+    /* Tensor parallelism's vocabulary split (split.h): this rank computed columns [first, first + count) of the
+     * logits as part, and every rank receives every rank's. out = part placed at those columns of each row among
+     * zeros, then summed over the ranks as all_reduce sums. The ranks' columns tile [0, cols) in rank order (rank r's
+     * first = r * cols / size: llm_split_range), so out[i, first_r + j] = part_r[i, j] on every rank, exactly (a
+     * value meets only zeros). A group of one (count == cols): a copy. out (n, cols); part (n, count); out != part.
+     * Specified as a sum rather than as NCCL's all-gather, which concatenates equal parts: a vocabulary that the
+     * ranks do not divide leaves them unequal, and a batch's rows would come back rank by rank, not row by row. A
+     * device may still move the parts where they are equal and n is 1 (cuda: ncclAllGather, half an all-reduce's
+     * bytes): the result is the same. */
+    void (*all_gather)(float *out, const float *part, int n, size_t first, size_t count, size_t cols);
 } llm_ops;
 
 bool llm_ops_has(const llm_ops *ops, llm_op op);                 /* the table has op (ops may be NULL) */

@@ -237,6 +237,13 @@ static void ref_combine(float *out, const float *y, const float *weights, int n,
 /* A group of one: the sum over one rank is its own x. Host devices never join a larger group (no tp_unique_id). */
 void llm_ref_all_reduce(float *x, size_t count) { (void)x, (void)count; }
 
+void llm_ref_all_gather(float *out, const float *part, int n, size_t first, size_t count, size_t cols)
+{
+    memset(out, 0, (size_t)n * cols * sizeof *out);
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * cols + first, part + (size_t)i * count, count * sizeof *out);
+    llm_ref_all_reduce(out, (size_t)n * cols);
+}
+
 const llm_ops llm_ref_ops = {
     .embed = ref_embed,
     .rmsnorm = ref_rmsnorm,
@@ -251,4 +258,5 @@ const llm_ops llm_ref_ops = {
     .experts = ref_experts,
     .combine = ref_combine,
     .all_reduce = llm_ref_all_reduce,
+    .all_gather = llm_ref_all_gather,
 };

@@ -206,11 +206,21 @@ static void wrap_combine(float *out, const float *y, const float *weights, int n
 /* Nothing crosses the bus: a host op's all_reduce is a group of one's, the identity. */
 static void wrap_all_reduce(float *x, size_t count) { (void)x, (void)count; }
 
+static void wrap_all_gather(float *out, const float *part, int n, size_t first, size_t count, size_t cols)
+{
+    float *hp = host_copy_of(part, (size_t)n * count * sizeof(float)), *ho = malloc((size_t)n * cols * sizeof(float));
+    if (hp && ho) {
+        wrap_host.all_gather(ho, hp, n, first, count, cols);
+        wrap_dev->upload(out, ho, (size_t)n * cols * sizeof(float));
+    }
+    free(hp), free(ho);
+}
+
 static const llm_ops transfer_wrappers = {
     .embed = wrap_embed, .rmsnorm = wrap_rmsnorm, .matmul = wrap_matmul, .rope = wrap_rope,
     .attention = wrap_attention, .glu = wrap_glu, .add = wrap_add, .logits = wrap_logits,
     .softcap = wrap_softcap, .route = wrap_route, .experts = wrap_experts, .combine = wrap_combine,
-    .all_reduce = wrap_all_reduce,
+    .all_reduce = wrap_all_reduce, .all_gather = wrap_all_gather,
 };
 
 /* Route `op` to host device `host` (its native op, or the reference when host has none), with transfers

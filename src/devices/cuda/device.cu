@@ -334,7 +334,7 @@ static int cuda_instances(void)
 
 static const llm_ops cuda_ops = {
     op_embed, op_rmsnorm, op_matmul, op_rope, op_attention, op_glu, op_add, op_logits, op_softcap,
-    op_route, op_experts, op_combine, op_all_reduce,
+    op_route, op_experts, op_combine, op_all_reduce, op_all_gather,
 };
 
 /* Positional: C++ has no designated initialisers before C++20. Order as in device.h. */

@@ -197,6 +197,7 @@ bool pending_product_takes_sum(float *x, size_t count);
 int cuda_tp_open(const llm_device_options *opt, char *err, size_t err_len);
 void cuda_tp_close(void);
 void op_all_reduce(float *x, size_t count);
+void op_all_gather(float *out, const float *part, int n, size_t first, size_t count, size_t cols);
 
 /* graphs.cu */
 void abandon_capture(void);

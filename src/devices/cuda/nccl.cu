@@ -3,8 +3,9 @@
  * through the other GPUs' memory, mapped here by CUDA IPC over NVLink or PCIe peer access (the "one-shot"
  * all-reduce: each rank writes its x into every other rank's box, raises a flag there, waits for theirs and adds
  * the ranks' rows in rank order, so that every rank holds the same sums). Larger vectors (prefill) and groups whose
- * GPUs cannot reach each other's memory go through ncclAllReduce. Both are on the device's stream, so a step's CUDA
- * graph captures them like kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
+ * GPUs cannot reach each other's memory go through ncclAllReduce. all_gather puts the ranks' logits together
+ * (ncclAllGather, or through all_reduce). All are on the device's stream, so a step's CUDA graph captures them like
+ * kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
  * (src/tp.c). Built without NCCL (make LLM_NCCL=0) the device is always a group of one. */
 #include "device_internal.cuh"
 
@@ -345,4 +346,41 @@ void op_all_reduce(float *x, size_t count)
     written(x, count * sizeof(float));
     cuda_tp_all_reduce(x, count);
     after_op("all_reduce");
+}
+
+/* all_gather (ops.h), after whatever is recorded: a persistent step's program, the head's product in it, runs first
+ * and the gather follows it, so the step stays one program (persist_or_cut). One token's row over a vocabulary the
+ * ranks split evenly is ncclAllGather (each rank receives the others' parts: half the bytes an all-reduce of the row
+ * moves); otherwise the part is placed among zeros and the rows summed (cuda_tp_all_reduce: one-shot up to 64 KB, NCCL
+ * above), which gives the same bits, since only zeros are added. Every rank takes the same path: it depends on n, cols
+ * and the group's size alone. All on the stream, captured in a step's graph. Alone: the part placed. */
+void op_all_gather(float *out, const float *part, int n, size_t first, size_t count, size_t cols)
+{
+    if (!g.initialized || g.failed || n <= 0 || cols == 0) return;
+    forget_split();
+    flush_pending();
+    const size_t all = (size_t)n * cols * sizeof(float);
+    settle(part, (size_t)n * count * sizeof(float));
+    written(out, all);
+#ifdef LLM_HAVE_NCCL
+    if (tp_size > 1 && n == 1 && cols % (size_t)tp_size == 0) {
+        if (count != cols / (size_t)tp_size || first != (size_t)tp_rank * count) {
+            llm_cuda_fail("all_gather", "rank %d of %d: columns %zu..%zu of %zu are not its part in rank order",
+                          tp_rank, tp_size, first, first + count, cols);
+            return;
+        }
+        ncclResult_t r = ncclAllGather(part, out, count, ncclFloat, comm, llm_cuda.stream);
+        if (r != ncclSuccess)
+            llm_cuda_fail("all_gather", "NCCL (rank %d of %d): %s", tp_rank, tp_size, ncclGetErrorString(r));
+        after_op("all_gather");
+        return;
+    }
+#endif
+    const size_t row = count * sizeof(float);
+    if (count < cols && !LLM_CUDA_CHECK("all_gather", cudaMemsetAsync(out, 0, all, llm_cuda.stream))) return;
+    if (!LLM_CUDA_CHECK("all_gather", cudaMemcpy2DAsync(out + first, cols * sizeof(float), part, row, row, (size_t)n,
+                                                        cudaMemcpyDeviceToDevice, llm_cuda.stream)))
+        return;
+    if (tp_size > 1) cuda_tp_all_reduce(out, (size_t)n * cols);
+    after_op("all_gather");
 }
