@@ -10,7 +10,8 @@
 # The 7b stage also runs the persistent split against the kernel-per-op split, four GPUs where four are, and each of
 # QUANTS (default "q4_0"; --quant) on one GPU and on two.
 #   moe   Qwen3-30B-A3B's shape cut to MOE_LAYERS layers (default 12) on one GPU and on two (expert parallelism)
-# PROTOS (default "LL LL128": NCCL_PROTO values to time) and COMPARE=0 (no compare) shorten the 7b stage.
+# PROTOS (default "LL LL128": NCCL_PROTO values to time), COMPARE=0 (no compare) and QUICK=1 (only the default path on
+# one, two and four GPUs and the QUANTS: no kernel-per-op, NCCL or profile runs) shorten the 7b stage.
 # Results under OUT (default /tmp/llm-run-tp). NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's
 # machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...). Each run is bounded (timeout)
 # so that one hang does not take the rest.
@@ -52,14 +53,16 @@ wait
 B="-p 512 -n 128 --tg-after 512 -r 3"
 if has 7b; then
     run one.txt build/llm-run bench "$M" --device cuda $B
-    run one-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --device cuda -p 0 -n 128 --tg-after 512 -r 3
     run two.txt build/llm-run bench "$M" --tp 2 $B
-    run two-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
     [ "$GPUS" -ge 4 ] && run four.txt build/llm-run bench "$M" --tp 4 $B
     for q in ${QUANTS-q4_0}; do
         run "one-$q.txt" build/llm-run bench "$M" --device cuda --quant "$q" $B
         run "two-$q.txt" build/llm-run bench "$M" --tp 2 --quant "$q" $B
     done
+fi
+if has 7b && [ "${QUICK:-0}" != 1 ]; then
+    run one-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --device cuda -p 0 -n 128 --tg-after 512 -r 3
+    run two-graph.txt env LLM_CUDA_PERSIST=0 build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
     run two-nccl.txt env LLM_CUDA_ALL_REDUCE=nccl build/llm-run bench "$M" --tp 2 -p 0 -n 128 --tg-after 512 -r 3
     for proto in ${PROTOS:-LL LL128}; do
         echo "NCCL_PROTO=$proto, NCCL at every size"
