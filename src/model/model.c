@@ -246,7 +246,8 @@ static int take_share(llm_weight *w, void **buf, llm_dtype dtype, size_t *bytes,
  * group's f16 scale is Q8_0, and Q4_0 when every q - zero is in -8..7; FP8 whose columns are whole blocks of 128:
  * F8_E4M3_B128, the bytes as stored under each 128 values' scale); else dequantized on load: to F32 on the
  * reference (exact), to the checkpoint's compute dtype (the embeddings') elsewhere, rounding where it must.
- * `head`: the LM head, whose product is logits. Returns 1 when the module is not stored quantized.
+ * `head`: the LM head, whose product is logits. Returns 1 when the module is not stored quantized (a checkpoint that
+ * is not pre-quantized, or MXFP4, whose experts alone are: load_packed_experts).
  * Tensor parallelism: this rank keeps rows sr and columns sc (counts 0: the whole). The whole matrix is converted
  * first and the share cut from the result (take_share): every form it converts to holds each row on its own, a
  * scale per block of 32 or 128 of the row's values (FP8's 128x128 blocks and per-tensor scales become one scale per
@@ -258,6 +259,11 @@ static int load_prequant(llm_model *m, llm_weight *w, const char *name, size_t r
                          bool head, char *err, size_t err_len)
 {
     const llm_prequant *q = &m->config.prequant;
+    if (q->format == LLM_PQ_NONE) return 1;
+    if (q->format == LLM_PQ_MXFP4) { /* only the packed experts are stored so: load_packed_experts */
+        m->pq_stored++;
+        return 1;
+    }
     char module[256];
     size_t n = strlen(name);
     if (n < 7 || strcmp(name + n - 7, ".weight") != 0 || n - 7 >= sizeof module) return 1;
@@ -370,12 +376,8 @@ static void print_prequant(const llm_model *m, FILE *log)
 static int load_linear(llm_model *m, llm_weight *w, const char *name, size_t rows, size_t cols, const char *why,
                        bool quant, bool head, char *err, size_t err_len)
 {
-    if (m->config.prequant.format == LLM_PQ_MXFP4) { /* only the packed experts are stored so: load_packed_experts */
-        m->pq_stored++;
-    } else if (m->config.prequant.format != LLM_PQ_NONE) {
-        int rc = load_prequant(m, w, name, rows, cols, (span){0, 0}, (span){0, 0}, head, err, err_len);
-        if (rc <= 0) return rc;
-    }
+    int rc = load_prequant(m, w, name, rows, cols, (span){0, 0}, (span){0, 0}, head, err, err_len);
+    if (rc <= 0) return rc;
     return load_weight(m, w, name, rows, cols, why, quant, err, err_len);
 }
 
@@ -761,12 +763,9 @@ static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows
     if (!r.count && !c.count)
         return linear ? load_linear(m, w, name, rows, cols, why, true, false, err, err_len)
                       : load_weight(m, w, name, rows, cols, why, false, err, err_len);
-    const llm_pq_format pq = m->config.prequant.format;
-    if (linear && pq == LLM_PQ_MXFP4) { /* only the packed experts are stored so (load_linear) */
-        m->pq_stored++;
-    } else if (linear && pq != LLM_PQ_NONE) {
+    if (linear) { /* the head's share is checked as logits' weights, as load_linear checks the whole head */
         int rc = load_prequant(m, w, name, rows, cols, r.count ? r : (span){0, rows}, c.count ? c : (span){0, cols},
-                               false, err, err_len);
+                               w == &m->lm_head, err, err_len);
         if (rc <= 0) return rc;
     }
     bool vector = rows == 0;
