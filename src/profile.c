@@ -304,7 +304,7 @@ llm_profile *llm_profile_start(llm_model *m, char *err, size_t err_len)
     if (dev->describe) dev->describe(P.describe, sizeof P.describe);
     if (dev->measure_bandwidth) P.peak_gbs = dev->measure_bandwidth();
     m->rt.ops = wrappers;
-    m->profiled = true;
+    m->profiled = 1 + LLM_PROFILE_PREFILL; /* until a step says its phase */
     if (dev->step_begin && !m->trace) {
         m->trace = issue_op_by_op;
         P.op_by_op = true;
@@ -317,7 +317,7 @@ void llm_profile_stop(llm_profile *p)
 {
     if (!p || !active) return;
     p->m->rt.ops = p->inner;
-    p->m->profiled = false;
+    p->m->profiled = 0;
     if (p->op_by_op) p->m->trace = NULL;
     active = false;
 }
@@ -326,6 +326,7 @@ void llm_profile_step_begin(llm_profile *p, llm_profile_phase phase, int pos, in
 {
     if (!p) return;
     cur_phase = phase;
+    p->m->profiled = 1 + (int)phase; /* what a tensor-parallel group's other ranks are told (llm_followers) */
     step_pos = pos;
     p->phase[phase].tokens += (uint64_t)n;
     n_calls = 0;

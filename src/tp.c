@@ -237,7 +237,7 @@ static void lead_state_free(llm_followers *f, const void *id)
 }
 
 static int lead_forward(llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, bool op_by_op,
-                        bool profiled, char *err, size_t err_len)
+                        int profiled, char *err, size_t err_len)
 {
     msg h = {.type = MSG_FORWARD, .bytes = (uint32_t)((size_t)n * sizeof *tokens), .id = (uint64_t)(uintptr_t)id,
              .a = n, .b = pos, .c = op_by_op, .d = profiled};
@@ -613,7 +613,7 @@ int llm_cmd_tp_worker(int argc, char **argv)
         bool used;
     } st[WORKER_STATES] = {0};
     int32_t *tokens = NULL;
-    llm_profile *prof = NULL; /* while rank 0 profiles; its steps split as rank 0's (a batch is the prompt's) */
+    llm_profile *prof = NULL; /* while rank 0 profiles */
     int rc = 0;
     for (;;) {
         int r = recv_all(fd, &h, sizeof h);
@@ -640,9 +640,11 @@ int llm_cmd_tp_worker(int argc, char **argv)
             free(tokens);
             tokens = malloc(h.bytes ? h.bytes : 1);
             const float *logits;
-            if (!tokens || slot < 0 || h.a < 1 || h.bytes != (uint32_t)h.a * sizeof *tokens ||
+            const bool phase_ok = h.d >= 0 && h.d <= LLM_PROFILE_N_PHASES; /* 0: not profiled */
+            if (!tokens || slot < 0 || !phase_ok || h.a < 1 || h.bytes != (uint32_t)h.a * sizeof *tokens ||
                 recv_all(fd, tokens, h.bytes)) {
-                snprintf(err, sizeof err, "a forward call from rank 0 %s", slot < 0 ? "names no run state" : "broke off");
+                snprintf(err, sizeof err, "a forward call from rank 0 %s",
+                         slot < 0 ? "names no run state" : !phase_ok ? "names no profile phase" : "broke off");
                 goto fail;
             }
             if (h.d && !prof) { /* rank 0 profiles: so does this rank, op by op as rank 0 (the profile's trace) */
@@ -651,9 +653,10 @@ int llm_cmd_tp_worker(int argc, char **argv)
             } else if (!prof) {
                 m.trace = h.c ? issue_op_by_op : NULL; /* as rank 0 issues this call (llm_followers) */
             }
-            llm_profile_step_begin(prof, h.a > 1 ? LLM_PROFILE_PREFILL : LLM_PROFILE_DECODE, h.b, h.a);
+            llm_profile *timed = h.d ? prof : NULL; /* as the phase rank 0 times it */
+            llm_profile_step_begin(timed, (llm_profile_phase)(h.d - 1), h.b, h.a);
             if (llm_forward(&m, &st[slot].s, tokens, h.a, h.b, &logits, err, sizeof err)) goto fail;
-            llm_profile_step_end(prof);
+            llm_profile_step_end(timed);
         } else {
             snprintf(err, sizeof err, "unknown message %u from rank 0", h.type);
             goto fail;

@@ -59,14 +59,14 @@ llm_weight *llm_layer_expert_weight(llm_layer *L, int i);
  * freed (`id` names it) and of every forward call before this rank runs it, so that each rank runs the same calls
  * and their all-reduces meet. close() ends them (llm_model_free). Each returns 0, else err. op_by_op: this rank
  * issues the call's ops one by one (a trace hook: --profile, compare), so the others must too: a device that records
- * a step sums the ranks' parts inside it, and a rank that records meets none that does not. profiled: this rank
- * profiles the call, and the others profile theirs (each says its share at the end). */
+ * a step sums the ranks' parts inside it, and a rank that records meets none that does not. profiled (llm_model's):
+ * this rank profiles the call as that phase, and the others profile theirs alike (each says its share at the end). */
 typedef struct llm_followers {
     int (*state_init)(struct llm_followers *f, const void *id, int ctx, int max_batch, bool all_logits, char *err,
                       size_t err_len);
     void (*state_free)(struct llm_followers *f, const void *id);
     int (*forward)(struct llm_followers *f, const void *id, const int32_t *tokens, int n, int pos, bool op_by_op,
-                   bool profiled, char *err, size_t err_len);
+                   int profiled, char *err, size_t err_len);
     void (*close)(struct llm_followers *f);
 } llm_followers;
 
@@ -118,7 +118,8 @@ typedef struct llm_model {
     char dir[4096];          /* folder holding config.json and the tokenizer */
     llm_trace_fn trace;
     void *trace_user;
-    bool profiled; /* an op profiler wraps rt.ops (profile.c): a tensor-parallel group's other ranks profile too */
+    int profiled; /* 0, or 1 + the phase (llm_profile_phase) of the step an op profiler times (profile.c): a
+                     tensor-parallel group's other ranks profile theirs as that phase too */
 } llm_model;
 
 typedef struct {
