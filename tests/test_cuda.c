@@ -1218,10 +1218,14 @@ static void test_persistent_step(void **state)
      * Qwen3's per-head q/k norms (done by the attention phase, which then also stores the KV row), Mistral's
      * window of 8 over a ring of 39 rows (batches of at most 32), which positions 24-87 pass twice, and Gemma 3:
      * (1 + w) norms, post norms folded into the next product's staging, GeGLU, windowed layers with a rope base of
-     * their own, heads of 32 and (gemma3-hd256, gemma-3-1b's) of 256 */
+     * their own, heads of 32 and (gemma3-hd256, gemma-3-1b's) of 256; Gemma 2: soft-capped attention in every layer,
+     * alternate windowed layers over a ring of 39 rows, the final soft-cap after the step; Phi-3: fused qkv and
+     * gate_up (row views), a window over a ring (phi3-window), rope of 12 of a head's 16 dimensions with LongRoPE's
+     * factors and cos/sin scaled by 2 (phi3-longrope) */
     const char *fixtures[] = {"llama-gqa-tied",    "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama-linear-rope",
                               "llama3-mqa-untied", "mistral-headdim",     "qwen2-bias",         "qwen3",
-                              "mistral-window",    "gemma3",              "gemma3-hd256"};
+                              "mistral-window",    "gemma3",              "gemma3-hd256",       "gemma2",
+                              "phi3-window",       "phi3-longrope"};
     /* The KV splits (the most, and how fast they grow with the position): one (an item's rows take two ring stages
      * past position 64); always two; and up to four with the count growing across the decode (positions 24-87: three
      * from 25, four from 49), so a replayed step meets a count other than the one it was recorded with. */
@@ -1229,14 +1233,18 @@ static void test_persistent_step(void **state)
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
         int vocab = 0;
         size_t n_graphs = 0, n_plain = 0;
-        decode_batch = strcmp(fixtures[f], "mistral-window") == 0 ? 32 : 0;
-        /* the one refusal a fixture's plan has: a windowed layer's KV store not in the q/k/v product's epilogue;
-         * Gemma's post norms, which keep the residual add from the o and down products' epilogue (it is in the next
-         * product's staging instead) */
-        const bool gemma = strncmp(fixtures[f], "gemma", 5) == 0;
-        const llm_refusal allowed = decode_batch ? LLM_REFUSE_ATTENTION_PARAMS
-                                    : gemma      ? LLM_REFUSE_NORM_OF_PRODUCT
-                                                 : LLM_REFUSE_NONE;
+        const bool ring = strcmp(fixtures[f], "mistral-window") == 0 || strcmp(fixtures[f], "gemma2") == 0 ||
+                          strcmp(fixtures[f], "phi3-window") == 0;
+        decode_batch = ring ? 32 : 0;
+        /* the refusals a fixture's plan has, none of them the persistent step's: a windowed (or Gemma 2's
+         * soft-capped) layer's KV store not in the q/k/v product's epilogue (the attention phase stores it); Gemma's
+         * post norms, which keep the residual add from the o and down products' epilogue (it is in the next
+         * product's staging instead); Gemma 2's final soft-cap, a kernel after the step */
+        const bool gemma = strncmp(fixtures[f], "gemma", 5) == 0, gemma2 = strcmp(fixtures[f], "gemma2") == 0;
+        const bool windowed = ring || strcmp(fixtures[f], "phi3-longrope") == 0;
+        const llm_refusal allowed[] = {windowed ? LLM_REFUSE_ATTENTION_PARAMS : LLM_REFUSE_NONE,
+                                       gemma ? LLM_REFUSE_NORM_OF_PRODUCT : LLM_REFUSE_NONE,
+                                       gemma2 ? LLM_REFUSE_SOFTCAP : LLM_REFUSE_NONE};
         float *kernels = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
         float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
         size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
@@ -1258,8 +1266,10 @@ static void test_persistent_step(void **state)
             assert_int_equal(last_count.refused[LLM_REFUSE_PERSIST_PIECES], 0);
             /* its plan fused whole but for the refusal above (the persistent step included), and no recorded
              * program refused */
-            assert_int_equal(last_count.groups_fused + (allowed ? last_count.refused[allowed] : 0),
-                             last_count.groups);
+            size_t refused = 0;
+            for (size_t a = 0; a < sizeof allowed / sizeof *allowed; a++)
+                if (allowed[a] != LLM_REFUSE_NONE) refused += last_count.refused[allowed[a]];
+            assert_int_equal(last_count.groups_fused + refused, last_count.groups);
             assert_int_equal(last_count.refused[LLM_REFUSE_STEP], 0);
             assert_int_equal(last_count.graph_replays, 0); /* LLM_CUDA_GRAPHS=0 */
             assert_true(n_graphs >= 1 && n_graphs <= 3);
@@ -1337,9 +1347,9 @@ static void test_decode_path(void **state)
     if (strcmp(LLM_TEST_CUDA_ARCH, "ptx80") == 0) assert_int_equal(count.persistent_capable, 0);
 }
 
-/* A step the persistent kernel would run in pieces (Gemma 2's soft-capped attention, which the attention phase does
- * not compute, cuts it around each attention) turns it off after the first step, counted; the logits are those of
- * the kernel-per-op step. */
+/* A step the persistent kernel would run in pieces (OLMo 2's q/k norms over the whole projection, which no phase
+ * computes, cut it at each layer's q/k/v product) turns it off after the first step, counted; the logits are those
+ * of the kernel-per-op step. */
 static void test_persistent_cut(void **state)
 {
     (void)state;
@@ -1347,14 +1357,14 @@ static void test_persistent_cut(void **state)
     dev->release();
     int vocab = 0;
     size_t n_persisted = 0, n_plain = 0;
-    float *persist = decode_run_with("gemma2", "cuda", "0", "1", "1", &vocab, &n_persisted);
+    float *persist = decode_run_with("olmo2", "cuda", "0", "1", "1", &vocab, &n_persisted);
     assert_int_equal(last_cut, 1);
     assert_int_equal(last_count.refused[LLM_REFUSE_PERSIST_PIECES], 1); /* said and counted once */
-    float *plain = decode_run_with("gemma2", "cuda", "0", "1", "0", &vocab, &n_plain);
+    float *plain = decode_run_with("olmo2", "cuda", "0", "1", "0", &vocab, &n_plain);
     assert_int_equal(last_cut, 0);
     size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
     double e = rel_error(persist, plain, n);
-    print_message("gemma2: %zu persistent launches (the first step's pieces), then a kernel per op; vs "
+    print_message("olmo2: %zu persistent launches (the first step's pieces), then a kernel per op; vs "
                   "LLM_CUDA_PERSIST=0 %.2g\n", n_persisted, e);
     /* at most the first step's pieces, no later step */
     assert_true(n_persisted < DECODE_STEPS);

@@ -38,13 +38,13 @@ static const struct {
          "with the residual add before it"},
     [LLM_REFUSE_ROPE_PARTIAL] =
         {"rope_partial",
-         "rope of part of a head or with scaled cos/sin (partial_rotary_factor, LongRoPE): its own kernel, not the "
-         "q/k/v product's epilogue"},
+         "rope of an odd head size or rotated width: its own kernel, not the q/k/v product's epilogue (which takes a "
+         "partial_rotary_factor's part of each head and LongRoPE's scaled cos/sin)"},
     [LLM_REFUSE_ATTENTION_PARAMS] =
         {"attention_params",
          "attention with a sliding window, a soft-cap, sinks or its own scale: its KV store not in the q/k/v "
-         "product's epilogue; the persistent step takes a window or a scale (head_dim up to 128, or 256), not "
-         "a soft-cap or sinks; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core "
+         "product's epilogue; the persistent step takes a window, a soft-cap or a scale (head_dim up to 128, or 256), "
+         "not sinks; batches of more than 4 tokens on a kernel of a block a (token, head) (no tensor-core "
          "prefill)"},
     [LLM_REFUSE_GLU_ACT] =
         {"glu_act",

@@ -35,14 +35,14 @@ static inline bool llm_cuda_is_llama_attention(const llm_attention_params *p, in
     return p->window == 0 && p->softcap == 0.0f && !p->sinks &&
            p->scale == llm_cuda_llama_attention(head_dim, p->cache).scale;
 }
-/* What the persistent step's attention phase computes: any scale and window (a ring cache), no soft-cap or sinks,
+/* What the persistent step's attention phase computes: any scale, soft-cap and window (a ring cache), no sinks,
  * an f32, f16 or bf16 cache, head_dim a multiple of 4 up to 128 (step.cu's MAX_DIMS lanes of 32) or 256 (Gemma's,
  * WIDE_HEAD), a cache row a whole number of 16 bytes (the tensor copies: head_dim a multiple of 8 for a 16-bit
  * cache). */
 static inline bool llm_cuda_step_takes_attention(const llm_attention_params *p, int head_dim)
 {
     const bool f32 = p->cache == LLM_DTYPE_F32, half = p->cache == LLM_DTYPE_F16 || p->cache == LLM_DTYPE_BF16;
-    return p->softcap == 0.0f && !p->sinks && (f32 || half) && head_dim % (f32 ? 4 : 8) == 0 &&
+    return !p->sinks && (f32 || half) && head_dim % (f32 ? 4 : 8) == 0 &&
            (head_dim <= 128 || head_dim == 256);
 }
 
@@ -414,11 +414,13 @@ typedef struct {
     int norm_staged;    /* set by the launcher: norm_w is copied to shared memory before the wait */
     int epi;
     int act;            /* EPI_SWIGLU's gate activation: LLM_ACT_SILU (SwiGLU) or LLM_ACT_GELU_TANH (GeGLU) */
-    /* EPI_ROPE: mats with .rope are rotated at positions[0]; k (mat 1) and v (mat 2) also go to the caches when
-     * k_cache is set (row positions[0] of (ctx, kv_dim)) */
+    /* EPI_ROPE: mats with .rope are rotated at positions[0], the first rot_dim dimensions of each head (even, up to
+     * head_dim; the rest pass through), cos and sin times rope_scale (ops.h's rope); k (mat 1) and v (mat 2) also go
+     * to the caches when k_cache is set (row positions[0] of (ctx, kv_dim)) */
     const int32_t *positions;
     const float *inv_freq;
-    int head_dim;
+    int head_dim, rot_dim;
+    float rope_scale;
     float *k_cache, *v_cache;
     int kv_dim;
     int cache_type;     /* the caches' element type: LLM_DTYPE_F32, F16 or BF16 */

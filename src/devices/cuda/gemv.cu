@@ -69,8 +69,9 @@ __device__ __forceinline__ const llm_cuda_gemv_mat &mat_at(const llm_cuda_gemv &
     return m == 0 ? job.mats[0] : m == 1 ? job.mats[1] : job.mats[2];
 }
 
-/* A unit is two rows: (gate r, up r) for swiglu, (j, j + half) of a head for rope, else (2u, 2u + 1); rb = -1 when
- * a matrix has an odd row left. */
+/* A unit is two rows: (gate r, up r) for swiglu, else (2u, 2u + 1), rb = -1 when a matrix has an odd row left; for
+ * rope, a head's head_dim / 2 units: pair j < rot_dim / 2 is (j, j + rot_dim / 2), rotated, and the rest the rows
+ * past rot_dim two by two (a partial rope's, passed through: j = -1). */
 __device__ __forceinline__ void unit_rows(const llm_cuda_gemv &job, int unit, int &ma, int &mb, int &ra, int &rb,
                                           int &j)
 {
@@ -86,10 +87,11 @@ __device__ __forceinline__ void unit_rows(const llm_cuda_gemv &job, int unit, in
     int u = unit - M.unit_begin;
     ma = mb = m;
     if (job.epi == LLM_CUDA_EPI_ROPE && M.rope) {
-        int half = job.head_dim / 2, head = u / half;
+        const int half = job.head_dim / 2, rh = job.rot_dim / 2, head = u / half;
         j = u - head * half;
-        ra = head * job.head_dim + j;
-        rb = ra + half;
+        ra = head * job.head_dim + (j < rh ? j : 2 * j);
+        rb = j < rh ? ra + rh : ra + 1;
+        if (j >= rh) j = -1;
     } else {
         ra = 2 * u;
         rb = 2 * u + 1 < M.rows ? 2 * u + 1 : -1;
@@ -138,10 +140,10 @@ __device__ __forceinline__ void prologue_before_wait(const llm_cuda_gemv &job, f
             asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)job.norm_w + (size_t)c * esize));
     }
     if (job.epi == LLM_CUDA_EPI_ROPE)
-        for (int jj = tid; jj < job.head_dim / 2; jj += GEMV_THREADS) {
+        for (int jj = tid; jj < job.rot_dim / 2; jj += GEMV_THREADS) {
             float angle = (float)job.positions[0] * job.inv_freq[jj];
-            rot[2 * jj] = cosf(angle);
-            rot[2 * jj + 1] = sinf(angle);
+            rot[2 * jj] = cosf(angle) * job.rope_scale;
+            rot[2 * jj + 1] = sinf(angle) * job.rope_scale;
         }
 }
 
@@ -184,7 +186,7 @@ __device__ __forceinline__ void finish_unit(const llm_cuda_gemv &job, int unit, 
         break;
     case LLM_CUDA_EPI_ROPE: {
         int p = job.positions[0];
-        if (A.rope) {
+        if (A.rope && j >= 0) {
             float c = rot[2 * j], s = rot[2 * j + 1];
             float a = ya, b = yb;
             ya = a * c - b * s;

@@ -75,7 +75,8 @@ void cuda_plan_group(llm_group *grp)
         refuse(grp, LLM_FUSE_ROPE | LLM_FUSE_ADD | (grp->ask & LLM_FUSE_QK_NORM_ROPE ? 0 : LLM_FUSE_KV_STORE),
                LLM_REFUSE_NORM_OF_PRODUCT);
     if (grp->kind == LLM_GROUP_ATTN_IN) {
-        if (grp->rot_dim != grp->head_dim || grp->rope_scale != 1.0f || grp->head_dim % 2)
+        /* the GEMV's epilogue rotates the first rot_dim dimensions of each head, cos and sin scaled (Phi-3) */
+        if (grp->rot_dim <= 0 || grp->rot_dim > grp->head_dim || grp->rot_dim % 2 || grp->head_dim % 2)
             refuse(grp, LLM_FUSE_ROPE, LLM_REFUSE_ROPE_PARTIAL);
         if (!(grp->fused & LLM_FUSE_QK_NORM_ROPE)) { /* the GEMV's epilogue stores Llama attention's row */
             if (!(grp->fused & LLM_FUSE_ROPE)) refuse(grp, LLM_FUSE_KV_STORE, grp->why);
@@ -523,12 +524,13 @@ void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq
         refuse_now(LLM_REFUSE_MISMATCH);
     }
     if (mine && n == 1 && P->kind == PEND_GEMV && (P->fused & LLM_FUSE_ROPE)) {
-        if (rot_dim == head_dim && scale == 1.0f && P->job.epi == LLM_CUDA_EPI_NONE && !P->logits &&
-            P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
+        if (rot_dim > 0 && rot_dim <= head_dim && rot_dim % 2 == 0 && P->job.epi == LLM_CUDA_EPI_NONE &&
+            !P->logits && P->job.n_mats >= 2 && P->mats[0].out == q && P->mats[1].out == k &&
             P->mats[0].w.rows == (size_t)n_heads * head_dim && P->mats[1].w.rows == (size_t)n_kv_heads * head_dim &&
             head_dim % 2 == 0) {
             P->job.epi = LLM_CUDA_EPI_ROPE;
             P->job.positions = positions, P->job.inv_freq = inv_freq, P->job.head_dim = head_dim;
+            P->job.rot_dim = rot_dim, P->job.rope_scale = scale;
             return;
         }
         refuse_now(LLM_REFUSE_MISMATCH);

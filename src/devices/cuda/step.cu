@@ -92,14 +92,15 @@ struct step_src {
     int head_dim;
 };
 
+/* (the pointers first: no padding, so that a phase keeps to PHASE_WORDS) */
 struct step_mat {
     const void *w;      /* (rows, cols) */
     const void *bias;   /* (rows) or NULL */
-    int bias_dtype;
-    int rows, kind, tiles, tile_begin;
     step_vec out;
     float *cache;       /* the KV store: row `rows` wide at the step's position (k or v), or NULL */
-    int cache_type;     /* its element type: LLM_DTYPE_F32, F16 or BF16 (rounded as llm_cuda_kv_put rounds) */
+    int bias_dtype;
+    int rows, kind, tiles, tile_begin;
+    int cache_type;     /* the KV store's element type: LLM_DTYPE_F32, F16 or BF16 (rounded as llm_cuda_kv_put) */
 };
 
 struct step_phase {
@@ -118,8 +119,9 @@ struct step_phase {
     step_mat mats[LLM_CUDA_GEMV_MATS];
     step_src resid;       /* EPI_ADD: out = resid + product */
     step_vec resid_out;
-    const float *inv_freq; /* EPI_ROPE */
-    int head_dim;
+    const float *inv_freq; /* EPI_ROPE: the first rot_dim dimensions of each head rotated, cos and sin times
+                              rope_scale (partial_rotary_factor, LongRoPE); the rest pass through */
+    int head_dim, rot_dim;
     union {
         /* PHASE_ATTENTION (head_dim above) */
         struct {
@@ -143,6 +145,8 @@ struct step_phase {
     const void *k_norm_w;
     int k_norm_dtype;
     float scale;          /* of q . k */
+    float softcap;        /* > 0: a score s becomes softcap * tanh(s / softcap) (Gemma 2) */
+    float rope_scale;     /* EPI_ROPE's */
     step_vec q_out, k_out;
     float *k_cache, *v_cache; /* set when the phase stores this token's KV row (at row pos % ctx) */
     int window, ctx;      /* > 0: positions above pos - window only; the caches' rows (a ring where positions pass) */
@@ -241,7 +245,8 @@ __device__ __forceinline__ void unit_tile(const step_phase &P, int u, int &m, in
 }
 
 /* Row of slot i (0..7) of tile t of mat m, or -1; mm: the mat it belongs to (a swiglu tile holds 4 rows of gate and
- * the same 4 of up; a rope tile the pairs (j, j + head_dim/2) of 4 pair indices of one head). */
+ * the same 4 of up; a rope mat's head has tiles of the pairs (j, j + rot_dim/2) of 4 pair indices, then tiles of 8 of
+ * its rows past rot_dim, which a partial rope passes through: rope_tiles). */
 __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i, int &mm)
 {
     const step_mat &M = P.mats[m];
@@ -252,8 +257,14 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
         return t * 4 + (i & 3);
     }
     if (M.kind == TILE_ROPE) {
-        const int half = P.head_dim / 2, per_head = half / 4;
-        return t / per_head * P.head_dim + (i >= 4) * half + t % per_head * 4 + (i & 3);
+        const int hd = P.head_dim, rh = P.rot_dim / 2, paired = (rh + 3) / 4;
+        const int per_head = paired + (hd - P.rot_dim + ROWS - 1) / ROWS, head = t / per_head, k = t % per_head;
+        if (k < paired) {
+            const int j = k * 4 + (i & 3);
+            return j < rh ? head * hd + (i >= 4) * rh + j : -1;
+        }
+        const int d = P.rot_dim + (k - paired) * ROWS + i;
+        return d < hd ? head * hd + d : -1;
     }
     const int r = t * ROWS + i;
     return r < M.rows ? r : -1;
@@ -737,12 +748,15 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
     }
 }
 
+/* A score soft-capped as ops.h's attention does it (llm_softcap) when cap > 0 (Gemma 2). */
+__device__ __forceinline__ float capped(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
+
 /* Up to 32 positions (K and V rows of hd in shared memory) for one head, lane i the position i: scores q . k *
- * scale, folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j, j + 32, ...): the
+ * scale (soft-capped), folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j, j + 32, ...): the
  * online softmax, the same function as the reference's max-then-exp over all positions at once. */
 template <int HD, typename T>
 __device__ __forceinline__ void warp_positions(const float *q, const T *K, const T *V, int n, int hd_any,
-                                               float scale, float &m, float &l, float *acc, int lane)
+                                               float scale, float cap, float &m, float &l, float *acc, int lane)
 {
     constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
@@ -757,7 +771,7 @@ __device__ __forceinline__ void warp_positions(const float *q, const T *K, const
             const float4 a = *(const float4 *)(q + i), b = llm_cuda_kv_load4(k + i);
             dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
         }
-        score = dot * scale;
+        score = capped(dot * scale, cap);
     }
     float mx = score;
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -819,7 +833,7 @@ __device__ __forceinline__ void rope_held(float (&x)[dims_of<HD>()], int hd_any,
 template <int HD, typename T>
 __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, const float *k, const float *v,
                                         bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
-                                        float scale, float &m, float &l, float *acc, int lane)
+                                        float scale, float cap, float &m, float &l, float *acc, int lane)
 {
     constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
@@ -868,7 +882,7 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
 #pragma unroll
     for (int j = 0; j < D; j++)
         if (lane + 32 * j < hd) dot += qs[lane + 32 * j] * kr[j];
-    const float score = llm_cuda_warp_sum(dot) * scale;
+    const float score = capped(llm_cuda_warp_sum(dot) * scale, cap);
     const float m_new = fmaxf(m, score), alpha = expf(m - m_new), e = expf(score - m_new);
     l = l * alpha + e;
 #pragma unroll
@@ -918,7 +932,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     }
     float m = -INFINITY, l = 0.0f, acc[D] = {};
     int run = 0, kept = -1; /* runs of 32 positions so far: run r goes to warp r % 8; the slot kept for the merge */
-    const float scale = P.scale;
+    const float scale = P.scale, cap = P.softcap;
     for (int c0 = t0, c1; c0 < t1; c0 = c1, it++) {
         c1 = stage_end(c0, t1, per, P.ctx);
         const int slot = it % prog.stages, n = c1 - c0;
@@ -926,7 +940,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
         const T *K = (const T *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
         for (int p0 = 0; p0 < n; p0 += 32, run++)
             if (run % WARPS == warp)
-                warp_positions<HD, T>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, scale, m, l, acc, lane);
+                warp_positions<HD, T>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, scale, cap, m, l,
+                                           acc, lane);
         __syncwarp();
         if (c1 < t1) {
             if (lane == 0) mbar_arrive(&empty[slot]);
@@ -938,8 +953,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
      * (dev/cuda/notes.md, version 63). */
     if (last && run % WARPS == warp)
-        own_row<HD, T>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, m, l,
-                       acc, lane);
+        own_row<HD, T>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, cap, m,
+                       l, acc, lane);
     auto write_record = [&] {
 #pragma unroll
         for (int j = 0; j < D; j++)
@@ -1015,6 +1030,7 @@ __device__ __forceinline__ void consume_typed(const step_phase &P, const step_pr
 struct tile_epi {
     int m, mm, row;
     float bias, resid, inv_freq; /* inv_freq: the rope pair's */
+    bool rot;                    /* a row the rope rotates (not one past a partial rope's rot_dim) */
 };
 
 __device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, int lane)
@@ -1027,7 +1043,11 @@ __device__ __forceinline__ tile_epi epilogue_inputs(const step_phase &P, int u, 
     const step_mat &R = P.mats[e.mm];
     if (R.bias) e.bias = llm_cuda_load(R.bias, R.bias_dtype, (size_t)e.row);
     if (P.epi == LLM_CUDA_EPI_ADD) e.resid = ld_relaxed1(P.resid.p + e.row);
-    if (P.mats[e.m].kind == TILE_ROPE) e.inv_freq = P.inv_freq[e.row % P.head_dim % (P.head_dim / 2)];
+    if (P.mats[e.m].kind == TILE_ROPE) {
+        const int d = e.row % P.head_dim;
+        e.rot = d < P.rot_dim;
+        if (e.rot) e.inv_freq = P.inv_freq[d % (P.rot_dim / 2)];
+    }
     return e;
 }
 
@@ -1071,8 +1091,11 @@ __device__ void finish_tile(const step_program &prog, const step_phase &P, const
     float y = sum + e.bias;
     if (M.kind == TILE_ROPE) {
         const float other = __shfl_xor_sync(0xffffffffu, y, 4);
-        const float angle = (float)pos * e.inv_freq, c = cosf(angle), s = sinf(angle);
-        y = lane & 4 ? y * c + other * s : y * c - other * s;
+        if (e.rot) {
+            const float angle = (float)pos * e.inv_freq;
+            const float c = cosf(angle) * P.rope_scale, s = sinf(angle) * P.rope_scale;
+            y = lane & 4 ? y * c + other * s : y * c - other * s;
+        }
     } else if (M.kind == TILE_PAIRED) {
         const float up = __shfl_down_sync(0xffffffffu, y, 4);
         if (lane < 4) y = llm_cuda_gate(y, P.act) * up;
@@ -1501,7 +1524,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.params.cache));
     if (hd == WIDE_HEAD) pl.q_room = true;
     P.units = op.heads * most_splits();
-    P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale;
+    P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale, P.softcap = op.params.softcap;
     if (op.qk_norm || !op.stored) P.k_cache = op.k_cache, P.v_cache = op.v_cache; /* the phase stores the KV row */
     if (op.qk_norm) { /* own_row's rope pairs dimensions across lanes (hd even: hd % 4 above) */
         if (!op.q_norm.data || !op.k_norm.data || !op.inv_freq) return false;
@@ -1553,7 +1576,9 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_
     /* blocks: whole runs of 8 blocks of 32 (Q4_K's of 256 alike), so rows and their scales are 16-byte copies */
     if (quant && job.cols % 256) return false;
     if (quant) pl.q_x_bytes = std::max(pl.q_x_bytes, step_q_x_bytes(job.cols));
-    if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || !same_positions(pl, job.positions))) return false;
+    if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || job.rot_dim <= 0 || job.rot_dim > job.head_dim ||
+                                         job.rot_dim % 2 || !same_positions(pl, job.positions)))
+        return false;
     if (job.epi == LLM_CUDA_EPI_SWIGLU && (job.n_mats != 2 || job.mats[0].rows % 4)) return false;
     if (job.epi == LLM_CUDA_EPI_ADD && job.n_mats != 1) return false;
     if (job.tp_sum) { /* (pending_product_takes_sum: one matrix of at most STEP_SUM_ROWS rows) */
@@ -1564,6 +1589,7 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_
     P.kind = PHASE_GEMV, P.cols = job.cols, P.dtype = job.dtype, P.n_mats = job.n_mats, P.epi = job.epi;
     P.act = job.act;
     P.eps = job.eps, P.inv_freq = job.inv_freq, P.head_dim = job.head_dim;
+    P.rot_dim = job.rot_dim, P.rope_scale = job.rope_scale;
     if (job.norm_src) {
         if (!aligned16(job.norm_w)) return false;
         P.norm_w = job.norm_w, P.norm_dtype = job.norm_dtype, P.norm_offset = job.norm_offset;
@@ -1574,9 +1600,10 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_
         step_mat &M = P.mats[m];
         if (!aligned16(J.w) || J.rows <= 0) return false;
         M.w = J.w, M.bias = J.bias, M.bias_dtype = J.bias_dtype, M.rows = J.rows, M.tile_begin = tiles;
-        if (job.epi == LLM_CUDA_EPI_ROPE && J.rope) {
+        if (job.epi == LLM_CUDA_EPI_ROPE && J.rope) { /* per head: tile_row's pair tiles, then the rest's */
             if (J.rows % job.head_dim) return false;
-            M.kind = TILE_ROPE, M.tiles = J.rows / 8;
+            const int per_head = (job.rot_dim / 2 + 3) / 4 + (job.head_dim - job.rot_dim + ROWS - 1) / ROWS;
+            M.kind = TILE_ROPE, M.tiles = J.rows / job.head_dim * per_head;
         } else if (job.epi == LLM_CUDA_EPI_SWIGLU) {
             if (J.rows != job.mats[0].rows) return false;
             M.kind = TILE_PAIRED, M.tiles = m == 0 ? J.rows / 4 : 0;
