@@ -343,6 +343,10 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
         const step_phase &P = phases[ph];
         const bool attention = P.kind == PHASE_ATTENTION;
         one_by_one_until = attention || quant_phase(P.dtype) ? it : it + prog.stages; /* a product's first ring */
+        if (quant_phase(P.dtype)) {
+            produce_quant_phase(P, lane, next_slot, read_once);
+            continue;
+        }
         if (attention && lane < 2) /* the maps: written by a copy from the host, read by the copy engine */
             asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(P.kv_maps + lane) : "memory");
         for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
@@ -378,12 +382,6 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
             int mm, n = 0; /* lane i < 8 copies row i of the tile */
             const int mine = tile_row(P, m, t, lane, mm);
             for (int i = 0; i < ROWS; i++) n += __shfl_sync(0xffffffffu, mine, i) >= 0;
-            if (quant_phase(P.dtype)) {
-                const size_t q_row = (size_t)(P.cols / q_values(P.dtype)) * q_bytes(P.dtype);
-                const char *row = mine >= 0 ? (const char *)P.mats[mm].w + (size_t)mine * q_row : NULL;
-                produce_quant_tile(P, row, n, lane, next_slot, read_once);
-                continue;
-            }
             const char *row = mine >= 0 ? (const char *)P.mats[mm].w + (size_t)mine * row_bytes : NULL;
             for (int off = 0; off < row_bytes; off += CHUNK) {
                 const uint32_t bytes = (uint32_t)min(CHUNK, row_bytes - off);

@@ -54,25 +54,37 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
     return x;
 }
 
-/* The producer's stages of one tile of a quantized phase: stage k of each row is its blocks [k * per, + nbs), quants
- * at the row's slot and their scales right after them. n: the tile's rows; row: this lane's, or NULL. */
+/* The producer's stages of a quantized phase, a tile at a time (lane i < 8 copies row i): stage k of each row is
+ * its blocks [k * per, + nbs), quants at the row's place in the slot and their scales right after them. The phase's
+ * own loop (not the 16-bit phases' tile loop with a quantized branch in it): 7 % faster on Llama-2-7B Q4_0, 380 ->
+ * 408 tok/s on an H100 (dev/cuda/notes.md, version 131). */
 template <typename NEXT>
-__device__ __forceinline__ void produce_quant_tile(const step_phase &P, const char *row, int n, int lane,
-                                                   NEXT &next_slot, uint64_t read_once)
+__device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lane, NEXT &next_slot,
+                                                    uint64_t read_once)
 {
     const int nb = P.cols / q_values(P.dtype), per = q_stage_blocks(P.dtype, P.cols);
-    const int qb = q_quant_bytes(P.dtype), hb = q_bytes(P.dtype) - qb;
-    for (int b0 = 0; b0 < nb; b0 += per) {
-        const int nbs = min(per, nb - b0);
-        const uint32_t quants = (uint32_t)(nbs * qb), scales = (uint32_t)(nbs * hb);
-        uint64_t *bar;
-        char *slot = next_slot(bar);
-        if (lane == 0) mbar_expect_tx(bar, (quants + scales) * n);
-        __syncwarp();
-        if (row) {
-            bulk_copy_hinted(slot + lane * CHUNK, row + (size_t)b0 * qb, quants, bar, read_once);
-            bulk_copy_hinted(slot + lane * CHUNK + quants, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar,
-                             read_once);
+    const int qb = q_quant_bytes(P.dtype), hb = q_bytes(P.dtype) - qb, q_row = nb * q_bytes(P.dtype);
+    for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
+        const char *row = NULL;
+        if (lane < ROWS) {
+            int m, t, mm;
+            unit_tile(P, u, m, t);
+            const int mine = tile_row(P, m, t, lane, mm);
+            if (mine >= 0) row = (const char *)P.mats[mm].w + (size_t)mine * q_row;
+        }
+        const uint32_t n = __popc(__ballot_sync(0xffffffffu, row != NULL));
+        for (int b0 = 0; b0 < nb; b0 += per) {
+            const int nbs = min(per, nb - b0);
+            const uint32_t quants = (uint32_t)(nbs * qb), scales = (uint32_t)(nbs * hb);
+            uint64_t *bar;
+            char *slot = next_slot(bar);
+            if (lane == 0) mbar_expect_tx(bar, (quants + scales) * n);
+            __syncwarp();
+            if (row) {
+                bulk_copy_hinted(slot + lane * CHUNK, row + (size_t)b0 * qb, quants, bar, read_once);
+                bulk_copy_hinted(slot + lane * CHUNK + quants, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar,
+                                 read_once);
+            }
         }
     }
 }
@@ -144,26 +156,38 @@ __device__ void stage_quant(const step_phase &P, const q_x &X, float *red, int c
     consumers_sync(); /* the room is whole before any warp dots with it */
 }
 
-/* The block's tiles of a quantized phase: stage k of a tile holds each row's blocks [k * per, + nbs); thread ct dots
- * chunk ct of every row (a Q4_0 block, half a Q8_0 block, an eighth of a Q4_K block) with the rounded x. */
-template <int QT>
+/* Rows of a tile a consumer thread dots: 8, or for Q4_K 4 where a row's chunks in a stage fill at most half the
+ * threads (then two groups of 4 warps, each on 4 rows). Q4_K's dot unpacks its sub-block scales and mins per chunk, so
+ * spreading it over the idle threads pays: Llama-2-7B 258 -> 294 tok/s, TinyLlama 762 -> 945 on an H100, where Q4_0
+ * and Q8_0 lose 3-8 % to the second group's sums (dev/cuda/notes.md, version 131). */
+__device__ __forceinline__ int q_rows_per_thread(int dtype, int cols)
+{
+    const int chunks = q_stage_blocks(dtype, cols) * (q_quant_bytes(dtype) / 16);
+    return dtype == LLM_DTYPE_Q4_K && chunks <= CONSUMERS / 2 ? 4 : 8;
+}
+
+/* The block's tiles of a quantized phase: stage k of a tile holds each row's blocks [k * per, + nbs). Thread ct dots
+ * chunk c (a Q4_0 block, half a Q8_0 block, an eighth of a Q4_K block) of rows [g * RPT, + RPT) with the rounded x,
+ * RPT known when compiled so that the rows' loads are issued together. */
+template <int QT, int RPT>
 __device__ void consume_quant(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
                               uint64_t *empty, const q_x &X, tile_sums &sums, int &it, int &tile_it, int ct)
 {
     typedef qfmt<QT> F;
-    const int warp = ct >> 5, lane = ct & 31, cols = P.cols;
+    constexpr int SPAN = CONSUMERS * RPT / ROWS; /* threads on one group of rows */
+    const int warp = ct >> 5, lane = ct & 31, cols = P.cols, g = ct / SPAN, c = ct % SPAN;
     const int nb = cols / F::VALUES, per = q_stage_blocks(QT, cols);
-    float acc[ROWS] = {};
+    float acc[RPT] = {};
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         for (int b0 = 0; b0 < nb; b0 += per) {
             const int nbs = min(per, nb - b0), slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
-            if (ct < nbs * F::CPB) {
-                const char *stage = ring + (size_t)slot * STAGE;
-                const char *quants = stage + ct * 16, *scales = stage + nbs * F::QB + ct / F::CPB * F::HEAD;
-                const int k = b0 * F::CPB + ct; /* the chunk's index in the row */
+            if (c < nbs * F::CPB) {
+                const char *stage = ring + (size_t)slot * STAGE + g * RPT * CHUNK;
+                const char *quants = stage + c * 16, *scales = stage + nbs * F::QB + c / F::CPB * F::HEAD;
+                const int k = b0 * F::CPB + c; /* the chunk's index in the row */
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) {
+                for (int r = 0; r < RPT; r++) {
                     const uint4 q = *(const uint4 *)(quants + r * CHUNK);
                     uint4 h = make_uint4(0, 0, 0, 0);
                     if (QT == LLM_DTYPE_Q4_K)
@@ -177,9 +201,12 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
             if (lane == 0) mbar_arrive(&empty[slot]);
             it++;
         }
-        sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
+        float mine[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+        for (int r = 0; r < ROWS; r++) mine[r] = r / RPT == g ? acc[r % RPT] : 0.0f;
+        sums.put(tile_it++, warp, lane, warp_sum8(mine, lane));
+#pragma unroll
+        for (int r = 0; r < RPT; r++) acc[r] = 0.0f;
     }
 }
 
@@ -195,11 +222,13 @@ __device__ __noinline__ int2 quant_phase_consume(const step_phase &P, const step
     stage_quant(P, X, red, ct, splits);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
     if (P.dtype == LLM_DTYPE_Q8_0)
-        consume_quant<LLM_DTYPE_Q8_0>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant<LLM_DTYPE_Q8_0, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     else if (P.dtype == LLM_DTYPE_Q4_0)
-        consume_quant<LLM_DTYPE_Q4_0>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant<LLM_DTYPE_Q4_0, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+    else if (q_rows_per_thread(P.dtype, P.cols) == 4)
+        consume_quant<LLM_DTYPE_Q4_K, 4>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     else
-        consume_quant<LLM_DTYPE_Q4_K>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant<LLM_DTYPE_Q4_K, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
     return make_int2(it, tile_it);
 }
