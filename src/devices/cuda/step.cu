@@ -246,7 +246,7 @@ __device__ __forceinline__ void unit_tile(const step_phase &P, int u, int &m, in
 
 /* Row of slot i (0..7) of tile t of mat m, or -1; mm: the mat it belongs to (a swiglu tile holds 4 rows of gate and
  * the same 4 of up; a rope mat's head has tiles of the pairs (j, j + rot_dim/2) of 4 pair indices, then tiles of 8 of
- * its rows past rot_dim, which a partial rope passes through: rope_tiles). */
+ * its rows past rot_dim, which a partial rope passes through; plan_gemv counts them). */
 __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i, int &mm)
 {
     const step_mat &M = P.mats[m];
@@ -750,8 +750,8 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
 __device__ __forceinline__ float capped(float s, float cap) { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
 
 /* Up to 32 positions (K and V rows of hd in shared memory) for one head, lane i the position i: scores q . k *
- * scale (soft-capped), folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j, j + 32, ...): the
- * online softmax, the same function as the reference's max-then-exp over all positions at once. */
+ * scale (soft-capped), folded into the warp's running max m, sum l and outputs acc (lane j holds dimensions j,
+ * j + 32, ...): the online softmax, the same function as the reference's max-then-exp over all positions at once. */
 template <int HD, typename T>
 __device__ __forceinline__ void warp_positions(const float *q, const T *K, const T *V, int n, int hd_any,
                                                float scale, float cap, float &m, float &l, float *acc, int lane)
