@@ -42,7 +42,7 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
     f->op_device = arg_strn(NULL, "op-device", "OP=DEV", 0, LLM_GEN_MAX_PINS,
                             "run one op on another CPU device, e.g. rope=cpu (repeatable)");
     f->quant = arg_str0(NULL, "quant", "TYPE", "quantize the layers' linear weights on load: q8_0, q4_0, q4_k "
-                        "(blas, cpu)");
+                        "(every device)");
     f->quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied to the embeddings)");
     f->cache_type = arg_str0(NULL, "cache-type", "TYPE", "the KV cache's type: f32, f16, bf16, q8_0 (default: the "
                              "device's, f16 on blas, f32 on cpu and cuda)");

@@ -316,7 +316,7 @@ int llm_cmd_bench(int argc, char **argv)
     struct arg_str *format = arg_str0("o", "output", "md|csv|json", "output format (default md)");
     struct arg_int *seed = arg_int0("s", "seed", "N", "seed of the synthetic token ids (default 1)");
     struct arg_str *quant = arg_str0(NULL, "quant", "TYPE", "quantize the layers' linear weights on load: q8_0, "
-                                     "q4_0, q4_k (blas, cpu)");
+                                     "q4_0, q4_k (every device)");
     struct arg_lit *quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied)");
     struct arg_str *cache_type = arg_str0(NULL, "cache-type", "TYPE", "the KV cache's type: f32, f16, bf16, q8_0 "
                                           "(default: each device's own)");

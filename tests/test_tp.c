@@ -540,6 +540,24 @@ static void test_moe_refused(void **state)
     }
 }
 
+/* --op-device under tensor parallelism: the pin would hold on rank 0 alone, so it is refused in one line. */
+static void test_pins_refused(void **state)
+{
+    (void)state;
+    pair_device_make();
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied");
+    char err[1024] = "";
+    llm_op_pin pin;
+    assert_int_equal(llm_op_pin_parse("rope=cpu", &pin, err, sizeof err), 0);
+    llm_model m;
+    llm_load_options lo = {.device_override = &pair_dev, .tp = {.rank = 0, .size = 2}, .pins = &pin, .n_pins = 1};
+    assert_int_equal(llm_model_load(&m, ex.dir, &lo, err, sizeof err), -1);
+    assert_non_null(strstr(err, "across 2 GPUs: --op-device: an op pinned to another device would run there on rank 0"));
+    assert_null(strchr(err, '\n'));
+    fixture_free_expected(&ex);
+}
+
 /* A model split in two on the pair device against the same model whole on it (the cpu reference; alone, its
  * all_reduce is never called), both quantized on load to `quant` (LLM_DTYPE_F32: weights as stored, or pre-quantized
  * as shipped): rank 0's logits and both ranks' greedy tokens, and what rank 0's o_proj and down_proj (cut by input
@@ -1056,6 +1074,7 @@ int main(void)
         cmocka_unit_test(test_split_on_cpu),  cmocka_unit_test(test_split_quant_on_cpu),
         cmocka_unit_test(test_split_prequant_on_cpu), cmocka_unit_test(test_split_quant_refused),
         cmocka_unit_test(test_moe_split_on_cpu), cmocka_unit_test(test_moe_refused),
+        cmocka_unit_test(test_pins_refused),
         cmocka_unit_test(test_compare_split),
         cmocka_unit_test(test_worker_connect_errors),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),

@@ -1052,6 +1052,9 @@ static int split_refused(const llm_model *m, const llm_device *dev, const llm_lo
         why = "--cpu-moe / --n-cpu-moe: experts in host memory do not split (each GPU holds its share of the experts)";
     else if (c->family->qk_norm == LLM_QK_NORM_WHOLE)
         why = "q/k norms over the whole projection (OLMo 2) would need an all-reduce of their own";
+    else if (opt->n_pins > 0)
+        why = "--op-device: an op pinned to another device would run there on rank 0 alone (the other ranks run "
+              "every op on their GPU)";
     if (!why) return 0;
     snprintf(err, err_len, "%s: %s on %s across %d GPUs: %s", m->dir, c->architecture, dev->name, opt->tp.size, why);
     return -1;
