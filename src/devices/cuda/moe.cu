@@ -300,6 +300,18 @@ __device__ __forceinline__ const float *x_row(const gv_args &a, int pair)
     return a.x + ((size_t)i * a.x_slots + (a.x_slots > 1 ? j : 0)) * a.cols;
 }
 
+/* Chunks k, k + 32, ..., k + 32 (CPL - 1) of each of NR rows (those below `chunks`), their loads issued together:
+ * what a lane keeps in flight. Streamed (__ldcs): an expert's rows are read once a step. */
+template <typename WT, int CPL, int NR>
+__device__ __forceinline__ void load_chunks(uint4 (&wv)[CPL][NR], const WT *const (&rowp)[NR], int k, int chunks)
+{
+#pragma unroll
+    for (int c = 0; c < CPL; c++)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
+}
+
 /* A block takes GV_BLOCK_ROWS rows of one expert (of two projections with PAIR: gate and up) and every (token, slot)
  * pair that chose it: the block of the first such pair (blockIdx.y) does the work, the others leave. Each warp
  * loads its rows' 16-byte chunks CPL per lane and row at once (16 loads in flight a lane), multiplies them by up to
@@ -364,11 +376,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
         if (VEC) {
             for (int k = lane; k < chunks; k += 32 * CPL) {
                 uint4 wv[CPL][NR];
-#pragma unroll
-                for (int c = 0; c < CPL; c++)
-#pragma unroll
-                    for (int r = 0; r < NR; r++)
-                        if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
+                load_chunks<WT, CPL, NR>(wv, rowp, k, chunks);
 #pragma unroll
                 for (int c = 0; c < CPL; c++) {
                     if (k + 32 * c >= chunks) continue;
@@ -471,11 +479,7 @@ __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __gri
     for (int r = 0; r < NR; r++) acc[r] = 0.0f;
     for (int k = lane; k < chunks; k += 32 * CPL) {
         uint4 wv[CPL][NR];
-#pragma unroll
-        for (int c = 0; c < CPL; c++)
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
+        load_chunks<WT, CPL, NR>(wv, rowp, k, chunks);
 #pragma unroll
         for (int c = 0; c < CPL; c++) {
             if (k + 32 * c >= chunks) continue;

@@ -106,14 +106,13 @@ void cuda_link(int a, int b, char *buf, size_t len)
         shutdown();
     }
     if (nvml) dlclose(nvml);
-    const char *path = links_a < 0 || links_b < 0 ? "NVLink unknown (no NVML)"
-                       : links_a > 0 && links_b > 0 ? "NVLink"
-                                                    : "PCIe (no active NVLink)";
+    char path[64];
     if (links_a > 0 && links_b > 0)
-        snprintf(buf, len, "%s (%d and %d links active), peer access %s, performance rank %d", path, links_a, links_b,
-                 peer ? "yes" : "no", rank);
+        snprintf(path, sizeof path, "NVLink (%d and %d links active)", links_a, links_b);
     else
-        snprintf(buf, len, "%s, peer access %s, performance rank %d", path, peer ? "yes" : "no", rank);
+        snprintf(path, sizeof path, "%s", links_a < 0 || links_b < 0 ? "NVLink unknown (no NVML)"
+                                                                     : "PCIe (no active NVLink)");
+    snprintf(buf, len, "%s, peer access %s, performance rank %d", path, peer ? "yes" : "no", rank);
 }
 
 #ifdef LLM_HAVE_NCCL
