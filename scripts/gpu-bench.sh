@@ -6,18 +6,16 @@
 # profiles, the persistent decode step's phases and the kernel-per-op step's timeline. A summary table goes to
 # stdout; logs to $OUT (default gpu-out/). Rerun on any machine with an NVIDIA GPU of compute capability 8.0 or later:
 #   scripts/gpu-bench.sh                      everything
-#   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests portable ckpt peak compare bench quant llama moe
+#   STAGES="tests bench" scripts/gpu-bench.sh a subset of: build tests portable ckpt peak compare bench quant moe
 #                                             (portable: the CUDA_ARCH=ptx80 build, its tests and bench rows;
-#                                             quant and llama, not in the default: --quant beside llama.cpp, below;
-#                                             moe: Qwen3-30B-A3B's shape cut to MOE_LAYERS layers beside llama.cpp)
+#                                             quant, not in the default: --quant and FP8 below;
+#                                             moe: Qwen3-30B-A3B's shape cut to MOE_LAYERS layers)
+# Beside llama.cpp, in one run: scripts/gpu-vs-llama.sh.
 # Environment: MODELS (checkpoint folder, default /tmp/llm-run-models), SHAPES (default the three above; also
 # qwen3-0.6b, qwen3-1.7b, gemma-2-2b, gemma-3-1b, phi-3.5-mini, olmo-2-1b: scripts/make-family-checkpoint.py), HF_REF=0
 # (compare only with the blas device, not transformers), COMPARE_TIMEOUT (seconds, default 300), LLM_DEPS_DIR (a
-# prefix with include/ and lib/ holding the -dev packages, for machines without them); for the stages quant and
-# llama: QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"; fp8: an FP8 checkpoint made from it), LLAMA_SRC (a tarball of llama.cpp's
-# source, gzip, or zstd where zstd is installed: ggml, src, common, tools/llama-bench, gguf-py), LLAMA_BUILD (default
-# /tmp/llama-build), LLAMA_FA (ON or OFF: its flash-attention kernels, most of its build time; default OFF, and then
-# llama-bench runs without them).
+# prefix with include/ and lib/ holding the -dev packages, for machines without them); for the stage quant:
+# QUANT_SHAPES (default llama-2-7b), QUANTS (default "q8_0 q4_0"; fp8: an FP8 checkpoint made from it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -229,44 +227,9 @@ if has quant; then
     grep -E '^\||cuda:|quant:|quantization_config|LLM_CUDA' "$OUT/quant.log" | tee -a "$summary"
 fi
 
-# llama.cpp's llama-bench, built from LLAMA_SRC for this GPU (that target only), once, into LLAMA_BUILD.
-lb=${LLAMA_BUILD:-/tmp/llama-build}
-build_llama() {
-    [ -x "$lb/bin/llama-bench" ] && return 0
-    # the tarball holds one tool: llama-bench
-    mkdir -p "$lb/src" && tar -xf "$LLAMA_SRC" -C "$lb/src" &&
-        echo 'add_subdirectory(llama-bench)' >"$lb/src/tools/CMakeLists.txt" &&
-        cmake -S "$lb/src" -B "$lb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DLLAMA_CURL=OFF \
-            -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
-            -DCMAKE_CUDA_ARCHITECTURES="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 |
-                tr -d .)" -DGGML_CUDA_FA="${LLAMA_FA:-OFF}" >"$OUT/llama-build.log" 2>&1 &&
-        cmake --build "$lb" --target llama-bench -j"$(nproc)" >>"$OUT/llama-build.log" 2>&1 ||
-        { tail -20 "$OUT/llama-build.log" | tee -a "$summary"; return 1; }
-}
-fa=0
-[ "${LLAMA_FA:-OFF}" = ON ] && fa=1
-
-# llama.cpp beside it on GGUFs of each of QUANT_SHAPES whose layers' linears are quantized as --quant does and whose
-# embeddings and head stay F16 (dev/quant/make-random-gguf.py, random weights through llama.cpp's own gguf-py),
-# pp512 and tg128 at depth 0 and 512.
-if has llama && [ -f "${LLAMA_SRC:-}" ]; then
-    say "llama.cpp llama-bench -p 512 -n 128 -d 0,512 -r 3 (flash attention ${LLAMA_FA:-OFF})"
-    build_llama
-    for s in $QUANT_SHAPES; do
-        for q in $QUANTS; do
-            [ "$q" = fp8 ] && continue # llama.cpp has no FP8 weights
-            g="$MODELS/$s-$q.gguf"
-            [ -f "$g" ] || PYTHONPATH="$lb/src/gguf-py" python3 dev/quant/make-random-gguf.py "$g" "$q" "$s" \
-                >>"$OUT/llama-build.log" 2>&1 || { echo "no GGUF for $s $q" | tee -a "$summary"; continue; }
-            [ -x "$lb/bin/llama-bench" ] && "$lb/bin/llama-bench" -m "$g" -ngl 99 -fa "$fa" -p 512 -n 128 -d 0,512 \
-                -r 3 2>&1 | grep -E '^\|' | tee -a "$summary"
-        done
-    done
-fi
-
-# Mixture of experts (issue 32) beside llama.cpp: Qwen3-30B-A3B's shape cut to MOE_LAYERS layers (default 12: about
-# 16 GB in BF16, so that the checkpoint and the F16 GGUF both fit the disk), random weights in both, pp512 and tg128
-# after a 512-token prompt; llm-run's per-op profile of one decode step beside it.
+# Mixture of experts (issue 32): Qwen3-30B-A3B's shape cut to MOE_LAYERS layers (default 12: about 16 GB in BF16),
+# random weights, pp512 and tg128 after a 512-token prompt, and the per-op profile of one decode step (beside
+# llama.cpp: scripts/gpu-vs-llama.sh).
 if has moe; then
     L=${MOE_LAYERS:-12}
     m="$MODELS/qwen3-30b-a3b-${L}l"
@@ -277,11 +240,4 @@ if has moe; then
         grep -E '^\|' | tee -a "$summary"
     build/gpu-bench-tool bench "$m" --profile >"$OUT/moe-profile.log" 2>&1
     grep -E '^(model|pp|tg)' "$OUT/moe-profile.log" | tee -a "$summary"
-    if [ -f "${LLAMA_SRC:-}" ] && build_llama; then
-        g="$MODELS/qwen3-30b-a3b-${L}l-f16.gguf"
-        [ -f "$g" ] || PYTHONPATH="$lb/src/gguf-py" python3 dev/quant/make-random-gguf.py "$g" f16 qwen3-30b-a3b "$L" \
-            >>"$OUT/moe.log" 2>&1 || echo "no GGUF for qwen3-30b-a3b" | tee -a "$summary"
-        [ -f "$g" ] && "$lb/bin/llama-bench" -m "$g" -ngl 99 -fa "$fa" -p 512 -n 128 -d 512 -r 3 2>&1 |
-            grep -E '^\|' | tee -a "$summary"
-    fi
 fi
