@@ -19,13 +19,7 @@ summary="$OUT/summary.md"
 touch "$summary"
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 say() { echo "== $* ($(date +%T))" | tee -a "$summary"; }
-MAKEVARS=()
-if [ -n "${LLM_DEPS_DIR:-}" ]; then
-    d=$LLM_DEPS_DIR
-    MAKEVARS=("PKG_CFLAGS=-I$d/include -I$d/include/openblas"
-              "PKG_LIBS=-L$d/lib -Wl,-rpath,$d/lib -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc -ledit")
-    export LIBRARY_PATH="$d/lib${LIBRARY_PATH:+:$LIBRARY_PATH}" LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. scripts/deps-env.sh # MAKEVARS
 
 if has build; then
     say "build"

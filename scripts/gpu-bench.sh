@@ -32,13 +32,7 @@ say() { echo "== $*" | tee -a "$summary"; }
 
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME=${CUDA_HOME:-${NVCC%/bin/nvcc}}
-MAKEVARS=()
-if [ -n "${LLM_DEPS_DIR:-}" ]; then
-    d=$LLM_DEPS_DIR
-    MAKEVARS=("PKG_CFLAGS=-I$d/include -I$d/include/openblas"
-              "PKG_LIBS=-L$d/lib -Wl,-rpath,$d/lib -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc -ledit")
-    export LIBRARY_PATH="$d/lib${LIBRARY_PATH:+:$LIBRARY_PATH}" LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. scripts/deps-env.sh # MAKEVARS
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader \
     2>/dev/null | sed 's/^/gpu: /' | tee -a "$summary"

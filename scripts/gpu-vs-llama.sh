@@ -27,13 +27,7 @@ mkdir -p "$OUT" "$MODELS"
 log="$OUT/vs-llama.log"
 csv="$OUT/vs-llama.csv"
 has() { [[ " $ROWS " == *" $1 "* ]]; }
-MAKEVARS=()
-if [ -n "${LLM_DEPS_DIR:-}" ]; then
-    d=$LLM_DEPS_DIR
-    MAKEVARS=("PKG_CFLAGS=-I$d/include -I$d/include/openblas"
-              "PKG_LIBS=-L$d/lib -Wl,-rpath,$d/lib -ljansson -lpcre2-8 -lzstd -lopenblas -largtable2 -lutf8proc -ledit")
-    export LIBRARY_PATH="$d/lib${LIBRARY_PATH:+:$LIBRARY_PATH}" LD_LIBRARY_PATH="$d/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+. scripts/deps-env.sh # MAKEVARS
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # a row: its shape, llm-run's --quant (or none), the GGUF's type, the depths its decode is timed after
