@@ -244,9 +244,16 @@ __device__ __forceinline__ void unit_tile(const step_phase &P, int u, int &m, in
     t = u - P.mats[m].tile_begin;
 }
 
+/* A rope mat's tiles of one head: tiles of the pairs (j, j + rot_dim/2) of 4 pair indices, then tiles of 8 of its
+ * rows past rot_dim, which a partial rope passes through (tile_row lays them out, plan_gemv counts them). */
+__host__ __device__ constexpr int rope_pair_tiles(int rot_dim) { return (rot_dim / 2 + 3) / 4; }
+__host__ __device__ constexpr int rope_tiles_per_head(int head_dim, int rot_dim)
+{
+    return rope_pair_tiles(rot_dim) + (head_dim - rot_dim + ROWS - 1) / ROWS;
+}
+
 /* Row of slot i (0..7) of tile t of mat m, or -1; mm: the mat it belongs to (a swiglu tile holds 4 rows of gate and
- * the same 4 of up; a rope mat's head has tiles of the pairs (j, j + rot_dim/2) of 4 pair indices, then tiles of 8 of
- * its rows past rot_dim, which a partial rope passes through; plan_gemv counts them). */
+ * the same 4 of up; a rope mat's tiles as rope_tiles_per_head says). */
 __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i, int &mm)
 {
     const step_mat &M = P.mats[m];
@@ -257,8 +264,8 @@ __device__ __forceinline__ int tile_row(const step_phase &P, int m, int t, int i
         return t * 4 + (i & 3);
     }
     if (M.kind == TILE_ROPE) {
-        const int hd = P.head_dim, rh = P.rot_dim / 2, paired = (rh + 3) / 4;
-        const int per_head = paired + (hd - P.rot_dim + ROWS - 1) / ROWS, head = t / per_head, k = t % per_head;
+        const int hd = P.head_dim, rh = P.rot_dim / 2, paired = rope_pair_tiles(P.rot_dim);
+        const int per_head = rope_tiles_per_head(hd, P.rot_dim), head = t / per_head, k = t % per_head;
         if (k < paired) {
             const int j = k * 4 + (i & 3);
             return j < rh ? head * hd + (i >= 4) * rh + j : -1;
@@ -1598,10 +1605,9 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_
         step_mat &M = P.mats[m];
         if (!aligned16(J.w) || J.rows <= 0) return false;
         M.w = J.w, M.bias = J.bias, M.bias_dtype = J.bias_dtype, M.rows = J.rows, M.tile_begin = tiles;
-        if (job.epi == LLM_CUDA_EPI_ROPE && J.rope) { /* per head: tile_row's pair tiles, then the rest's */
+        if (job.epi == LLM_CUDA_EPI_ROPE && J.rope) {
             if (J.rows % job.head_dim) return false;
-            const int per_head = (job.rot_dim / 2 + 3) / 4 + (job.head_dim - job.rot_dim + ROWS - 1) / ROWS;
-            M.kind = TILE_ROPE, M.tiles = J.rows / job.head_dim * per_head;
+            M.kind = TILE_ROPE, M.tiles = J.rows / job.head_dim * rope_tiles_per_head(job.head_dim, job.rot_dim);
         } else if (job.epi == LLM_CUDA_EPI_SWIGLU) {
             if (J.rows != job.mats[0].rows) return false;
             M.kind = TILE_PAIRED, M.tiles = m == 0 ? J.rows / 4 : 0;
