@@ -182,6 +182,14 @@ struct step_program {
     int tp_rank, tp_size;
 };
 
+/* A rope mat's tiles of one head: tiles of the pairs (j, j + rot_dim/2) of 4 pair indices, then tiles of 8 of its
+ * rows past rot_dim, which a partial rope passes through (tile_row lays them out, plan_gemv counts them). */
+__host__ __device__ constexpr int rope_pair_tiles(int rot_dim) { return (rot_dim / 2 + 3) / 4; }
+__host__ __device__ constexpr int rope_tiles_per_head(int head_dim, int rot_dim)
+{
+    return rope_pair_tiles(rot_dim) + (head_dim - rot_dim + ROWS - 1) / ROWS;
+}
+
 /* The kernel exists only in the Hopper code (bulk copies, mbarriers, tensor maps); in the portable code it is a
  * stub the host never launches (llm_cuda_step_launch refuses without llm_cuda.hopper_code). */
 #if !LLM_CUDA_PORTABLE_CODE
@@ -242,14 +250,6 @@ __device__ __forceinline__ void unit_tile(const step_phase &P, int u, int &m, in
     m = 0;
     while (m + 1 < P.n_mats && u >= P.mats[m].tile_begin + P.mats[m].tiles) m++;
     t = u - P.mats[m].tile_begin;
-}
-
-/* A rope mat's tiles of one head: tiles of the pairs (j, j + rot_dim/2) of 4 pair indices, then tiles of 8 of its
- * rows past rot_dim, which a partial rope passes through (tile_row lays them out, plan_gemv counts them). */
-__host__ __device__ constexpr int rope_pair_tiles(int rot_dim) { return (rot_dim / 2 + 3) / 4; }
-__host__ __device__ constexpr int rope_tiles_per_head(int head_dim, int rot_dim)
-{
-    return rope_pair_tiles(rot_dim) + (head_dim - rot_dim + ROWS - 1) / ROWS;
 }
 
 /* Row of slot i (0..7) of tile t of mat m, or -1; mm: the mat it belongs to (a swiglu tile holds 4 rows of gate and
