@@ -239,15 +239,19 @@ float llm_fp8_e4m3_to_f32(unsigned char b)
     return b & 0x80 ? -v : v;
 }
 
-/* Nearest E4M3 by search over the 127 non-negative finite codes (monotonic in their value): plain and obviously
+/* Nearest E4M3 by bisection over the 127 non-negative finite codes (monotonic in their value): plain and obviously
  * right, for tests and the traits' quantizer, not a hot path. */
 unsigned char llm_f32_to_fp8_e4m3(float v)
 {
     if (isnan(v)) return 0x7f;
     unsigned char sign = signbit(v) ? 0x80 : 0;
     float a = fabsf(v);
-    unsigned lo = 0;
-    while (lo < 126 && llm_fp8_e4m3_to_f32((unsigned char)(lo + 1)) <= a) lo++;
+    unsigned lo = 0, hi = 127; /* the largest code whose value is <= a lies in [lo, hi) */
+    while (hi - lo > 1) {
+        unsigned mid = (lo + hi) / 2;
+        if (llm_fp8_e4m3_to_f32((unsigned char)mid) <= a) lo = mid;
+        else hi = mid;
+    }
     unsigned best = lo;
     if (lo < 126) { /* between codes lo and lo + 1: the nearer, the even one on a tie */
         float dl = a - llm_fp8_e4m3_to_f32((unsigned char)lo), dh = llm_fp8_e4m3_to_f32((unsigned char)(lo + 1)) - a;
