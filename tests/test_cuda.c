@@ -1046,6 +1046,8 @@ static int last_groups; /* the groups of its plan (a step issued declares each o
 static int decode_batch; /* decode_dir's max_batch (0: the default); a windowed layer's ring is window + it - 1 rows */
 static llm_dtype decode_cache = LLM_DTYPE_F32; /* decode_dir's KV cache type */
 static llm_dtype decode_quant = LLM_DTYPE_F32; /* decode_dir's --quant (F32: the weights as stored) */
+static const llm_op_pin *decode_pins; /* decode_dir's --op-device pins (decode_n_pins of them) */
+static int decode_n_pins;
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
 
 /* Logits after the prompt and then after each of DECODE_STEPS fixed tokens, (1 + steps, vocab), of the model in
@@ -1057,7 +1059,8 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
     setenv("LLM_CUDA_FUSE", fuse, 1);
     setenv("LLM_CUDA_PERSIST", persist, 1);
     llm_model m;
-    llm_load_options lo = {.device = device, .cache_type = decode_cache, .quant = decode_quant};
+    llm_load_options lo = {.device = device, .cache_type = decode_cache, .quant = decode_quant, .pins = decode_pins,
+                           .n_pins = decode_n_pins};
     char err[1024] = "";
     int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
     unsetenv("LLM_CUDA_GRAPHS");
@@ -1221,11 +1224,12 @@ static void test_persistent_step(void **state)
      * their own, heads of 32 and (gemma3-hd256, gemma-3-1b's) of 256; Gemma 2: soft-capped attention in every layer,
      * alternate windowed layers over a ring of 39 rows, the final soft-cap after the step; Phi-3: fused qkv and
      * gate_up (row views), a window over a ring (phi3-window), rope of 12 of a head's 16 dimensions with LongRoPE's
-     * factors and cos/sin scaled by 2 (phi3-longrope) */
+     * factors and cos/sin scaled by 2 (phi3-longrope); OLMo 2: q/k norms over the whole projection (the attention
+     * phase sums all of q's and k's squares), post norms */
     const char *fixtures[] = {"llama-gqa-tied",    "llama-gqa-tied-bf16", "llama-gqa-tied-f16", "llama-linear-rope",
                               "llama3-mqa-untied", "mistral-headdim",     "qwen2-bias",         "qwen3",
                               "mistral-window",    "gemma3",              "gemma3-hd256",       "gemma2",
-                              "phi3-window",       "phi3-longrope"};
+                              "phi3-window",       "phi3-longrope",       "olmo2"};
     /* The KV splits (the most, and how fast they grow with the position): one (an item's rows take two ring stages
      * past position 64); always two; and up to four with the count growing across the decode (positions 24-87: three
      * from 25, four from 49), so a replayed step meets a count other than the one it was recorded with. */
@@ -1240,10 +1244,11 @@ static void test_persistent_step(void **state)
          * soft-capped) layer's KV store not in the q/k/v product's epilogue (the attention phase stores it); Gemma's
          * post norms, which keep the residual add from the o and down products' epilogue (it is in the next
          * product's staging instead); Gemma 2's final soft-cap, a kernel after the step */
-        const bool gemma = strncmp(fixtures[f], "gemma", 5) == 0, gemma2 = strcmp(fixtures[f], "gemma2") == 0;
+        const bool gemma2 = strcmp(fixtures[f], "gemma2") == 0;
+        const bool post_norms = strncmp(fixtures[f], "gemma", 5) == 0 || strcmp(fixtures[f], "olmo2") == 0;
         const bool windowed = ring || strcmp(fixtures[f], "phi3-longrope") == 0;
         const llm_refusal allowed[] = {windowed ? LLM_REFUSE_ATTENTION_PARAMS : LLM_REFUSE_NONE,
-                                       gemma ? LLM_REFUSE_NORM_OF_PRODUCT : LLM_REFUSE_NONE,
+                                       post_norms ? LLM_REFUSE_NORM_OF_PRODUCT : LLM_REFUSE_NONE,
                                        gemma2 ? LLM_REFUSE_SOFTCAP : LLM_REFUSE_NONE};
         float *kernels = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
         float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
@@ -1347,9 +1352,9 @@ static void test_decode_path(void **state)
     if (strcmp(LLM_TEST_CUDA_ARCH, "ptx80") == 0) assert_int_equal(count.persistent_capable, 0);
 }
 
-/* A step the persistent kernel would run in pieces (OLMo 2's q/k norms over the whole projection, which no phase
- * computes, cut it at each layer's q/k/v product) turns it off after the first step, counted; the logits are those
- * of the kernel-per-op step. */
+/* A step the persistent kernel would run in pieces (here: each layer's SwiGLU pinned to the cpu device, which cuts
+ * the step at every layer's gate/up product) turns it off after the first step, counted; the logits are those of the
+ * kernel-per-op step. */
 static void test_persistent_cut(void **state)
 {
     (void)state;
@@ -1357,15 +1362,18 @@ static void test_persistent_cut(void **state)
     dev->release();
     int vocab = 0;
     size_t n_persisted = 0, n_plain = 0;
-    float *persist = decode_run_with("olmo2", "cuda", "0", "1", "1", &vocab, &n_persisted);
+    static const llm_op_pin pin = {LLM_OP_GLU, "cpu"};
+    decode_pins = &pin, decode_n_pins = 1;
+    float *persist = decode_run_with("llama-gqa-tied", "cuda", "0", "1", "1", &vocab, &n_persisted);
     assert_int_equal(last_cut, 1);
     assert_int_equal(last_count.refused[LLM_REFUSE_PERSIST_PIECES], 1); /* said and counted once */
-    float *plain = decode_run_with("olmo2", "cuda", "0", "1", "0", &vocab, &n_plain);
+    float *plain = decode_run_with("llama-gqa-tied", "cuda", "0", "1", "0", &vocab, &n_plain);
+    decode_pins = NULL, decode_n_pins = 0;
     assert_int_equal(last_cut, 0);
     size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
     double e = rel_error(persist, plain, n);
-    print_message("olmo2: %zu persistent launches (the first step's pieces), then a kernel per op; vs "
-                  "LLM_CUDA_PERSIST=0 %.2g\n", n_persisted, e);
+    print_message("llama-gqa-tied, glu on cpu: %zu persistent launches (the first step's pieces), then a kernel per "
+                  "op; vs LLM_CUDA_PERSIST=0 %.2g\n", n_persisted, e);
     /* at most the first step's pieces, no later step */
     assert_true(n_persisted < DECODE_STEPS);
     assert_true(e < 1e-5); /* the same ops, the first step's sums in another order */

@@ -65,9 +65,10 @@ static void check_family(const char *name)
         assert_int_equal(asks(g, LLM_FUSE_NORM_PROLOGUE), L->attn_norm.data != NULL);
         assert_int_equal(asks(g, LLM_FUSE_ADD_NORM), L->attn_norm.data != NULL && l > 0);
         assert_true(asks(g, LLM_FUSE_SHARED_INPUT | LLM_FUSE_KV_STORE));
-        /* per-head q/k norms take the rope (and the KV store) into their kernel; else the products' epilogue */
-        assert_int_equal(asks(g, LLM_FUSE_QK_NORM_ROPE), c->family->qk_norm == LLM_QK_NORM_HEAD);
-        assert_int_equal(asks(g, LLM_FUSE_ROPE), c->family->qk_norm != LLM_QK_NORM_HEAD);
+        /* q/k norms (per head or whole) take the rope (and the KV store) into their kernel; else the products'
+         * epilogue */
+        assert_int_equal(asks(g, LLM_FUSE_QK_NORM_ROPE), c->family->qk_norm != LLM_QK_NORM_NONE);
+        assert_int_equal(asks(g, LLM_FUSE_ROPE), c->family->qk_norm == LLM_QK_NORM_NONE);
         assert_int_equal(g->norms_product, c->family->qk_norm != LLM_QK_NORM_NONE);
         assert_int_equal(g->head_dim, c->head_dim);
         assert_int_equal(g->rot_dim, c->rotary_dim);

@@ -41,12 +41,12 @@ int llm_plan_build(llm_plan *p, const llm_model *m, int window, const llm_device
          * add before it (the last layer's; the embedding before layer 0 is no add). */
         unsigned attn_norm = L->attn_norm.data ? LLM_FUSE_NORM_PROLOGUE | (l ? LLM_FUSE_ADD_NORM : 0) : 0;
         unsigned ffn_norm = L->ffn_norm.data ? LLM_FUSE_NORM_PROLOGUE | LLM_FUSE_ADD_NORM : 0;
-        bool qk_head = L->q_norm.data && c->family->qk_norm == LLM_QK_NORM_HEAD;
+        bool qk_norm = L->q_norm.data && c->family->qk_norm != LLM_QK_NORM_NONE;
 
-        /* q/k/v in one launch, the rope and the KV store its epilogue; per-head q/k norms between them take the
-         * rope and the KV store into their own kernel instead */
+        /* q/k/v in one launch, the rope and the KV store its epilogue; q/k norms between them (per head or over the
+         * whole projection) take the rope and the KV store into their own kernel instead */
         unsigned ask = attn_norm | LLM_FUSE_SHARED_INPUT | LLM_FUSE_KV_STORE;
-        ask |= qk_head ? LLM_FUSE_QK_NORM_ROPE : LLM_FUSE_ROPE;
+        ask |= qk_norm ? LLM_FUSE_QK_NORM_ROPE : LLM_FUSE_ROPE;
         lp->attn_in = add(p, LLM_GROUP_ATTN_IN, l, ask, &L->q_proj, offset);
         lp->attn_in->norms_product = L->q_norm.data != NULL;
         lp->attn_in->head_dim = c->head_dim, lp->attn_in->rot_dim = c->rotary_dim;

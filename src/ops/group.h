@@ -29,7 +29,7 @@ enum {
     LLM_FUSE_SHARED_INPUT = 1u << 2,   /* one token's consecutive products of one input in one launch (q/k/v, gate/up) */
     LLM_FUSE_ROPE = 1u << 3,           /* one token's rope as the q/k products' epilogue */
     LLM_FUSE_KV_STORE = 1u << 4,       /* one token's KV store before attention, by the kernel that ropes k */
-    LLM_FUSE_QK_NORM_ROPE = 1u << 5,   /* per-head q and k norms and the rope after them, one kernel */
+    LLM_FUSE_QK_NORM_ROPE = 1u << 5,   /* q and k norms (per head or whole) and the rope after them, one kernel */
     LLM_FUSE_POST_NORM_ADD = 1u << 6,  /* a post norm and the residual add after it, one kernel */
     LLM_FUSE_ADD = 1u << 7,            /* one token's residual add as the product's epilogue */
     LLM_FUSE_GLU = 1u << 8,            /* one token's glu as the gate/up products' epilogue */

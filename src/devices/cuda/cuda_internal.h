@@ -469,13 +469,14 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
 void llm_cuda_rmsnorm_offset(float *out, const float *x, const llm_weight *w, int n, int dim, float eps, float offset);
 /* A post norm and the residual add after it: y = rmsnorm(y) with (offset + w) weights, then resid += y. (n, dim) */
 void llm_cuda_rmsnorm_add(float *resid, float *y, const llm_weight *w, int n, int dim, float eps, float offset);
-/* Per-head q and k norms ((offset + w) weights of head_dim) and rope after them (the first rot_dim dims of each head,
- * cos and sin times rope_scale), in place, as rmsnorm, rmsnorm and rope would; with k_cache, one token's k and v
- * rows also go to the caches (row positions[i] % ctx). q (n, heads * head_dim), k and v (n, kv_heads * head_dim). */
+/* q and k norms ((offset + w) weights: of head_dim per head, or with `whole` of a token's whole projection, heads *
+ * head_dim and kv_heads * head_dim as OLMo 2's) and rope after them (the first rot_dim dims of each head, cos and
+ * sin times rope_scale), in place, as rmsnorm, rmsnorm and rope would; with k_cache, one token's k and v rows also go
+ * to the caches (row positions[i] % ctx). q (n, heads * head_dim), k and v (n, kv_heads * head_dim). */
 void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
-                           float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
-                           int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
-                           int ctx, int cache_type);
+                           bool whole, float eps, float offset, const int32_t *positions, const float *inv_freq, int n,
+                           int heads, int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache,
+                           float *v_cache, int ctx, int cache_type);
 /* glu with an activation other than SiLU: out = gelu_tanh(gate) * up (llm_cuda_gelu_tanh) for LLM_ACT_GELU_TANH,
  * llm_cuda_swiglu_oai(gate, up) for LLM_ACT_SWIGLU_OAI */
 void llm_cuda_glu_act(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, llm_act act);
@@ -526,11 +527,12 @@ typedef struct {
     llm_attention_params params; /* scale and window (llm_cuda_step_takes_attention) */
     bool stored;          /* this token's KV row is in the caches before the attention (else the attention stores
                              it: row positions[0] % ctx) */
-    /* Per-head q/k norms and the rope after them, done by the attention itself (Qwen3, Gemma 3): q and k are the
-     * q/k/v product's raw rows; each is normalised per head ((qk_offset + w) weights of head_dim), rotated over the
-     * whole head (inv_freq, cos/sin unscaled), left in q and k, and this token's k and v rows stored in the caches,
-     * as llm_cuda_qk_norm_rope does (stored is then true). */
-    bool qk_norm;
+    /* q/k norms and the rope after them, done by the attention itself (Qwen3, Gemma 3, OLMo 2): q and k are the
+     * q/k/v product's raw rows; each is normalised per head ((qk_offset + w) weights of head_dim), or with qk_whole
+     * over the whole projection (weights of heads * head_dim and kv_heads * head_dim), rotated over the whole head
+     * (inv_freq, cos/sin unscaled), left in q and k, and this token's k and v rows stored in the caches, as
+     * llm_cuda_qk_norm_rope does (stored is then true). */
+    bool qk_norm, qk_whole;
     llm_weight q_norm, k_norm;
     float qk_eps, qk_offset;
     const float *inv_freq;

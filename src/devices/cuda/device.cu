@@ -371,7 +371,7 @@ extern "C" const llm_device llm_device_cuda = {
     /* cache_type: F16, as llama.cpp's and blas's: half the KV memory, and the persistent step (Llama, Qwen, Mistral,
      * Gemma 3 and quantized weights on Hopper) decodes faster on it (H100, TinyLlama's shape tg128: 1,171 against
      * 1,138 tok/s at depth 512, 971 against 933 at 4,096; Llama-2-7B at 4,096: 195 against 172). The split-KV
-     * decode kernel, which the other decodes run (MoE, Gemma 2, Phi-3, OLMo 2, FP8, GPUs before Hopper), is slower
+     * decode kernel, which the other decodes run (MoE, FP8, GPUs before Hopper), is slower
      * on it at depth (TinyLlama's shape: 898 against 906 at 512, 638 against 697 at 4,096; 16-byte loads of its rows
      * did not change that); --cache-type f32 keeps f32. docs/quantization.md has the numbers. */
     LLM_DTYPE_F16,

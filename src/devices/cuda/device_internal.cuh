@@ -51,11 +51,13 @@ typedef struct {
     pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
     size_t count;       /* PEND_ADD's value count */
     llm_cuda_src add_y; /* PEND_ADD's y, or the halves of a sum owed to it */
-    struct {            /* PEND_QK_NORM's two norms (rows of dim), PEND_QK_ROPE's rope after them */
+    struct {            /* PEND_QK_NORM's two norms (q_rows of dim, k_rows of k_dim), PEND_QK_ROPE's rope after them
+                           (whole: each norm over a token's whole projection, OLMo 2's; else per head) */
         float *q, *k;
         llm_weight q_w, k_w;
         size_t q_rows, k_rows;
-        int dim;
+        int dim, k_dim, head_dim; /* (head_dim: the rope's, set with whole) */
+        bool whole;
         float eps, offset;
         const int32_t *positions;
         const float *inv_freq;

@@ -75,68 +75,94 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
 /* A warp per (token, unit): units are q heads, k heads, and with caches v heads. A q or k head is normalised
  * ((offset + w) * (x * scale), scale from its own squares), rotated (its first rot dims, pairs (j, j + rot/2), cos
  * and sin times rscale) through the warp's row of shared memory, written back, and a k head also to its cache row
- * (position % ctx); a v head is only copied to its cache row. The reference's order within each value; cache rows
- * are rounded to the cache's type t. */
+ * (position % ctx); a v head is only copied to its cache row. With `whole` (OLMo 2's norms over a token's whole q and
+ * whole k, weights of heads * hd and kv_heads * hd) a block takes a token: it sums the squares of its whole q and k
+ * before any warp writes one back, then its warps take the token's units in turn. The reference's order within each
+ * value; cache rows are rounded to the cache's type t. */
 __global__ void __launch_bounds__(QK_WARPS * 32)
 qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_dtype, const void *k_w, int k_dtype,
-                    float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
-                    int kv_heads, int hd, int rot, float rscale, void *k_cache, void *v_cache, int ctx, int t)
+                    bool whole, float eps, float offset, const int32_t *positions, const float *inv_freq, int n,
+                    int heads, int kv_heads, int hd, int rot, float rscale, void *k_cache, void *v_cache, int ctx,
+                    int t)
 {
     extern __shared__ float qk_rows[]; /* QK_WARPS rows of hd */
+    __shared__ float whole_scale[2];   /* whole: q's and k's */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int units = heads + kv_heads * (k_cache ? 2 : 1);
-    const size_t unit = (size_t)blockIdx.x * QK_WARPS + warp, kv_dim = (size_t)kv_heads * hd;
+    const size_t kv_dim = (size_t)kv_heads * hd, q_dim = (size_t)heads * hd;
     llm_cuda_allow_next(1); /* the next kernel waits for this one's writes before it reads them (PDL) */
-    if (unit >= (size_t)n * units) return; /* (only warp-level synchronisation below) */
-    const int i = (int)(unit / units), u = (int)(unit % units), p = positions[i];
-    llm_cuda_wait_prior(); /* (positions were uploaded before the step) */
-    const size_t cache_row = (size_t)(p % ctx) * kv_dim;
-    if (u >= heads + kv_heads) {
-        const int g = u - heads - kv_heads;
+    size_t unit = whole ? (size_t)blockIdx.x * units + warp : (size_t)blockIdx.x * QK_WARPS + warp;
+    const size_t end = whole ? (size_t)(blockIdx.x + 1) * units : min(unit + 1, (size_t)n * units);
+    llm_cuda_wait_prior();
+    if (whole) {
+        __shared__ float part[2][QK_WARPS];
+        const size_t i = blockIdx.x;
+        float sq = 0.0f, sk = 0.0f;
+        for (size_t d = threadIdx.x; d < q_dim; d += blockDim.x) sq += q[i * q_dim + d] * q[i * q_dim + d];
+        for (size_t d = threadIdx.x; d < kv_dim; d += blockDim.x) sk += k[i * kv_dim + d] * k[i * kv_dim + d];
+        sq = llm_cuda_warp_sum(sq), sk = llm_cuda_warp_sum(sk);
+        if (lane == 0) part[0][warp] = sq, part[1][warp] = sk;
+        __syncthreads();
+        if (threadIdx.x < 2) {
+            float sum = 0.0f;
+            for (int w = 0; w < QK_WARPS; w++) sum += part[threadIdx.x][w];
+            whole_scale[threadIdx.x] = llm_cuda_rms_scale(sum, threadIdx.x ? (int)kv_dim : (int)q_dim, eps);
+        }
+        __syncthreads(); /* every square summed before any warp writes its head back */
+    }
+    for (; unit < end; unit += whole ? QK_WARPS : 1) {
+        const int i = (int)(unit / units), u = (int)(unit % units), p = positions[i];
+        const size_t cache_row = (size_t)(p % ctx) * kv_dim;
+        if (u >= heads + kv_heads) {
+            const int g = u - heads - kv_heads;
+            for (int d = lane; d < hd; d += 32)
+                llm_cuda_kv_put(v_cache, t, cache_row + (size_t)g * hd + d, v[i * kv_dim + (size_t)g * hd + d]);
+            continue;
+        }
+        const bool is_q = u < heads;
+        const int h = is_q ? u : u - heads;
+        float *x = is_q ? q + i * q_dim + (size_t)h * hd : k + i * kv_dim + (size_t)h * hd, *row = qk_rows + warp * hd;
+        const void *w = is_q ? q_w : k_w;
+        const int w_dtype = is_q ? q_dtype : k_dtype;
+        float ss = 0.0f;
+        for (int d = lane; d < hd; d += 32) {
+            const float t = x[d];
+            row[d] = t;
+            ss += t * t;
+        }
+        const float scale = whole ? whole_scale[is_q ? 0 : 1] : llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, eps);
+        const size_t w_first = whole ? (size_t)h * hd : 0;
         for (int d = lane; d < hd; d += 32)
-            llm_cuda_kv_put(v_cache, t, cache_row + (size_t)g * hd + d, v[i * kv_dim + (size_t)g * hd + d]);
-        return;
-    }
-    const bool is_q = u < heads;
-    const int h = is_q ? u : u - heads;
-    float *x = is_q ? q + ((size_t)i * heads + h) * hd : k + i * kv_dim + (size_t)h * hd, *row = qk_rows + warp * hd;
-    const void *w = is_q ? q_w : k_w;
-    const int w_dtype = is_q ? q_dtype : k_dtype;
-    float ss = 0.0f;
-    for (int d = lane; d < hd; d += 32) {
-        const float t = x[d];
-        row[d] = t;
-        ss += t * t;
-    }
-    const float scale = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, eps);
-    for (int d = lane; d < hd; d += 32) row[d] = (offset + llm_cuda_load(w, w_dtype, (size_t)d)) * (row[d] * scale);
-    __syncwarp();
-    const int half = rot / 2;
-    for (int j = lane; j < half; j += 32) {
-        const float angle = (float)p * inv_freq[j], c = cosf(angle) * rscale, s = sinf(angle) * rscale;
-        const float a = row[j], b = row[j + half];
-        row[j] = a * c - b * s;
-        row[j + half] = b * c + a * s;
-    }
-    __syncwarp();
-    for (int d = lane; d < hd; d += 32) {
-        x[d] = row[d];
-        if (!is_q && k_cache) llm_cuda_kv_put(k_cache, t, cache_row + (size_t)h * hd + d, row[d]);
+            row[d] = (offset + llm_cuda_load(w, w_dtype, w_first + (size_t)d)) * (row[d] * scale);
+        __syncwarp();
+        const int half = rot / 2;
+        for (int j = lane; j < half; j += 32) {
+            const float angle = (float)p * inv_freq[j], c = cosf(angle) * rscale, s = sinf(angle) * rscale;
+            const float a = row[j], b = row[j + half];
+            row[j] = a * c - b * s;
+            row[j + half] = b * c + a * s;
+        }
+        __syncwarp();
+        for (int d = lane; d < hd; d += 32) {
+            x[d] = row[d];
+            if (!is_q && k_cache) llm_cuda_kv_put(k_cache, t, cache_row + (size_t)h * hd + d, row[d]);
+        }
+        __syncwarp(); /* the row is the warp's next unit's */
     }
 }
 
 void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
-                           float eps, float offset, const int32_t *positions, const float *inv_freq, int n, int heads,
-                           int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache, float *v_cache,
-                           int ctx, int cache_type)
+                           bool whole, float eps, float offset, const int32_t *positions, const float *inv_freq, int n,
+                           int heads, int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache,
+                           float *v_cache, int ctx, int cache_type)
 {
     const size_t units = (size_t)n * (heads + kv_heads * (k_cache ? 2 : 1));
-    const unsigned blocks = (unsigned)((units + QK_WARPS - 1) / QK_WARPS);
+    const unsigned blocks = whole ? (unsigned)n : (unsigned)((units + QK_WARPS - 1) / QK_WARPS);
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg =
         llm_cuda_launch_config(dim3(blocks), dim3(QK_WARPS * 32), QK_WARPS * head_dim * sizeof(float), &attr);
     LLM_CUDA_CHECK("q/k norm+rope", cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel, q, k, v, q_norm->data,
-                                                       (int)q_norm->dtype, k_norm->data, (int)k_norm->dtype, eps,
+                                                       (int)q_norm->dtype, k_norm->data, (int)k_norm->dtype, whole, eps,
                                                        offset, positions, inv_freq, n, heads, kv_heads, head_dim,
                                                        rot_dim, rope_scale, (void *)k_cache, (void *)v_cache,
                                                        ctx, cache_type));

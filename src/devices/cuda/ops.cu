@@ -69,8 +69,8 @@ void cuda_plan_group(llm_group *grp)
         return;
     }
     const bool plain_attention = llm_cuda_is_llama_attention(&grp->attn, grp->head_dim);
-    /* a norm of the products' output keeps their epilogue from the add, or from the rope and so the KV store (per-head
-     * q/k norms ask neither: their own kernel takes the rope and the KV store, QK_NORM_ROPE) */
+    /* a norm of the products' output keeps their epilogue from the add, or from the rope and so the KV store (q/k
+     * norms ask neither: their own kernel takes the rope and the KV store, QK_NORM_ROPE) */
     if (grp->norms_product)
         refuse(grp, LLM_FUSE_ROPE | LLM_FUSE_ADD | (grp->ask & LLM_FUSE_QK_NORM_ROPE ? 0 : LLM_FUSE_KV_STORE),
                LLM_REFUSE_NORM_OF_PRODUCT);
@@ -189,9 +189,10 @@ static void issue_program(void)
             llm_cuda_rmsnorm_add(o->resid, o->y, &o->post_norm, 1, o->dim, o->post_eps, o->post_offset);
         else {
             if (o->qk_norm)
-                llm_cuda_qk_norm_rope((float *)o->q, (float *)o->k, o->v, &o->q_norm, &o->k_norm, o->qk_eps,
-                                      o->qk_offset, o->positions, o->inv_freq, 1, o->heads, o->kv_heads, o->head_dim,
-                                      o->head_dim, 1.0f, o->k_cache, o->v_cache, o->ctx, o->params.cache);
+                llm_cuda_qk_norm_rope((float *)o->q, (float *)o->k, o->v, &o->q_norm, &o->k_norm, o->qk_whole,
+                                      o->qk_eps, o->qk_offset, o->positions, o->inv_freq, 1, o->heads, o->kv_heads,
+                                      o->head_dim, o->head_dim, 1.0f, o->k_cache, o->v_cache, o->ctx,
+                                      o->params.cache);
             llm_cuda_attention(o->out, o->q, llm_cuda_plain(o->k), llm_cuda_plain(o->v), o->k_cache, o->v_cache,
                                o->positions, 1, o->heads, o->kv_heads, o->head_dim, o->ctx, &o->params, o->stored);
         }
@@ -234,14 +235,14 @@ static void retire_pending(void)
     }
     if (kind == PEND_QK_NORM) { /* no rope joined them */
         llm_cuda_rmsnorm_offset(P->qk.q, P->qk.q, &P->qk.q_w, (int)P->qk.q_rows, P->qk.dim, P->qk.eps, P->qk.offset);
-        llm_cuda_rmsnorm_offset(P->qk.k, P->qk.k, &P->qk.k_w, (int)P->qk.k_rows, P->qk.dim, P->qk.eps, P->qk.offset);
+        llm_cuda_rmsnorm_offset(P->qk.k, P->qk.k, &P->qk.k_w, (int)P->qk.k_rows, P->qk.k_dim, P->qk.eps, P->qk.offset);
         after_op("rmsnorm");
         return;
     }
     if (kind == PEND_QK_ROPE) { /* no attention of one token took the KV store */
-        llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, NULL, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, P->qk.positions,
-                              P->qk.inv_freq, P->qk.n, P->qk.heads, P->qk.kv_heads, P->qk.dim, P->qk.rot,
-                              P->qk.scale, NULL, NULL, 1, LLM_DTYPE_F32);
+        llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, NULL, &P->qk.q_w, &P->qk.k_w, P->qk.whole, P->qk.eps, P->qk.offset,
+                              P->qk.positions, P->qk.inv_freq, P->qk.n, P->qk.heads, P->qk.kv_heads, P->qk.head_dim,
+                              P->qk.rot, P->qk.scale, NULL, NULL, 1, LLM_DTYPE_F32);
         after_op("q/k norm+rope");
         return;
     }
@@ -355,16 +356,17 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
     const unsigned f = now();
     size_t all = (size_t)n * dim * sizeof(float);
     /* q's and k's norms (QK_NORM_ROPE): the first held, the second joins it, the rope after them joins both
-     * (op_rope); a post norm (POST_NORM_ADD): held for the residual add of its result (op_add) */
+     * (op_rope, which tells per-head norms from whole ones by their shapes); a post norm (POST_NORM_ADD): held for
+     * the residual add of its result (op_add) */
     if (out == x && (f & LLM_FUSE_QK_NORM_ROPE) && P->kind == PEND_POST_NORM && P->seq == g.group_seq) {
-        if (P->dim == dim && P->job.eps == eps && P->job.norm_offset == offset &&
+        if (P->job.eps == eps && P->job.norm_offset == offset &&
             !overlaps(x, all, P->job.norm_out, P->count * P->dim * sizeof(float))) {
             settle(x, all);
             written(out, all);
             P->kind = PEND_QK_NORM;
-            P->qk.q = P->job.norm_out, P->qk.q_w = P->norm_w, P->qk.q_rows = P->count, P->qk.dim = dim;
+            P->qk.q = P->job.norm_out, P->qk.q_w = P->norm_w, P->qk.q_rows = P->count, P->qk.dim = P->dim;
             P->qk.eps = eps, P->qk.offset = offset;
-            P->qk.k = out, P->qk.k_w = *weight, P->qk.k_rows = (size_t)n;
+            P->qk.k = out, P->qk.k_w = *weight, P->qk.k_rows = (size_t)n, P->qk.k_dim = dim;
             return;
         }
         refuse_now(LLM_REFUSE_MISMATCH);
@@ -514,9 +516,13 @@ void op_rope(float *q, float *k, const int32_t *positions, const float *inv_freq
     pending_t *P = &g.pend;
     const bool mine = P->seq == g.group_seq; /* the pending op is of this rope's group */
     if (mine && P->kind == PEND_QK_NORM && (P->fused & LLM_FUSE_QK_NORM_ROPE)) {
-        if (P->qk.q == q && P->qk.k == k && P->qk.dim == head_dim && P->qk.q_rows == (size_t)n * n_heads &&
-            P->qk.k_rows == (size_t)n * n_kv_heads) {
+        const bool per_head = P->qk.dim == head_dim && P->qk.k_dim == head_dim &&
+                              P->qk.q_rows == (size_t)n * n_heads && P->qk.k_rows == (size_t)n * n_kv_heads;
+        const bool whole = P->qk.dim == n_heads * head_dim && P->qk.k_dim == n_kv_heads * head_dim &&
+                           P->qk.q_rows == (size_t)n && P->qk.k_rows == (size_t)n;
+        if (P->qk.q == q && P->qk.k == k && (per_head || whole)) {
             P->kind = PEND_QK_ROPE; /* q/k norms and this rope, one kernel (with the KV store, if attention follows) */
+            P->qk.whole = !per_head, P->qk.head_dim = head_dim;
             P->qk.positions = positions, P->qk.inv_freq = inv_freq, P->qk.n = n, P->qk.heads = n_heads;
             P->qk.kv_heads = n_kv_heads, P->qk.rot = rot_dim, P->qk.scale = scale;
             return;
@@ -561,7 +567,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     /* q/k norms and rope held back (op_rope): one kernel, which for one token also stores the KV row; recorded for
      * the persistent step, the attention phase does them (whole-head rope only) */
     if (P->kind == PEND_QK_ROPE && n == 1 && (P->fused & LLM_FUSE_KV_STORE) && P->qk.q == q && P->qk.k == k &&
-        P->qk.n == 1 && P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.dim == head_dim &&
+        P->qk.n == 1 && P->qk.heads == n_heads && P->qk.kv_heads == n_kv_heads && P->qk.head_dim == head_dim &&
         P->qk.positions == positions) {
         P->kind = PEND_NONE;
         if (llm_cuda_step_takes_attention(p, head_dim) && records(now()) && P->qk.rot == head_dim &&
@@ -570,14 +576,15 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
             o->out = out, o->q = q, o->k = k, o->v = v, o->k_cache = k_cache, o->v_cache = v_cache;
             o->positions = positions, o->heads = n_heads, o->kv_heads = n_kv_heads, o->head_dim = head_dim;
             o->ctx = ctx, o->stored = true, o->params = *p;
-            o->qk_norm = true, o->q_norm = P->qk.q_w, o->k_norm = P->qk.k_w, o->qk_eps = P->qk.eps;
+            o->qk_norm = true, o->qk_whole = P->qk.whole, o->q_norm = P->qk.q_w, o->k_norm = P->qk.k_w;
+            o->qk_eps = P->qk.eps;
             o->qk_offset = P->qk.offset, o->inv_freq = P->qk.inv_freq;
             return;
         }
         issue_program(); /* what was recorded runs before this */
-        llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, v, &P->qk.q_w, &P->qk.k_w, P->qk.eps, P->qk.offset, positions,
-                              P->qk.inv_freq, 1, n_heads, n_kv_heads, head_dim, P->qk.rot, P->qk.scale, k_cache,
-                              v_cache, ctx, p->cache);
+        llm_cuda_qk_norm_rope(P->qk.q, P->qk.k, v, &P->qk.q_w, &P->qk.k_w, P->qk.whole, P->qk.eps, P->qk.offset,
+                              positions, P->qk.inv_freq, 1, n_heads, n_kv_heads, head_dim, P->qk.rot, P->qk.scale,
+                              k_cache, v_cache, ctx, p->cache);
         after_op("q/k norm+rope");
         stored = true;
     }

@@ -127,8 +127,9 @@ struct step_phase {
         struct {
             step_src q, k, v; /* this token's q (rotated), k (rotated) and v; with k_norm_w, q and k as the product
                                  wrote them, and the phase normalises (norm_w, norm_dtype, eps, norm_offset for q;
-                                 k_norm_w for k) and rotates them (inv_freq), writes them to q_out and k_out and
-                                 stores the token's k and v rows in k_cache and v_cache */
+                                 k_norm_w for k; per head, or with qk_whole over the whole projection) and rotates
+                                 them (inv_freq), writes them to q_out and k_out and stores the token's k and v rows
+                                 in k_cache and v_cache */
         };
         /* PHASE_GEMV with a post norm folded in (post_w set): the input x is the residual before its add, and the
          * product's input is x + (norm_offset + post_w) * rmsnorm(post_y) (eps), then the prologue's norm if any; the
@@ -144,6 +145,7 @@ struct step_phase {
     };
     const void *k_norm_w;
     int k_norm_dtype;
+    int qk_whole;         /* the q/k norms span the whole projection (OLMo 2's), not a head */
     float scale;          /* of q . k */
     float softcap;        /* > 0: a score s becomes softcap * tanh(s / softcap) (Gemma 2) */
     float rope_scale;     /* EPI_ROPE's */
@@ -803,6 +805,29 @@ __device__ __forceinline__ void warp_positions(const float *q, const T *K, const
     m = m_new;
 }
 
+/* The sum of squares of n flagged values (n a multiple of 4, x 16-byte aligned) over the consumer threads, each value
+ * polled for as staging polls: a q or k norm over the whole projection (OLMo 2's), the same in every thread. Four
+ * float4s a thread are loaded before any is waited on, so that up to 16K values take one round trip. red: WARPS
+ * floats no thread reads until every thread has passed the sum. */
+__device__ __noinline__ float squares_polled(const float *x, int n, bool flagged, float *red, int ct)
+{
+    constexpr int AHEAD = 4, SPAN = CONSUMERS * 4;
+    float ss = 0.0f;
+    for (int base = ct * 4; base < n; base += AHEAD * SPAN) {
+        float4 a[AHEAD];
+#pragma unroll
+        for (int j = 0; j < AHEAD; j++)
+            a[j] = base + j * SPAN < n ? ld_relaxed4(x + base + j * SPAN) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < AHEAD; j++) {
+            for (long long wait = 0; flagged && any_empty(a[j]);)
+                spin_check(wait), a[j] = ld_relaxed4(x + base + j * SPAN);
+            ss += a[j].x * a[j].x + a[j].y * a[j].y + a[j].z * a[j].z + a[j].w * a[j].w;
+        }
+    }
+    return block_sum_squares(ss, red, ct);
+}
+
 /* The rope of one head held by a warp (lane j its dimensions j, j + 32, ...; hd even), as llm_cuda_qk_norm_rope
  * rotates it: dimension d < hd/2 pairs with d + hd/2, each value's partner fetched from the lane that holds it. */
 template <int HD>
@@ -838,7 +863,7 @@ __device__ __forceinline__ void rope_held(float (&x)[dims_of<HD>()], int hd_any,
 template <int HD, typename T>
 __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, const float *k, const float *v,
                                         bool k_flagged, bool v_flagged, int hd_any, int pos, int g, bool store,
-                                        float scale, float cap, float &m, float &l, float *acc, int lane)
+                                        float scale, float cap, float k_rms, float &m, float &l, float *acc, int lane)
 {
     constexpr int D = dims_of<HD>();
     const int hd = HD ? HD : hd_any;
@@ -858,15 +883,16 @@ __device__ __forceinline__ void own_row(const step_phase &P, const float *qs, co
             if (v_flagged && is_empty(vr[j])) vr[j] = ld_relaxed1(v + lane + 32 * j);
         }
     }
-    if (P.k_norm_w) {
+    if (P.k_norm_w) { /* per head, or over the whole k (k_rms, the item's) */
         float ss = 0.0f;
 #pragma unroll
         for (int j = 0; j < D; j++) ss += kr[j] * kr[j]; /* (0 past hd) */
-        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        const float rms = P.qk_whole ? k_rms : llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        const size_t w0 = P.qk_whole ? (size_t)g * hd : 0;
 #pragma unroll
         for (int j = 0; j < D; j++)
             if (lane + 32 * j < hd)
-                kr[j] = (P.norm_offset + llm_cuda_load(P.k_norm_w, P.k_norm_dtype, (size_t)(lane + 32 * j))) *
+                kr[j] = (P.norm_offset + llm_cuda_load(P.k_norm_w, P.k_norm_dtype, w0 + (size_t)(lane + 32 * j))) *
                         (kr[j] * rms);
         rope_held<HD>(kr, hd, pos, P.inv_freq, lane);
     }
@@ -913,6 +939,18 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     const float *q = P.q.p + (size_t)h * hd, *k = P.k.p + (size_t)g * hd, *v = P.v.p + (size_t)g * hd;
     const bool q_flagged = P.q.flagged, k_flagged = last && P.k.flagged, v_flagged = last && P.v.flagged;
     float *rec = P.partials + ((size_t)s * P.heads + h) * (hd + 4); /* (the table read once, before the waits) */
+    /* norms over the whole q and k (OLMo 2): their sums of squares first, qs the warps' sums (k's for the last split,
+     * which takes this token's k row) */
+    float q_rms = 0.0f, k_rms = 0.0f;
+    if (P.k_norm_w && P.qk_whole) {
+        const int q_dim = P.heads * hd, kv_dim = P.kv_heads * hd;
+        q_rms = llm_cuda_rms_scale(squares_polled(P.q.p, q_dim, q_flagged, qs, ct), q_dim, P.eps);
+        consumers_sync();
+        if (last) {
+            k_rms = llm_cuda_rms_scale(squares_polled(P.k.p, kv_dim, k_flagged, qs, ct), kv_dim, P.eps);
+            consumers_sync();
+        }
+    }
     for (int i = ct * 4; i < hd; i += CONSUMERS * 4) {
         float4 a = ld_relaxed4(q + i);
         for (long long wait = 0; q_flagged && any_empty(a);) spin_check(wait), a = ld_relaxed4(q + i);
@@ -922,13 +960,14 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     if (P.k_norm_w) { /* q's norm and rope, as llm_cuda_qk_norm_rope's: every warp sums the squares alike */
         float ss = 0.0f;
         for (int d = lane; d < hd; d += 32) ss += qs[d] * qs[d];
-        const float rms = llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
+        const float rms = P.qk_whole ? q_rms : llm_cuda_rms_scale(llm_cuda_warp_sum(ss), hd, P.eps);
         consumers_sync(); /* every warp has read qs */
         const int half = hd / 2;
+        const size_t w0 = P.qk_whole ? (size_t)h * hd : 0;
         for (int j = ct; j < half; j += CONSUMERS) {
-            const float a = (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)j)) * (qs[j] * rms);
+            const float a = (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, w0 + j)) * (qs[j] * rms);
             const float b =
-                (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, (size_t)(j + half))) * (qs[j + half] * rms);
+                (P.norm_offset + llm_cuda_load(P.norm_w, P.norm_dtype, w0 + j + half)) * (qs[j + half] * rms);
             const float angle = (float)pos * P.inv_freq[j], c = cosf(angle), sn = sinf(angle);
             qs[j] = a * c - b * sn, qs[j + half] = b * c + a * sn;
             if (last) put(P.q_out, (size_t)h * hd + j, qs[j]), put(P.q_out, (size_t)h * hd + j + half, qs[j + half]);
@@ -958,8 +997,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
      * the q/k/v product's last tiles, and waiting for them with q held the last-split items back by ~1 us
      * (dev/cuda/notes.md, version 63). */
     if (last && run % WARPS == warp)
-        own_row<HD, T>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, cap, m,
-                       l, acc, lane);
+        own_row<HD, T>(P, qs, k, v, k_flagged, v_flagged, hd, pos, g, h % (P.heads / P.kv_heads) == 0, scale, cap,
+                       k_rms, m, l, acc, lane);
     auto write_record = [&] {
 #pragma unroll
         for (int j = 0; j < D; j++)
@@ -1535,6 +1574,7 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
         if (!op.q_norm.data || !op.k_norm.data || !op.inv_freq) return false;
         P.norm_w = op.q_norm.data, P.norm_dtype = op.q_norm.dtype, P.k_norm_w = op.k_norm.data;
         P.k_norm_dtype = op.k_norm.dtype, P.eps = op.qk_eps, P.norm_offset = op.qk_offset, P.inv_freq = op.inv_freq;
+        P.qk_whole = op.qk_whole;
     }
     r.kv_maps = pl.n_maps;
     const int box = kv_box(P.kv_rows);
