@@ -256,6 +256,9 @@ FAMILIES = [
     # fixtures above stay theirs.
     ("gemma3-hd256", GEMMA3_1B_IT, dict(num_hidden_layers=2, sliding_window=WINDOW, sliding_window_pattern=2,
                                         eos_token_id=[2, 3]), ["sliding_attention", "full_attention"]),
+    # OLMo 2's q/k norms over the whole projection with grouped KV heads, as OLMo-2-0325-32B has them (40 query
+    # heads over 8); OLMo-2-0425-1B's config otherwise. Last, as the one above.
+    ("olmo2-gqa", OLMO2_0425_1B, dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2), None),
 ]
 
 

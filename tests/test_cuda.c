@@ -1455,24 +1455,38 @@ static void test_persistent_wide_inputs(void **state)
     stw_rmdir(dir);
 }
 
-/* A Llama of random BF16 weights (uniform in +-0.02, norms around 1, tied embeddings) written to a new folder. */
-static char *random_llama_dir(int hidden, int heads, int kv_heads, int head_dim, int inter, int layers, int vocab)
+/* A Llama (or with olmo2 an OLMo 2: post norms only, q/k norms over the whole projection) of random BF16 weights
+ * (uniform in +-0.02, norms around 1, tied embeddings) written to a new folder. */
+static char *random_family_dir(bool olmo2, int hidden, int heads, int kv_heads, int head_dim, int inter, int layers,
+                               int vocab)
 {
     const size_t H = (size_t)hidden, q = (size_t)heads * head_dim, kv = (size_t)kv_heads * head_dim, I = (size_t)inter;
-    enum { PER_LAYER = 9, MOST = 2 + 4 * PER_LAYER };
+    enum { MOST_PER_LAYER = 11, MOST = 2 + 4 * MOST_PER_LAYER };
     assert_true(layers <= 4);
     stw_tensor t[MOST];
     char names[MOST][96], shapes[MOST][32];
     int n = 0;
-    struct { const char *name; size_t rows, cols; float scale, offset; } spec[PER_LAYER] = {
+    typedef struct { const char *name; size_t rows, cols; float scale, offset; } tensor_spec;
+    const tensor_spec llama[] = {
         {"input_layernorm", H, 0, 0.1f, 1.0f},   {"self_attn.q_proj", q, H, 0.02f, 0.0f},
         {"self_attn.k_proj", kv, H, 0.02f, 0.0f}, {"self_attn.v_proj", kv, H, 0.02f, 0.0f},
         {"self_attn.o_proj", H, q, 0.02f, 0.0f},  {"post_attention_layernorm", H, 0, 0.1f, 1.0f},
         {"mlp.gate_proj", I, H, 0.02f, 0.0f},     {"mlp.up_proj", I, H, 0.02f, 0.0f},
         {"mlp.down_proj", H, I, 0.02f, 0.0f},
     };
+    const tensor_spec olmo[] = {
+        {"self_attn.q_proj", q, H, 0.02f, 0.0f},  {"self_attn.k_proj", kv, H, 0.02f, 0.0f},
+        {"self_attn.v_proj", kv, H, 0.02f, 0.0f}, {"self_attn.o_proj", H, q, 0.02f, 0.0f},
+        {"self_attn.q_norm", q, 0, 0.1f, 1.0f},   {"self_attn.k_norm", kv, 0, 0.1f, 1.0f},
+        {"post_attention_layernorm", H, 0, 0.1f, 1.0f}, {"mlp.gate_proj", I, H, 0.02f, 0.0f},
+        {"mlp.up_proj", I, H, 0.02f, 0.0f},       {"mlp.down_proj", H, I, 0.02f, 0.0f},
+        {"post_feedforward_layernorm", H, 0, 0.1f, 1.0f},
+    };
+    const tensor_spec *spec = olmo2 ? olmo : llama;
+    const int per_layer = olmo2 ? (int)(sizeof olmo / sizeof *olmo) : (int)(sizeof llama / sizeof *llama);
+    assert_true(per_layer <= MOST_PER_LAYER);
     for (int l = -1; l <= layers; l++) { /* -1: the embeddings; layers: the final norm */
-        for (int k = 0; k < (l < 0 || l == layers ? 1 : PER_LAYER); k++) {
+        for (int k = 0; k < (l < 0 || l == layers ? 1 : per_layer); k++) {
             size_t rows = l < 0 ? (size_t)vocab : l == layers ? H : spec[k].rows, cols = l < 0 ? H : l == layers ? 0
                                                                                                  : spec[k].cols;
             float scale = l < 0 ? 1.0f : l == layers ? 0.1f : spec[k].scale, offset = l == layers ? 1.0f
@@ -1498,17 +1512,54 @@ static char *random_llama_dir(int hidden, int heads, int kv_heads, int head_dim,
     assert_non_null(file);
     char config[1024];
     snprintf(config, sizeof config,
-             "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": %d, "
+             "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"hidden_size\": %d, "
              "\"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
              "\"num_hidden_layers\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
              "\"max_position_embeddings\": 256, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
-             hidden, inter, heads, kv_heads, head_dim, layers, vocab);
+             olmo2 ? "Olmo2ForCausalLM" : "LlamaForCausalLM", olmo2 ? "olmo2" : "llama", hidden, inter, heads, kv_heads,
+             head_dim, layers, vocab);
     char *dir = stw_tmpdir();
     assert_int_equal(stw_write(dir, "model.safetensors", file, len), 0);
     assert_int_equal(stw_write(dir, "config.json", config, strlen(config)), 0);
     free(file);
     for (int i = 0; i < n; i++) free((void *)t[i].data);
     return dir;
+}
+
+/* OLMo 2's q/k norms over the whole projection with grouped KV heads (OLMo-2-32B has 40 query heads over 8; the
+ * olmo2 fixture, cut from OLMo-2-0425-1B, has none): the persistent step's attention items sum q's squares over all
+ * 8 heads and k's over both KV heads, and only one item of each KV head stores its row; against the kernel-per-op
+ * step (qk_norm_rope_kernel's whole mode) and cpu, heads of 64 and of 128. */
+static void test_persistent_whole_qk_norm_gqa(void **state)
+{
+    (void)state;
+    persistent_or_skip();
+    dev->release();
+    static const int head_dims[] = {64, 128};
+    const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
+    const int n_prompt = sizeof prompt / sizeof *prompt;
+    for (size_t i = 0; i < sizeof head_dims / sizeof *head_dims; i++) {
+        char *dir = random_family_dir(true, 512, 8, 2, head_dims[i], 1024, 2, 64);
+        int vocab = 0;
+        size_t n_persisted = 0;
+        float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
+        const size_t cut = last_cut;
+        float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
+        float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
+        const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+        const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
+        const double e_kernels_cpu = rel_error(kernels, cpu, n);
+        print_message("olmo2, 8 heads of %d over 2 KV heads: %zu persistent launches; vs the kernel-per-op step %.2g, "
+                      "vs cpu %.2g (kernel per op vs cpu %.2g)\n", head_dims[i], n_persisted, e_kernels, e_cpu,
+                      e_kernels_cpu);
+        assert_int_equal(cut, 0);
+        assert_int_equal(n_persisted, DECODE_STEPS);
+        assert_true(e_kernels < 1e-5);
+        assert_true(e_cpu < 1e-4);
+        assert_true(e_kernels_cpu < 1e-4);
+        free(persisted), free(kernels), free(cpu);
+        stw_rmdir(dir);
+    }
 }
 
 /* The best logit's index and how far it leads the second */
@@ -1566,8 +1617,8 @@ static void test_persistent_quant(void **state)
     const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
     const int n_prompt = sizeof prompt / sizeof *prompt;
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
-        char *dir = random_llama_dir(shapes[sh].hidden, shapes[sh].heads, shapes[sh].kv_heads, shapes[sh].head_dim,
-                                     shapes[sh].inter, shapes[sh].layers, 64);
+        char *dir = random_family_dir(false, shapes[sh].hidden, shapes[sh].heads, shapes[sh].kv_heads,
+                                      shapes[sh].head_dim, shapes[sh].inter, shapes[sh].layers, 64);
         for (size_t qi = 0; qi < sizeof quant / sizeof *quant; qi++) {
             int vocab = 0, clear_k = 0, clear_c = 0;
             size_t n_persisted = 0, n_graphs = 0;
@@ -1735,6 +1786,7 @@ int main(void)
         cmocka_unit_test(test_moe_decode),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),
+        cmocka_unit_test(test_persistent_whole_qk_norm_gqa),
         cmocka_unit_test(test_persistent_quant),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),

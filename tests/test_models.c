@@ -25,7 +25,7 @@ static const char *const fixtures[] = {
     "llama-linear-rope", "mistral-headdim", "qwen2-bias", "llama-odd-vocab",
     /* scripts/make-family-fixtures.py: each family's published config.json, cut small */
     "qwen3", "gemma2", "gemma3", "gemma3-mm", "gemma3-hd256", "phi3-window", "phi3-longrope", "olmo2",
-    "mistral-window",
+    "olmo2-gqa", "mistral-window",
     /* mixtures of experts (qwen3-moe-dense: a dense layer between two sparse ones) */
     "mixtral", "qwen3-moe", "qwen3-moe-dense", "qwen2-moe", "olmoe", "gpt-oss", "gpt-oss-mxfp4",
 };

@@ -372,6 +372,9 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
         refuse_now(LLM_REFUSE_MISMATCH);
     }
     if (out == x && (f & (LLM_FUSE_QK_NORM_ROPE | LLM_FUSE_POST_NORM_ADD))) {
+        /* q's norm: the q/k/v product's sums still owed (k's, a batch's split-f32 halves) are settled now; settled
+         * when k's norm joins, they would issue this held norm first, and the joined kernel would apply it again */
+        if (f & LLM_FUSE_QK_NORM_ROPE) settle_all();
         hold_norm(out, weight, n, dim, eps, offset);
         return;
     }
