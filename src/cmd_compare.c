@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "compare.h"
 #include "devices/registry.h"
+#include "tokenizer/tokenizer.h"
 #include "tp.h"
 
 #define MAX_PINS 16
@@ -42,6 +43,36 @@ static int one_gpu_device(const char *ref, const char *dut, char *err, size_t er
     return 0;
 }
 
+/* The token ids of the text in `file` (the model's tokenizer, special tokens added as generation adds them), at most
+ * `most` of them, into *ids (malloc'd). Returns their count, or -1 with err set. */
+static int prompt_of_file(const char *file, const char *model, int most, int32_t **ids, char *err, size_t err_len)
+{
+    char *text = NULL, dir[4096];
+    size_t len = 0, n = 0;
+    llm_tokenizer *t = NULL;
+    int rc = -1;
+    if (llm_cli_read_prompt(file, &text, &len, err, err_len) != 0) return -1;
+    size_t bad_at = llm_utf8_invalid_at(text, len);
+    if (bad_at < len) {
+        snprintf(err, err_len, "%s: the text is not valid UTF-8 (byte %zu)", file, bad_at);
+        goto done;
+    }
+    llm_model_dir(model, dir, sizeof dir);
+    if (llm_tokenizer_load(&t, dir, err, err_len) != 0 ||
+        llm_tokenizer_encode(t, text, len, true, ids, &n, err, err_len) != 0)
+        goto done;
+    if (n == 0) {
+        snprintf(err, err_len, "%s: no tokens in the text", file);
+        free(*ids), *ids = NULL;
+        goto done;
+    }
+    rc = n > (size_t)most ? most : (int)n;
+done:
+    llm_tokenizer_free(t);
+    free(text);
+    return rc;
+}
+
 int llm_cmd_compare(int argc, char **argv)
 {
     struct arg_lit *help = arg_lit0("h", "help", "print this help and exit");
@@ -49,8 +80,12 @@ int llm_cmd_compare(int argc, char **argv)
     struct arg_file *model_opt = arg_file0("m", "model", "MODEL", "the same, as an option");
     struct arg_str *device = arg_str0(NULL, "device", "DEV", "the device under test (default $LLM_RUN_DEVICE or auto)");
     struct arg_str *ref_dev = arg_str0(NULL, "ref", "DEV", "the reference device (default cpu)");
-    struct arg_int *positions = arg_int0("p", "n-prompt", "N", "synthetic prompt positions (default 128)");
+    struct arg_int *positions = arg_int0("p", "n-prompt", "N", "synthetic prompt positions (default 128); with -f, "
+                                         "the most of FILE's tokens taken (default: what a 4,096 context holds)");
     struct arg_str *tokens = arg_str0(NULL, "tokens", "IDS", "the prompt as token ids (1,2,3) instead");
+    struct arg_file *text_file = arg_file0("f", "file", "FILE", "the prompt as FILE's text, tokenized as generation "
+                                           "does ('-': standard input): real text, where a synthetic prompt's "
+                                           "random tokens leave the next token less certain");
     struct arg_int *seed = arg_int0("s", "seed", "N", "seed of the synthetic prompt (default 1)");
     struct arg_int *n_gen = arg_int0("n", "n-predict", "N", "greedy tokens compared after the prompt (default 32)");
     struct arg_int *chunk = arg_int0("b", "batch-size", "N", "positions per forward call (default 64)");
@@ -73,7 +108,7 @@ int llm_cmd_compare(int argc, char **argv)
                                        "in host memory, run by blas");
     struct arg_int *n_cpu_moe = arg_int0(NULL, "n-cpu-moe", "N", "the same for the first N sparse layers' experts");
     struct arg_end *end = arg_end(8);
-    void *table[] = {help, model_pos, model_opt, device, ref_dev, positions, tokens, seed, n_gen, chunk, tol,
+    void *table[] = {help, model_pos, model_opt, device, ref_dev, positions, tokens, text_file, seed, n_gen, chunk, tol,
                      trace_tol, threads, op_device, quant, quant_head, cache_type, precision, min_top1, cpu_moe,
                      n_cpu_moe, end};
 
@@ -127,6 +162,10 @@ int llm_cmd_compare(int argc, char **argv)
         snprintf(err, sizeof err, "--min-top1 %g: expected a percentage in (0, 100]", min_top1->dval[0]);
         goto fail;
     }
+    if (tokens->count && text_file->count) {
+        snprintf(err, sizeof err, "compare: give the prompt as --tokens or -f FILE, not both");
+        goto fail;
+    }
     int n = positions->count ? positions->ival[0] : 128;
     /* Bounded like a context (2^24 positions), so that n + n_generate cannot overflow an int. */
     if (llm_cli_check_count(opt.chunk, "-b", 1, 1 << 24, "a batch size", err, sizeof err) ||
@@ -166,6 +205,12 @@ int llm_cmd_compare(int argc, char **argv)
             snprintf(err, sizeof err, "--tokens: no token ids given");
             goto fail;
         }
+    } else if (text_file->count) {
+        /* by default as much of the text as a generation's default context holds with the greedy tokens after it */
+        int ctx = ref.config.max_position_embeddings < 4096 ? ref.config.max_position_embeddings : 4096;
+        int most = positions->count ? n : ctx - opt.n_generate > 1 ? ctx - opt.n_generate : 1;
+        n = prompt_of_file(text_file->filename[0], path, most, &ids, err, sizeof err);
+        if (n < 0) goto fail;
     } else {
         ids = malloc((size_t)n * sizeof *ids);
         if (!ids) {
@@ -181,6 +226,8 @@ int llm_cmd_compare(int argc, char **argv)
     printf("compare: %s (%s) against %s (%s)\n", dut.rt.dev->name, d_dut, ref.rt.dev->name, d_ref);
     if (tokens->count)
         printf("prompt: %d given token ids", n);
+    else if (text_file->count)
+        printf("prompt: %d tokens of %s", n, text_file->filename[0]);
     else
         printf("prompt: %d synthetic token ids (seed %llu)", n, (unsigned long long)prompt_seed);
     printf(", %d positions per call, then %d greedy tokens\n\n", opt.chunk, opt.n_generate);

@@ -16,6 +16,7 @@
 #include "devices/registry.h"
 #include "ops/ref.h"
 #include "support/cli_run.h"
+#include "support/st_writer.h"
 
 /* The F32 fixtures, where blas runs its own matrix products (it falls back to the reference for 16-bit weights). */
 static const char *const F32_FIXTURES[] = {"llama-gqa-tied", "llama3-mqa-untied", "llama-linear-rope",
@@ -218,10 +219,43 @@ static void test_cli_exit_status(void **state)
     cli_run_free(&r);
 }
 
+/* -f FILE: the prompt as a text's tokens (the model's tokenizer), at most -p of them; the text's faults named. */
+static void test_cli_text_prompt(void **state)
+{
+    (void)state;
+    cli_run_result r;
+    int status = cli_run(&r, "compare models/tiny --device blas -f scripts/train-tiny.py -p 40 -b 16 -n 4");
+    if (status != 0) print_error("%s%s\n", r.out, r.err);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(r.out, "prompt: 40 tokens of scripts/train-tiny.py"));
+    assert_non_null(strstr(r.out, "logits over 43 positions"));
+    cli_run_free(&r);
+    char *dir = stw_tmpdir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.txt", dir);
+    assert_int_equal(stw_write(dir, "bad.txt", "ok \xff", 4), 0);
+    assert_int_equal(cli_run(&r, "compare models/tiny --device cpu -f %s", path), 2);
+    assert_non_null(strstr(r.err, "bad.txt: the text is not valid UTF-8 (byte 3)"));
+    cli_run_free(&r);
+    assert_int_equal(stw_write(dir, "empty.txt", "", 0), 0);
+    snprintf(path, sizeof path, "%s/empty.txt", dir);
+    assert_int_equal(cli_run(&r, "compare models/tiny --device cpu -f %s", path), 2);
+    assert_non_null(strstr(r.err, "empty.txt: no tokens in the text"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare models/tiny --device cpu -f %s/missing.txt", dir), 2);
+    assert_non_null(strstr(r.err, "missing.txt: cannot open"));
+    cli_run_free(&r);
+    assert_int_equal(cli_run(&r, "compare models/tiny --device cpu -f README.md --tokens 1,2"), 2);
+    assert_non_null(strstr(r.err, "not both"));
+    cli_run_free(&r);
+    stw_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_vs_blas),
+        cmocka_unit_test(test_cli_text_prompt),
         cmocka_unit_test(test_same_device_exact),
         cmocka_unit_test(test_perturbed_rmsnorm_is_named),
         cmocka_unit_test(test_different_models_refused),
