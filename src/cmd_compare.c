@@ -43,9 +43,9 @@ static int one_gpu_device(const char *ref, const char *dut, char *err, size_t er
     return 0;
 }
 
-/* The token ids of the text in `file` (the model's tokenizer, special tokens added as generation adds them), at most
- * `most` of them, into *ids (malloc'd). Returns their count, or -1 with err set. */
-static int prompt_of_file(const char *file, const char *model, int most, int32_t **ids, char *err, size_t err_len)
+/* The token ids of the text in `file` (the model's tokenizer, special tokens added as generation adds them) into *ids
+ * (malloc'd). Returns their count (at most 2^24, a context's bound), or -1 with err set. */
+static int prompt_of_file(const char *file, const char *model, int32_t **ids, char *err, size_t err_len)
 {
     char *text = NULL, dir[4096];
     size_t len = 0, n = 0;
@@ -66,7 +66,7 @@ static int prompt_of_file(const char *file, const char *model, int most, int32_t
         free(*ids), *ids = NULL;
         goto done;
     }
-    rc = n > (size_t)most ? most : (int)n;
+    rc = n > (size_t)1 << 24 ? 1 << 24 : (int)n;
 done:
     llm_tokenizer_free(t);
     free(text);
@@ -190,6 +190,12 @@ int llm_cmd_compare(int argc, char **argv)
                                .log = stderr, .quant = quant_dtype, .quant_head = quant_head->count > 0,
                                .cache_type = cache_dtype, .precision = prec, .host_experts = host_experts};
     if (one_gpu_device(lo_ref.device, lo_dut.device, err, sizeof err)) goto fail;
+    /* the text first: a fault in it is said before two models load */
+    int n_text = 0;
+    if (text_file->count) {
+        n_text = prompt_of_file(text_file->filename[0], path, &ids, err, sizeof err);
+        if (n_text < 0) goto fail;
+    }
     if (llm_tp_load(&ref, path, &lo_ref, err, sizeof err) || llm_tp_load(&dut, path, &lo_dut, err, sizeof err))
         goto fail;
     if (ref.split.size > 1 || dut.split.size > 1)
@@ -209,8 +215,7 @@ int llm_cmd_compare(int argc, char **argv)
         /* by default as much of the text as a generation's default context holds with the greedy tokens after it */
         int ctx = ref.config.max_position_embeddings < 4096 ? ref.config.max_position_embeddings : 4096;
         int most = positions->count ? n : ctx - opt.n_generate > 1 ? ctx - opt.n_generate : 1;
-        n = prompt_of_file(text_file->filename[0], path, most, &ids, err, sizeof err);
-        if (n < 0) goto fail;
+        n = n_text < most ? n_text : most;
     } else {
         ids = malloc((size_t)n * sizeof *ids);
         if (!ids) {
