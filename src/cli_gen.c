@@ -136,8 +136,7 @@ int llm_gen_open(llm_gen *g, const llm_gen_flags *f, bool want_tokenizer, char *
     so->ignore_eos = f->ignore_eos->count > 0;
     /* The context the session will have (llm_state_init's default), over which the model's repetition_penalty
      * applies. */
-    int max_pos = g->model.config.max_position_embeddings;
-    int n_ctx = so->ctx > 0 ? so->ctx : max_pos > 0 && max_pos < 4096 ? max_pos : 4096;
+    int n_ctx = so->ctx > 0 ? so->ctx : llm_context_default(&g->model.config);
     llm_generation_config gc;
     if (llm_generation_config_load(&gc, g->model.dir, err, err_len)) goto fail;
     llm_sampling_flags sf = {
@@ -179,10 +178,7 @@ int llm_gen_encode_raw(const llm_gen *g, const char *text, size_t len, bool no_b
 {
     size_t n = 0;
     *ids = NULL;
-    if (llm_tokenizer_encode(g->tok, text, len, !no_bos, ids, &n, err, err_len)) return -1;
-    /* A text that starts with the BOS token's own text gets no second one (Llama 3's "<|begin_of_text|>..."). */
-    int32_t bos = llm_tokenizer_bos_id(g->tok);
-    if (!no_bos && n >= 2 && bos >= 0 && (*ids)[0] == bos && (*ids)[1] == bos) memmove(*ids, *ids + 1, --n * sizeof **ids);
+    if (llm_tokenizer_encode_prompt(g->tok, text, len, !no_bos, ids, &n, err, err_len)) return -1;
     return (int)n;
 }
 

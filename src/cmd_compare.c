@@ -43,7 +43,7 @@ static int one_gpu_device(const char *ref, const char *dut, char *err, size_t er
     return 0;
 }
 
-/* The token ids of the text in `file` (the model's tokenizer, special tokens added as generation adds them) into *ids
+/* The token ids of the text in `file` (the model's tokenizer, its special tokens added, no chat template) into *ids
  * (malloc'd). Returns their count (at most 2^24, a context's bound), or -1 with err set. */
 static int prompt_of_file(const char *file, const char *model, int32_t **ids, char *err, size_t err_len)
 {
@@ -59,7 +59,7 @@ static int prompt_of_file(const char *file, const char *model, int32_t **ids, ch
     }
     llm_model_dir(model, dir, sizeof dir);
     if (llm_tokenizer_load(&t, dir, err, err_len) != 0 ||
-        llm_tokenizer_encode(t, text, len, true, ids, &n, err, err_len) != 0)
+        llm_tokenizer_encode_prompt(t, text, len, true, ids, &n, err, err_len) != 0)
         goto done;
     if (n == 0) {
         snprintf(err, err_len, "%s: no tokens in the text", file);
@@ -81,11 +81,11 @@ int llm_cmd_compare(int argc, char **argv)
     struct arg_str *device = arg_str0(NULL, "device", "DEV", "the device under test (default $LLM_RUN_DEVICE or auto)");
     struct arg_str *ref_dev = arg_str0(NULL, "ref", "DEV", "the reference device (default cpu)");
     struct arg_int *positions = arg_int0("p", "n-prompt", "N", "synthetic prompt positions (default 128); with -f, "
-                                         "the most of FILE's tokens taken (default: what a 4,096 context holds)");
+                                         "the most of FILE's tokens taken (default: what the default context holds)");
     struct arg_str *tokens = arg_str0(NULL, "tokens", "IDS", "the prompt as token ids (1,2,3) instead");
-    struct arg_file *text_file = arg_file0("f", "file", "FILE", "the prompt as FILE's text, tokenized as generation "
-                                           "does ('-': standard input): real text, where a synthetic prompt's "
-                                           "random tokens leave the next token less certain");
+    struct arg_file *text_file = arg_file0("f", "file", "FILE", "the prompt as FILE's text ('-': standard input), "
+                                           "tokenized as generate --raw does (no chat template): real text, where "
+                                           "a synthetic prompt's random tokens leave the next token less certain");
     struct arg_int *seed = arg_int0("s", "seed", "N", "seed of the synthetic prompt (default 1)");
     struct arg_int *n_gen = arg_int0("n", "n-predict", "N", "greedy tokens compared after the prompt (default 32)");
     struct arg_int *chunk = arg_int0("b", "batch-size", "N", "positions per forward call (default 64)");
@@ -212,8 +212,8 @@ int llm_cmd_compare(int argc, char **argv)
             goto fail;
         }
     } else if (text_file->count) {
-        /* by default as much of the text as a generation's default context holds with the greedy tokens after it */
-        int ctx = ref.config.max_position_embeddings < 4096 ? ref.config.max_position_embeddings : 4096;
+        /* by default as much of the text as the default context holds with the greedy tokens after it */
+        int ctx = llm_context_default(&ref.config);
         int most = positions->count ? n : ctx - opt.n_generate > 1 ? ctx - opt.n_generate : 1;
         n = n_text < most ? n_text : most;
     } else {
@@ -232,7 +232,8 @@ int llm_cmd_compare(int argc, char **argv)
     if (tokens->count)
         printf("prompt: %d given token ids", n);
     else if (text_file->count)
-        printf("prompt: %d tokens of %s", n, text_file->filename[0]);
+        printf("prompt: %d tokens of %s", n,
+               strcmp(text_file->filename[0], "-") ? text_file->filename[0] : "standard input");
     else
         printf("prompt: %d synthetic token ids (seed %llu)", n, (unsigned long long)prompt_seed);
     printf(", %d positions per call, then %d greedy tokens\n\n", opt.chunk, opt.n_generate);

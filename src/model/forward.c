@@ -46,6 +46,12 @@ static int state_fits(const llm_device *dev, const struct state_buf *bufs, size_
     return -1;
 }
 
+int llm_context_default(const llm_config *c)
+{
+    int limit = c->max_position_embeddings;
+    return limit > 0 && limit < 4096 ? limit : 4096;
+}
+
 int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, bool all_logits, char *err,
                    size_t err_len)
 {
@@ -54,7 +60,7 @@ int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, boo
     const llm_device *dev = m->rt.dev;
     /* Windowed layers attend to their last sliding_window positions; they do not cap the context. */
     int limit = c->max_position_embeddings;
-    if (ctx <= 0) ctx = limit < 4096 ? limit : 4096;
+    if (ctx <= 0) ctx = llm_context_default(c);
     if (ctx > limit) {
         snprintf(err, err_len, "context size %d is larger than the model allows (max_position_embeddings %d)", ctx,
                  limit);

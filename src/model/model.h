@@ -209,7 +209,9 @@ typedef struct {
     llm_plan plan;           /* the groups forward.c declares, and what the device takes of them (plan.h) */
 } llm_state;
 
-/* ctx: 0 = min(max_position_embeddings, 4096). Errors when ctx exceeds what the model allows. */
+/* The context a run state gets when none is asked: min(max_position_embeddings, 4096). */
+int llm_context_default(const llm_config *c);
+/* ctx: 0 = llm_context_default. Errors when ctx exceeds what the model allows. */
 int llm_state_init(llm_state *s, const llm_model *m, int ctx, int max_batch, bool all_logits, char *err,
                    size_t err_len);
 void llm_state_free(llm_state *s, const llm_model *m);

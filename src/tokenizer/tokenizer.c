@@ -276,6 +276,15 @@ int32_t llm_tokenizer_bos_id(const llm_tokenizer *t) {
     return t->bos_id;
 }
 
+int llm_tokenizer_encode_prompt(const llm_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                                size_t *n_ids, char *err, size_t err_len) {
+    if (llm_tokenizer_encode(t, text, len, add_special, ids, n_ids, err, err_len)) return -1;
+    int32_t bos = t->bos_id;
+    if (add_special && *n_ids >= 2 && bos >= 0 && (*ids)[0] == bos && (*ids)[1] == bos)
+        memmove(*ids, *ids + 1, --*n_ids * sizeof **ids);
+    return 0;
+}
+
 bool llm_tokenizer_is_eos(const llm_tokenizer *t, int32_t id) {
     for (size_t i = 0; i < t->n_eos; i++)
         if (t->eos_ids[i] == id) return true;

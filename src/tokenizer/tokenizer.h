@@ -22,6 +22,10 @@ void llm_tokenizer_free(llm_tokenizer *t); /* accepts NULL */
  * frees it; NULL when *n_ids is 0). Returns 0, or -1 with a message (out of memory, regex engine limit). */
 int llm_tokenizer_encode(const llm_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
                          size_t *n_ids, char *err, size_t err_len);
+/* llm_tokenizer_encode of a prompt: with add_special, a text that starts with the BOS token's own text gets no second
+ * one (Llama 3's "<|begin_of_text|>..."), as generation without a chat template wants. */
+int llm_tokenizer_encode_prompt(const llm_tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                                size_t *n_ids, char *err, size_t err_len);
 
 /* Whole decode into a malloc'd NUL-terminated string (NULL only when out of memory). skip_special as in
  * Hugging Face decode(skip_special_tokens=...); ids outside the vocabulary are skipped, as there. The text
