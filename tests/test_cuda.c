@@ -1455,10 +1455,12 @@ static void test_persistent_wide_inputs(void **state)
     stw_rmdir(dir);
 }
 
-/* A Llama (or with olmo2 an OLMo 2: post norms only, q/k norms over the whole projection) of random BF16 weights
- * (uniform in +-0.02, norms around 1, tied embeddings) written to a new folder. */
-static char *random_family_dir(bool olmo2, int hidden, int heads, int kv_heads, int head_dim, int inter, int layers,
-                               int vocab)
+typedef enum { RANDOM_LLAMA, RANDOM_QWEN3, RANDOM_OLMO2 } random_family;
+
+/* A Llama, a Qwen3 (q/k norms per head) or an OLMo 2 (post norms only, q/k norms over the whole projection) of random
+ * BF16 weights (uniform in +-0.02, norms around 1, tied embeddings) written to a new folder. */
+static char *random_family_dir(random_family family, int hidden, int heads, int kv_heads, int head_dim, int inter,
+                               int layers, int vocab)
 {
     const size_t H = (size_t)hidden, q = (size_t)heads * head_dim, kv = (size_t)kv_heads * head_dim, I = (size_t)inter;
     enum { MOST_PER_LAYER = 11, MOST = 2 + 4 * MOST_PER_LAYER };
@@ -1482,8 +1484,19 @@ static char *random_family_dir(bool olmo2, int hidden, int heads, int kv_heads, 
         {"mlp.up_proj", I, H, 0.02f, 0.0f},       {"mlp.down_proj", H, I, 0.02f, 0.0f},
         {"post_feedforward_layernorm", H, 0, 0.1f, 1.0f},
     };
-    const tensor_spec *spec = olmo2 ? olmo : llama;
-    const int per_layer = olmo2 ? (int)(sizeof olmo / sizeof *olmo) : (int)(sizeof llama / sizeof *llama);
+    const size_t hd = (size_t)head_dim;
+    const tensor_spec qwen3[] = {
+        {"input_layernorm", H, 0, 0.1f, 1.0f},   {"self_attn.q_proj", q, H, 0.02f, 0.0f},
+        {"self_attn.k_proj", kv, H, 0.02f, 0.0f}, {"self_attn.v_proj", kv, H, 0.02f, 0.0f},
+        {"self_attn.o_proj", H, q, 0.02f, 0.0f},  {"self_attn.q_norm", hd, 0, 0.1f, 1.0f},
+        {"self_attn.k_norm", hd, 0, 0.1f, 1.0f},  {"post_attention_layernorm", H, 0, 0.1f, 1.0f},
+        {"mlp.gate_proj", I, H, 0.02f, 0.0f},     {"mlp.up_proj", I, H, 0.02f, 0.0f},
+        {"mlp.down_proj", H, I, 0.02f, 0.0f},
+    };
+    const tensor_spec *spec = family == RANDOM_OLMO2 ? olmo : family == RANDOM_QWEN3 ? qwen3 : llama;
+    const int per_layer = family == RANDOM_OLMO2   ? (int)(sizeof olmo / sizeof *olmo)
+                          : family == RANDOM_QWEN3 ? (int)(sizeof qwen3 / sizeof *qwen3)
+                                                   : (int)(sizeof llama / sizeof *llama);
     assert_true(per_layer <= MOST_PER_LAYER);
     for (int l = -1; l <= layers; l++) { /* -1: the embeddings; layers: the final norm */
         for (int k = 0; k < (l < 0 || l == layers ? 1 : per_layer); k++) {
@@ -1510,14 +1523,18 @@ static char *random_family_dir(bool olmo2, int hidden, int heads, int kv_heads, 
     size_t len = 0;
     unsigned char *file = stw_tensors(t, n, NULL, &len);
     assert_non_null(file);
+    static const char *const names_of[][2] = {
+        [RANDOM_LLAMA] = {"LlamaForCausalLM", "llama"},
+        [RANDOM_QWEN3] = {"Qwen3ForCausalLM", "qwen3"},
+        [RANDOM_OLMO2] = {"Olmo2ForCausalLM", "olmo2"},
+    };
     char config[1024];
     snprintf(config, sizeof config,
              "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"hidden_size\": %d, "
              "\"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
              "\"num_hidden_layers\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
              "\"max_position_embeddings\": 256, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
-             olmo2 ? "Olmo2ForCausalLM" : "LlamaForCausalLM", olmo2 ? "olmo2" : "llama", hidden, inter, heads, kv_heads,
-             head_dim, layers, vocab);
+             names_of[family][0], names_of[family][1], hidden, inter, heads, kv_heads, head_dim, layers, vocab);
     char *dir = stw_tmpdir();
     assert_int_equal(stw_write(dir, "model.safetensors", file, len), 0);
     assert_int_equal(stw_write(dir, "config.json", config, strlen(config)), 0);
@@ -1526,40 +1543,47 @@ static char *random_family_dir(bool olmo2, int hidden, int heads, int kv_heads, 
     return dir;
 }
 
-/* OLMo 2's q/k norms over the whole projection with grouped KV heads (OLMo-2-32B has 40 query heads over 8; the
- * olmo2 fixture, cut from OLMo-2-0425-1B, has none): the persistent step's attention items sum q's squares over all
- * 8 heads and k's over both KV heads, and only one item of each KV head stores its row; against the kernel-per-op
- * step (qk_norm_rope_kernel's whole mode) and cpu, heads of 64 and of 128. */
-static void test_persistent_whole_qk_norm_gqa(void **state)
+/* q/k norms with grouped KV heads and norm weights that are not 1, in BF16 (so the accurate prompt's q/k/v sums are
+ * owed as split-f32 halves): OLMo 2's over the whole projection (OLMo-2-32B has 40 query heads over 8; the olmo2
+ * fixture, cut from OLMo-2-0425-1B, has none), where the persistent step's attention items sum q's squares over all 8
+ * heads and k's over both KV heads and only one item of each KV head stores its row, and Qwen3's per head. Against
+ * the kernel-per-op step (qk_norm_rope_kernel) and cpu, heads of 64 and of 128. A norm applied twice (weights of 1
+ * would hide it) is ~1e-2 off. */
+static void test_persistent_qk_norms_gqa(void **state)
 {
     (void)state;
     persistent_or_skip();
     dev->release();
+    static const struct {
+        random_family family;
+        const char *name;
+    } families[] = {{RANDOM_OLMO2, "olmo2"}, {RANDOM_QWEN3, "qwen3"}};
     static const int head_dims[] = {64, 128};
     const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
     const int n_prompt = sizeof prompt / sizeof *prompt;
-    for (size_t i = 0; i < sizeof head_dims / sizeof *head_dims; i++) {
-        char *dir = random_family_dir(true, 512, 8, 2, head_dims[i], 1024, 2, 64);
-        int vocab = 0;
-        size_t n_persisted = 0;
-        float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
-        const size_t cut = last_cut;
-        float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
-        float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
-        const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
-        const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
-        const double e_kernels_cpu = rel_error(kernels, cpu, n);
-        print_message("olmo2, 8 heads of %d over 2 KV heads: %zu persistent launches; vs the kernel-per-op step %.2g, "
-                      "vs cpu %.2g (kernel per op vs cpu %.2g)\n", head_dims[i], n_persisted, e_kernels, e_cpu,
-                      e_kernels_cpu);
-        assert_int_equal(cut, 0);
-        assert_int_equal(n_persisted, DECODE_STEPS);
-        assert_true(e_kernels < 1e-5);
-        assert_true(e_cpu < 1e-4);
-        assert_true(e_kernels_cpu < 1e-4);
-        free(persisted), free(kernels), free(cpu);
-        stw_rmdir(dir);
-    }
+    for (size_t f = 0; f < sizeof families / sizeof *families; f++)
+        for (size_t i = 0; i < sizeof head_dims / sizeof *head_dims; i++) {
+            char *dir = random_family_dir(families[f].family, 512, 8, 2, head_dims[i], 1024, 2, 64);
+            int vocab = 0;
+            size_t n_persisted = 0;
+            float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
+            const size_t cut = last_cut;
+            float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
+            float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
+            const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+            const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
+            const double e_kernels_cpu = rel_error(kernels, cpu, n);
+            print_message("%s, 8 heads of %d over 2 KV heads: %zu persistent launches; vs the kernel-per-op step "
+                          "%.2g, vs cpu %.2g (kernel per op vs cpu %.2g)\n",
+                          families[f].name, head_dims[i], n_persisted, e_kernels, e_cpu, e_kernels_cpu);
+            assert_int_equal(cut, 0);
+            assert_int_equal(n_persisted, DECODE_STEPS);
+            assert_true(e_kernels < 1e-5);
+            assert_true(e_cpu < 1e-4);
+            assert_true(e_kernels_cpu < 1e-4);
+            free(persisted), free(kernels), free(cpu);
+            stw_rmdir(dir);
+        }
 }
 
 /* The best logit's index and how far it leads the second */
@@ -1617,7 +1641,7 @@ static void test_persistent_quant(void **state)
     const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
     const int n_prompt = sizeof prompt / sizeof *prompt;
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
-        char *dir = random_family_dir(false, shapes[sh].hidden, shapes[sh].heads, shapes[sh].kv_heads,
+        char *dir = random_family_dir(RANDOM_LLAMA, shapes[sh].hidden, shapes[sh].heads, shapes[sh].kv_heads,
                                       shapes[sh].head_dim, shapes[sh].inter, shapes[sh].layers, 64);
         for (size_t qi = 0; qi < sizeof quant / sizeof *quant; qi++) {
             int vocab = 0, clear_k = 0, clear_c = 0;
@@ -1786,7 +1810,7 @@ int main(void)
         cmocka_unit_test(test_moe_decode),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),
-        cmocka_unit_test(test_persistent_whole_qk_norm_gqa),
+        cmocka_unit_test(test_persistent_qk_norms_gqa),
         cmocka_unit_test(test_persistent_quant),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),

@@ -361,6 +361,9 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
     if (out == x && (f & LLM_FUSE_QK_NORM_ROPE) && P->kind == PEND_POST_NORM && P->seq == g.group_seq) {
         if (P->job.eps == eps && P->job.norm_offset == offset &&
             !overlaps(x, all, P->job.norm_out, P->count * P->dim * sizeof(float))) {
+            /* held apart while k's owed sum (a batch's split-f32 halves) settles: settling issues what is pending
+             * first, and q's norm issued alone would be applied again by the joined kernel */
+            P->kind = PEND_NONE;
             settle(x, all);
             written(out, all);
             P->kind = PEND_QK_NORM;
@@ -372,9 +375,6 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
         refuse_now(LLM_REFUSE_MISMATCH);
     }
     if (out == x && (f & (LLM_FUSE_QK_NORM_ROPE | LLM_FUSE_POST_NORM_ADD))) {
-        /* q's norm: the q/k/v product's sums still owed (k's, a batch's split-f32 halves) are settled now; settled
-         * when k's norm joins, they would issue this held norm first, and the joined kernel would apply it again */
-        if (f & LLM_FUSE_QK_NORM_ROPE) settle_all();
         hold_norm(out, weight, n, dim, eps, offset);
         return;
     }
