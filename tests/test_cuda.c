@@ -733,6 +733,23 @@ static void test_moe_route(void **state)
             free(scores), free(ids), free(wts), free(got_ids), free(got_w);
             dev->free(ds), dev->free(dw), dev->free(di);
         }
+    /* NaN scores (a broken checkpoint): the reference's choice then depends on where they sit, and the device's need
+     * not match it, but every slot still names a distinct expert of the table, so no product reads past it */
+    enum { NE = 128, K = 8 };
+    float *scores = random_floats(NE, 4.0f);
+    for (int e = 0; e < NE; e += 3) scores[e] = NAN;
+    scores[1] = -0.0f, scores[2] = 0.0f;
+    float *ds = on_device(scores, NE * sizeof *scores), *dw = dev->alloc(K * sizeof(float));
+    int32_t *di = dev->alloc(K * sizeof(int32_t)), got[K];
+    assert_true(dw && di);
+    dev->ops->route(di, dw, ds, 1, NE, K, LLM_ROUTE_SOFTMAX_NORM);
+    assert_int_equal(dev->download(got, di, sizeof got), 0);
+    for (int j = 0; j < K; j++) {
+        assert_true(got[j] >= 0 && got[j] < NE);
+        for (int i = 0; i < j; i++) assert_int_not_equal(got[i], got[j]);
+    }
+    free(scores);
+    dev->free(ds), dev->free(dw), dev->free(di);
     cuda_done();
 }
 

@@ -83,17 +83,19 @@ __global__ void __launch_bounds__(QK_WARPS * 32)
 qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_dtype, const void *k_w, int k_dtype,
                     bool whole, float eps, float offset, const int32_t *positions, const float *inv_freq, int n,
                     int heads, int kv_heads, int hd, int rot, float rscale, void *k_cache, void *v_cache, int ctx,
-                    int t)
+                    int t, llm_cuda_tl *tl)
 {
     extern __shared__ float qk_rows[]; /* QK_WARPS rows of hd */
     __shared__ float whole_scale[2];   /* whole: q's and k's */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int units = heads + kv_heads * (k_cache ? 2 : 1);
     const size_t kv_dim = (size_t)kv_heads * hd, q_dim = (size_t)heads * hd;
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_START);
     llm_cuda_allow_next(1); /* the next kernel waits for this one's writes before it reads them (PDL) */
     size_t unit = whole ? (size_t)blockIdx.x * units + warp : (size_t)blockIdx.x * QK_WARPS + warp;
     const size_t end = whole ? (size_t)(blockIdx.x + 1) * units : min(unit + 1, (size_t)n * units);
     llm_cuda_wait_prior();
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_WAITED);
     if (whole) {
         __shared__ float part[2][QK_WARPS];
         const size_t i = blockIdx.x;
@@ -149,6 +151,7 @@ qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_d
         }
         __syncwarp(); /* the row is the warp's next unit's */
     }
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_END); /* (warp 0's lane 0: its last unit done) */
 }
 
 void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight *q_norm, const llm_weight *k_norm,
@@ -165,7 +168,7 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
                                                        (int)q_norm->dtype, k_norm->data, (int)k_norm->dtype, whole, eps,
                                                        offset, positions, inv_freq, n, heads, kv_heads, head_dim,
                                                        rot_dim, rope_scale, (void *)k_cache, (void *)v_cache,
-                                                       ctx, cache_type));
+                                                       ctx, cache_type, llm_cuda_tl_record("qk_norm_rope", head_dim)));
 }
 
 #define ATT_DIMS 32 /* a lane's share of a head: head_dim up to 1024 */

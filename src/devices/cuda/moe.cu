@@ -21,92 +21,108 @@ static cudaLaunchConfig_t moe_launch_config(dim3 grid, dim3 block, size_t smem, 
     return cfg;
 }
 
-/* ---------- route: a warp a token ---------- */
+/* ---------- route: a block a token ---------- */
 
-#define ROUTE_MAX_WARPS 4
+#define ROUTE_MAX_THREADS 256
 
-/* (v, e) beats (bv, be): a larger score, or the same score at a lower expert (ops.h's tie rule); e < 0 is none. */
-__device__ __forceinline__ bool route_beats(float v, int e, float bv, int be)
+/* A score's place in the order of ops.h's rule as an unsigned key: larger scores larger keys, -0 the same as +0 (a
+ * tie, which the lower expert wins), NaN below every number (never chosen before one). */
+__device__ __forceinline__ unsigned route_key(float v)
 {
-    return e >= 0 && (be < 0 || v > bv || (v == bv && e < be));
+    if (v != v) return 0u;
+    const unsigned u = __float_as_uint(v + 0.0f);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
-/* Each warp takes a token: its scores in shared memory (n_experts floats, a taken flag each, then top_k chosen ids).
- * Each lane keeps the best of its strided part; a round is a warp-wide arg-max of those, after which only the lane
- * that owned the winner looks again. The softmax's sum runs over the lanes' parts and a fixed shuffle tree:
- * deterministic, within f32 rounding of the reference's sum in expert order. Launched after the router's product
- * with programmatic dependent launch (scores read after the wait). */
-__global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k,
-                             int rule, int pdl_early)
+/* Sum (or max, with max_of) of one value a thread over the block, in a fixed order: the same bits every run. */
+__device__ __forceinline__ float route_block_reduce(float v, bool max_of, float *red)
 {
-    extern __shared__ float rs[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = max_of ? fmaxf(v, w) : v + w;
+    }
+    __syncthreads(); /* red is free: every thread has read the last reduction's result */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < warps; w++) v = max_of ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+
+/* Block i takes token i: its scores' keys in shared memory, then each thread ranks its experts against all of them at
+ * once (an expert's rank is how many beat it: a larger key, or the same key at a lower expert), and the expert of rank
+ * j < top_k is slot j -- the reference's rounds of "the largest not yet chosen" without the rounds (a warp's 8 rounds
+ * of arg-max took 5.4 us of Qwen3-30B-A3B's ~75 us layer, dev/cuda/notes.md version 131). The softmax's max and sum
+ * run over the threads' parts in a fixed order: deterministic, within f32 rounding of the reference's sum in expert
+ * order. Launched after the router's product with programmatic dependent launch (scores read after the wait). */
+__global__ void route_kernel(int32_t *ids, float *weights, const float *scores, int n_experts, int top_k, int rule,
+                             int pdl_early, llm_cuda_tl *tl)
+{
+    extern __shared__ unsigned route_keys[]; /* n_experts keys, n_experts scores, then top_k chosen experts */
+    __shared__ float red[ROUTE_MAX_THREADS / 32];
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_START);
     if (pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(pdl_early == 1);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, per = 2 * n_experts + top_k;
-    const int token = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (token >= n) return;
-    float *s = rs + (size_t)warp * per;
-    int *taken = (int *)(s + n_experts), *chosen = taken + n_experts;
-    const float *row = scores + (size_t)token * n_experts;
-    float m = -INFINITY, bv = 0.0f;
-    int be = -1;
-    for (int e = lane; e < n_experts; e += 32) {
-        s[e] = row[e], taken[e] = 0;
-        m = fmaxf(m, s[e]);
-        if (route_beats(s[e], e, bv, be)) bv = s[e], be = e;
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_WAITED);
+    float *row = (float *)(route_keys + n_experts); /* (read again below: from shared memory, not L2) */
+    int *chosen = (int *)(row + n_experts);
+    const float *scores_row = scores + (size_t)blockIdx.x * n_experts;
+    float m = -INFINITY;
+    for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+        const float v = scores_row[e];
+        route_keys[e] = route_key(v), row[e] = v;
+        m = fmaxf(m, v);
     }
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    for (int j = 0; j < top_k; j++) {
-        float wv = bv;
-        int we = be;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, wv, o);
-            int oe = __shfl_xor_sync(0xffffffffu, we, o);
-            if (route_beats(ov, oe, wv, we)) wv = ov, we = oe;
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_experts; e += blockDim.x) {
+        const unsigned k = route_keys[e];
+        int rank = 0;
+        for (int o = 0; o < n_experts; o++) {
+            const unsigned ko = route_keys[o];
+            rank += ko > k || (ko == k && o < e);
         }
-        if (lane == 0) chosen[j] = we;
-        if (we >= 0 && (we & 31) == lane) { /* the winner was this lane's: its next best */
-            taken[we] = 1, bv = 0.0f, be = -1;
-            for (int e = lane; e < n_experts; e += 32)
-                if (!taken[e] && route_beats(s[e], e, bv, be)) bv = s[e], be = e;
-        }
+        if (rank < top_k) chosen[rank] = e;
     }
-    __syncwarp();
-    int32_t *id = ids + (size_t)token * top_k;
-    float *wt = weights + (size_t)token * top_k;
+    int32_t *id = ids + (size_t)blockIdx.x * top_k;
+    float *wt = weights + (size_t)blockIdx.x * top_k;
     if (rule == LLM_ROUTE_SIGMOID) {
-        for (int j = lane; j < top_k; j += 32) id[j] = chosen[j], wt[j] = 1.0f / (1.0f + expf(-s[chosen[j]]));
+        __syncthreads();
+        for (int j = threadIdx.x; j < top_k; j += blockDim.x)
+            id[j] = chosen[j], wt[j] = 1.0f / (1.0f + expf(-row[chosen[j]]));
+        llm_cuda_tl_mark(tl, LLM_CUDA_TL_END);
         return;
     }
+    m = route_block_reduce(m, true, red); /* (its barriers also make chosen whole) */
     float sum = 0.0f;
-    for (int e = lane; e < n_experts; e += 32) sum += expf(s[e] - m);
-    sum = llm_cuda_warp_sum(sum);
-    float part = 0.0f;
-    for (int j = lane; j < top_k; j += 32) part += expf(s[chosen[j]] - m) / sum;
-    const float all = rule == LLM_ROUTE_SOFTMAX_NORM ? llm_cuda_warp_sum(part) : 1.0f;
-    for (int j = lane; j < top_k; j += 32) {
-        float p = expf(s[chosen[j]] - m) / sum;
-        id[j] = chosen[j], wt[j] = rule == LLM_ROUTE_SOFTMAX_NORM ? p / all : p;
+    for (int e = threadIdx.x; e < n_experts; e += blockDim.x) sum += expf(row[e] - m);
+    sum = route_block_reduce(sum, false, red);
+    float *p = (float *)route_keys; /* (the keys are read: two barriers since) */
+    for (int j = threadIdx.x; j < top_k; j += blockDim.x) p[j] = expf(row[chosen[j]] - m) / sum;
+    __syncthreads();
+    for (int j = threadIdx.x; j < top_k; j += blockDim.x) {
+        float all = 0.0f; /* the chosen p in slot order, as the reference adds them */
+        for (int i = 0; i < top_k; i++) all += p[i];
+        id[j] = chosen[j], wt[j] = rule == LLM_ROUTE_SOFTMAX_NORM ? p[j] / all : p[j];
     }
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_END);
 }
 
 void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, int n_experts, int top_k, int rule)
 {
-    size_t per = (2 * (size_t)n_experts + (size_t)top_k) * sizeof(float);
-    int warps = n < ROUTE_MAX_WARPS ? n : ROUTE_MAX_WARPS; /* one token: one warp, not three more that leave */
-    while (warps > 1 && (size_t)warps * per + 1024 > llm_cuda.smem_optin) warps--;
-    if ((size_t)warps * per + 1024 > llm_cuda.smem_optin) {
+    const size_t smem = (2 * (size_t)n_experts + (size_t)top_k) * sizeof(unsigned);
+    if (smem + 1024 > llm_cuda.smem_optin) {
         llm_cuda_fail("route", "%d experts do not fit a block's shared memory", n_experts);
         return;
     }
     if (n == 0 || !llm_cuda_allow_smem((const void *)route_kernel, "route")) return;
+    const int threads = n_experts >= ROUTE_MAX_THREADS ? ROUTE_MAX_THREADS : (n_experts + 31) / 32 * 32;
     cudaLaunchAttribute attr;
     int early;
-    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((n + warps - 1) / warps)), dim3(32 * warps),
-                                               (size_t)warps * per, &attr, &early);
-    LLM_CUDA_CHECK("route", cudaLaunchKernelEx(&cfg, route_kernel, ids, weights, scores, n, n_experts, top_k, rule,
-                                               early));
+    cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)n), dim3((unsigned)threads), smem, &attr, &early);
+    LLM_CUDA_CHECK("route", cudaLaunchKernelEx(&cfg, route_kernel, ids, weights, scores, n_experts, top_k, rule, early,
+                                               llm_cuda_tl_record("route", n_experts)));
 }
 
 /* ---------- combine ---------- */
@@ -289,6 +305,7 @@ typedef struct {
     int act;
     int n, top_k, x_slots, rows, cols;
     int pdl_early;                /* a one-token step's launch: see llm_cuda_launch_config */
+    llm_cuda_tl *tl;              /* LLM_CUDA_TIMELINE's record (one token's kernels), or NULL */
     /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
     const int4 *tiles;
     const int *n_tiles, *order;
@@ -451,8 +468,10 @@ template <typename WT, int M, int R, int CPL>
 __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __grid_constant__ gv_args a)
 {
     constexpr int EPC = 16 / sizeof(WT), NR = M * R;
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
     const int lane = threadIdx.x & 31, j = blockIdx.y, rows = a.rows, cols = a.cols;
     const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
     if (r0 >= rows) return;
@@ -501,6 +520,7 @@ __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __gri
         }
         out[row] = v;
     }
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END); /* (warp 0's lane 0: rows r0 of every block are below rows) */
 }
 
 template <typename WT, int M, int R, int CPL> static void one_launch3(gv_args a)
@@ -509,6 +529,7 @@ template <typename WT, int M, int R, int CPL> static void one_launch3(gv_args a)
     dim3 grid((unsigned)((a.rows + warps * R - 1) / (warps * R)), (unsigned)a.top_k);
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(32 * warps), 0, &attr, &a.pdl_early);
+    a.tl = llm_cuda_tl_record(M == 2 ? "experts_pair" : "experts", a.cols);
     LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_one_kernel<WT, M, R, CPL>, a));
 }
 
@@ -581,6 +602,7 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
             for (int u = 0; u < GC_SLOTS; u++)
                 if (es[u] >= 0 && k + 32 * c < chunks) wv[c][u] = __ldcs((const uint4 *)rowp[u] + k + 32 * c);
     };
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     if (live) {
         find();
         if (VEC) load(lane);
@@ -588,6 +610,7 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
     if (a.pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early == 1);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
     if (live) {
         float acc[GC_SLOTS] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (VEC) {
@@ -624,6 +647,7 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
         }
     }
     __syncthreads();
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
     if (!live || g != 0 || lane != 0) return;
     float total = 0.0f;
     for (int j = 0; j < a.top_k; j++)
@@ -977,6 +1001,7 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + RB - 1) / RB)), dim3(32 * G * RB), 0, &attr,
                                                &a.pdl_early);
+    a.tl = llm_cuda_tl_record("experts_combine", a.cols);
     cudaError_t e;
     if (w0->dtype == LLM_DTYPE_BF16)
         e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid, G)
