@@ -57,7 +57,7 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
 /* The producer's stages of a quantized phase, a tile at a time (lane i < 8 copies row i): stage k of each row is
  * its blocks [k * per, + nbs), quants at the row's place in the slot and their scales right after them. The phase's
  * own loop (not the 16-bit phases' tile loop with a quantized branch in it): 7 % faster on Llama-2-7B Q4_0, 380 ->
- * 408 tok/s on an H100 (dev/cuda/notes.md, version 131). */
+ * 408 tok/s on an H100 (dev/cuda/notes.md, version 128). */
 template <typename NEXT>
 __device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lane, NEXT &next_slot,
                                                     uint64_t read_once)
@@ -159,7 +159,7 @@ __device__ void stage_quant(const step_phase &P, const q_x &X, float *red, int c
 /* Rows of a tile a consumer thread dots: 8, or for Q4_K 4 where a row's chunks in a stage fill at most half the
  * threads (then two groups of 4 warps, each on 4 rows). Q4_K's dot unpacks its sub-block scales and mins per chunk, so
  * spreading it over the idle threads pays: Llama-2-7B 258 -> 294 tok/s, TinyLlama 762 -> 945 on an H100, where Q4_0
- * and Q8_0 lose 3-8 % to the second group's sums (dev/cuda/notes.md, version 131). */
+ * and Q8_0 lose 3-8 % to the second group's sums (dev/cuda/notes.md, version 128). */
 __device__ __forceinline__ int q_rows_per_thread(int dtype, int cols)
 {
     const int chunks = q_stage_blocks(dtype, cols) * (q_quant_bytes(dtype) / 16);
