@@ -75,6 +75,7 @@ struct llm_cuda_ctx {
     int step_slots_used; /* tensor parallelism: summed products (tp_sum) of the step's programs so far, so that each
                             program's take the step slots after them (nccl.cu) */
     int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
+    bool moe_x_shared;   /* LLM_CUDA_MOE_X_SHARED: one token's experts stage x in shared memory (moe.cu) */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;

@@ -88,6 +88,7 @@ typedef struct {
     int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
     int persist_kv_bytes;
     int moe_pdl;
+    bool moe_x_shared;
     const char *step_trace; /* NULL when unset or empty */
     const char *timeline;   /* NULL when unset or empty */
 } cuda_settings;

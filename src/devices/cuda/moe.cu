@@ -268,26 +268,41 @@ static const moe_table *table_of(const llm_experts *w)
 __device__ __forceinline__ float2 mo_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
 __device__ __forceinline__ float2 mo_float2(__half2 h) { return __half22float2(h); }
 
-/* Dot of one 16-byte chunk of weights with the matching f32 values of x. */
-template <typename WT> __device__ __forceinline__ float mo_dot(uint4 w, const float *x);
-template <> __device__ __forceinline__ float mo_dot<float>(uint4 w, const float *x)
+/* Dot of one 16-byte chunk of weights with the matching f32 values of x (x0, then x1 for 16-bit weights). */
+template <typename WT> __device__ __forceinline__ float mo_dot4(uint4 w, float4 x0, float4 x1);
+template <> __device__ __forceinline__ float mo_dot4<float>(uint4 w, float4 a, float4)
 {
-    float4 a = __ldg((const float4 *)x);
     return __uint_as_float(w.x) * a.x + __uint_as_float(w.y) * a.y + __uint_as_float(w.z) * a.z +
            __uint_as_float(w.w) * a.w;
 }
-template <typename PAIR> __device__ __forceinline__ float mo_dot16(uint4 w, const float *x)
+template <typename PAIR> __device__ __forceinline__ float mo_dot16(uint4 w, float4 x0, float4 x1)
 {
     const PAIR *h = (const PAIR *)&w;
-    float4 x0 = __ldg((const float4 *)x), x1 = __ldg((const float4 *)x + 1);
     float2 a = mo_float2(h[0]), b = mo_float2(h[1]), c = mo_float2(h[2]), d = mo_float2(h[3]);
     return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
 }
-template <> __device__ __forceinline__ float mo_dot<__nv_bfloat16>(uint4 w, const float *x)
+template <> __device__ __forceinline__ float mo_dot4<__nv_bfloat16>(uint4 w, float4 x0, float4 x1)
 {
-    return mo_dot16<__nv_bfloat162>(w, x);
+    return mo_dot16<__nv_bfloat162>(w, x0, x1);
 }
-template <> __device__ __forceinline__ float mo_dot<__half>(uint4 w, const float *x) { return mo_dot16<__half2>(w, x); }
+template <> __device__ __forceinline__ float mo_dot4<__half>(uint4 w, float4 x0, float4 x1)
+{
+    return mo_dot16<__half2>(w, x0, x1);
+}
+
+/* ... with x in global memory (read-only path) */
+template <typename WT> __device__ __forceinline__ float mo_dot(uint4 w, const float *x)
+{
+    const float4 x0 = __ldg((const float4 *)x), x1 = sizeof(WT) == 4 ? x0 : __ldg((const float4 *)x + 1);
+    return mo_dot4<WT>(w, x0, x1);
+}
+
+/* ... with x in shared memory (staged once a block) */
+template <typename WT> __device__ __forceinline__ float mo_dot_shared(uint4 w, const float *x)
+{
+    const float4 x0 = *(const float4 *)x, x1 = sizeof(WT) == 4 ? x0 : *((const float4 *)x + 1);
+    return mo_dot4<WT>(w, x0, x1);
+}
 
 template <typename WT> __device__ __forceinline__ int mo_dtype();
 template <> __device__ __forceinline__ int mo_dtype<float>() { return LLM_DTYPE_F32; }
@@ -306,6 +321,7 @@ typedef struct {
     int n, top_k, x_slots, rows, cols;
     int pdl_early;                /* a one-token step's launch: see llm_cuda_launch_config */
     llm_cuda_tl *tl;              /* LLM_CUDA_TIMELINE's record (one token's kernels), or NULL */
+    int x_shared;                 /* one token's down+combine: x staged in shared memory once a block */
     /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
     const int4 *tiles;
     const int *n_tiles, *order;
@@ -571,9 +587,13 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
  * table and the weights are not written in a step. (Measured: the weights read after the wait instead, a decode
  * step 2.1 % slower, "Mixture of experts, second pass".) Each y[j, r] is summed as
  * experts_gemv_kernel sums it (the same bits) and written as the experts op would; one thread a row then adds
- * weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is top_k. */
+ * weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is top_k; with
+ * x_shared the block stages it in shared memory after the wait, one round from L2, where through L1 each lane's
+ * chunks took several (Qwen3-30B-A3B's down+combine 15.5 -> 13.1 us, decode +4.5 %, dev/cuda/notes.md version 133;
+ * the gate/up kernel's 8 KB x staged the same way measured slower, 17.4 -> 19.3 us). */
 #define GC_SLOTS 4
 #define GC_MAX_WARPS 8 /* top_k up to 32; more: the two ops */
+#define X_SHARED_MAX (48 * 1024) /* the slots' x staged in shared memory up to this (no opt-in; else through L1) */
 template <typename WT, bool VEC>
 __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
     experts_combine_kernel(const __grid_constant__ gv_args a, const float *weights, float *sum_out, float *resid,
@@ -611,6 +631,11 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early == 1);
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
+    extern __shared__ float4 x_sh[]; /* with x_shared: the top_k slots' x, staged once a block (as experts_one's) */
+    if (a.x_shared) {
+        for (int i = threadIdx.x; i < a.top_k * cols / 4; i += blockDim.x) x_sh[i] = __ldg((const float4 *)a.x + i);
+        __syncthreads();
+    }
     if (live) {
         float acc[GC_SLOTS] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (VEC) {
@@ -619,10 +644,13 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
                 for (int c = 0; c < CPL; c++) {
                     if (k + 32 * c >= chunks) continue;
 #pragma unroll
-                    for (int u = 0; u < GC_SLOTS; u++)
-                        if (es[u] >= 0)
-                            acc[u] +=
-                                mo_dot<WT>(wv[c][u], x_row(a, g * GC_SLOTS + u) + (size_t)(k + 32 * c) * EPC);
+                    for (int u = 0; u < GC_SLOTS; u++) {
+                        if (es[u] < 0) continue;
+                        const size_t at = (size_t)(k + 32 * c) * EPC;
+                        acc[u] += a.x_shared ? mo_dot_shared<WT>(wv[c][u], (const float *)x_sh +
+                                                                               (size_t)(g * GC_SLOTS + u) * cols + at)
+                                             : mo_dot<WT>(wv[c][u], x_row(a, g * GC_SLOTS + u) + at);
+                    }
                 }
                 k += 32 * CPL;
                 if (k < chunks) load(k);
@@ -1002,6 +1030,9 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + RB - 1) / RB)), dim3(32 * G * RB), 0, &attr,
                                                &a.pdl_early);
     a.tl = llm_cuda_tl_record("experts_combine", a.cols);
+    const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
+    a.x_shared = vec && llm_cuda.moe_x_shared && x_bytes <= X_SHARED_MAX;
+    cfg.dynamicSmemBytes = a.x_shared ? x_bytes : 0;
     cudaError_t e;
     if (w0->dtype == LLM_DTYPE_BF16)
         e = vec ? cudaLaunchKernelEx(&cfg, experts_combine_kernel<__nv_bfloat16, true>, a, weights, sum_out, resid, G)
