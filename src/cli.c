@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "ops/ops.h"
 #include "model/files.h"
+#include "tokenizer/tokenizer.h"
 
 void llm_cli_error(const char *msg)
 {
@@ -132,6 +133,14 @@ int llm_cli_host_experts(bool cpu_moe, bool n_given, int n, int *out, char *err,
 int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len)
 {
     return llm_stream_read(path, strcmp(path, "-") ? path : "stdin", LLM_PROMPT_MAX_BYTES, text, len, err, err_len);
+}
+
+int llm_cli_check_utf8(const char *text, size_t len, const char *from, const char *what, char *err, size_t err_len)
+{
+    size_t bad_at = llm_utf8_invalid_at(text, len);
+    if (bad_at >= len) return 0;
+    snprintf(err, err_len, "%s: the %s is not valid UTF-8 (byte %zu)", from, what, bad_at);
+    return -1;
 }
 
 int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len)

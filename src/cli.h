@@ -66,6 +66,9 @@ int llm_cli_parse_ids(const char *text, int32_t **ids, char *err, size_t err_len
 /* A prompt file ("-": standard input; a pipe is fine) in a NUL-terminated malloc'd buffer, at most
  * LLM_PROMPT_MAX_BYTES. 0, or -1 with one line in err naming the file. */
 int llm_cli_read_prompt(const char *path, char **text, size_t *len, char *err, size_t err_len);
+/* A text for the tokenizer: 0 when text[0..len) is UTF-8, else -1 with "FROM: the WHAT is not valid UTF-8 (byte N)"
+ * in err. Hugging Face tokenizers take text, so bytes that are not UTF-8 are refused, not replaced. */
+int llm_cli_check_utf8(const char *text, size_t len, const char *from, const char *what, char *err, size_t err_len);
 /* -e: the escapes of llama.cpp's string_process_escapes, in place: \n \r \t \' \" \\ and \xHH (two hex digits),
  * plus \0 (a NUL byte). Any other backslash, a trailing one included, stays as written. Returns the new length
  * (which counts NUL bytes written; s is NUL-terminated there too). */

@@ -52,11 +52,7 @@ static int prompt_of_file(const char *file, const char *model, int32_t **ids, ch
     llm_tokenizer *t = NULL;
     int rc = -1;
     if (llm_cli_read_prompt(file, &text, &len, err, err_len) != 0) return -1;
-    size_t bad_at = llm_utf8_invalid_at(text, len);
-    if (bad_at < len) {
-        snprintf(err, err_len, "%s: the text is not valid UTF-8 (byte %zu)", file, bad_at);
-        goto done;
-    }
+    if (llm_cli_check_utf8(text, len, file, "text", err, err_len)) goto done;
     llm_model_dir(model, dir, sizeof dir);
     if (llm_tokenizer_load(&t, dir, err, err_len) != 0 ||
         llm_tokenizer_encode_prompt(t, text, len, true, ids, &n, err, err_len) != 0)

@@ -36,9 +36,7 @@ static char *read_prompt(struct arg_str *prompt, struct arg_file *file, bool esc
         snprintf(err, err_len, "cannot read the prompt");
         return NULL;
     }
-    size_t bad_at = llm_utf8_invalid_at(text, *len);
-    if (bad_at < *len) {
-        snprintf(err, err_len, "%s: the prompt is not valid UTF-8 (byte %zu)", from, bad_at);
+    if (llm_cli_check_utf8(text, *len, from, "prompt", err, err_len)) {
         free(text);
         return NULL;
     }

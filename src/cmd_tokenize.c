@@ -133,11 +133,12 @@ int llm_cmd_tokenize(int argc, char **argv) {
         say("out of memory");
         goto done;
     }
-    /* As generation does: Hugging Face tokenizers take text, so bytes that are not UTF-8 are refused, not replaced. */
-    size_t bad_at = llm_utf8_invalid_at(text, len);
-    if (bad_at < len) {
-        say("%s: the text is not valid UTF-8 (byte %zu)", prompt->count ? "-p" : file->filename[0], bad_at);
-        goto done;
+    {
+        char bad[512];
+        if (llm_cli_check_utf8(text, len, prompt->count ? "-p" : file->filename[0], "text", bad, sizeof bad)) {
+            say("%s", bad);
+            goto done;
+        }
     }
     struct stat sb;
     if (stat(model, &sb) != 0) {
