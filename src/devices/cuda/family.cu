@@ -70,24 +70,26 @@ void llm_cuda_softcap(float *x, float cap, size_t count)
     LLM_CUDA_LAUNCHED("softcap");
 }
 
-#define QK_WARPS 4 /* heads a block of the q/k norm + rope kernel: a warp each */
+#define QK_WARPS 4        /* heads a block of the q/k norm + rope kernel: a warp each */
+#define QK_WHOLE_WARPS 16 /* ... with whole norms, a block a token: its units over up to this many warps */
 
 /* A warp per (token, unit): units are q heads, k heads, and with caches v heads. A q or k head is normalised
  * ((offset + w) * (x * scale), scale from its own squares), rotated (its first rot dims, pairs (j, j + rot/2), cos
  * and sin times rscale) through the warp's row of shared memory, written back, and a k head also to its cache row
  * (position % ctx); a v head is only copied to its cache row. With `whole` (OLMo 2's norms over a token's whole q and
  * whole k, weights of heads * hd and kv_heads * hd) a block takes a token: it sums the squares of its whole q and k
- * before any warp writes one back, then its warps take the token's units in turn. The reference's order within each
- * value; cache rows are rounded to the cache's type t. */
-__global__ void __launch_bounds__(QK_WARPS * 32)
+ * before any warp writes one back, then its warps (as many as the token has units, up to QK_WHOLE_WARPS: with 4,
+ * OLMoE's one token took 34 us, 12 units a warp one after the other; dev/cuda/notes.md version 134) take the token's
+ * units in turn. The reference's order within each value; cache rows are rounded to the cache's type t. */
+__global__ void __launch_bounds__(QK_WHOLE_WARPS * 32)
 qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_dtype, const void *k_w, int k_dtype,
                     bool whole, float eps, float offset, const int32_t *positions, const float *inv_freq, int n,
                     int heads, int kv_heads, int hd, int rot, float rscale, void *k_cache, void *v_cache, int ctx,
                     int t, llm_cuda_tl *tl)
 {
-    extern __shared__ float qk_rows[]; /* QK_WARPS rows of hd */
+    extern __shared__ float qk_rows[]; /* a row of hd a warp */
     __shared__ float whole_scale[2];   /* whole: q's and k's */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int units = heads + kv_heads * (k_cache ? 2 : 1);
     const size_t kv_dim = (size_t)kv_heads * hd, q_dim = (size_t)heads * hd;
     llm_cuda_tl_mark(tl, LLM_CUDA_TL_START);
@@ -97,7 +99,7 @@ qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_d
     llm_cuda_wait_prior();
     llm_cuda_tl_mark(tl, LLM_CUDA_TL_WAITED);
     if (whole) {
-        __shared__ float part[2][QK_WARPS];
+        __shared__ float part[2][QK_WHOLE_WARPS];
         const size_t i = blockIdx.x;
         float sq = 0.0f, sk = 0.0f;
         for (size_t d = threadIdx.x; d < q_dim; d += blockDim.x) sq += q[i * q_dim + d] * q[i * q_dim + d];
@@ -107,12 +109,12 @@ qk_norm_rope_kernel(float *q, float *k, const float *v, const void *q_w, int q_d
         __syncthreads();
         if (threadIdx.x < 2) {
             float sum = 0.0f;
-            for (int w = 0; w < QK_WARPS; w++) sum += part[threadIdx.x][w];
+            for (int w = 0; w < warps; w++) sum += part[threadIdx.x][w];
             whole_scale[threadIdx.x] = llm_cuda_rms_scale(sum, threadIdx.x ? (int)kv_dim : (int)q_dim, eps);
         }
         __syncthreads(); /* every square summed before any warp writes its head back */
     }
-    for (; unit < end; unit += whole ? QK_WARPS : 1) {
+    for (; unit < end; unit += whole ? warps : 1) {
         const int i = (int)(unit / units), u = (int)(unit % units), p = positions[i];
         const size_t cache_row = (size_t)(p % ctx) * kv_dim;
         if (u >= heads + kv_heads) {
@@ -159,11 +161,14 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
                            int heads, int kv_heads, int head_dim, int rot_dim, float rope_scale, float *k_cache,
                            float *v_cache, int ctx, int cache_type)
 {
-    const size_t units = (size_t)n * (heads + kv_heads * (k_cache ? 2 : 1));
+    const int per_token = heads + kv_heads * (k_cache ? 2 : 1);
+    const size_t units = (size_t)n * per_token;
     const unsigned blocks = whole ? (unsigned)n : (unsigned)((units + QK_WARPS - 1) / QK_WARPS);
+    const int warps = !whole ? QK_WARPS : per_token < QK_WHOLE_WARPS ? per_token : QK_WHOLE_WARPS;
+    if (!llm_cuda_allow_smem((const void *)qk_norm_rope_kernel, "q/k norm+rope")) return;
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg =
-        llm_cuda_launch_config(dim3(blocks), dim3(QK_WARPS * 32), QK_WARPS * head_dim * sizeof(float), &attr);
+        llm_cuda_launch_config(dim3(blocks), dim3(32 * warps), (size_t)warps * head_dim * sizeof(float), &attr);
     LLM_CUDA_CHECK("q/k norm+rope", cudaLaunchKernelEx(&cfg, qk_norm_rope_kernel, q, k, v, q_norm->data,
                                                        (int)q_norm->dtype, k_norm->data, (int)k_norm->dtype, whole, eps,
                                                        offset, positions, inv_freq, n, heads, kv_heads, head_dim,
