@@ -1184,6 +1184,12 @@ static void test_moe_decode(void **state)
         int cut = last_cut;
         float *graphs = decode_run(fixtures[f], "cuda", "1", "1", &vocab);
         float *plain = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
+        setenv("LLM_CUDA_MOE_BULK", "0", 1); /* one token's down+combine through registers */
+        float *registers = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
+        unsetenv("LLM_CUDA_MOE_BULK");
+        setenv("LLM_CUDA_MOE_BULK_ROWS", "3", 1); /* ... through the copy engine, the last block short */
+        float *short_blocks = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
+        unsetenv("LLM_CUDA_MOE_BULK_ROWS");
         float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);
         size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
         double e_persist = rel_error(persist, plain, n), e_cpu = rel_error(graphs, cpu, n);
@@ -1195,11 +1201,14 @@ static void test_moe_decode(void **state)
         }
         /* the same kernels with the same arguments */
         assert_memory_equal(graphs, plain, n * sizeof *graphs);
+        /* the down+combine's kernels sum each row as the other does */
+        assert_memory_equal(registers, plain, n * sizeof *plain);
+        assert_memory_equal(short_blocks, plain, n * sizeof *plain);
         /* the first step's recorded part summed in another order */
         assert_true(e_persist < 1e-5);
         /* as test_graph_replay */
         assert_true(e_cpu < 1e-4);
-        free(persist), free(graphs), free(plain), free(cpu);
+        free(persist), free(graphs), free(plain), free(registers), free(short_blocks), free(cpu);
     }
 }
 

@@ -76,6 +76,8 @@ struct llm_cuda_ctx {
                             program's take the step slots after them (nccl.cu) */
     int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
     bool moe_x_shared;   /* LLM_CUDA_MOE_X_SHARED: one token's experts stage x in shared memory (moe.cu) */
+    bool moe_bulk;       /* LLM_CUDA_MOE_BULK (and Hopper code): one token's down+combine through the copy engine */
+    int moe_bulk_rows;   /* LLM_CUDA_MOE_BULK_ROWS: ... at most this many rows a block (tests); 0: by the SMs */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;

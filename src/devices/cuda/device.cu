@@ -106,7 +106,9 @@ static int env_int(const char *name, int fallback)
  *   LLM_CUDA_ALL_REDUCE=nccl    tensor parallelism: every all-reduce through NCCL (else one-shot up to 64 KB; nccl.cu)
  *   LLM_CUDA_MOE_PDL=0|1|2      the MoE kernels: no programmatic dependent launch / launched early, the next kernel
  *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2; notes: "Mixture of experts")
- *   LLM_CUDA_MOE_X_SHARED=0     one token's experts read x through L1, not staged in shared memory (notes: v133) */
+ *   LLM_CUDA_MOE_X_SHARED=0     one token's experts read x through L1, not staged in shared memory (notes: v133)
+ *   LLM_CUDA_MOE_BULK=0         one token's down+combine streams its rows through registers, not the copy engine
+ *   LLM_CUDA_MOE_BULK_ROWS=N    ... through the copy engine, at most N rows a block (0: as the SMs share them) */
 static void cuda_settings_read(cuda_settings *s)
 {
     s->graphs = env_flag("LLM_CUDA_GRAPHS", true);
@@ -142,6 +144,9 @@ static void cuda_settings_read(cuda_settings *s)
     s->moe_pdl = env_int("LLM_CUDA_MOE_PDL", 2);
     if (s->moe_pdl < 0 || s->moe_pdl > 2) s->moe_pdl = 2;
     s->moe_x_shared = env_flag("LLM_CUDA_MOE_X_SHARED", true);
+    s->moe_bulk = env_flag("LLM_CUDA_MOE_BULK", true);
+    s->moe_bulk_rows = env_int("LLM_CUDA_MOE_BULK_ROWS", 0);
+    if (s->moe_bulk_rows < 0) s->moe_bulk_rows = 0;
     {
         const char *sum = getenv("LLM_CUDA_ALL_REDUCE"); /* "nccl": NCCL at every size (measurements, tests) */
         s->all_reduce_oneshot = !(sum && strcmp(sum, "nccl") == 0);
@@ -199,6 +204,8 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.pdl_early = g.set.pdl_early;
     llm_cuda.moe_pdl = llm_cuda.pdl ? g.set.moe_pdl : 0;
     llm_cuda.moe_x_shared = g.set.moe_x_shared;
+    llm_cuda.moe_bulk = g.set.moe_bulk && llm_cuda.hopper_code;
+    llm_cuda.moe_bulk_rows = g.set.moe_bulk_rows;
     llm_cuda.attn_simt = g.set.attn_simt;
     llm_cuda.dec_heads = g.set.dec_heads;
     llm_cuda.dec_warps = g.set.dec_warps;

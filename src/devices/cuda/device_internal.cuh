@@ -89,6 +89,8 @@ typedef struct {
     int persist_kv_bytes;
     int moe_pdl;
     bool moe_x_shared;
+    bool moe_bulk;
+    int moe_bulk_rows;
     const char *step_trace; /* NULL when unset or empty */
     const char *timeline;   /* NULL when unset or empty */
 } cuda_settings;

@@ -7,6 +7,7 @@
 #include <mma.h>
 
 #include "cuda_internal.h"
+#include "hopper.cuh"
 
 /* The launch of a kernel that reads what the kernel before wrote (all of them here: scores, ids, the experts'
  * inputs): with programmatic dependent launch as llm_cuda.moe_pdl says (LLM_CUDA_MOE_PDL, measurements: 0 none,
@@ -268,18 +269,25 @@ static const moe_table *table_of(const llm_experts *w)
 __device__ __forceinline__ float2 mo_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
 __device__ __forceinline__ float2 mo_float2(__half2 h) { return __half22float2(h); }
 
-/* Dot of one 16-byte chunk of weights with the matching f32 values of x (x0, then x1 for 16-bit weights). */
+/* Dot of one 16-byte chunk of weights with the matching f32 values of x (x0, then x1 for 16-bit weights), as one
+ * chain of fused multiply-adds spelled out: left to the compiler, a + b * c + ... may fuse either product, and two
+ * kernels inlining the same expression summed a row to different bits (dev/cuda/notes.md, version 135). */
 template <typename WT> __device__ __forceinline__ float mo_dot4(uint4 w, float4 x0, float4 x1);
 template <> __device__ __forceinline__ float mo_dot4<float>(uint4 w, float4 a, float4)
 {
-    return __uint_as_float(w.x) * a.x + __uint_as_float(w.y) * a.y + __uint_as_float(w.z) * a.z +
-           __uint_as_float(w.w) * a.w;
+    float s = __fmul_rn(__uint_as_float(w.x), a.x);
+    s = __fmaf_rn(__uint_as_float(w.y), a.y, s);
+    s = __fmaf_rn(__uint_as_float(w.z), a.z, s);
+    return __fmaf_rn(__uint_as_float(w.w), a.w, s);
 }
 template <typename PAIR> __device__ __forceinline__ float mo_dot16(uint4 w, float4 x0, float4 x1)
 {
     const PAIR *h = (const PAIR *)&w;
     float2 a = mo_float2(h[0]), b = mo_float2(h[1]), c = mo_float2(h[2]), d = mo_float2(h[3]);
-    return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+    float s = __fmul_rn(a.x, x0.x);
+    s = __fmaf_rn(a.y, x0.y, s), s = __fmaf_rn(b.x, x0.z, s), s = __fmaf_rn(b.y, x0.w, s);
+    s = __fmaf_rn(c.x, x1.x, s), s = __fmaf_rn(c.y, x1.y, s), s = __fmaf_rn(d.x, x1.z, s);
+    return __fmaf_rn(d.y, x1.w, s);
 }
 template <> __device__ __forceinline__ float mo_dot4<__nv_bfloat16>(uint4 w, float4 x0, float4 x1)
 {
@@ -684,6 +692,120 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
     if (resid) resid[r] += total;
 }
 
+/* The same down+combine+add through the copy engine (Hopper code): block b takes output rows r0 .. r0 + nr of every
+ * slot's expert, which lie together in memory (RB rows of each), and before the wait on the kernel before asks the
+ * copy engine for all of them at once, a slot's rows on its own barrier, into shared memory (ids and weights read as
+ * experts_combine_kernel reads them). The register kernel holds every byte in flight in registers, 2 blocks an SM,
+ * so Qwen3-30B-A3B's 512 blocks ran in two waves, the second's loads issued only as the first's blocks ended; here a
+ * block an SM asks for its whole share at once (16 rows of 8 experts, 192 KB) and registers hold only sums: 13.7 ->
+ * 9.8 us, decode +4.6 % (dev/cuda/notes.md, version 135). x is not staged: the next layer's q/k/v product, launched
+ * early, stages its own x, and with 24 KB more here its blocks found no room until these ended (the decode 1 %
+ * slower than the register kernel's). After the wait, warp w takes slots w, w + BK_WARPS, ..., each once its rows
+ * have come: a lane chunks lane, lane + 32, ... of every row in order against the same x chunk (read once through
+ * L1), so each y[j, r] is summed as the register kernel sums it (the same bits); the combine after it is the same. */
+#define BK_WARPS 8
+#define BK_MAX_ROWS 16  /* rows a block: a lane's sums */
+#define BK_MAX_SLOTS 32 /* top_k (a barrier each) */
+template <typename WT>
+__global__ void __launch_bounds__(BK_WARPS * 32, 1)
+    experts_combine_bulk_kernel(const __grid_constant__ gv_args a, const float *weights, float *sum_out, float *resid,
+                                int RB)
+{
+#if LLM_CUDA_PORTABLE_CODE
+    __trap(); /* (the host launches it only for Hopper code) */
+#else
+    constexpr int EPC = 16 / sizeof(WT);
+    extern __shared__ __align__(128) unsigned char w_sh[]; /* RB rows a slot */
+    __shared__ __align__(8) uint64_t arrived[BK_MAX_SLOTS];
+    __shared__ float ys[BK_MAX_SLOTS][BK_MAX_ROWS];
+    __shared__ int slot_expert[BK_MAX_SLOTS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, cols = a.cols, chunks = cols / EPC;
+    const int top_k = a.top_k, r0 = blockIdx.x * RB, nr = min(RB, a.rows - r0);
+    const size_t row_bytes = (size_t)cols * sizeof(WT);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
+    if (tid == 0) {
+        for (int j = 0; j < top_k; j++) mbar_init(&arrived[j], 1);
+        mbar_fence_init();
+        const uint64_t policy = l2_evict_first(); /* read once a step */
+        for (int j = 0; j < top_k; j++) {
+            const int e = __ldcg(a.ids + j) - a.first;
+            const bool ours = e >= 0 && e < a.n_experts;
+            slot_expert[j] = ours ? e : -1;
+            if (!ours) { /* another rank's expert (ops.h): zero rows, nothing to copy */
+                mbar_arrive(&arrived[j]);
+                continue;
+            }
+            const uint32_t bytes = (uint32_t)(nr * row_bytes);
+            mbar_expect_tx(&arrived[j], bytes);
+            bulk_copy_hinted((void *)(w_sh + (size_t)j * RB * row_bytes), (const WT *)a.tab[e].w + (size_t)r0 * cols,
+                             bytes, &arrived[j], policy);
+        }
+    }
+    if (a.pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early == 1);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
+    __syncthreads(); /* the barriers and slot_expert set */
+    for (int j = warp; j < top_k; j += BK_WARPS) {
+        const int e = slot_expert[j];
+        float acc[BK_MAX_ROWS];
+#pragma unroll
+        for (int r = 0; r < BK_MAX_ROWS; r++) acc[r] = 0.0f;
+        if (e >= 0) {
+            mbar_wait(&arrived[j], 0);
+            const float *xj = a.x + (size_t)j * cols;
+            const unsigned char *wj = w_sh + (size_t)j * RB * row_bytes;
+            for (int k = lane; k < chunks; k += 32) {
+                const float4 *xk = (const float4 *)(xj + (size_t)k * EPC);
+                const float4 x0 = __ldg(xk), x1 = sizeof(WT) == 4 ? x0 : __ldg(xk + 1);
+#pragma unroll
+                for (int r = 0; r < BK_MAX_ROWS; r++)
+                    if (r < nr) acc[r] += mo_dot4<WT>(((const uint4 *)(wj + r * row_bytes))[k], x0, x1);
+            }
+        }
+        const void *bias = e >= 0 ? a.tab[e].bias : NULL;
+#pragma unroll
+        for (int r = 0; r < BK_MAX_ROWS; r++) {
+            if (r >= nr) break;
+            float v = llm_cuda_warp_sum(acc[r]);
+            if (e < 0) v = 0.0f; /* another rank's expert: its zero row, weighed as one */
+            else if (bias) v += llm_cuda_load(bias, a.bias_dtype, (size_t)(r0 + r));
+            if (lane == 0) ys[j][r] = v, a.out[(size_t)j * a.rows + r0 + r] = v;
+        }
+    }
+    __syncthreads();
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
+    if (tid >= nr) return;
+    float total = 0.0f;
+    for (int j = 0; j < top_k; j++) total = __fadd_rn(total, __fmul_rn(weights[j], ys[j][tid]));
+    sum_out[r0 + tid] = total;
+    if (resid) resid[r0 + tid] += total;
+#endif
+}
+
+/* The rows a block of experts_combine_bulk_kernel takes (its shared memory: RB rows of top_k slots): the rows shared
+ * evenly by the SMs, one block each (Qwen3-30B-A3B's 2,048 rows: 16 a block, 128 blocks), at most BK_MAX_ROWS; 0
+ * where that many do not fit one block, so the kernel would run in waves with nothing to overlap a block's copies
+ * (OLMoE's 2 KB rows: two waves measured no faster than the register kernel). LLM_CUDA_MOE_BULK_ROWS caps them
+ * (tests: rows that leave the last block short). */
+static int bulk_rows(int rows, int cols, size_t w_size, int top_k, size_t *smem)
+{
+    const size_t slot_row = (size_t)top_k * cols * w_size;
+    const size_t statics = 4096; /* the kernel's own (barriers, ys, slot_expert: 2.4 KB), with room */
+    int rb = (rows + llm_cuda.sm_count - 1) / llm_cuda.sm_count;
+    if (top_k > BK_MAX_SLOTS || rb > BK_MAX_ROWS || (size_t)rb * slot_row + statics > llm_cuda.smem_optin) return 0;
+    if (llm_cuda.moe_bulk_rows > 0 && rb > llm_cuda.moe_bulk_rows) rb = llm_cuda.moe_bulk_rows;
+    *smem = (size_t)rb * slot_row;
+    return rb;
+}
+
+template <typename WT> static cudaError_t bulk_launch(cudaLaunchConfig_t cfg, const gv_args &a, const float *weights,
+                                                      float *sum_out, float *resid, int rb)
+{
+    if (!llm_cuda_allow_smem((const void *)experts_combine_bulk_kernel<WT>, "experts+combine")) return cudaSuccess;
+    return cudaLaunchKernelEx(&cfg, experts_combine_bulk_kernel<WT>, a, weights, sum_out, resid, rb);
+}
+
 /* ---------- experts, a batch: the pairs grouped by expert, on the device ---------- */
 
 #define GROUP_THREADS 512
@@ -1027,6 +1149,19 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
         return;
     }
     cudaLaunchAttribute attr;
+    size_t bulk_smem = 0;
+    const int bulk_rb =
+        vec && llm_cuda.moe_bulk ? bulk_rows(a.rows, a.cols, llm_dtype_size(w0->dtype), top_k, &bulk_smem) : 0;
+    if (bulk_rb > 0) {
+        cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + bulk_rb - 1) / bulk_rb)),
+                                                   dim3(32 * BK_WARPS), bulk_smem, &attr, &a.pdl_early);
+        a.tl = llm_cuda_tl_record("experts_combine", a.cols);
+        cudaError_t e = w0->dtype == LLM_DTYPE_BF16 ? bulk_launch<__nv_bfloat16>(cfg, a, weights, sum_out, resid, bulk_rb)
+                        : w0->dtype == LLM_DTYPE_F16 ? bulk_launch<__half>(cfg, a, weights, sum_out, resid, bulk_rb)
+                                                     : bulk_launch<float>(cfg, a, weights, sum_out, resid, bulk_rb);
+        LLM_CUDA_CHECK("experts+combine", e);
+        return;
+    }
     cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + RB - 1) / RB)), dim3(32 * G * RB), 0, &attr,
                                                &a.pdl_early);
     a.tl = llm_cuda_tl_record("experts_combine", a.cols);
