@@ -7,12 +7,13 @@
 # measured read bandwidth.
 #
 #   STAGE=prepare scripts/gpu-vs-llama.sh   build llm-run, write the checkpoints and GGUFs into $MODELS
-#   STAGE=bench   scripts/gpu-vs-llama.sh   time the rows (what prepare left; the MoE row writes its own files,
+#   STAGE=bench   scripts/gpu-vs-llama.sh   time the rows (what prepare left; the MoE rows write their own files,
 #                                           after the 7B files are deleted, so that the disk holds them)
 #   (default: both)
 # Environment: LLAMA_BENCH (llama.cpp's llama-bench built with GGML_CUDA=ON, GGML_CUDA_FA=ON for this GPU; never
 # committed: build it from the fetched github:ngxson/llama.cpp snapshot), GGUF_PY (llama.cpp's gguf-py folder),
-# ROWS (default all: "7b-bf16 7b-q4_0 7b-q8_0 tiny-bf16 tiny-q4_0 moe-bf16"), MOE_LAYERS (default 12), MODELS
+# ROWS (default all: "7b-bf16 7b-q4_0 7b-q8_0 tiny-bf16 tiny-q4_0 moe-bf16"; also mixtral-bf16, Mixtral-8x7B's shape,
+# which wants an H200's memory at full depth), MOE_LAYERS (default 12), MIXTRAL_LAYERS (default 8), MODELS
 # (default /tmp/llm-run-models), OUT (default gpu-out), LLM_DEPS_DIR (as gpu-bench.sh), BUILD=0 (prepare builds
 # nothing: the caller builds).
 set -uo pipefail
@@ -22,6 +23,7 @@ MODELS=${MODELS:-/tmp/llm-run-models}
 STAGE=${STAGE:-all}
 ROWS=${ROWS:-"7b-bf16 7b-q4_0 7b-q8_0 tiny-bf16 tiny-q4_0 moe-bf16"}
 MOE_LAYERS=${MOE_LAYERS:-12}
+MIXTRAL_LAYERS=${MIXTRAL_LAYERS:-8}
 LLAMA_BENCH=${LLAMA_BENCH:-/tmp/llama-build/bin/llama-bench}
 mkdir -p "$OUT" "$MODELS"
 log="$OUT/vs-llama.log"
@@ -31,16 +33,25 @@ has() { [[ " $ROWS " == *" $1 "* ]]; }
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # a row: its shape, llm-run's --quant (or none), the GGUF's type, the depths its decode is timed after
-shape_of() { case $1 in 7b-*) echo llama-2-7b ;; tiny-*) echo tinyllama-1.1b ;; moe-*) echo qwen3-30b-a3b ;; esac; }
+shape_of() {
+    case $1 in 7b-*) echo llama-2-7b ;; tiny-*) echo tinyllama-1.1b ;; moe-*) echo qwen3-30b-a3b ;;
+        mixtral-*) echo mixtral-8x7b ;; esac
+}
+big() { [ "${1%%-*}" = moe ] || [ "${1%%-*}" = mixtral ]; } # the rows whose files are written after the 7B ones go
 type_of() { local t=${1#*-}; [ "$t" = bf16 ] && echo f16 || echo "$t"; }
 depths_of() { [ "$1" = 7b-bf16 ] && echo "512 3968" || echo 512; } # (Llama-2 holds 4,096 positions: 3,968 + 128)
-ckpt_of() { local s; s=$(shape_of "$1"); [ "$s" = qwen3-30b-a3b ] && echo "$MODELS/$s-${MOE_LAYERS}l" || echo "$MODELS/$s"; }
+ckpt_of() { local s n; s=$(shape_of "$1") n=$(layers_of "$1"); echo "$MODELS/$s${n:+-${n}l}"; }
 gguf_of() { echo "$(ckpt_of "$1")-$(type_of "$1").gguf"; }
-layers_of() { [ "$(shape_of "$1")" = qwen3-30b-a3b ] && echo "$MOE_LAYERS"; }
+layers_of() { case $(shape_of "$1") in qwen3-30b-a3b) echo "$MOE_LAYERS" ;; mixtral-8x7b) echo "$MIXTRAL_LAYERS" ;; esac; }
 
 make_ckpt() { # the row's checkpoint, where missing (rows of one shape share it)
     local r=$1 c n
     c=$(ckpt_of "$r") n=$(layers_of "$r")
+    if [ "$(shape_of "$r")" = mixtral-8x7b ]; then # (transformers names Mixtral's tensors: make-family-checkpoint)
+        ls "$c"/*.safetensors >/dev/null 2>&1 || python3 scripts/make-family-checkpoint.py --shape mixtral-8x7b \
+            --out "$c" --layers "$n" >>"$log" 2>&1
+        return
+    fi
     [ -f "$c/model.safetensors" ] || python3 scripts/make-random-checkpoint.py --shape "$(shape_of "$r")" --out "$c" \
         --dtype bf16 ${n:+--layers "$n"} >>"$log" 2>&1
 }
@@ -56,7 +67,7 @@ if [ "$STAGE" != bench ]; then
     [ "${BUILD:-1}" = 0 ] || make -j"$(nproc)" "${MAKEVARS[@]}" CUDA_ARCH=hopper build/llm-run >"$OUT/build.log" 2>&1 &
     done_shapes=""
     for r in $ROWS; do # each shape's checkpoint once (its first row), the GGUFs each
-        [ "${r%%-*}" = moe ] && continue
+        big "$r" && continue
         [[ " $done_shapes " == *" $(shape_of "$r") "* ]] || make_ckpt "$r" &
         done_shapes="${done_shapes:-} $(shape_of "$r")"
         make_gguf "$r" &
@@ -88,16 +99,20 @@ bench_row() { # llm-run, then llama.cpp, on the row's files
     echo "$r done at ${SECONDS}s" | tee -a "$log"
 }
 for r in $ROWS; do
-    [ "${r%%-*}" = moe ] && continue
+    big "$r" && continue
     bench_row "$r"
 done
-if has moe-bf16; then # the 7B files out first: the disk holds the MoE checkpoint and GGUF then
+done_big=""
+for r in moe-bf16 mixtral-bf16; do # the 7B files out first, and a MoE row's before the next: the disk holds one
+    has "$r" || continue
     has 7b-bf16 || has 7b-q4_0 || has 7b-q8_0 && rm -rf "$MODELS"/llama-2-7b*
-    make_ckpt moe-bf16 &
-    make_gguf moe-bf16
+    [ -n "$done_big" ] && rm -rf "$(ckpt_of "$done_big")" "$(gguf_of "$done_big")"
+    make_ckpt "$r" &
+    make_gguf "$r"
     wait
-    bench_row moe-bf16
-fi
+    bench_row "$r"
+    done_big=$r
+done
 python3 - "$csv" <<'EOF' | tee -a "$log" "$OUT/vs-llama.md"
 import csv, sys
 ours, theirs = {}, {}

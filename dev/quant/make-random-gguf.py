@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's (or Llama-2-7B's, or Qwen3-30B-A3B's) shape
+"""Lab: a GGUF with random normal(0, 0.02) weights in TinyLlama-1.1B's (or Llama-2-7B's, Qwen3-30B-A3B's, Mixtral-8x7B's) shape
 (F16, norms 1, a stand-in vocabulary), for llama.cpp's llama-quantize and llama-bench beside `llm-run bench` on
-scripts/make-random-checkpoint.py --shape tinyllama-1.1b (llama-2-7b, qwen3-30b-a3b --layers N). Its text is noise;
-only speed is compared.
+scripts/make-random-checkpoint.py --shape tinyllama-1.1b (llama-2-7b, qwen3-30b-a3b --layers N; Mixtral:
+scripts/make-family-checkpoint.py --shape mixtral-8x7b --layers N). Its text is noise; only speed is compared.
 
-usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0] [tinyllama-1.1b|llama-2-7b|qwen3-30b-a3b] [LAYERS]
+usage: make-random-gguf.py OUT.gguf [f16|q8_0|q4_0] [tinyllama-1.1b|llama-2-7b|qwen3-30b-a3b|mixtral-8x7b] [LAYERS]
 (needs llama.cpp's gguf-py; LAYERS cuts the model to its first N layers, as make-random-checkpoint.py --layers)
-Qwen3-30B-A3B is llama.cpp's qwen3moe: q/k norms, 128 experts of 768 rows stacked per layer (ffn_*_exps), top 8.
+Qwen3-30B-A3B is llama.cpp's qwen3moe: q/k norms, 128 experts of 768 rows stacked per layer (ffn_*_exps), top 8;
+Mixtral-8x7B is its llama with 8 experts of 14,336 rows stacked the same way, top 2.
 Every layer holds the same random matrices (made and quantized once per shape: a 7B file in a minute); each layer's
 weights still lie apart in the file and in memory, so a decode step reads them all.
 The layers' linears take the type (quantized by gguf.quants, which matches ggml's reference quantizer); the
@@ -16,9 +17,10 @@ import sys
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
-# hidden, intermediate, layers, heads, kv heads, vocab; then for qwen3moe: head_dim, experts, top_k, expert rows
+# hidden, intermediate, layers, heads, kv heads, vocab; then for mixtures: head_dim, experts, top_k, expert rows
 SHAPES = {"tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000), "llama-2-7b": (4096, 11008, 32, 32, 32, 32000),
-          "qwen3-30b-a3b": (2048, 6144, 48, 32, 4, 151936, 128, 128, 8, 768)}
+          "qwen3-30b-a3b": (2048, 6144, 48, 32, 4, 151936, 128, 128, 8, 768),
+          "mixtral-8x7b": (4096, 14336, 32, 32, 8, 32000, 128, 8, 2, 14336)}
 
 
 def main():
@@ -33,7 +35,8 @@ def main():
         L = min(L, int(sys.argv[4]))
     qtype = {"f16": None, "q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}[kind]
     rng = np.random.default_rng(0)
-    arch = "qwen3moe" if moe else "llama"
+    qwen3moe = shape == "qwen3-30b-a3b"
+    arch = "qwen3moe" if qwen3moe else "llama"
     w = GGUFWriter(sys.argv[1], arch)
     w.add_name("random-" + shape)
     w.add_context_length(2048)
@@ -44,7 +47,7 @@ def main():
     w.add_head_count_kv(NKV)
     w.add_rope_dimension_count(HD)
     w.add_rope_freq_base(1e6 if moe else 10000.0)
-    w.add_layer_norm_rms_eps(1e-6 if moe else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if qwen3moe else 1e-5)
     if moe:
         w.add_key_length(HD)
         w.add_value_length(HD)
@@ -88,9 +91,10 @@ def main():
         linear(p + "attn_v.weight", NKV * HD, H)
         linear(p + "attn_output.weight", H, NH * HD)
         w.add_tensor(p + "ffn_norm.weight", np.ones(H, np.float32))
-        if moe:
+        if qwen3moe:
             w.add_tensor(p + "attn_q_norm.weight", np.ones(HD, np.float32))
             w.add_tensor(p + "attn_k_norm.weight", np.ones(HD, np.float32))
+        if moe:
             linear(p + "ffn_gate_inp.weight", E, H)
             experts(p + "ffn_gate_exps.weight", EI, H)
             experts(p + "ffn_up_exps.weight", EI, H)

@@ -558,7 +558,9 @@ template <typename WT, int M, int R, int CPL> static void one_launch3(gv_args a)
 }
 
 /* Rows of 6 chunks a lane or more (Qwen3-30B-A3B's gate and up: 8) take 8 a step, 16 loads a lane over one row of
- * gate and up or two of one matrix; shorter rows (its down: 3) 4 a step over twice the rows. */
+ * gate and up or two of one matrix; shorter rows (its down: 3) 4 a step over twice the rows, and so do the down's
+ * long rows, whose x is a slot's own: 4 rows a warp read each chunk of x once (Mixtral-8x7B's down, x 57 KB a slot,
+ * 2 rows a warp: 500 tok/s, 4: 533; dev/cuda/notes.md version 137). */
 template <typename WT> static void one_launch(const gv_args &a)
 {
     const int per_lane = (a.cols / (int)(16 / sizeof(WT)) + 31) / 32;
@@ -566,8 +568,8 @@ template <typename WT> static void one_launch(const gv_args &a)
         if (per_lane >= 6) one_launch3<WT, 2, 1, 8>(a);
         else one_launch3<WT, 2, 2, 4>(a);
     } else {
-        if (per_lane >= 6) one_launch3<WT, 1, 2, 8>(a);
-        else one_launch3<WT, 1, 4, 4>(a);
+        if (per_lane >= 6 && a.x_slots == 1) one_launch3<WT, 1, 2, 8>(a);
+        else one_launch3<WT, 1, 4, 4>(a); /* (a slot's own x, the down's: each x chunk read once for 4 rows) */
     }
 }
 
@@ -1143,15 +1145,19 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
     const int G = (top_k + GC_SLOTS - 1) / GC_SLOTS, RB = G >= GC_MAX_WARPS ? 1 : GC_MAX_WARPS / G;
-    if (G > GC_MAX_WARPS) { /* more slots than a block's warps take: the two ops */
+    size_t bulk_smem = 0;
+    const int bulk_rb =
+        vec && llm_cuda.moe_bulk ? bulk_rows(a.rows, a.cols, llm_dtype_size(w0->dtype), top_k, &bulk_smem) : 0;
+    /* The two ops also where x is too long to stage: a warp here takes one row of several slots, so every row would
+     * read each slot's whole x again, from L2 (Mixtral-8x7B: 114 KB of x a row, 470 MB a layer for 235 MB of
+     * weights: 122 us; as the two ops, 4 rows a warp sharing each x chunk, 58 us and decode 416 -> 533 tok/s). */
+    const bool x_long = (size_t)top_k * a.cols * sizeof(float) > X_SHARED_MAX;
+    if (G > GC_MAX_WARPS || (x_long && bulk_rb == 0)) { /* more slots than a block's warps take, or long x */
         llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
         llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
         return;
     }
     cudaLaunchAttribute attr;
-    size_t bulk_smem = 0;
-    const int bulk_rb =
-        vec && llm_cuda.moe_bulk ? bulk_rows(a.rows, a.cols, llm_dtype_size(w0->dtype), top_k, &bulk_smem) : 0;
     if (bulk_rb > 0) {
         cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + bulk_rb - 1) / bulk_rb)),
                                                    dim3(32 * BK_WARPS), bulk_smem, &attr, &a.pdl_early);
