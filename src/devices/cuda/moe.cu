@@ -700,11 +700,12 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
  * experts_combine_kernel reads them). The register kernel holds every byte in flight in registers, 2 blocks an SM,
  * so Qwen3-30B-A3B's 512 blocks ran in two waves, the second's loads issued only as the first's blocks ended; here a
  * block an SM asks for its whole share at once (16 rows of 8 experts, 192 KB) and registers hold only sums: 13.7 ->
- * 9.8 us, decode +4.6 % (dev/cuda/notes.md, version 135). x is not staged: the next layer's q/k/v product, launched
- * early, stages its own x, and with 24 KB more here its blocks found no room until these ended (the decode 1 %
- * slower than the register kernel's). After the wait, warp w takes slots w, w + BK_WARPS, ..., each once its rows
- * have come: a lane chunks lane, lane + 32, ... of every row in order against the same x chunk (read once through
- * L1), so each y[j, r] is summed as the register kernel sums it (the same bits); the combine after it is the same. */
+ * 9.8-11 us, decode +3.8 to +4.6 % (dev/cuda/notes.md, version 135). x is not staged: the next layer's q/k/v
+ * product, launched early, stages its own x, and with 24 KB more here its blocks found no room until these ended
+ * (the decode 1 % slower than the register kernel's). After the wait, warp w takes slots w, w + BK_WARPS, ..., each
+ * once its rows have come: a lane chunks lane, lane + 32, ... of every row in order against the same x chunk (read
+ * once through L1), so each y[j, r] is summed as the register kernel sums it (the same bits); the combine after it
+ * is the same. */
 #define BK_WARPS 8
 #define BK_MAX_ROWS 16  /* rows a block: a lane's sums */
 #define BK_MAX_SLOTS 32 /* top_k (a barrier each) */
