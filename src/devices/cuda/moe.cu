@@ -1163,9 +1163,10 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
         cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + bulk_rb - 1) / bulk_rb)),
                                                    dim3(32 * BK_WARPS), bulk_smem, &attr, &a.pdl_early);
         a.tl = llm_cuda_tl_record("experts_combine", a.cols);
-        cudaError_t e = w0->dtype == LLM_DTYPE_BF16 ? bulk_launch<__nv_bfloat16>(cfg, a, weights, sum_out, resid, bulk_rb)
-                        : w0->dtype == LLM_DTYPE_F16 ? bulk_launch<__half>(cfg, a, weights, sum_out, resid, bulk_rb)
-                                                     : bulk_launch<float>(cfg, a, weights, sum_out, resid, bulk_rb);
+        const cudaError_t e =
+            w0->dtype == LLM_DTYPE_BF16  ? bulk_launch<__nv_bfloat16>(cfg, a, weights, sum_out, resid, bulk_rb)
+            : w0->dtype == LLM_DTYPE_F16 ? bulk_launch<__half>(cfg, a, weights, sum_out, resid, bulk_rb)
+                                         : bulk_launch<float>(cfg, a, weights, sum_out, resid, bulk_rb);
         LLM_CUDA_CHECK("experts+combine", e);
         return;
     }
