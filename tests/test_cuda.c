@@ -1187,7 +1187,7 @@ static void test_moe_decode(void **state)
         setenv("LLM_CUDA_MOE_BULK", "0", 1); /* one token's down+combine through registers */
         float *registers = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
         unsetenv("LLM_CUDA_MOE_BULK");
-        setenv("LLM_CUDA_MOE_BULK_ROWS", "3", 1); /* ... through the copy engine, the last block short */
+        setenv("LLM_CUDA_MOE_BULK_ROWS", "3", 1); /* ... through the copy engine, 3 rows a block, the last one short */
         float *short_blocks = decode_run(fixtures[f], "cuda", "0", "1", &vocab);
         unsetenv("LLM_CUDA_MOE_BULK_ROWS");
         float *cpu = decode_run(fixtures[f], "cpu", "1", "1", &vocab);

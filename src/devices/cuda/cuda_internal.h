@@ -77,7 +77,7 @@ struct llm_cuda_ctx {
     int moe_pdl;         /* LLM_CUDA_MOE_PDL: the MoE kernels' programmatic dependent launch (moe.cu) */
     bool moe_x_shared;   /* LLM_CUDA_MOE_X_SHARED: one token's experts stage x in shared memory (moe.cu) */
     bool moe_bulk;       /* LLM_CUDA_MOE_BULK (and Hopper code): one token's down+combine through the copy engine */
-    int moe_bulk_rows;   /* LLM_CUDA_MOE_BULK_ROWS: ... at most this many rows a block (tests); 0: by the SMs */
+    int moe_bulk_rows;   /* LLM_CUDA_MOE_BULK_ROWS: ... this many rows a block (tests); 0: as the SMs share them */
     const char *step_trace; /* LLM_CUDA_STEP_TRACE: a file for the persistent step's per-phase stamps, or NULL */
 };
 extern llm_cuda_ctx llm_cuda;

@@ -108,7 +108,7 @@ static int env_int(const char *name, int fallback)
  *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2; notes: "Mixture of experts")
  *   LLM_CUDA_MOE_X_SHARED=0     one token's experts read x through L1, not staged in shared memory (notes: v133)
  *   LLM_CUDA_MOE_BULK=0         one token's down+combine streams its rows through registers, not the copy engine
- *   LLM_CUDA_MOE_BULK_ROWS=N    ... through the copy engine, at most N rows a block (0: as the SMs share them) */
+ *   LLM_CUDA_MOE_BULK_ROWS=N    ... through the copy engine, N rows a block (1 to 16; 0: as the SMs share them) */
 static void cuda_settings_read(cuda_settings *s)
 {
     s->graphs = env_flag("LLM_CUDA_GRAPHS", true);

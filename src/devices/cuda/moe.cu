@@ -789,15 +789,15 @@ __global__ void __launch_bounds__(BK_WARPS * 32, 1)
 /* The rows a block of experts_combine_bulk_kernel takes (its shared memory: RB rows of top_k slots): the rows shared
  * evenly by the SMs, one block each (Qwen3-30B-A3B's 2,048 rows: 16 a block, 128 blocks), at most BK_MAX_ROWS; 0
  * where that many do not fit one block, so the kernel would run in waves with nothing to overlap a block's copies
- * (OLMoE's 2 KB rows: two waves measured no faster than the register kernel). LLM_CUDA_MOE_BULK_ROWS caps them
- * (tests: rows that leave the last block short). */
+ * (OLMoE's 2 KB rows: two waves measured no faster than the register kernel). LLM_CUDA_MOE_BULK_ROWS sets them
+ * (tests: the fixtures' 64 rows would be one a block; 3 gives blocks of several rows and a short last one). */
 static int bulk_rows(int rows, int cols, size_t w_size, int top_k, size_t *smem)
 {
     const size_t slot_row = (size_t)top_k * cols * w_size;
     const size_t statics = 4096; /* the kernel's own (barriers, ys, slot_expert: 2.4 KB), with room */
-    int rb = (rows + llm_cuda.sm_count - 1) / llm_cuda.sm_count;
+    const int shared = (rows + llm_cuda.sm_count - 1) / llm_cuda.sm_count;
+    const int rb = llm_cuda.moe_bulk_rows > 0 ? llm_cuda.moe_bulk_rows : shared;
     if (top_k > BK_MAX_SLOTS || rb > BK_MAX_ROWS || (size_t)rb * slot_row + statics > llm_cuda.smem_optin) return 0;
-    if (llm_cuda.moe_bulk_rows > 0 && rb > llm_cuda.moe_bulk_rows) rb = llm_cuda.moe_bulk_rows;
     *smem = (size_t)rb * slot_row;
     return rb;
 }
@@ -805,7 +805,8 @@ static int bulk_rows(int rows, int cols, size_t w_size, int top_k, size_t *smem)
 template <typename WT> static cudaError_t bulk_launch(cudaLaunchConfig_t cfg, const gv_args &a, const float *weights,
                                                       float *sum_out, float *resid, int rb)
 {
-    if (!llm_cuda_allow_smem((const void *)experts_combine_bulk_kernel<WT>, "experts+combine")) return cudaSuccess;
+    if (!llm_cuda_allow_smem((const void *)experts_combine_bulk_kernel<WT>, "experts+combine"))
+        return cudaSuccess; /* (the failure is recorded: the device reports it and runs nothing more) */
     return cudaLaunchKernelEx(&cfg, experts_combine_bulk_kernel<WT>, a, weights, sum_out, resid, rb);
 }
 
@@ -1155,8 +1156,8 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     /* The two ops also where x is too long to stage: a warp here takes one row of several slots, so every row would
      * read each slot's whole x again, from L2 (Mixtral-8x7B: 114 KB of x a row, 470 MB a layer for 235 MB of
      * weights: 122 us; as the two ops, 4 rows a warp sharing each x chunk, 58 us and decode 416 -> 533 tok/s). */
-    const bool x_long = (size_t)top_k * a.cols * sizeof(float) > X_SHARED_MAX;
-    if (G > GC_MAX_WARPS || (x_long && bulk_rb == 0)) { /* more slots than a block's warps take, or long x */
+    const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
+    if (G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0)) { /* more slots than warps, or x too long */
         llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
         llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
         return;
@@ -1176,7 +1177,6 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)((a.rows + RB - 1) / RB)), dim3(32 * G * RB), 0, &attr,
                                                &a.pdl_early);
     a.tl = llm_cuda_tl_record("experts_combine", a.cols);
-    const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
     a.x_shared = vec && llm_cuda.moe_x_shared && x_bytes <= X_SHARED_MAX;
     cfg.dynamicSmemBytes = a.x_shared ? x_bytes : 0;
     cudaError_t e;
