@@ -18,6 +18,7 @@
 #include "devices/registry.h"
 #include "model/model.h"
 #include "ops/ref.h"
+#include "quant/mxfp4.h"
 #include "quant/quant.h"
 #include "support/fixture_util.h"
 #include "support/st_writer.h"
@@ -25,6 +26,8 @@
 static const llm_device *dev;
 
 /* The cuda device, initialised; skips the test when it is not compiled in or not usable here. */
+static llm_precision open_precision; /* what cuda_or_skip opens the device with (the accurate one, but where set) */
+
 static void cuda_or_skip(void)
 {
     dev = llm_device_find("cuda");
@@ -38,7 +41,7 @@ static void cuda_or_skip(void)
         skip();
     }
     char err[512] = "";
-    llm_device_options opt = {0};
+    llm_device_options opt = {.precision = open_precision};
     int rc = dev->init(&opt, err, sizeof err);
     if (rc) print_error("%s\n", err);
     assert_int_equal(rc, 0);
@@ -851,6 +854,112 @@ static void test_moe_experts(void **state)
             free_experts(&e);
         }
     cuda_done();
+}
+
+/* gpt-oss's MXFP4 experts as shipped, each output held to its bound beside both sides' f32 summations (2 cols eps
+ * sum |w x|). The accurate precision: one token's GEMV multiplies in f32, a batch converts the weights to BF16 tiles
+ * (exactly) and splits x into two BF16 halves (2^-16 sum |w x|). The fast one: one token's GEMV rounds x to 8 bits a
+ * block of 32 (ops.h: half a step of x's block times sum |w|, as test_matmul_quant), a batch rounds x to BF16 once
+ * (2^-9 sum |w x|). */
+static void run_experts_mxfp4(llm_precision precision)
+{
+    open_precision = precision;
+    cuda_or_skip();
+    const bool fast = precision == LLM_PRECISION_FAST;
+    static const struct {
+        int experts, top_k, n;
+        size_t rows, cols;
+    } cases[] = {
+        {8, 4, 1, 2880, 2880},  /* gpt-oss-20b's gate, up and down: 90 blocks a row, the last of a lane's passes short */
+        {8, 4, 1, 77, 64},      /* rows that end part-way through a warp's */
+        {8, 2, 3, 96, 256},     /* a few tokens: grouped, one tile an expert */
+        {16, 4, 40, 300, 256},  /* two row tiles, the second part-way */
+        {16, 8, 300, 130, 512}, /* 150 pairs an expert: three tiles each */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int slots = 1; slots <= cases[c].top_k; slots += cases[c].top_k - 1) {
+            const int n = cases[c].n, k = cases[c].top_k, ne = cases[c].experts;
+            const size_t rows = cases[c].rows, cols = cases[c].cols, P = (size_t)n * k, nb = cols / 32;
+            llm_weight *hw = calloc((size_t)ne, sizeof *hw), *dw = calloc((size_t)ne, sizeof *dw);
+            weight_pair *b = calloc((size_t)ne, sizeof *b);
+            llm_weight *hb = calloc((size_t)ne, sizeof *hb), *db = calloc((size_t)ne, sizeof *db);
+            float *wf = malloc((size_t)ne * rows * cols * sizeof *wf); /* the weights' values, for the bound */
+            assert_true(hw && dw && b && hb && db && wf);
+            for (int e = 0; e < ne; e++) {
+                float *v = random_floats(rows * cols, 0.05f);
+                llm_block_mxfp4 *q = malloc(rows * nb * sizeof *q);
+                assert_non_null(q);
+                llm_mxfp4_quantize(q, v, rows * cols);
+                llm_mxfp4_dequantize(wf + (size_t)e * rows * cols, q, rows * cols);
+                hw[e] = (llm_weight){q, LLM_DTYPE_MXFP4, rows, cols};
+                assert_int_equal(dev->weight_load(&dw[e], q, LLM_DTYPE_MXFP4, rows, cols), 0);
+                b[e] = make_weight(LLM_DTYPE_BF16, 1, rows, 0.5f);
+                hb[e] = b[e].host, db[e] = b[e].device;
+                free(v);
+            }
+            llm_experts host = {hw, hb, ne, false, 0}, device = {dw, db, ne, false, 0};
+            int32_t *ids = malloc(P * sizeof *ids);
+            assert_non_null(ids);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < k; j++) ids[(size_t)i * k + j] = ((i / 2) * 3 + j * (ne / k)) % ne;
+            const size_t nx = (size_t)n * slots * cols, no = P * rows;
+            float *x = random_floats(nx, 1.0f), *ref = malloc(no * sizeof *ref);
+            assert_non_null(ref);
+            for (size_t i = 0; i < nx; i += 97) x[i] *= 20.0f; /* outliers: coarse blocks of x */
+            llm_ref_ops.experts(ref, x, &host, ids, n, k, slots);
+            float *dx = on_device(x, nx * sizeof *x), *dout = dev->alloc(no * sizeof(float));
+            int32_t *di = on_device(ids, P * sizeof *ids);
+            assert_non_null(dout);
+            dev->ops->experts(dout, dx, &device, di, n, k, slots);
+            float *got = from_device(dout, no);
+            const double eps = 1.0 / 16777216.0;
+            double worst = 0;
+            int bad = 0;
+            for (size_t p = 0; p < P; p++) {
+                const size_t i = p / (size_t)k, j = p % (size_t)k;
+                const float *xr = x + (i * (size_t)slots + (slots > 1 ? j : 0)) * cols;
+                const float *we = wf + (size_t)ids[p] * rows * cols;
+                for (size_t r = 0; r < rows; r++) {
+                    double abs_wx = 0, abs_w_step = 0, amax = 0;
+                    for (size_t col = 0; col < cols; col++) {
+                        if (col % 32 == 0) {
+                            amax = 0;
+                            for (size_t u = 0; u < 32; u++) amax = fmax(amax, fabs(xr[col + u]));
+                        }
+                        const double a = fabs(we[r * cols + col]);
+                        abs_wx += a * fabs(xr[col]), abs_w_step += a * amax / 254.0 * 1.001;
+                    }
+                    const double bound = 2.0 * (double)cols * eps * abs_wx +
+                                         (!fast ? abs_wx / 65536.0 : n == 1 ? abs_w_step : abs_wx / 512.0);
+                    const double err = fabs((double)got[p * rows + r] - ref[p * rows + r]);
+                    if (!(err <= bound) && bad++ < 3)
+                        print_error("MXFP4 experts n=%d (%s): out[%zu, %zu] = %.7g, reference %.7g, bound %.3g\n", n,
+                                    fast ? "fast" : "accurate", p, r, (double)got[p * rows + r],
+                                    (double)ref[p * rows + r], bound);
+                    worst = fmax(worst, bound > 0 ? err / bound : 0);
+                }
+            }
+            print_message("experts %d of %d, %zux%zu MXFP4 +bias, n=%d x_slots=%d, %s: worst error %.2f of its bound\n",
+                          k, ne, rows, cols, n, slots, fast ? "fast" : "accurate", worst);
+            assert_int_equal(bad, 0);
+            for (int e = 0; e < ne; e++) {
+                dev->weight_free(&dw[e]);
+                free(hw[e].data);
+                free_weight(&b[e]);
+            }
+            free(hw), free(dw), free(b), free(hb), free(db), free(wf);
+            free(x), free(ref), free(got), free(ids);
+            dev->free(dx), dev->free(dout), dev->free(di);
+        }
+    cuda_done();
+    open_precision = LLM_PRECISION_ACCURATE;
+}
+
+static void test_moe_experts_mxfp4(void **state)
+{
+    (void)state;
+    run_experts_mxfp4(LLM_PRECISION_ACCURATE);
+    run_experts_mxfp4(LLM_PRECISION_FAST);
 }
 
 static void test_moe_combine(void **state)
@@ -1830,7 +1939,8 @@ int main(void)
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_matmul_quant),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_moe_route),
-        cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_combine),
+        cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_experts_mxfp4),
+        cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_moe_graph_replay),
         cmocka_unit_test(test_graph_keys), cmocka_unit_test(test_graph_replay),
         cmocka_unit_test(test_moe_decode),

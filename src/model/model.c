@@ -499,9 +499,9 @@ static int end_placing(llm_model *m, int l, size_t before)
 }
 
 /* Expert e's matrix `proj` (0 gate, 1 up, 2 down; rows x cols, out x in) from gpt-oss's MXFP4 blocks and scales (its
- * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 on a host-memory device whose
- * experts take it, else dequantized to BF16, which holds every MXFP4 value exactly (a GPU's weights live in its own
- * memory, where only the element types go). */
+ * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 where the experts op's device takes
+ * it (on the host, or on that device itself: cuda), else dequantized to BF16, which holds every MXFP4 value
+ * exactly. */
 static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *blocks, const llm_st_tensor *scales,
                              size_t e, int proj, size_t rows, size_t cols, char *err, size_t err_len)
 {
@@ -521,8 +521,9 @@ static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *b
     const llm_device *to = place_dev(m);
     const llm_device *who = m->placing ? m->placing : m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS]
                                                                                         : m->rt.dev;
-    if (to->host_memory && who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4)) {
-        w->data = dst, w->dtype = LLM_DTYPE_MXFP4; /* the model's own memory, as quantized weights (free_weight) */
+    if (who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4) && (to->host_memory || to == who)) {
+        /* the model's own memory, as quantized weights (free_weight), or the device's copy (dst freed) */
+        if (place_blocks(m, w, dst, LLM_DTYPE_MXFP4, blocks->name, err, err_len)) return -1;
         m->weight_bytes += bytes;
         m->pq_count[LLM_DTYPE_MXFP4]++;
         return 0;

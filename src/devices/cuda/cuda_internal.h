@@ -499,9 +499,9 @@ void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, in
  * the first time it meets w (kept until llm_cuda_moe_release). */
 void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const int32_t *ids, int n, int top_k,
                       int x_slots);
-/* gate's and up's products in one launch (a few tokens, x_slots 1: llm_cuda_experts_pair_fits), both written; with
- * glu, gate_out then holds act(gate) * up, as the glu op after them would leave it. */
-bool llm_cuda_experts_pair_fits(int n, int top_k);
+/* gate's and up's products in one launch (a few tokens, x_slots 1: llm_cuda_experts_pair_fits; MXFP4 experts one
+ * token only), both written; with glu, gate_out then holds act(gate) * up, as the glu op after them would leave it. */
+bool llm_cuda_experts_pair_fits(int n, int top_k, llm_dtype dtype);
 void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
                            const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act);
 /* One token's down products (x_slots top_k) and the combine after them in one launch: y (top_k, rows) as experts

@@ -385,6 +385,37 @@ static void regroup_row(unsigned char *dst, const unsigned char *src, llm_dtype 
     }
 }
 
+/* MXFP4 (gpt-oss's experts, which only the experts op takes) regrouped over the whole matrix instead: every row's
+ * quants (16 bytes a block, so a row of them is whole aligned chunks however many blocks it has: gpt-oss's 90 blocks
+ * of 17 bytes would leave rows 2-byte aligned), then every row's E8M0 scale bytes, row by row (moe.cu's
+ * mxfp4_matrix). Through a host buffer of a few MiB at a time, as the rows above. */
+static int mxfp4_regroup_upload(void *dst, const unsigned char *src, size_t rows, size_t blocks)
+{
+    const size_t bb = llm_dtype_block_bytes(LLM_DTYPE_MXFP4), qs = bb - 1;
+    size_t chunk_rows = ((size_t)8 << 20) / (blocks * bb) + 1;
+    if (chunk_rows > rows) chunk_rows = rows;
+    unsigned char *buf = (unsigned char *)malloc(chunk_rows * blocks * bb + 1);
+    if (!buf) {
+        llm_cuda_fail("weight", "out of host memory regrouping an MXFP4 matrix");
+        return -1;
+    }
+    unsigned char *quants = (unsigned char *)dst, *scales = quants + rows * blocks * qs;
+    int rc = 0;
+    for (size_t r0 = 0; !rc && r0 < rows; r0 += chunk_rows) {
+        const size_t n = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
+        unsigned char *bq = buf, *bs = buf + n * blocks * qs;
+        for (size_t b = 0; b < n * blocks; b++) { /* llm_block_mxfp4: the scale byte, then 16 bytes of quants */
+            const unsigned char *blk = src + (r0 * blocks + b) * bb;
+            bs[b] = blk[0];
+            memcpy(bq + b * qs, blk + 1, qs);
+        }
+        rc = cuda_upload(quants + r0 * blocks * qs, bq, n * blocks * qs);
+        if (!rc) rc = cuda_upload(scales + r0 * blocks, bs, n * blocks);
+    }
+    free(buf);
+    return rc;
+}
+
 int cuda_weight_load(llm_weight *w, const void *host, llm_dtype dtype, size_t rows, size_t cols)
 {
     const bool block = llm_dtype_is_block(dtype);
@@ -404,6 +435,8 @@ int cuda_weight_load(llm_weight *w, const void *host, llm_dtype dtype, size_t ro
     int rc = 0;
     if (!block) {
         rc = cuda_upload(p, host, bytes);
+    } else if (dtype == LLM_DTYPE_MXFP4) {
+        rc = mxfp4_regroup_upload(p, (const unsigned char *)host, rows, cols / llm_dtype_block(dtype));
     } else { /* regrouped through a host buffer of a few MiB at a time */
         size_t chunk_rows = ((size_t)8 << 20) / row_bytes + 1;
         if (chunk_rows > rows) chunk_rows = rows;

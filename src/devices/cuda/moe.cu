@@ -8,6 +8,7 @@
 
 #include "cuda_internal.h"
 #include "hopper.cuh"
+#include "quant_dot.cuh"
 
 /* The launch of a kernel that reads what the kernel before wrote (all of them here: scores, ids, the experts'
  * inputs): with programmatic dependent launch as llm_cuda.moe_pdl says (LLM_CUDA_MOE_PDL, measurements: 0 none,
@@ -588,6 +589,135 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
     else gemv_launch3<WT, false, 4>(a, vec, grid);
 }
 
+/* ---------- experts, one token, MXFP4 (gpt-oss's, as shipped) ---------- */
+
+/* An MXFP4 matrix as memory.cu lays it out: rows of `blocks` 16-byte quant chunks, then the scale bytes row by row. */
+__device__ __forceinline__ const uint4 *mx_quants(const void *w, int row, int blocks)
+{
+    return (const uint4 *)w + (size_t)row * blocks;
+}
+__device__ __forceinline__ const unsigned char *mx_scales(const void *w, int rows, int row, int blocks)
+{
+    return (const unsigned char *)w + (size_t)rows * blocks * 16 + (size_t)row * blocks;
+}
+
+/* One token's MXFP4 products, as experts_one_kernel takes 16-bit ones: block (x, j) takes rows of slot j's expert, a
+ * warp R consecutive rows of each of M matrices (gate and up with M == 2), a lane blocks lane, lane + 32, ... of
+ * each row, CPL of them in flight at once. Every block stages slot j's x in shared memory after its warps have issued
+ * their first loads, so the staging hides under them (a block's 16 rows of gpt-oss's gate and up are 49 KB; its x,
+ * 11.5 KB of L2): EXACT (the accurate precision), as f32 for mxfp4_dot_f32, laid out so that the lanes' blocks lie
+ * side by side (float4 v of block b at v * blocks + b: no bank conflicts); else rounded to 8 bits in blocks of 32
+ * (quantize_x, ops.h) for mxfp4_dot's integer products, as llama.cpp multiplies MXFP4 (the fast precision, the
+ * CLI's default). The gate's glu is left to glu's own kernel (gpt-oss's clamped SwiGLU). */
+#define MX_WARPS 8
+#define MX_CPL 4
+
+template <int M, int R, bool EXACT>
+__global__ void __launch_bounds__(MX_WARPS * 32) experts_mxfp4_one_kernel(const __grid_constant__ gv_args a)
+{
+    constexpr int NR = M * R;
+    extern __shared__ int mx_xq[]; /* EXACT: cols floats; else cols / 4 words of int8 values, then cols / 32 steps */
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
+    const int lane = threadIdx.x & 31, j = blockIdx.y, rows = a.rows, cols = a.cols, blocks = cols / 32;
+    const int r0 = (blockIdx.x * MX_WARPS + (threadIdx.x >> 5)) * R, e = a.ids[j] - a.first;
+    const bool ours = e >= 0 && e < a.n_experts, live = r0 < rows && ours;
+    const uint4 *qrow[NR];
+    const unsigned char *srow[NR];
+    uint4 wq[MX_CPL][NR];
+    unsigned ws[MX_CPL][NR];
+    auto load = [&](int k) {
+#pragma unroll
+        for (int c = 0; c < MX_CPL; c++)
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                if (k + 32 * c < blocks) wq[c][r] = __ldcs(qrow[r] + k + 32 * c), ws[c][r] = __ldcs(srow[r] + k + 32 * c);
+    };
+    if (live) {
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const void *w = m == 0 ? a.tab[e].w : a.tab2[e].w;
+                const int row = r0 + r < rows ? r0 + r : r0;
+                qrow[m * R + r] = mx_quants(w, row, blocks), srow[m * R + r] = mx_scales(w, rows, row, blocks);
+            }
+        load(lane);
+    }
+    float *xd = (float *)(mx_xq + cols / 4), *xf = (float *)mx_xq;
+    if (EXACT) {
+        const float *x = x_row(a, j);
+        for (int i = threadIdx.x; i < cols; i += MX_WARPS * 32)
+            xf[((i & 31) >> 2) * blocks * 4 + (i >> 5) * 4 + (i & 3)] = x[i];
+    } else {
+        quantize_x(x_row(a, j), cols, mx_xq, xd, NULL, MX_WARPS);
+    }
+    __syncthreads();
+    if (r0 >= rows) return;
+    float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
+    if (!ours) { /* another rank's expert (ops.h): zero rows */
+        if (lane < R && r0 + lane < rows) {
+            out[r0 + lane] = 0.0f;
+            if (M == 2) out2[r0 + lane] = 0.0f;
+        }
+        return;
+    }
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    for (int k = lane; k < blocks;) {
+#pragma unroll
+        for (int c = 0; c < MX_CPL; c++) {
+            const int b = k + 32 * c;
+            if (b >= blocks) continue;
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                acc[r] += EXACT ? mxfp4_dot_f32(wq[c][r], ws[c][r], (const float4 *)xf + b, blocks)
+                                : mxfp4_dot(wq[c][r], ws[c][r], mx_xq + 8 * b, xd[b]);
+        }
+        k += 32 * MX_CPL;
+        if (k < blocks) load(k);
+    }
+    const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = r0 + r;
+        float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
+        if (lane != r || row >= rows) continue;
+        v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+        if (M == 2) {
+            u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+            out2[row] = u;
+            if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+        }
+        out[row] = v;
+    }
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
+}
+
+template <int M, int R, bool EXACT> static void mxfp4_one_launch3(gv_args a)
+{
+    dim3 grid((unsigned)((a.rows + MX_WARPS * R - 1) / (MX_WARPS * R)), (unsigned)a.top_k);
+    const size_t smem = EXACT ? (size_t)a.cols * sizeof(float) : (size_t)a.cols + (size_t)a.cols / 32 * sizeof(float);
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(32 * MX_WARPS), smem, &attr, &a.pdl_early);
+    a.tl = llm_cuda_tl_record(M == 2 ? "experts_pair" : "experts", a.cols);
+    if (smem > 48 * 1024 && !llm_cuda_allow_smem((const void *)experts_mxfp4_one_kernel<M, R, EXACT>, "experts"))
+        return;
+    LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_mxfp4_one_kernel<M, R, EXACT>, a));
+}
+
+/* One token (n == 1, top_k distinct ids): gate and up two rows each a warp, other products four; x in f32 with the
+ * accurate precision, else in 8 bits. */
+static void mxfp4_one_launch(const gv_args &a)
+{
+    const bool exact = llm_cuda.split_products;
+    if (a.tab2) exact ? mxfp4_one_launch3<2, 2, true>(a) : mxfp4_one_launch3<2, 2, false>(a);
+    else exact ? mxfp4_one_launch3<1, 4, true>(a) : mxfp4_one_launch3<1, 4, false>(a);
+}
+
 /* One token's down products and the combine after them (and the residual add after that) in one launch: a warp
  * takes one output row r and GC_SLOTS slots of it (slots 4g to 4g + 3), G = ceil(top_k / 4) warps a row, RB rows a
  * block. A warp finds its experts and issues its first loads before the wait on the kernel before: the ids are
@@ -941,15 +1071,42 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-template <typename T>
+/* MXFP4 block q (scale byte e) as the 32 BF16 values of a B tile's row (exact: a doubled E2M1 value times a power of
+ * two has at most 4 significant bits), kv the doubled values as floats. */
+__device__ __forceinline__ unsigned mx_bf16_pair(float a, float b)
+{
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(const unsigned *)&h;
+}
+__device__ __forceinline__ void mx_tile_row(__nv_bfloat16 *dst, uint4 q, unsigned e, const float *kv)
+{
+    const float d = e8m0_half(e);
+    const unsigned wd[4] = {q.x, q.y, q.z, q.w};
+    unsigned lo[8], hi[8]; /* values 0..15 (low nibbles), 16..31 (high) */
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const unsigned b0 = (wd[i >> 1] >> (16 * (i & 1))) & 0xffu, b1 = (wd[i >> 1] >> (16 * (i & 1) + 8)) & 0xffu;
+        lo[i] = mx_bf16_pair(kv[b0 & 15] * d, kv[b1 & 15] * d), hi[i] = mx_bf16_pair(kv[b0 >> 4] * d, kv[b1 >> 4] * d);
+    }
+    uint4 *o = (uint4 *)dst;
+    o[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]), o[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    o[2] = make_uint4(hi[0], hi[1], hi[2], hi[3]), o[3] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+}
+
+/* MX: MXFP4 weights (T BF16), converted to BF16 on their way into the ring: thread i takes B row n0 + i, whose
+ * MM2_BK columns are one block; the block for stage kt + 2 is loaded into registers before stage kt's products and
+ * written after them (cp.async cannot convert). */
+template <typename T, bool MX>
 __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_constant__ gv_args a, const T *xhi,
                                                                   const T *xlo)
 {
     constexpr int BN = MM2_BN, FN = BN / 64; /* a warp's 16-row fragments of B: warps 4 across BN */
+    static_assert(!MX || (BN == MM2_THREADS && MM2_BK == 32), "MXFP4: a thread a B row, a block a stage");
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char mm2_smem[];
     T *ring = (T *)mm2_smem;
     __shared__ int pair_of[MM2_BM];
+    __shared__ float mx_kv[16];
     if ((int)blockIdx.y >= *a.n_tiles) return;
     const int4 t = a.tiles[blockIdx.y];
     const int e = t.x, first = t.y, count = t.z, n0 = blockIdx.x * BN, rows = a.rows, cols = a.cols;
@@ -958,6 +1115,23 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     const T *w = (const T *)a.tab[e].w;
     const void *bias = a.tab[e].bias;
     const int kt_n = (cols + MM2_BK - 1) / MM2_BK;
+    const bool mx_row = MX && n0 + tid < rows; /* this thread's B row, MXFP4 */
+    const uint4 *mq = MX ? mx_quants(a.tab[e].w, mx_row ? n0 + tid : 0, kt_n) : NULL;
+    const unsigned char *ms = MX ? mx_scales(a.tab[e].w, rows, mx_row ? n0 + tid : 0, kt_n) : NULL;
+    uint4 mx_q = make_uint4(0, 0, 0, 0);
+    unsigned mx_e = 0;
+    auto mx_fetch = [&](int kt) {
+        if (mx_row) mx_q = __ldcs(mq + kt), mx_e = __ldcs(ms + kt);
+    };
+    auto mx_store = [&](int kt) {
+        mx_tile_row((__nv_bfloat16 *)(ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS + (2 * MM2_BM + tid) * MM2_LD),
+                    mx_q, mx_e, mx_kv);
+    };
+    if (MX) {
+        const int m = tid & 7, mag = m < 2 ? m : (m & 1 ? 3 : 2) << ((m >> 1) - 1); /* 0, 1, 2, 3, 4, 6, 8, 12 */
+        if (tid < 16) mx_kv[tid] = (float)(tid < 8 ? mag : -mag);
+        __syncthreads();
+    }
 
     /* a stage: 64 + 64 A rows and 256 B rows of 4 chunks each: 1,536 chunks, 6 a thread */
     auto load_stage = [&](int kt) {
@@ -974,6 +1148,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
                 ok = m < count && c < cols;
                 src = (row < MM2_BM ? xhi : xlo) + (size_t)(first + (ok ? m : 0)) * cols + (ok ? c : 0);
             } else {
+                if (MX) continue; /* (mx_fetch and mx_store) */
                 const int r = row - 2 * MM2_BM;
                 ok = n0 + r < rows && c < cols;
                 src = w + (size_t)(ok ? n0 + r : 0) * cols + (ok ? c : 0);
@@ -990,13 +1165,18 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     const int wm = (warp >> 2) * 32, wn = (warp & 3) * (BN / 4);
 #pragma unroll
     for (int s = 0; s < MM2_STAGES - 1; s++) {
-        if (s < kt_n) load_stage(s);
+        if (s < kt_n) {
+            load_stage(s);
+            if (MX) mx_fetch(s), mx_store(s);
+        }
         cp_async_commit();
     }
     for (int kt = 0; kt < kt_n; kt++) {
         cp_async_wait<MM2_STAGES - 2>();
         __syncthreads(); /* stage kt is in; every warp is done with stage kt - 1, which the next load reuses */
-        if (kt + MM2_STAGES - 1 < kt_n) load_stage(kt + MM2_STAGES - 1);
+        const bool ahead = kt + MM2_STAGES - 1 < kt_n;
+        if (ahead) load_stage(kt + MM2_STAGES - 1);
+        if (MX && ahead) mx_fetch(kt + MM2_STAGES - 1);
         cp_async_commit();
         const T *st = ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS;
         const T *sa_hi = st, *sa_lo = st + MM2_BM * MM2_LD, *sb = st + 2 * MM2_BM * MM2_LD;
@@ -1019,6 +1199,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
                     if (xlo) wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
                 }
         }
+        if (MX && ahead) mx_store(kt + MM2_STAGES - 1); /* (stage kt - 1's place: free since the barrier above) */
     }
     cp_async_wait<0>();
     __syncthreads(); /* the ring becomes the output tile */
@@ -1039,11 +1220,12 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     }
 }
 
-template <typename T> static void mma2_launch(const gv_args &a, dim3 grid, unsigned gblocks, T *hi, T *lo)
+template <typename T, bool MX = false>
+static void mma2_launch(const gv_args &a, dim3 grid, unsigned gblocks, T *hi, T *lo)
 {
-    if (!llm_cuda_allow_smem((const void *)experts_mma2_kernel<T>, "experts")) return;
+    if (!llm_cuda_allow_smem((const void *)experts_mma2_kernel<T, MX>, "experts")) return;
     gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, a.n_tiles + 1, hi, lo);
-    experts_mma2_kernel<T><<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+    experts_mma2_kernel<T, MX><<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
 }
 
 /* ---------- the experts op ---------- */
@@ -1061,9 +1243,14 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     a.x = x, a.ids = ids, a.out = out, a.n = n, a.top_k = top_k, a.x_slots = x_slots;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int P = n * top_k, dtype = (int)w0->dtype;
-    const size_t es = llm_dtype_size(w0->dtype);
+    const bool mx = dtype == LLM_DTYPE_MXFP4; /* (rows of whole 16-byte chunks: memory.cu) */
+    const size_t es = mx ? 2 : llm_dtype_size(w0->dtype);
     const bool vec = t->aligned && (size_t)a.cols * es % 16 == 0 && (uintptr_t)x % 16 == 0;
-    if (P <= GV_MAX_PAIRS) {
+    if (mx && n == 1) {
+        mxfp4_one_launch(a);
+        return;
+    }
+    if (P <= GV_MAX_PAIRS && !mx) {
         /* a few tokens: a block per (pair, row block), the first pair of each expert doing its work */
         if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)P);
         else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)P);
@@ -1073,6 +1260,10 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     /* a batch: group the pairs by expert, then a tile of pairs per expert: on the tensor cores, or the GEMV's blocks
      * over the same tiles for the experts they do not take */
     const bool mma = dtype != LLM_DTYPE_F32 && vec;
+    if (mx && !mma) { /* (x's rows not 16-byte aligned: the ops' callers pass whole rows of their own buffers) */
+        llm_cuda_fail("experts", "MXFP4 experts need x 16-byte aligned");
+        return;
+    }
     const int tile = mma ? MM2_BM : GV_MAX_PAIRS, bound = tiles_bound(P, w->n_experts, tile);
     size_t order_bytes = ((size_t)P * sizeof(int) + 15) / 16 * 16, tile_bytes = (size_t)bound * sizeof(int4);
     char *scratch = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE, order_bytes + tile_bytes + 16, "experts");
@@ -1103,9 +1294,10 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     dim3 grid((unsigned)((a.rows + MM2_BN - 1) / MM2_BN), (unsigned)bound);
     size_t chunks = (size_t)P * a.cols / 8, blocks = (chunks + 255) / 256, cap = (size_t)llm_cuda.sm_count * 8;
     unsigned gblocks = (unsigned)(blocks < cap ? blocks : cap);
-    if (dtype == LLM_DTYPE_BF16) {
+    if (dtype == LLM_DTYPE_BF16 || mx) {
         __nv_bfloat16 *hi = (__nv_bfloat16 *)xs, *lo = halves == 2 ? (__nv_bfloat16 *)(xs + half) : NULL;
-        mma2_launch<__nv_bfloat16>(a, grid, gblocks, hi, lo);
+        if (mx) mma2_launch<__nv_bfloat16, true>(a, grid, gblocks, hi, lo);
+        else mma2_launch<__nv_bfloat16>(a, grid, gblocks, hi, lo);
     } else {
         __half *hi = (__half *)xs, *lo = halves == 2 ? (__half *)(xs + half) : NULL;
         mma2_launch<__half>(a, grid, gblocks, hi, lo);
@@ -1113,7 +1305,10 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     LLM_CUDA_LAUNCHED("experts");
 }
 
-bool llm_cuda_experts_pair_fits(int n, int top_k) { return n * top_k <= GV_MAX_PAIRS; }
+bool llm_cuda_experts_pair_fits(int n, int top_k, llm_dtype dtype)
+{
+    return dtype == LLM_DTYPE_MXFP4 ? n == 1 : n * top_k <= GV_MAX_PAIRS;
+}
 
 void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
                            const llm_experts *up, const int32_t *ids, int n, int top_k, bool glu, int act)
@@ -1130,6 +1325,10 @@ void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const
     a.bias_dtype = gate->bias ? (int)gate->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = gate_out, a.out2 = up_out, a.glu = glu, a.act = act;
     a.n = n, a.top_k = top_k, a.x_slots = 1, a.rows = (int)w0->rows, a.cols = (int)w0->cols;
+    if (w0->dtype == LLM_DTYPE_MXFP4) { /* (one token: llm_cuda_experts_pair_fits) */
+        mxfp4_one_launch(a);
+        return;
+    }
     const bool vec = aligned && t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 &&
                      (uintptr_t)x % 16 == 0;
     if (w0->dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)(n * top_k));
@@ -1157,7 +1356,8 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
      * read each slot's whole x again, from L2 (Mixtral-8x7B: 114 KB of x a row, 470 MB a layer for 235 MB of
      * weights: 122 us; as the two ops, 4 rows a warp sharing each x chunk, 58 us and decode 416 -> 533 tok/s). */
     const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
-    if (G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0)) { /* more slots than warps, or x too long */
+    if (G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0) || w0->dtype == LLM_DTYPE_MXFP4) {
+        /* more slots than warps, x too long, or MXFP4 (its one-token kernel, then the combine) */
         llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
         llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
         return;

@@ -861,7 +861,7 @@ void op_experts(float *out, const float *x, const llm_experts *w, const int32_t 
     settle(ids, (size_t)n * top_k * sizeof(int32_t));
     written(out, out_bytes);
     const unsigned f = now();
-    if ((f & LLM_FUSE_EXPERTS_PAIR) && x_slots == 1 && llm_cuda_experts_pair_fits(n, top_k) &&
+    if ((f & LLM_FUSE_EXPERTS_PAIR) && x_slots == 1 && llm_cuda_experts_pair_fits(n, top_k, w->w[0].dtype) &&
         !overlaps(out, out_bytes, x, x_bytes)) {
         mp.fused = f, mp.kind = MOE_GATE, mp.out = out, mp.x = x, mp.w = *w, mp.ids = ids, mp.n = n, mp.top_k = top_k;
         return;
@@ -906,8 +906,9 @@ bool cuda_supports(llm_op op, llm_dtype dtype)
      * stores of kernels.cu and gemv.cu, step.cu) is instanced for F32, F16 and BF16; not Q8_0 */
     if (op == LLM_OP_ATTENTION) return llm_cuda_cache_type_ok(dtype);
     /* block formats (Q8_0, Q4_0, Q4_K, FP8): the products (gemv.cu's GEMV for one token, dequantized to BF16 for
-     * cuBLAS in a batch); not MXFP4, which gpt-oss's experts bring as BF16 here (model.c) */
-    if (llm_dtype_is_block(dtype))
-        return dtype != LLM_DTYPE_MXFP4 && (op == LLM_OP_MATMUL || op == LLM_OP_LOGITS);
+     * cuBLAS in a batch); MXFP4 only as gpt-oss's experts (moe.cu: a GEMV of 8-bit x for one token, converted to
+     * BF16 tiles in a batch) */
+    if (dtype == LLM_DTYPE_MXFP4) return op == LLM_OP_EXPERTS;
+    if (llm_dtype_is_block(dtype)) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
     return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;
 }
