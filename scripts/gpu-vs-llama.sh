@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # llm-run beside llama.cpp on this machine's GPU, in one run: the same shapes with random weights (llm-run a BF16
 # safetensors checkpoint, llama.cpp an F16 GGUF; --quant TYPE against a GGUF whose layers' linears are TYPE and whose
-# embeddings and head stay F16, as --quant leaves them), prompt (pp512) and decode (tg128 after a 512-token prompt,
+# embeddings and head stay F16, as --quant leaves them; gptoss-mxfp4: gpt-oss-20b's experts in MXFP4 on both sides,
+# in the checkpoint as the Hub ships them), prompt (pp512) and decode (tg128 after a 512-token prompt,
 # and after 3,968 for Llama-2-7B in BF16), llama.cpp with flash attention, medians of llm-run against
 # llama-bench's means (-r 3 both). One table: tok/s each, the ratio, and llm-run's bytes a token and share of the
 # measured read bandwidth.
@@ -13,7 +14,8 @@
 # Environment: LLAMA_BENCH (llama.cpp's llama-bench built with GGML_CUDA=ON, GGML_CUDA_FA=ON for this GPU; never
 # committed: build it from the fetched github:ngxson/llama.cpp snapshot), GGUF_PY (llama.cpp's gguf-py folder),
 # ROWS (default all: "7b-bf16 7b-q4_0 7b-q8_0 tiny-bf16 tiny-q4_0 moe-bf16"; also mixtral-bf16, Mixtral-8x7B's shape,
-# which wants an H200's memory at full depth), MOE_LAYERS (default 12), MIXTRAL_LAYERS (default 8), MODELS
+# which wants an H200's memory at full depth, and gptoss-mxfp4, gpt-oss-20b's: 14 GB a side at full depth),
+# MOE_LAYERS (default 12), MIXTRAL_LAYERS (default 8), GPTOSS_LAYERS (default 24: all), MODELS
 # (default /tmp/llm-run-models), OUT (default gpu-out), LLM_DEPS_DIR (as gpu-bench.sh), BUILD=0 (prepare builds
 # nothing: the caller builds).
 set -uo pipefail
@@ -24,6 +26,7 @@ STAGE=${STAGE:-all}
 ROWS=${ROWS:-"7b-bf16 7b-q4_0 7b-q8_0 tiny-bf16 tiny-q4_0 moe-bf16"}
 MOE_LAYERS=${MOE_LAYERS:-12}
 MIXTRAL_LAYERS=${MIXTRAL_LAYERS:-8}
+GPTOSS_LAYERS=${GPTOSS_LAYERS:-24}
 LLAMA_BENCH=${LLAMA_BENCH:-/tmp/llama-build/bin/llama-bench}
 mkdir -p "$OUT" "$MODELS"
 log="$OUT/vs-llama.log"
@@ -35,14 +38,17 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PAT
 # a row: its shape, llm-run's --quant (or none), the GGUF's type, the depths its decode is timed after
 shape_of() {
     case $1 in 7b-*) echo llama-2-7b ;; tiny-*) echo tinyllama-1.1b ;; moe-*) echo qwen3-30b-a3b ;;
-        mixtral-*) echo mixtral-8x7b ;; esac
+        mixtral-*) echo mixtral-8x7b ;; gptoss-*) echo gpt-oss-20b ;; esac
 }
-big() { [ "${1%%-*}" = moe ] || [ "${1%%-*}" = mixtral ]; } # the rows whose files are written after the 7B ones go
-type_of() { local t=${1#*-}; [ "$t" = bf16 ] && echo f16 || echo "$t"; }
+big() { [[ " moe mixtral gptoss " == *" ${1%%-*} "* ]]; } # the rows whose files are written after the 7B ones go
+type_of() { case ${1#*-} in bf16 | mxfp4) echo f16 ;; *) echo "${1#*-}" ;; esac; } # (mxfp4: F16 but the experts)
 depths_of() { [ "$1" = 7b-bf16 ] && echo "512 3968" || echo 512; } # (Llama-2 holds 4,096 positions: 3,968 + 128)
 ckpt_of() { local s n; s=$(shape_of "$1") n=$(layers_of "$1"); echo "$MODELS/$s${n:+-${n}l}"; }
 gguf_of() { echo "$(ckpt_of "$1")-$(type_of "$1").gguf"; }
-layers_of() { case $(shape_of "$1") in qwen3-30b-a3b) echo "$MOE_LAYERS" ;; mixtral-8x7b) echo "$MIXTRAL_LAYERS" ;; esac; }
+layers_of() {
+    case $(shape_of "$1") in qwen3-30b-a3b) echo "$MOE_LAYERS" ;; mixtral-8x7b) echo "$MIXTRAL_LAYERS" ;;
+        gpt-oss-20b) echo "$GPTOSS_LAYERS" ;; esac
+}
 
 make_ckpt() { # the row's checkpoint, where missing (rows of one shape share it)
     local r=$1 c n
@@ -86,7 +92,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 bench_row() { # llm-run, then llama.cpp, on the row's files
     local r=$1 c g q=() p=512 d
     c=$(ckpt_of "$r") g=$(gguf_of "$r")
-    [ "${r#*-}" = bf16 ] || q=(--quant "${r#*-}")
+    [ "$(type_of "$r")" = f16 ] || q=(--quant "${r#*-}")
     [ -f "$c/model.safetensors" ] && [ -f "$g" ] || { echo "$r: files missing" | tee -a "$log"; return; }
     for d in $(depths_of "$r"); do
         build/llm-run bench "$c" --device cuda "${q[@]}" -p $p -n 128 --tg-after "$d" -r 3 -o csv 2>>"$log" |
@@ -103,7 +109,7 @@ for r in $ROWS; do
     bench_row "$r"
 done
 done_big=""
-for r in moe-bf16 mixtral-bf16; do # the 7B files out first, and a MoE row's before the next: the disk holds one
+for r in moe-bf16 mixtral-bf16 gptoss-mxfp4; do # 7B files out first, a MoE row's before the next: the disk holds one
     has "$r" || continue
     has 7b-bf16 || has 7b-q4_0 || has 7b-q8_0 && rm -rf "$MODELS"/llama-2-7b*
     [ -n "$done_big" ] && rm -rf "$(ckpt_of "$done_big")" "$(gguf_of "$done_big")"
