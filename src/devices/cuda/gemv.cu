@@ -377,6 +377,27 @@ __device__ __forceinline__ void q_load(uint4 &q, uint4 &h, const unsigned char *
         h.x = *(const unsigned short *)scales;
 }
 
+/* x rounded to 8 bits in blocks of 32 in shared memory: xq the int8 values (4 to an int), xd each block's step
+ * (max|x| / 127), xs16 the sum of each 16 values' xq (Q4_0's -8 and Q4_K's mins). As quant_dot's activations,
+ * with blocks of 32 for Q4_K too (a finer grid than its 256: a smaller error, inside the same bound). */
+__device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, float *xd, int *xs16)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    signed char *q8 = (signed char *)xq;
+    for (int b = warp; b < cols / 32; b += GEMV_WARPS) {
+        const float v = xs[32 * b + lane];
+        float amax = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int q = __float2int_rn(v * id);
+        q8[32 * b + lane] = (signed char)q;
+        int s = q;
+        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* within each half-warp */
+        if (lane == 0) xd[b] = amax / 127.0f;
+        if ((lane & 15) == 0) xs16[2 * b + (lane >> 4)] = s;
+    }
+}
+
 /* The rows of group g as byte pointers (group_rows for block formats). */
 __device__ __forceinline__ void q_group_rows(const llm_cuda_gemv &job, int g, size_t row_bytes,
                                              const unsigned char *(&rowp)[GEMV_ROWS])
@@ -445,7 +466,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     stage_x(job, xs, norm_smem, red);
     __syncthreads();
     if (!F::F8) {
-        quantize_x(xs, cols, xq, xd, xs16, GEMV_WARPS);
+        quantize_x(xs, cols, xq, xd, xs16);
         __syncthreads();
     }
 

@@ -601,121 +601,147 @@ __device__ __forceinline__ const unsigned char *mx_scales(const void *w, int row
     return (const unsigned char *)w + (size_t)rows * blocks * 16 + (size_t)row * blocks;
 }
 
-/* One token's MXFP4 products, as experts_one_kernel takes 16-bit ones: block (x, j) takes rows of slot j's expert, a
- * warp R consecutive rows of each of M matrices (gate and up with M == 2), a lane blocks lane, lane + 32, ... of
- * each row, CPL of them in flight at once. Every block stages slot j's x in shared memory after its warps have issued
- * their first loads, so the staging hides under them (a block's 16 rows of gpt-oss's gate and up are 49 KB; its x,
- * 11.5 KB of L2): EXACT (the accurate precision), as f32 for mxfp4_dot_f32, laid out so that the lanes' blocks lie
- * side by side (float4 v of block b at v * blocks + b: no bank conflicts); else rounded to 8 bits in blocks of 32
- * (quantize_x, ops.h) for mxfp4_dot's integer products, as llama.cpp multiplies MXFP4 (the fast precision, the
- * CLI's default). The gate's glu is left to glu's own kernel (gpt-oss's clamped SwiGLU). */
-#define MX_WARPS 8
-#define MX_CPL 4
+/* One token's MXFP4 products: one block an SM of MX_WARPS warps, each warp taking items (R consecutive rows of each
+ * of M matrices, gate and up with M == 2, of one slot's expert) in turn over the grid, the next item's loads issued
+ * before the current one's products; a lane takes blocks lane, lane + 32, ... of each row, MX_CPL of them at once. A
+ * block stages x once (every slot's row where each slot has its own, the down's) after its warps have issued their
+ * first loads, in f32 laid out so that the lanes' blocks lie side by side (float4 v of block b at v * blocks + b: no
+ * bank conflicts), for mxfp4_dot_f32's products, exact but for the f32 sums. Where a block of 8 warps took 16 rows
+ * and staged x for them, gpt-oss-20b's decode ran at 371 tok/s; so, 394 (dev/cuda/notes.md, version 141, which also
+ * has what did not help: x rounded to 8 bits and dp4a as llama.cpp multiplies, 4 x loads in flight when staging). The
+ * gate's glu is left to glu's own kernel (gpt-oss's clamped SwiGLU). */
+#define MX_WARPS 16
+#define MX_CPL 3 /* gpt-oss's 90 blocks a row: one pass */
 
-template <int M, int R, bool EXACT>
-__global__ void __launch_bounds__(MX_WARPS * 32) experts_mxfp4_one_kernel(const __grid_constant__ gv_args a)
+
+
+/* A slot's x (cols values, whole 16 bytes) into shared memory as the kernel reads it. */
+__device__ __forceinline__ void mx_stage_x(const float *x, int cols, float *sh)
+{
+    const int blocks = cols / 32;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) sh[(((i & 31) >> 2) * blocks + (i >> 5)) * 4 + (i & 3)] = x[i];
+}
+
+template <int M, int R>
+__global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(const __grid_constant__ gv_args a)
 {
     constexpr int NR = M * R;
-    extern __shared__ int mx_xq[]; /* EXACT: cols floats; else cols / 4 words of int8 values, then cols / 32 steps */
+    extern __shared__ float4 mx_x[]; /* cols / 4 a slot */
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early);
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
-    const int lane = threadIdx.x & 31, j = blockIdx.y, rows = a.rows, cols = a.cols, blocks = cols / 32;
-    const int r0 = (blockIdx.x * MX_WARPS + (threadIdx.x >> 5)) * R, e = a.ids[j] - a.first;
-    const bool ours = e >= 0 && e < a.n_experts, live = r0 < rows && ours;
-    const uint4 *qrow[NR];
-    const unsigned char *srow[NR];
-    uint4 wq[MX_CPL][NR];
-    unsigned ws[MX_CPL][NR];
-    auto load = [&](int k) {
-#pragma unroll
-        for (int c = 0; c < MX_CPL; c++)
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if (k + 32 * c < blocks) wq[c][r] = __ldcs(qrow[r] + k + 32 * c), ws[c][r] = __ldcs(srow[r] + k + 32 * c);
-    };
-    if (live) {
+    const int lane = threadIdx.x & 31, rows = a.rows, cols = a.cols, blocks = cols / 32;
+    const int groups = (rows + R - 1) / R, items = a.top_k * groups, stride = gridDim.x * MX_WARPS;
+    int item = blockIdx.x * MX_WARPS + (threadIdx.x >> 5), j = 0, r0 = 0, e = -1, jn = 0, r0n = 0, en = -1;
+    uint4 wq[MX_CPL][NR], wqn[MX_CPL][NR];
+    unsigned ws[MX_CPL][NR], wsn[MX_CPL][NR];
+    /* item's slot, rows and expert, and its first loads: into wq (the current item's) or wqn (the next one's) */
+    auto start = [&](int it, int &j, int &r0, int &e, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
+        j = it / groups, r0 = (it - j * groups) * R, e = a.ids[j] - a.first;
+        if (e < 0 || e >= a.n_experts) return;
 #pragma unroll
         for (int m = 0; m < M; m++)
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 const void *w = m == 0 ? a.tab[e].w : a.tab2[e].w;
                 const int row = r0 + r < rows ? r0 + r : r0;
-                qrow[m * R + r] = mx_quants(w, row, blocks), srow[m * R + r] = mx_scales(w, rows, row, blocks);
+                const uint4 *q = mx_quants(w, row, blocks);
+                const unsigned char *sc = mx_scales(w, rows, row, blocks);
+#pragma unroll
+                for (int c = 0; c < MX_CPL; c++)
+                    if (lane + 32 * c < blocks)
+                        wq[c][m * R + r] = __ldcs(q + lane + 32 * c), ws[c][m * R + r] = __ldcs(sc + lane + 32 * c);
             }
-        load(lane);
-    }
-    float *xd = (float *)(mx_xq + cols / 4), *xf = (float *)mx_xq;
-    if (EXACT) {
-        const float *x = x_row(a, j);
-        for (int i = threadIdx.x; i < cols; i += MX_WARPS * 32)
-            xf[((i & 31) >> 2) * blocks * 4 + (i >> 5) * 4 + (i & 3)] = x[i];
-    } else {
-        quantize_x(x_row(a, j), cols, mx_xq, xd, NULL, MX_WARPS);
-    }
+    };
+    if (item < items) start(item, j, r0, e, wq, ws);
+    const int slots = a.x_slots > 1 ? a.top_k : 1;
+    for (int s = 0; s < slots; s++) mx_stage_x(x_row(a, s), cols, (float *)(mx_x + s * cols / 4));
     __syncthreads();
-    if (r0 >= rows) return;
-    float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
-    if (!ours) { /* another rank's expert (ops.h): zero rows */
-        if (lane < R && r0 + lane < rows) {
-            out[r0 + lane] = 0.0f;
-            if (M == 2) out2[r0 + lane] = 0.0f;
+    for (; item < items; item += stride) {
+        if (item + stride < items) start(item + stride, jn, r0n, en, wqn, wsn); /* in flight while this one's run */
+        float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
+        if (e < 0 || e >= a.n_experts) { /* another rank's expert (ops.h): zero rows */
+            if (lane < R && r0 + lane < rows) {
+                out[r0 + lane] = 0.0f;
+                if (M == 2) out2[r0 + lane] = 0.0f;
+            }
+        } else {
+            const float4 *xs = mx_x + (slots > 1 ? j : 0) * cols / 4;
+            float acc[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+            for (int k = lane; k < blocks; k += 32 * MX_CPL) {
+#pragma unroll
+                for (int c = 0; c < MX_CPL; c++) {
+                    const int b = k + 32 * c;
+                    if (b >= blocks) continue;
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        acc[r] += mxfp4_dot_f32(wq[c][r], ws[c][r], xs + b, blocks);
+                }
+                if (k + 32 * MX_CPL < blocks) { /* rows longer than a pass: the rest (not gpt-oss's 90 blocks) */
+                    const int kk = k + 32 * MX_CPL;
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            const void *w = m == 0 ? a.tab[e].w : a.tab2[e].w;
+                            const int row = r0 + r < rows ? r0 + r : r0;
+#pragma unroll
+                            for (int c = 0; c < MX_CPL; c++)
+                                if (kk + 32 * c < blocks)
+                                    wq[c][m * R + r] = __ldcs(mx_quants(w, row, blocks) + kk + 32 * c),
+                                    ws[c][m * R + r] = __ldcs(mx_scales(w, rows, row, blocks) + kk + 32 * c);
+                        }
+                }
+            }
+            const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int row = r0 + r;
+                float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
+                if (lane != r || row >= rows) continue;
+                v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+                if (M == 2) {
+                    u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+                    out2[row] = u;
+                    if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+                }
+                out[row] = v;
+            }
         }
-        return;
-    }
-    float acc[NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    for (int k = lane; k < blocks;) {
+        for (int c = 0; c < MX_CPL; c++)
 #pragma unroll
-        for (int c = 0; c < MX_CPL; c++) {
-            const int b = k + 32 * c;
-            if (b >= blocks) continue;
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                acc[r] += EXACT ? mxfp4_dot_f32(wq[c][r], ws[c][r], (const float4 *)xf + b, blocks)
-                                : mxfp4_dot(wq[c][r], ws[c][r], mx_xq + 8 * b, xd[b]);
-        }
-        k += 32 * MX_CPL;
-        if (k < blocks) load(k);
-    }
-    const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = r0 + r;
-        float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
-        if (lane != r || row >= rows) continue;
-        v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
-        if (M == 2) {
-            u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
-            out2[row] = u;
-            if (a.glu) v = llm_cuda_gate(v, a.act) * u;
-        }
-        out[row] = v;
+            for (int r = 0; r < NR; r++) wq[c][r] = wqn[c][r], ws[c][r] = wsn[c][r];
+        j = jn, r0 = r0n, e = en;
     }
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }
 
-template <int M, int R, bool EXACT> static void mxfp4_one_launch3(gv_args a)
+template <int M, int R> static void mxfp4_one_launch3(gv_args a)
 {
-    dim3 grid((unsigned)((a.rows + MX_WARPS * R - 1) / (MX_WARPS * R)), (unsigned)a.top_k);
-    const size_t smem = EXACT ? (size_t)a.cols * sizeof(float) : (size_t)a.cols + (size_t)a.cols / 32 * sizeof(float);
+    const int slots = a.x_slots > 1 ? a.top_k : 1, items = a.top_k * ((a.rows + R - 1) / R);
+    const size_t smem = (size_t)slots * a.cols * sizeof(float);
+    if (smem + 1024 > llm_cuda.smem_optin) {
+        llm_cuda_fail("experts", "%d slots of %d MXFP4 columns do not fit a block's shared memory", slots, a.cols);
+        return;
+    }
+    const int per_sm = (items + MX_WARPS - 1) / MX_WARPS;
+    dim3 grid((unsigned)(per_sm < llm_cuda.sm_count ? per_sm : llm_cuda.sm_count));
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(32 * MX_WARPS), smem, &attr, &a.pdl_early);
     a.tl = llm_cuda_tl_record(M == 2 ? "experts_pair" : "experts", a.cols);
-    if (smem > 48 * 1024 && !llm_cuda_allow_smem((const void *)experts_mxfp4_one_kernel<M, R, EXACT>, "experts"))
-        return;
-    LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_mxfp4_one_kernel<M, R, EXACT>, a));
+    if (smem > 48 * 1024 && !llm_cuda_allow_smem((const void *)experts_mxfp4_one_kernel<M, R>, "experts")) return;
+    LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_mxfp4_one_kernel<M, R>, a));
 }
 
-/* One token (n == 1, top_k distinct ids): gate and up two rows each a warp, other products four; x in f32 with the
- * accurate precision, else in 8 bits. */
+/* One token (n == 1): a warp's item a row of gate and up, or two rows of another product. */
 static void mxfp4_one_launch(const gv_args &a)
 {
-    const bool exact = llm_cuda.split_products;
-    if (a.tab2) exact ? mxfp4_one_launch3<2, 2, true>(a) : mxfp4_one_launch3<2, 2, false>(a);
-    else exact ? mxfp4_one_launch3<1, 4, true>(a) : mxfp4_one_launch3<1, 4, false>(a);
+    if (a.tab2) mxfp4_one_launch3<2, 1>(a);
+    else mxfp4_one_launch3<1, 2>(a);
 }
 
 /* One token's down products and the combine after them (and the residual add after that) in one launch: a warp

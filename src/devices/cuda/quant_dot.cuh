@@ -50,28 +50,6 @@ __device__ __forceinline__ uint4 nibbles(uint4 q, int shift)
                       (q.w >> shift) & 0x0F0F0F0Fu);
 }
 
-/* x rounded to 8 bits in blocks of 32 in shared memory: xq the int8 values (4 to an int), xd each block's step
- * (max|x| / 127), xs16 the sum of each 16 values' xq (Q4_0's -8 and Q4_K's mins). As quant_dot's activations,
- * with blocks of 32 for Q4_K too (a finer grid than its 256: a smaller error, inside the same bound). The block's first
- * `warps` warps take a block of 32 each in turn (gemv.cu's GEMV, moe.cu's MXFP4 experts); xs16 may be NULL. */
-__device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, float *xd, int *xs16, int warps)
-{
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    signed char *q8 = (signed char *)xq;
-    for (int b = warp; b < cols / 32; b += warps) {
-        const float v = xs[32 * b + lane];
-        float amax = fabsf(v);
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const int q = __float2int_rn(v * id);
-        q8[32 * b + lane] = (signed char)q;
-        int s = q;
-        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* within each half-warp */
-        if (lane == 0) xd[b] = amax / 127.0f;
-        if (xs16 && (lane & 15) == 0) xs16[2 * b + (lane >> 4)] = s;
-    }
-}
-
 /* Chunk k of a row times the matching values of x (quantize_x's). */
 template <int QT>
 __device__ __forceinline__ float q_dot(uint4 q, uint4 h, int k, const int *xq, const float *xd, const int *xs16)
@@ -99,45 +77,14 @@ __device__ __forceinline__ float q_dot(uint4 q, uint4 h, int k, const int *xq, c
 
 
 /* MXFP4 (gpt-oss's experts; memory.cu lays a matrix out as every row's 16-byte quants, then every row's scale byte):
- * a chunk is one block, value i in byte i's low nibble and value 16 + i in its high one (ggml's order). Its nibbles
- * become ggml's doubled E2M1 values (llm_mxfp4_kvalues) as int8 by byte permutes (the positive eight from two words,
- * the negative eight from two more, then bit 3 picks), so a block is eight dp4a against x rounded to 8 bits, times
- * x's step and half the E8M0 scale (llm_e8m0_half): exact but for x's rounding, which ops.h allows. */
+ * a chunk is one block, value i in byte i's low nibble and value 16 + i in its high one (ggml's order), under the
+ * E8M0 scale 2 * llm_e8m0_half(e). */
 __device__ __forceinline__ float e8m0_half(unsigned e)
 {
     return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
 }
 
-/* The 8 nibbles of q as int8 values: .x those of the low nibbles (bytes 0..3 in order), .y of the high ones. */
-__device__ __forceinline__ int2 mxfp4_values(unsigned q)
-{
-    const unsigned pos_lo = 0x03020100u, pos_hi = 0x0c080604u; /* 0, 1, 2, 3, 4, 6, 8, 12 */
-    const unsigned neg_lo = 0xfdfeff00u, neg_hi = 0xf4f8fafcu; /* their negatives (-0 is 0) */
-    const unsigned index = q & 0x77777777u, negative = (q & 0x88888888u) >> 1; /* bit 3 -> bit 2: the word pair */
-    unsigned v[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) { /* nibbles 4h .. 4h + 3: bytes 2h and 2h + 1, low nibble first */
-        const unsigned s = index >> (16 * h);
-        const unsigned pos = __byte_perm(pos_lo, pos_hi, s), neg = __byte_perm(neg_lo, neg_hi, s);
-        v[h] = __byte_perm(pos, neg, 0x3210u | ((negative >> (16 * h)) & 0x4444u));
-    }
-    return make_int2((int)__byte_perm(v[0], v[1], 0x6420u), (int)__byte_perm(v[0], v[1], 0x7531u));
-}
-
-/* Block q (scale byte e) times x's block: xq its 8 words of int8 values, xd its step. */
-__device__ __forceinline__ float mxfp4_dot(uint4 q, unsigned e, const int *xq, float xd)
-{
-    const int4 x0 = *(const int4 *)xq, x1 = *(const int4 *)(xq + 4); /* values 0..15, 16..31 */
-    int2 v = mxfp4_values(q.x);
-    int s = __dp4a(v.x, x0.x, 0);
-    s = __dp4a(v.y, x1.x, s);
-    v = mxfp4_values(q.y), s = __dp4a(v.x, x0.y, s), s = __dp4a(v.y, x1.y, s);
-    v = mxfp4_values(q.z), s = __dp4a(v.x, x0.z, s), s = __dp4a(v.y, x1.z, s);
-    v = mxfp4_values(q.w), s = __dp4a(v.x, x0.w, s), s = __dp4a(v.y, x1.w, s);
-    return (float)s * (xd * e8m0_half(e));
-}
-
-/* The same block times x in f32, exact but for the f32 sums (the accurate precision): each nibble becomes its E2M1
+/* Block q (scale byte e) times x in f32, exact but for the f32 sums: each nibble becomes its E2M1
  * value's f32 bits by byte permutes (the top byte, sign included, and the next from two 8-entry tables), then one
  * fused multiply-add; the sum times the E8M0 scale, a power of two. xb: the block's 32 values of x as 8 float4, the
  * v-th (values 4v .. 4v + 3) at xb[v * stride] (moe.cu stages x so, the lanes' blocks side by side). */
