@@ -489,6 +489,29 @@ template <typename WT, bool PAIR, int PASS> static void gemv_launch3(gv_args a, 
  * route is complete by then, and the down+combine kernel after this one reads the ids before its own wait. */
 #define ONE_WARPS 8 /* a block's (4: a decode step 1.4 % slower, "Mixture of experts, second pass") */
 
+/* A one-token warp's R rows of M matrices summed over its lanes (acc[m * R + r]), plus the biases, written as the
+ * experts op writes them (out; up's in out2 with M == 2, and out then act(gate) * up with a.glu): lane r row r0 + r. */
+template <int M, int R>
+__device__ __forceinline__ void one_rows_out(const gv_args &a, int e, int r0, const float (&acc)[M * R], float *out,
+                                             float *out2)
+{
+    const int lane = threadIdx.x & 31;
+    const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = r0 + r;
+        float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
+        if (lane != r || row >= a.rows) continue;
+        v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+        if (M == 2) {
+            u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+            out2[row] = u;
+            if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+        }
+        out[row] = v;
+    }
+}
+
 template <typename WT, int M, int R, int CPL>
 __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __grid_constant__ gv_args a)
 {
@@ -531,20 +554,7 @@ __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __gri
             for (int r = 0; r < NR; r++) acc[r] += mo_dot<WT>(wv[c][r], x + (size_t)(k + 32 * c) * EPC);
         }
     }
-    const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = r0 + r;
-        float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
-        if (lane != r || row >= rows) continue;
-        v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
-        if (M == 2) {
-            u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
-            out2[row] = u;
-            if (a.glu) v = llm_cuda_gate(v, a.act) * u;
-        }
-        out[row] = v;
-    }
+    one_rows_out<M, R>(a, e, r0, acc, out, out2);
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END); /* (warp 0's lane 0: rows r0 of every block are below rows) */
 }
 
@@ -636,10 +646,8 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
     int item = blockIdx.x * MX_WARPS + (threadIdx.x >> 5), j = 0, r0 = 0, e = -1, jn = 0, r0n = 0, en = -1;
     uint4 wq[MX_CPL][NR], wqn[MX_CPL][NR];
     unsigned ws[MX_CPL][NR], wsn[MX_CPL][NR];
-    /* item's slot, rows and expert, and its first loads: into wq (the current item's) or wqn (the next one's) */
-    auto start = [&](int it, int &j, int &r0, int &e, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
-        j = it / groups, r0 = (it - j * groups) * R, e = a.ids[j] - a.first;
-        if (e < 0 || e >= a.n_experts) return;
+    /* expert e's rows r0 .. r0 + R - 1, blocks k, k + 32, ... of each (MX_CPL of them), into wq and ws */
+    auto load = [&](int e, int r0, int k, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
 #pragma unroll
         for (int m = 0; m < M; m++)
 #pragma unroll
@@ -650,9 +658,14 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
                 const unsigned char *sc = mx_scales(w, rows, row, blocks);
 #pragma unroll
                 for (int c = 0; c < MX_CPL; c++)
-                    if (lane + 32 * c < blocks)
-                        wq[c][m * R + r] = __ldcs(q + lane + 32 * c), ws[c][m * R + r] = __ldcs(sc + lane + 32 * c);
+                    if (k + 32 * c < blocks)
+                        wq[c][m * R + r] = __ldcs(q + k + 32 * c), ws[c][m * R + r] = __ldcs(sc + k + 32 * c);
             }
+    };
+    /* item's slot, rows and expert, and its first loads: into wq (the current item's) or wqn (the next one's) */
+    auto start = [&](int it, int &j, int &r0, int &e, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
+        j = it / groups, r0 = (it - j * groups) * R, e = a.ids[j] - a.first;
+        if (e >= 0 && e < a.n_experts) load(e, r0, lane, wq, ws);
     };
     if (item < items) start(item, j, r0, e, wq, ws);
     const int slots = a.x_slots > 1 ? a.top_k : 1;
@@ -680,36 +693,9 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
                     for (int r = 0; r < NR; r++)
                         acc[r] += mxfp4_dot_f32(wq[c][r], ws[c][r], xs + b, blocks);
                 }
-                if (k + 32 * MX_CPL < blocks) { /* rows longer than a pass: the rest (not gpt-oss's 90 blocks) */
-                    const int kk = k + 32 * MX_CPL;
-#pragma unroll
-                    for (int m = 0; m < M; m++)
-#pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            const void *w = m == 0 ? a.tab[e].w : a.tab2[e].w;
-                            const int row = r0 + r < rows ? r0 + r : r0;
-#pragma unroll
-                            for (int c = 0; c < MX_CPL; c++)
-                                if (kk + 32 * c < blocks)
-                                    wq[c][m * R + r] = __ldcs(mx_quants(w, row, blocks) + kk + 32 * c),
-                                    ws[c][m * R + r] = __ldcs(mx_scales(w, rows, row, blocks) + kk + 32 * c);
-                        }
-                }
+                if (k + 32 * MX_CPL < blocks) load(e, r0, k + 32 * MX_CPL, wq, ws); /* rows longer than a pass */
             }
-            const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const int row = r0 + r;
-                float v = llm_cuda_warp_sum(acc[r]), u = M == 2 ? llm_cuda_warp_sum(acc[R + r]) : 0.0f;
-                if (lane != r || row >= rows) continue;
-                v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
-                if (M == 2) {
-                    u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
-                    out2[row] = u;
-                    if (a.glu) v = llm_cuda_gate(v, a.act) * u;
-                }
-                out[row] = v;
-            }
+            one_rows_out<M, R>(a, e, r0, acc, out, out2);
         }
 #pragma unroll
         for (int c = 0; c < MX_CPL; c++)
