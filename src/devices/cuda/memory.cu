@@ -388,7 +388,7 @@ static void regroup_row(unsigned char *dst, const unsigned char *src, llm_dtype 
 /* MXFP4 (gpt-oss's experts, which only the experts op takes) regrouped over the whole matrix instead: every row's
  * quants (16 bytes a block, so a row of them is whole aligned chunks however many blocks it has: gpt-oss's 90 blocks
  * of 17 bytes would leave rows 2-byte aligned), then every row's E8M0 scale bytes, row by row (moe.cu's
- * mxfp4_matrix). Through a host buffer of a few MiB at a time, as the rows above. */
+ * mx_quants, mx_scales). Through a host buffer of a few MiB at a time, as the rows above. */
 static int mxfp4_regroup_upload(void *dst, const unsigned char *src, size_t rows, size_t blocks)
 {
     const size_t bb = llm_dtype_block_bytes(LLM_DTYPE_MXFP4), qs = bb - 1;

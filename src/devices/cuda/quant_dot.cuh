@@ -1,6 +1,7 @@
 /* Block-quantized weights (Q8_0, Q4_0, Q4_K; FP8's layout too) as memory.cu lays their rows out, and a chunk's integer dot product
  * with x rounded to 8 bits per block of 32: shared by the kernel-per-op GEMV (gemv.cu) and the persistent step's
- * quantized phase (step_quant.cuh), so the two compute the same products. Device code only. */
+ * quantized phase (step_quant.cuh), so the two compute the same products; and MXFP4's block in f32 (moe.cu's
+ * experts). Device code only. */
 #pragma once
 
 #include "cuda_internal.h"
@@ -75,7 +76,6 @@ __device__ __forceinline__ float q_dot(uint4 q, uint4 h, int k, const int *xq, c
            f16_bits(h.x >> 16) * (m0 * x0 * (float)xs16[base / 16] + m1 * x1 * (float)xs16[(base + 32) / 16]);
 }
 
-
 /* MXFP4 (gpt-oss's experts; memory.cu lays a matrix out as every row's 16-byte quants, then every row's scale byte):
  * a chunk is one block, value i in byte i's low nibble and value 16 + i in its high one (ggml's order), under the
  * E8M0 scale 2 * llm_e8m0_half(e). */
@@ -84,10 +84,10 @@ __device__ __forceinline__ float e8m0_half(unsigned e)
     return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
 }
 
-/* Block q (scale byte e) times x in f32, exact but for the f32 sums: each nibble becomes its E2M1
- * value's f32 bits by byte permutes (the top byte, sign included, and the next from two 8-entry tables), then one
- * fused multiply-add; the sum times the E8M0 scale, a power of two. xb: the block's 32 values of x as 8 float4, the
- * v-th (values 4v .. 4v + 3) at xb[v * stride] (moe.cu stages x so, the lanes' blocks side by side). */
+/* Block q (scale byte e) times x in f32, exact but for the f32 sums: each nibble becomes its E2M1 value's f32 bits
+ * by byte permutes (the top byte, sign included, and the next from two 8-entry tables), then one fused multiply-add;
+ * the sum times the E8M0 scale, a power of two. xb: the block's 32 values of x as 8 float4, the v-th (values 4v ..
+ * 4v + 3) at xb[v * stride] (moe.cu stages x so, the lanes' blocks side by side). */
 __device__ __forceinline__ float mxfp4_word_f32(unsigned q, float4 lo, float4 hi, float acc)
 {
     const unsigned index = q & 0x77777777u, shifted = q << 4;
