@@ -498,10 +498,20 @@ static int end_placing(llm_model *m, int l, size_t before)
     return 0;
 }
 
+/* Do gpt-oss's MXFP4 experts stay MXFP4 where the loader places them now? Where the experts op's device takes the
+ * format and computes on that memory: on the host, or on that device itself (cuda). Else they become BF16, which
+ * holds every MXFP4 value exactly. */
+static bool keeps_mxfp4(const llm_model *m)
+{
+    const llm_device *to = place_dev(m);
+    const llm_device *who = m->placing                        ? m->placing
+                            : m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS]
+                                                              : m->rt.dev;
+    return who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4) && (to->host_memory || to == who);
+}
+
 /* Expert e's matrix `proj` (0 gate, 1 up, 2 down; rows x cols, out x in) from gpt-oss's MXFP4 blocks and scales (its
- * rows in the checkpoint: gate and up alternate in gate_up_proj's). Kept as MXFP4 where the experts op's device takes
- * it (on the host, or on that device itself: cuda), else dequantized to BF16, which holds every MXFP4 value
- * exactly. */
+ * rows in the checkpoint: gate and up alternate in gate_up_proj's), as MXFP4 or BF16 (keeps_mxfp4). */
 static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *blocks, const llm_st_tensor *scales,
                              size_t e, int proj, size_t rows, size_t cols, char *err, size_t err_len)
 {
@@ -518,10 +528,7 @@ static int load_mxfp4_expert(llm_model *m, llm_weight *w, const llm_st_tensor *b
                                   (const uint8_t *)scales->data + sr * nb, nb);
     }
     w->rows = rows, w->cols = cols;
-    const llm_device *to = place_dev(m);
-    const llm_device *who = m->placing ? m->placing : m->rt.op_device[LLM_OP_EXPERTS] ? m->rt.op_device[LLM_OP_EXPERTS]
-                                                                                        : m->rt.dev;
-    if (who->supports(LLM_OP_EXPERTS, LLM_DTYPE_MXFP4) && (to->host_memory || to == who)) {
+    if (keeps_mxfp4(m)) {
         /* the model's own memory, as quantized weights (free_weight), or the device's copy (dst freed) */
         if (place_blocks(m, w, dst, LLM_DTYPE_MXFP4, blocks->name, err, err_len)) return -1;
         m->weight_bytes += bytes;
@@ -997,8 +1004,9 @@ static int tensor_layer(const char *name)
 /* Before a mixture of experts is placed on a device that owns its memory: do the weights going there fit its free
  * memory? The experts are most of a model, and with no room for them the answer is host memory (--cpu-moe), which
  * one line says before minutes are spent loading. The checkpoint's bytes under the decoder's prefix (MXFP4 blocks
- * counted as the BF16 they become there; split over ranks, this rank's share of the experts and the rest whole, an
- * overestimate by the other ranks' attention); the run state is checked on its own (llm_state_init). */
+ * counted as the BF16 they become where the device does not keep them: keeps_mxfp4; split over ranks, this rank's
+ * share of the experts and the rest whole, an overestimate by the other ranks' attention); the run state is checked
+ * on its own (llm_state_init). */
 static int experts_fit(llm_model *m, char *err, size_t err_len)
 {
     const llm_device *dev = m->rt.dev;
@@ -1006,12 +1014,13 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
     dev->memory(&mem);
     size_t need = 0, experts = 0, host = 0;
     size_t prefix = strlen(m->prefix);
+    const bool widened = !keeps_mxfp4(m);
     for (size_t i = 0; i < llm_st_count(m->st); i++) {
         const llm_st_tensor *t = llm_st_at(m->st, i);
         if (strncmp(t->name, m->prefix, prefix) != 0) continue; /* another tower's, or the head (small beside) */
         bool expert = strstr(t->name, ".experts.") != NULL;
         size_t bytes = t->nbytes, n = strlen(t->name);
-        if (expert && n > 7 && strcmp(t->name + n - 7, "_blocks") == 0) bytes *= 4; /* 4 bits a value to 16 */
+        if (widened && expert && n > 7 && strcmp(t->name + n - 7, "_blocks") == 0) bytes *= 4; /* 4 bits to 16 */
         if (expert && m->split.size > 1) bytes = bytes / (size_t)m->config.num_experts * (size_t)m->split.experts;
         int l = tensor_layer(t->name);
         if (expert && l >= 0 && l < m->config.num_hidden_layers && experts_on_host(m, l)) {
