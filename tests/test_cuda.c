@@ -25,8 +25,9 @@
 
 static const llm_device *dev;
 
-/* The cuda device, initialised; skips the test when it is not compiled in or not usable here. */
 static llm_precision open_precision; /* what cuda_or_skip opens the device with (the accurate one, but where set) */
+
+/* The cuda device, initialised; skips the test when it is not compiled in or not usable here. */
 
 static void cuda_or_skip(void)
 {

@@ -623,8 +623,6 @@ __device__ __forceinline__ const unsigned char *mx_scales(const void *w, int row
 #define MX_WARPS 16
 #define MX_CPL 3 /* gpt-oss's 90 blocks a row: one pass */
 
-
-
 /* A slot's x (cols values, whole 16 bytes) into shared memory as the kernel reads it. */
 __device__ __forceinline__ void mx_stage_x(const float *x, int cols, float *sh)
 {
@@ -1256,8 +1254,8 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int P = n * top_k, dtype = (int)w0->dtype;
     const bool mx = dtype == LLM_DTYPE_MXFP4; /* (rows of whole 16-byte chunks: memory.cu) */
-    const size_t es = mx ? 2 : llm_dtype_size(w0->dtype);
-    const bool vec = t->aligned && (size_t)a.cols * es % 16 == 0 && (uintptr_t)x % 16 == 0;
+    const bool vec =
+        t->aligned && (mx || (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0) && (uintptr_t)x % 16 == 0;
     if (mx && n == 1) {
         mxfp4_one_launch(a);
         return;
@@ -1359,8 +1357,10 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
-    const bool vec = t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
     const int G = (top_k + GC_SLOTS - 1) / GC_SLOTS, RB = G >= GC_MAX_WARPS ? 1 : GC_MAX_WARPS / G;
+    const bool mx = w0->dtype == LLM_DTYPE_MXFP4; /* (its one-token kernel, then the combine) */
+    const bool vec =
+        !mx && t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
     size_t bulk_smem = 0;
     const int bulk_rb =
         vec && llm_cuda.moe_bulk ? bulk_rows(a.rows, a.cols, llm_dtype_size(w0->dtype), top_k, &bulk_smem) : 0;
@@ -1368,8 +1368,7 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
      * read each slot's whole x again, from L2 (Mixtral-8x7B: 114 KB of x a row, 470 MB a layer for 235 MB of
      * weights: 122 us; as the two ops, 4 rows a warp sharing each x chunk, 58 us and decode 416 -> 533 tok/s). */
     const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
-    if (G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0) || w0->dtype == LLM_DTYPE_MXFP4) {
-        /* more slots than warps, x too long, or MXFP4 (its one-token kernel, then the combine) */
+    if (mx || G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0)) { /* MXFP4, many slots, or x too long */
         llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
         llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
         return;
