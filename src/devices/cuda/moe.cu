@@ -489,14 +489,14 @@ template <typename WT, bool PAIR, int PASS> static void gemv_launch3(gv_args a, 
  * route is complete by then, and the down+combine kernel after this one reads the ids before its own wait. */
 #define ONE_WARPS 8 /* a block's (4: a decode step 1.4 % slower, "Mixture of experts, second pass") */
 
-/* A one-token warp's R rows of M matrices summed over its lanes (acc[m * R + r]), plus the biases, written as the
- * experts op writes them (out; up's in out2 with M == 2, and out then act(gate) * up with a.glu): lane r row r0 + r. */
+/* A one-token warp's R rows of M matrices summed over its lanes (acc[m * R + r]), plus the biases (or NULL), written
+ * as the experts op writes them (out; up's in out2 with M == 2, and out then act(gate) * up with a.glu): lane r row
+ * r0 + r. */
 template <int M, int R>
-__device__ __forceinline__ void one_rows_out(const gv_args &a, int e, int r0, const float (&acc)[M * R], float *out,
-                                             float *out2)
+__device__ __forceinline__ void one_rows_out(const gv_args &a, const void *bias, const void *bias2, int r0,
+                                             const float (&acc)[M * R], float *out, float *out2)
 {
     const int lane = threadIdx.x & 31;
-    const void *bias = a.tab[e].bias, *bias2 = M == 2 ? a.tab2[e].bias : NULL;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int row = r0 + r;
@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(ONE_WARPS * 32) experts_one_kernel(const __gri
             for (int r = 0; r < NR; r++) acc[r] += mo_dot<WT>(wv[c][r], x + (size_t)(k + 32 * c) * EPC);
         }
     }
-    one_rows_out<M, R>(a, e, r0, acc, out, out2);
+    one_rows_out<M, R>(a, a.tab[e].bias, M == 2 ? a.tab2[e].bias : NULL, r0, acc, out, out2);
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END); /* (warp 0's lane 0: rows r0 of every block are below rows) */
 }
 
@@ -621,6 +621,7 @@ __device__ __forceinline__ const unsigned char *mx_scales(const void *w, int row
  * has what did not help: x rounded to 8 bits and dp4a as llama.cpp multiplies, 4 x loads in flight when staging). The
  * gate's glu is left to glu's own kernel (gpt-oss's clamped SwiGLU). */
 #define MX_WARPS 16
+#define MX_MAX_SLOTS 32 /* top_k */
 #define MX_CPL 3 /* gpt-oss's 90 blocks a row: one pass */
 
 /* A slot's x (cols values, whole 16 bytes) into shared memory as the kernel reads it. */
@@ -635,6 +636,7 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
 {
     constexpr int NR = M * R;
     extern __shared__ float4 mx_x[]; /* cols / 4 a slot */
+    __shared__ const void *slot_w[MX_MAX_SLOTS][4]; /* each slot's expert's matrices (NULL: another rank's), biases */
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early);
@@ -644,13 +646,13 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
     int item = blockIdx.x * MX_WARPS + (threadIdx.x >> 5), j = 0, r0 = 0, e = -1, jn = 0, r0n = 0, en = -1;
     uint4 wq[MX_CPL][NR], wqn[MX_CPL][NR];
     unsigned ws[MX_CPL][NR], wsn[MX_CPL][NR];
-    /* expert e's rows r0 .. r0 + R - 1, blocks k, k + 32, ... of each (MX_CPL of them), into wq and ws */
-    auto load = [&](int e, int r0, int k, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
+    /* slot j's rows r0 .. r0 + R - 1, blocks k, k + 32, ... of each (MX_CPL of them), into wq and ws */
+    auto load = [&](int j, int r0, int k, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
 #pragma unroll
         for (int m = 0; m < M; m++)
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const void *w = m == 0 ? a.tab[e].w : a.tab2[e].w;
+                const void *w = slot_w[j][m];
                 const int row = r0 + r < rows ? r0 + r : r0;
                 const uint4 *q = mx_quants(w, row, blocks);
                 const unsigned char *sc = mx_scales(w, rows, row, blocks);
@@ -662,9 +664,20 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
     };
     /* item's slot, rows and expert, and its first loads: into wq (the current item's) or wqn (the next one's) */
     auto start = [&](int it, int &j, int &r0, int &e, uint4 (&wq)[MX_CPL][NR], unsigned (&ws)[MX_CPL][NR]) {
-        j = it / groups, r0 = (it - j * groups) * R, e = a.ids[j] - a.first;
-        if (e >= 0 && e < a.n_experts) load(e, r0, lane, wq, ws);
+        j = it / groups, r0 = (it - j * groups) * R, e = slot_w[j][0] ? a.ids[j] - a.first : -1;
+        if (e >= 0) load(j, r0, lane, wq, ws);
     };
+    /* the slots' experts looked up once a block: an item's loads then wait on shared memory, not on two dependent
+     * reads of L2 (the ids, then the table) before its weights' */
+    if (threadIdx.x < a.top_k) {
+        const int e = a.ids[threadIdx.x] - a.first;
+        const bool ours = e >= 0 && e < a.n_experts;
+        slot_w[threadIdx.x][0] = ours ? a.tab[e].w : NULL;
+        slot_w[threadIdx.x][1] = ours && M == 2 ? a.tab2[e].w : NULL;
+        slot_w[threadIdx.x][2] = ours ? a.tab[e].bias : NULL;
+        slot_w[threadIdx.x][3] = ours && M == 2 ? a.tab2[e].bias : NULL;
+    }
+    __syncthreads();
     if (item < items) start(item, j, r0, e, wq, ws);
     const int slots = a.x_slots > 1 ? a.top_k : 1;
     for (int s = 0; s < slots; s++) mx_stage_x(x_row(a, s), cols, (float *)(mx_x + s * cols / 4));
@@ -672,7 +685,7 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
     for (; item < items; item += stride) {
         if (item + stride < items) start(item + stride, jn, r0n, en, wqn, wsn); /* in flight while this one's run */
         float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
-        if (e < 0 || e >= a.n_experts) { /* another rank's expert (ops.h): zero rows */
+        if (e < 0) { /* another rank's expert (ops.h): zero rows */
             if (lane < R && r0 + lane < rows) {
                 out[r0 + lane] = 0.0f;
                 if (M == 2) out2[r0 + lane] = 0.0f;
@@ -691,9 +704,9 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
                     for (int r = 0; r < NR; r++)
                         acc[r] += mxfp4_dot_f32(wq[c][r], ws[c][r], xs + b, blocks);
                 }
-                if (k + 32 * MX_CPL < blocks) load(e, r0, k + 32 * MX_CPL, wq, ws); /* rows longer than a pass */
+                if (k + 32 * MX_CPL < blocks) load(j, r0, k + 32 * MX_CPL, wq, ws); /* rows longer than a pass */
             }
-            one_rows_out<M, R>(a, e, r0, acc, out, out2);
+            one_rows_out<M, R>(a, slot_w[j][2], slot_w[j][3], r0, acc, out, out2);
         }
 #pragma unroll
         for (int c = 0; c < MX_CPL; c++)
@@ -708,8 +721,8 @@ template <int M, int R> static void mxfp4_one_launch3(gv_args a)
 {
     const int slots = a.x_slots > 1 ? a.top_k : 1, items = a.top_k * ((a.rows + R - 1) / R);
     const size_t smem = (size_t)slots * a.cols * sizeof(float);
-    if (smem + 1024 > llm_cuda.smem_optin) {
-        llm_cuda_fail("experts", "%d slots of %d MXFP4 columns do not fit a block's shared memory", slots, a.cols);
+    if (smem + 1024 > llm_cuda.smem_optin || a.top_k > MX_MAX_SLOTS) {
+        llm_cuda_fail("experts", "%d slots of %d MXFP4 columns do not fit a block's shared memory", a.top_k, a.cols);
         return;
     }
     const int per_sm = (items + MX_WARPS - 1) / MX_WARPS;
