@@ -458,7 +458,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
                 if (PAIR) {
                     u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
                     a.out2[at] = u;
-                    if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+                    if (a.glu)
+                        v = a.act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(v, u) : llm_cuda_gate(v, a.act) * u;
                 }
                 a.out[at] = v;
             }
@@ -506,7 +507,7 @@ __device__ __forceinline__ void one_rows_out(const gv_args &a, const void *bias,
         if (M == 2) {
             u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
             out2[row] = u;
-            if (a.glu) v = llm_cuda_gate(v, a.act) * u;
+            if (a.glu) v = a.act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(v, u) : llm_cuda_gate(v, a.act) * u;
         }
         out[row] = v;
     }

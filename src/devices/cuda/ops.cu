@@ -85,8 +85,9 @@ void cuda_plan_group(llm_group *grp)
     }
     if (grp->kind == LLM_GROUP_ATTENTION && !llm_cuda_step_takes_attention(&grp->attn, grp->head_dim))
         refuse(grp, LLM_FUSE_PERSIST, LLM_REFUSE_ATTENTION_PARAMS);
-    /* the GEMV's and the experts' pair's epilogue computes gate(g) * u: SiLU and tanh-GELU, not the clamped SwiGLU */
-    if (grp->act == LLM_ACT_SWIGLU_OAI) refuse(grp, LLM_FUSE_GLU, LLM_REFUSE_GLU_ACT);
+    /* the GEMV's epilogue computes gate(g) * u: SiLU and tanh-GELU, not the clamped SwiGLU, which the experts' pair's
+     * takes (a function of both its outputs, which it holds) */
+    if (grp->act == LLM_ACT_SWIGLU_OAI && grp->kind != LLM_GROUP_MOE) refuse(grp, LLM_FUSE_GLU, LLM_REFUSE_GLU_ACT);
     refuse(grp, LLM_FUSE_SOFTCAP, LLM_REFUSE_SOFTCAP);
     /* a model's steps with MoE layers or weights in a format it has no phase for never take the persistent step:
      * off for the run */
@@ -798,10 +799,10 @@ static bool same_experts(const llm_experts *a, const llm_experts *b)
 
 static bool moe_take_glu(float *out, const float *gate, const float *up, size_t count, llm_act act)
 {
-    /* The pair's epilogue computes llm_cuda_gate(g) * u: SiLU and tanh-GELU, not gpt-oss's clamped SwiGLU, which
-     * then runs as glu's own kernel after the pair. */
+    /* The pair's epilogue computes llm_cuda_gate(g) * u, or gpt-oss's clamped SwiGLU llm_cuda_swiglu_oai(g, u): the
+     * glu kernel's functions, the same bits. */
     if (mp.kind != MOE_GATE_UP || !(mp.fused & LLM_FUSE_GLU) || out != mp.out || gate != mp.out || up != mp.out2 ||
-        count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows || act == LLM_ACT_SWIGLU_OAI)
+        count != (size_t)mp.n * mp.top_k * mp.w.w[0].rows)
         return false;
     moe_launch(true, act, NULL);
     return true;
