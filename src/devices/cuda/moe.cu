@@ -620,7 +620,7 @@ __device__ __forceinline__ const unsigned char *mx_scales(const void *w, int row
  * bank conflicts), for mxfp4_dot_f32's products, exact but for the f32 sums. Where a block of 8 warps took 16 rows
  * and staged x for them, gpt-oss-20b's decode ran at 371 tok/s; so, 394 (dev/cuda/notes.md, version 141, which also
  * has what did not help: x rounded to 8 bits and dp4a as llama.cpp multiplies, 4 x loads in flight when staging). The
- * gate's glu is left to glu's own kernel (gpt-oss's clamped SwiGLU). */
+ * slots' experts are looked up once a block (slot_w), and the pair's epilogue takes the clamped SwiGLU: 399 (v143). */
 #define MX_WARPS 16
 #define MX_MAX_SLOTS 32 /* top_k */
 #define MX_CPL 3 /* gpt-oss's 90 blocks a row: one pass */
