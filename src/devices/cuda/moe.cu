@@ -625,7 +625,17 @@ __device__ __forceinline__ const unsigned char *mx_scales(const void *w, int row
 #define MX_MAX_SLOTS 32 /* top_k */
 #define MX_CPL 3 /* gpt-oss's 90 blocks a row: one pass */
 
-/* A slot's x (cols values, whole 16 bytes) into shared memory as the kernel reads it. */
+/* 16 bytes global -> shared, asynchronously; bytes 0 fills the 16 with zeros (a row past the tile's end). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* A slot's x (cols values, whole 16 bytes) into shared memory as the kernel reads it. (Copied by cp.async, all in
+ * flight at once, the decode measured 1 % slower: 395 against 400 tok/s.) */
 __device__ __forceinline__ void mx_stage_x(const float *x, int cols, float *sh)
 {
     const int blocks = cols / 32;
@@ -735,10 +745,258 @@ template <int M, int R> static void mxfp4_one_launch3(gv_args a)
     LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_mxfp4_one_kernel<M, R>, a));
 }
 
-/* One token (n == 1): a warp's item a row of gate and up, or two rows of another product. */
+/* One token's MXFP4 products on the tensor cores (--precision fast): x rounded once to F16, which ops.h allows (its
+ * error is inside the bound of x rounded to 8 bits a block), then mma.sync m16n8k16 with f32 sums. The kernel above
+ * is bound by its instructions, not by memory: five or so a product, for the E2M1 decode into f32 and the FMA (ncu:
+ * 15.6 M instructions for gpt-oss's 66 M products of a pair, 46 % of the issue slots busy, 23 % of the DRAM
+ * bandwidth). Here a warp's item is 16 rows of A (M == 2: 8 rows of gate over the same 8 of up, so that the sums of
+ * a row's gate and up meet for the glu; M == 1: 16 rows), and each 32-value block is two products: lane (g, t) =
+ * (lane / 4, lane % 4) takes word t of rows g and g + 8, whose bytes' low nibbles are values 4t .. 4t + 3 and high
+ * ones 4t + 16 .. 4t + 19, turned into F16 pairs by shifts and masks (mx_f16x2: E2M1 exact, times 2^-14), against x
+ * staged in the same order. B's eight columns all hold x, so every lane's accumulators hold its two rows. Each
+ * block's product is scaled by its E8M0 byte in f32 (a zero byte, 2^-127, taken as 0). x is staged per slot times a
+ * power of two that puts its largest magnitude in [2^13, 2^14), so F16 neither overflows nor loses small values.
+ *
+ * gpt-oss has 1,440 items of 9 chunks (MXM_U blocks) in a pair and 720 in a down: one item a warp would leave SMs
+ * idle and each warp 9 chunks in a row. So a block takes per_block consecutive items and its warps split their
+ * chunks evenly, each writing its sums of an item it worked on to shared memory (part), where the block adds them in
+ * warp order (the same bits every run) for the epilogue. */
+#define MXM_WARPS 16
+#define MXM_U 10              /* blocks a chunk: a lane's loads in flight for the next chunk while this one's are used */
+#define MXM_MAX_PER_BLOCK 32  /* items a block (their partial sums in shared memory: 1 KB each) */
+
+/* Nibbles 12..15 and 28..31 of v (E2M1: sign, two exponent bits, one mantissa bit) as an F16 pair of the same values
+ * times 2^-14: the sign to bit 15, the other three to bits 9..11 (exponent field e, mantissa m / 2: 2^(e - 15) (1 +
+ * m / 2), and e = 0 the subnormal 2^-14 m / 2). */
+__device__ __forceinline__ unsigned mx_f16x2(unsigned v)
+{
+    return (v & 0x80008000u) | ((v >> 3) & 0x0e000e00u);
+}
+
+/* d = a b (+ d with ACC), m16n8k16, F16 in, f32 sums */
+template <bool ACC>
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
+{
+    const float z = 0.0f;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%11,%12,%13};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(ACC ? d[0] : z),
+                   "f"(ACC ? d[1] : z), "f"(ACC ? d[2] : z), "f"(ACC ? d[3] : z));
+}
+
+template <int M>
+__global__ void __launch_bounds__(MXM_WARPS * 32, 1)
+    experts_mxfp4_mma_kernel(const __grid_constant__ gv_args a, int per_block)
+{
+    /* part (per_block x MXM_WARPS x 16 f32 sums), then f32 x (slots x cols), then its F16 copy (slots x cols / 8
+     * uint4s) */
+    extern __shared__ float4 mxm_smem[];
+    __shared__ const void *slot_w[MX_MAX_SLOTS][4];
+    __shared__ float slot_max[MXM_WARPS][MX_MAX_SLOTS], slot_in[MX_MAX_SLOTS], slot_out[MX_MAX_SLOTS];
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int rows = a.rows, cols = a.cols, blocks = cols / 32, chunks = (blocks + MXM_U - 1) / MXM_U;
+    const int per_item = M == 2 ? 8 : 16, groups = (rows + per_item - 1) / per_item, items = a.top_k * groups;
+    const int slots = a.x_slots > 1 ? a.top_k : 1, first = blockIdx.x * per_block;
+    const int count = min(per_block, items - first);
+    float *part = (float *)mxm_smem, *xf = part + (size_t)per_block * MXM_WARPS * 16;
+    uint4 *xh = (uint4 *)(xf + (size_t)slots * cols);
+    if (threadIdx.x < a.top_k) {
+        const int e = a.ids[threadIdx.x] - a.first;
+        const bool ours = e >= 0 && e < a.n_experts;
+        slot_w[threadIdx.x][0] = ours ? a.tab[e].w : NULL;
+        slot_w[threadIdx.x][1] = ours && M == 2 ? a.tab2[e].w : NULL;
+        slot_w[threadIdx.x][2] = ours ? a.tab[e].bias : NULL;
+        slot_w[threadIdx.x][3] = ours && M == 2 ? a.tab2[e].bias : NULL;
+    }
+    for (int i = threadIdx.x; i < per_block * MXM_WARPS * 16; i += blockDim.x) part[i] = 0.0f;
+    for (int s = 0; s < slots; s++) {
+        const float *x = x_row(a, s);
+        if ((uintptr_t)x % 16 == 0)
+            for (int c = threadIdx.x; c < cols / 4; c += blockDim.x)
+                cp_async16(xf + (size_t)s * cols + 4 * c, x + 4 * c, 16);
+        else
+            for (int c = threadIdx.x; c < cols; c += blockDim.x) xf[(size_t)s * cols + c] = x[c];
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    /* item it's rows: A row g (matrix 0) and A row g + 8 (matrix 1 with M == 2), clamped to the last (unwritten);
+     * qa NULL: another rank's expert */
+    struct item_rows {
+        const unsigned *qa, *qb;
+        const unsigned char *sa, *sb;
+        int j;
+    };
+    auto rows_of = [&](int it) {
+        item_rows ir;
+        ir.j = it / groups;
+        const int r0 = (it - ir.j * groups) * per_item;
+        const void *wa = slot_w[ir.j][0], *wb = M == 2 ? slot_w[ir.j][1] : wa;
+        int ra = r0 + g, rb = M == 2 ? ra : ra + 8;
+        ra = ra < rows ? ra : rows - 1, rb = rb < rows ? rb : rows - 1;
+        ir.qa = wa ? (const unsigned *)mx_quants(wa, ra, blocks) + t : NULL;
+        ir.qb = wa ? (const unsigned *)mx_quants(wb, rb, blocks) + t : NULL;
+        ir.sa = wa ? mx_scales(wa, rows, ra, blocks) : NULL;
+        ir.sb = wa ? mx_scales(wb, rows, rb, blocks) : NULL;
+        return ir;
+    };
+    /* a chunk's words of both rows and their scales as f32 bits (2^(e - 127): the byte in the exponent field) */
+    unsigned qa[MXM_U], qb[MXM_U], ea[MXM_U], eb[MXM_U], qan[MXM_U], qbn[MXM_U], ean[MXM_U], ebn[MXM_U];
+    auto load = [&](const item_rows &ir, int chunk, unsigned (&qa)[MXM_U], unsigned (&qb)[MXM_U],
+                    unsigned (&ea)[MXM_U], unsigned (&eb)[MXM_U]) {
+        const int b0 = chunk * MXM_U;
+        if (ir.qa && b0 + MXM_U <= blocks) {
+#pragma unroll
+            for (int u = 0; u < MXM_U; u++) {
+                qa[u] = __ldcs(ir.qa + 4 * (b0 + u)), qb[u] = __ldcs(ir.qb + 4 * (b0 + u));
+                ea[u] = (unsigned)__ldcs(ir.sa + b0 + u) << 23, eb[u] = (unsigned)__ldcs(ir.sb + b0 + u) << 23;
+            }
+            return;
+        }
+#pragma unroll
+        for (int u = 0; u < MXM_U; u++) {
+            const bool live = ir.qa && b0 + u < blocks;
+            qa[u] = live ? __ldcs(ir.qa + 4 * (b0 + u)) : 0u, qb[u] = live ? __ldcs(ir.qb + 4 * (b0 + u)) : 0u;
+            ea[u] = live ? (unsigned)__ldcs(ir.sa + b0 + u) << 23 : 0u;
+            eb[u] = live ? (unsigned)__ldcs(ir.sb + b0 + u) << 23 : 0u;
+        }
+    };
+    /* this warp's share of the block's (item, chunk) units, the first one's loads in flight while x is scaled */
+    const int units = count * chunks, u0 = warp * units / MXM_WARPS, u1 = (warp + 1) * units / MXM_WARPS;
+    item_rows cur = {};
+    if (u0 < u1) {
+        cur = rows_of(first + u0 / chunks);
+        load(cur, u0 % chunks, qa, qb, ea, eb);
+    }
+
+    /* each slot's x times 2^k into F16, k from its largest magnitude, in the products' order: uint4 4b + t of a slot
+     * holds values 4t, 4t + 2 | 4t + 1, 4t + 3 | 4t + 16, 4t + 18 | 4t + 17, 4t + 19 of block b */
+    for (int s = 0; s < slots; s++) {
+        float m = 0.0f;
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(xf[(size_t)s * cols + c]));
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (lane == 0) slot_max[warp][s] = m;
+    }
+    __syncthreads();
+    if (threadIdx.x < slots) {
+        float m = 0.0f;
+        for (int w = 0; w < MXM_WARPS; w++) m = fmaxf(m, slot_max[w][threadIdx.x]);
+        int ex = 0;
+        (void)frexpf(m, &ex); /* m < 2^ex */
+        ex = m > 0.0f && isfinite(m) ? max(-100, min(100, 14 - ex)) : 0;
+        slot_in[threadIdx.x] = ldexpf(1.0f, ex), slot_out[threadIdx.x] = ldexpf(1.0f, -ex) * 16384.0f; /* (2^14) */
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < slots * blocks * 4; i += blockDim.x) {
+        const int s = i / (blocks * 4), bt = i - s * blocks * 4, b = bt >> 2, tt = bt & 3;
+        const float *v = xf + (size_t)s * cols + 32 * b + 4 * tt, k = slot_in[s];
+        __half2 h0 = __floats2half2_rn(v[0] * k, v[2] * k), h1 = __floats2half2_rn(v[1] * k, v[3] * k);
+        __half2 h2 = __floats2half2_rn(v[16] * k, v[18] * k), h3 = __floats2half2_rn(v[17] * k, v[19] * k);
+        xh[i] = make_uint4(*(unsigned *)&h0, *(unsigned *)&h1, *(unsigned *)&h2, *(unsigned *)&h3);
+    }
+    __syncthreads();
+
+    float acc0 = 0.0f, acc1 = 0.0f; /* A rows g and g + 8 */
+    for (int u = u0; u < u1; u++) {
+        const int il = u / chunks, chunk = u - il * chunks;
+        const bool item_ends = chunk + 1 == chunks || u + 1 == u1;
+        item_rows nxt = cur;
+        if (u + 1 < u1) { /* the next unit's loads in flight while this one's are multiplied */
+            const int il_n = (u + 1) / chunks;
+            if (il_n != il) nxt = rows_of(first + il_n);
+            load(nxt, u + 1 - il_n * chunks, qan, qbn, ean, ebn);
+        }
+        const uint4 *xs = xh + (size_t)(slots > 1 ? cur.j : 0) * blocks * 4;
+#pragma unroll
+        for (int k = 0; k < MXM_U; k++) {
+            const int b = chunk * MXM_U + k;
+            if (b >= blocks) break;
+            const uint4 xv = xs[4 * b + t];
+            float d[4];
+            const unsigned lo[4] = {mx_f16x2(qa[k] << 12), mx_f16x2(qb[k] << 12), mx_f16x2(qa[k] << 4),
+                                    mx_f16x2(qb[k] << 4)};
+            mma_f16_16816<false>(d, lo, xv.x, xv.y);
+            const unsigned hi[4] = {mx_f16x2(qa[k] << 8), mx_f16x2(qb[k] << 8), mx_f16x2(qa[k]), mx_f16x2(qb[k])};
+            mma_f16_16816<true>(d, hi, xv.z, xv.w);
+            acc0 = __fmaf_rn(d[0], __uint_as_float(ea[k]), acc0);
+            acc1 = __fmaf_rn(d[2], __uint_as_float(eb[k]), acc1);
+        }
+        if (item_ends) {
+            if (t == 0) {
+                part[((size_t)il * MXM_WARPS + warp) * 16 + g] = acc0;
+                part[((size_t)il * MXM_WARPS + warp) * 16 + 8 + g] = acc1;
+            }
+            acc0 = acc1 = 0.0f;
+        }
+        cur = nxt;
+#pragma unroll
+        for (int k = 0; k < MXM_U; k++) qa[k] = qan[k], qb[k] = qbn[k], ea[k] = ean[k], eb[k] = ebn[k];
+    }
+    __syncthreads();
+
+    /* the epilogue: an output row a thread, its warps' sums added in warp order, written as the experts op writes
+     * them (out; up's in out2 with M == 2, and out then act(gate) * up with a.glu; another rank's expert: zeros) */
+    const int outs = M == 2 ? 8 : 16;
+    for (int i = threadIdx.x; i < count * outs; i += blockDim.x) {
+        const int il = i / outs, r = i - il * outs, it = first + il, j = it / groups;
+        const int row = (it - j * groups) * per_item + r;
+        if (row >= rows) continue;
+        float *out = a.out + (size_t)j * rows, *out2 = M == 2 ? a.out2 + (size_t)j * rows : NULL;
+        if (!slot_w[j][0]) {
+            out[row] = 0.0f;
+            if (M == 2) out2[row] = 0.0f;
+            continue;
+        }
+        const float *p = part + (size_t)il * MXM_WARPS * 16;
+        float v = 0.0f, w = 0.0f;
+        for (int k = 0; k < MXM_WARPS; k++) v += p[k * 16 + r], w += M == 2 ? p[k * 16 + 8 + r] : 0.0f;
+        const float back = slot_out[slots > 1 ? j : 0];
+        const void *bias = slot_w[j][2], *bias2 = slot_w[j][3];
+        v = v * back + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f);
+        if (M == 2) {
+            const float up = w * back + (bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f);
+            out2[row] = up;
+            if (a.glu) v = a.act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(v, up) : llm_cuda_gate(v, a.act) * up;
+        }
+        out[row] = v;
+    }
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
+}
+
+template <int M> static void mxfp4_mma_launch(gv_args a)
+{
+    const int slots = a.x_slots > 1 ? a.top_k : 1, per_item = M == 2 ? 8 : 16;
+    const int items = a.top_k * ((a.rows + per_item - 1) / per_item);
+    int per_block = (items + llm_cuda.sm_count - 1) / llm_cuda.sm_count;
+    per_block = per_block < MXM_MAX_PER_BLOCK ? per_block : MXM_MAX_PER_BLOCK;
+    const size_t smem = (size_t)per_block * MXM_WARPS * 16 * sizeof(float) +
+                        (size_t)slots * a.cols * (sizeof(float) + sizeof(__half));
+    if (smem + 4096 > llm_cuda.smem_optin || a.top_k > MX_MAX_SLOTS) {
+        llm_cuda_fail("experts", "%d slots of %d MXFP4 columns do not fit a block's shared memory", a.top_k, a.cols);
+        return;
+    }
+    dim3 grid((unsigned)((items + per_block - 1) / per_block));
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(32 * MXM_WARPS), smem, &attr, &a.pdl_early);
+    a.tl = llm_cuda_tl_record(M == 2 ? "experts_pair" : "experts", a.cols);
+    if (smem > 48 * 1024 && !llm_cuda_allow_smem((const void *)experts_mxfp4_mma_kernel<M>, "experts")) return;
+    LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_mxfp4_mma_kernel<M>, a, per_block));
+}
+
+/* One token (n == 1): --precision accurate, f32 products (a warp's item a row of gate and up, or two rows of another
+ * product); fast, the tensor cores with x in F16. */
 static void mxfp4_one_launch(const gv_args &a)
 {
-    if (a.tab2) mxfp4_one_launch3<2, 1>(a);
+    if (!llm_cuda.split_products) {
+        if (a.tab2) mxfp4_mma_launch<2>(a);
+        else mxfp4_mma_launch<1>(a);
+    } else if (a.tab2) mxfp4_one_launch3<2, 1>(a);
     else mxfp4_one_launch3<1, 2>(a);
 }
 
@@ -1085,15 +1343,6 @@ __global__ void gather_split_kernel(const gv_args a, const int *n_valid, T *hi, 
         if (lo) *(uint4 *)(lo + (size_t)s * a.cols + c) = *(const uint4 *)l;
     }
 }
-
-/* 16 bytes global -> shared, asynchronously; bytes 0 fills the 16 with zeros (a row past the tile's end). */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* MXFP4 block q (scale byte e) as the 32 BF16 values of a B tile's row (exact: a doubled E2M1 value times a power of
  * two has at most 4 significant bits), kv the doubled values as floats. */
