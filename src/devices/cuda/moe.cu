@@ -762,8 +762,13 @@ template <int M, int R> static void mxfp4_one_launch3(gv_args a)
  * chunks evenly, each writing its sums of an item it worked on to shared memory (part), where the block adds them in
  * warp order (the same bits every run) for the epilogue. */
 #define MXM_WARPS 16
-#define MXM_U 10              /* blocks a chunk: a lane's loads in flight for the next chunk while this one's are used */
-#define MXM_MAX_PER_BLOCK 32  /* items a block (their partial sums in shared memory: 1 KB each) */
+#ifndef MXM_U
+#define MXM_U 8 /* blocks a chunk: the next chunk's loads in flight while this one's are used (10: 0.7 % slower) */
+#endif
+#ifndef MXM_PER_SM
+#define MXM_PER_SM 1 /* blocks an SM */
+#endif
+#define MXM_MAX_PER_BLOCK 32 /* items a block (their partial sums in shared memory: 1 KB each) */
 
 /* Nibbles 12..15 and 28..31 of v (E2M1: sign, two exponent bits, one mantissa bit) as an F16 pair of the same values
  * times 2^-14: the sign to bit 15, the other three to bits 9..11 (exponent field e, mantissa m / 2: 2^(e - 15) (1 +
@@ -778,15 +783,15 @@ template <bool ACC>
 __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
 {
     const float z = 0.0f;
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%11,%12,%13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(ACC ? d[0] : z),
-                   "f"(ACC ? d[1] : z), "f"(ACC ? d[2] : z), "f"(ACC ? d[3] : z));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(ACC ? d[0] : z), "f"(ACC ? d[1] : z),
+          "f"(ACC ? d[2] : z), "f"(ACC ? d[3] : z));
 }
 
 template <int M>
-__global__ void __launch_bounds__(MXM_WARPS * 32, 1)
+__global__ void __launch_bounds__(MXM_WARPS * 32, MXM_PER_SM)
     experts_mxfp4_mma_kernel(const __grid_constant__ gv_args a, int per_block)
 {
     /* part (per_block x MXM_WARPS x 16 f32 sums), then f32 x (slots x cols), then its F16 copy (slots x cols / 8
@@ -851,11 +856,13 @@ __global__ void __launch_bounds__(MXM_WARPS * 32, 1)
     auto load = [&](const item_rows &ir, int chunk, unsigned (&qa)[MXM_U], unsigned (&qb)[MXM_U],
                     unsigned (&ea)[MXM_U], unsigned (&eb)[MXM_U]) {
         const int b0 = chunk * MXM_U;
-        if (ir.qa && b0 + MXM_U <= blocks) {
+        if (ir.qa && b0 + MXM_U <= blocks) { /* (a whole chunk: the loads at constant offsets) */
+            const unsigned *pa = ir.qa + 4 * b0, *pb = ir.qb + 4 * b0;
+            const unsigned char *sa = ir.sa + b0, *sb = ir.sb + b0;
 #pragma unroll
             for (int u = 0; u < MXM_U; u++) {
-                qa[u] = __ldcs(ir.qa + 4 * (b0 + u)), qb[u] = __ldcs(ir.qb + 4 * (b0 + u));
-                ea[u] = (unsigned)__ldcs(ir.sa + b0 + u) << 23, eb[u] = (unsigned)__ldcs(ir.sb + b0 + u) << 23;
+                qa[u] = __ldcs(pa + 4 * u), qb[u] = __ldcs(pb + 4 * u);
+                ea[u] = (unsigned)__ldcs(sa + u) << 23, eb[u] = (unsigned)__ldcs(sb + u) << 23;
             }
             return;
         }
@@ -912,12 +919,10 @@ __global__ void __launch_bounds__(MXM_WARPS * 32, 1)
             if (il_n != il) nxt = rows_of(first + il_n);
             load(nxt, u + 1 - il_n * chunks, qan, qbn, ean, ebn);
         }
-        const uint4 *xs = xh + (size_t)(slots > 1 ? cur.j : 0) * blocks * 4;
-#pragma unroll
-        for (int k = 0; k < MXM_U; k++) {
-            const int b = chunk * MXM_U + k;
-            if (b >= blocks) break;
-            const uint4 xv = xs[4 * b + t];
+        const uint4 *xs = xh + (size_t)(slots > 1 ? cur.j : 0) * blocks * 4 + (size_t)chunk * MXM_U * 4 + t;
+        const int live = min(MXM_U, blocks - chunk * MXM_U);
+        auto block = [&](int k) {
+            const uint4 xv = xs[4 * k];
             float d[4];
             const unsigned lo[4] = {mx_f16x2(qa[k] << 12), mx_f16x2(qb[k] << 12), mx_f16x2(qa[k] << 4),
                                     mx_f16x2(qb[k] << 4)};
@@ -926,6 +931,14 @@ __global__ void __launch_bounds__(MXM_WARPS * 32, 1)
             mma_f16_16816<true>(d, hi, xv.z, xv.w);
             acc0 = __fmaf_rn(d[0], __uint_as_float(ea[k]), acc0);
             acc1 = __fmaf_rn(d[2], __uint_as_float(eb[k]), acc1);
+        };
+        if (live == MXM_U) {
+#pragma unroll
+            for (int k = 0; k < MXM_U; k++) block(k);
+        } else {
+#pragma unroll
+            for (int k = 0; k < MXM_U; k++)
+                if (k < live) block(k);
         }
         if (item_ends) {
             if (t == 0) {
@@ -973,7 +986,8 @@ template <int M> static void mxfp4_mma_launch(gv_args a)
 {
     const int slots = a.x_slots > 1 ? a.top_k : 1, per_item = M == 2 ? 8 : 16;
     const int items = a.top_k * ((a.rows + per_item - 1) / per_item);
-    int per_block = (items + llm_cuda.sm_count - 1) / llm_cuda.sm_count;
+    const int cap = llm_cuda.sm_count * MXM_PER_SM;
+    int per_block = (items + cap - 1) / cap;
     per_block = per_block < MXM_MAX_PER_BLOCK ? per_block : MXM_MAX_PER_BLOCK;
     const size_t smem = (size_t)per_block * MXM_WARPS * 16 * sizeof(float) +
                         (size_t)slots * a.cols * (sizeof(float) + sizeof(__half));
