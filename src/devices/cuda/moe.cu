@@ -642,6 +642,21 @@ __device__ __forceinline__ void mx_stage_x(const float *x, int cols, float *sh)
     for (int i = threadIdx.x; i < cols; i += blockDim.x) sh[(((i & 31) >> 2) * blocks + (i >> 5)) * 4 + (i & 3)] = x[i];
 }
 
+/* The slots' experts looked up once a block, into slot_w: each slot's matrices (NULL: another rank's expert) and
+ * biases, so that an item's loads wait on shared memory, not on two dependent reads of L2 (the ids, then the table)
+ * before its weights'. The caller syncs the block. */
+template <int M>
+__device__ __forceinline__ void mx_slot_table(const gv_args &a, const void *(&slot_w)[MX_MAX_SLOTS][4])
+{
+    if (threadIdx.x >= a.top_k) return;
+    const int e = a.ids[threadIdx.x] - a.first;
+    const bool ours = e >= 0 && e < a.n_experts;
+    slot_w[threadIdx.x][0] = ours ? a.tab[e].w : NULL;
+    slot_w[threadIdx.x][1] = ours && M == 2 ? a.tab2[e].w : NULL;
+    slot_w[threadIdx.x][2] = ours ? a.tab[e].bias : NULL;
+    slot_w[threadIdx.x][3] = ours && M == 2 ? a.tab2[e].bias : NULL;
+}
+
 template <int M, int R>
 __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(const __grid_constant__ gv_args a)
 {
@@ -678,16 +693,7 @@ __global__ void __launch_bounds__(MX_WARPS * 32, 1) experts_mxfp4_one_kernel(con
         j = it / groups, r0 = (it - j * groups) * R, e = slot_w[j][0] ? a.ids[j] - a.first : -1;
         if (e >= 0) load(j, r0, lane, wq, ws);
     };
-    /* the slots' experts looked up once a block: an item's loads then wait on shared memory, not on two dependent
-     * reads of L2 (the ids, then the table) before its weights' */
-    if (threadIdx.x < a.top_k) {
-        const int e = a.ids[threadIdx.x] - a.first;
-        const bool ours = e >= 0 && e < a.n_experts;
-        slot_w[threadIdx.x][0] = ours ? a.tab[e].w : NULL;
-        slot_w[threadIdx.x][1] = ours && M == 2 ? a.tab2[e].w : NULL;
-        slot_w[threadIdx.x][2] = ours ? a.tab[e].bias : NULL;
-        slot_w[threadIdx.x][3] = ours && M == 2 ? a.tab2[e].bias : NULL;
-    }
+    mx_slot_table<M>(a, slot_w);
     __syncthreads();
     if (item < items) start(item, j, r0, e, wq, ws);
     const int slots = a.x_slots > 1 ? a.top_k : 1;
@@ -810,14 +816,7 @@ __global__ void __launch_bounds__(MXM_WARPS * 32, MXM_PER_SM)
     const int count = min(per_block, items - first);
     float *part = (float *)mxm_smem, *xf = part + (size_t)per_block * MXM_WARPS * 16;
     uint4 *xh = (uint4 *)(xf + (size_t)slots * cols);
-    if (threadIdx.x < a.top_k) {
-        const int e = a.ids[threadIdx.x] - a.first;
-        const bool ours = e >= 0 && e < a.n_experts;
-        slot_w[threadIdx.x][0] = ours ? a.tab[e].w : NULL;
-        slot_w[threadIdx.x][1] = ours && M == 2 ? a.tab2[e].w : NULL;
-        slot_w[threadIdx.x][2] = ours ? a.tab[e].bias : NULL;
-        slot_w[threadIdx.x][3] = ours && M == 2 ? a.tab2[e].bias : NULL;
-    }
+    mx_slot_table<M>(a, slot_w);
     for (int i = threadIdx.x; i < per_block * MXM_WARPS * 16; i += blockDim.x) part[i] = 0.0f;
     for (int s = 0; s < slots; s++) {
         const float *x = x_row(a, s);
