@@ -1166,6 +1166,7 @@ static int last_groups; /* the groups of its plan (a step issued declares each o
 static int decode_batch; /* decode_dir's max_batch (0: the default); a windowed layer's ring is window + it - 1 rows */
 static llm_dtype decode_cache = LLM_DTYPE_F32; /* decode_dir's KV cache type */
 static llm_dtype decode_quant = LLM_DTYPE_F32; /* decode_dir's --quant (F32: the weights as stored) */
+static llm_precision decode_precision; /* decode_dir's --precision (the zero value: accurate) */
 static const llm_op_pin *decode_pins; /* decode_dir's --op-device pins (decode_n_pins of them) */
 static int decode_n_pins;
 static int last_ring; /* the ring stages of decode_dir's last persistent step (when it counts them) */
@@ -1180,7 +1181,7 @@ static float *decode_dir(const char *dir, const int32_t *prompt, int n_prompt, c
     setenv("LLM_CUDA_PERSIST", persist, 1);
     llm_model m;
     llm_load_options lo = {.device = device, .cache_type = decode_cache, .quant = decode_quant, .pins = decode_pins,
-                           .n_pins = decode_n_pins};
+                           .n_pins = decode_n_pins, .precision = decode_precision};
     char err[1024] = "";
     int rc = llm_model_load(&m, dir, &lo, err, sizeof err);
     unsetenv("LLM_CUDA_GRAPHS");
@@ -1313,6 +1314,34 @@ static void test_moe_decode(void **state)
         assert_true(e_cpu < 1e-4);
         free(persist), free(graphs), free(plain), free(registers), free(short_blocks), free(cpu);
     }
+}
+
+/* gpt-oss's MXFP4 experts decoding, fused (the gate/up pair with the clamped SwiGLU as its epilogue), in both
+ * precisions: accurate's one-token products in f32 (experts_mxfp4_one_kernel), held to the reference as
+ * test_moe_decode holds them; fast's on the tensor cores with x in F16 (experts_mxfp4_mma_kernel) within 2e-2 of the
+ * logits' scale, because the prompt's batched products there round x to BF16 (2^-9 a term) as well: a wrong row,
+ * scale or epilogue moves logits by about their own size. Its warps' sums meet in a fixed order, so a replayed step
+ * gives the bits of plain issue. */
+static void test_moe_decode_mxfp4(void **state)
+{
+    (void)state;
+    cuda_or_skip();
+    dev->release();
+    int vocab = 0;
+    float *cpu = decode_run("gpt-oss-mxfp4", "cpu", "1", "1", &vocab);
+    float *accurate = decode_run("gpt-oss-mxfp4", "cuda", "1", "1", &vocab);
+    decode_precision = LLM_PRECISION_FAST;
+    float *fast = decode_run("gpt-oss-mxfp4", "cuda", "1", "1", &vocab);
+    float *fast_plain = decode_run("gpt-oss-mxfp4", "cuda", "0", "1", &vocab);
+    decode_precision = LLM_PRECISION_ACCURATE;
+    size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+    double e_accurate = rel_error(accurate, cpu, n), e_fast = rel_error(fast, cpu, n);
+    print_message("gpt-oss-mxfp4, %d decode steps: cuda vs cpu %.2g (accurate), %.2g (fast)\n", DECODE_STEPS,
+                  e_accurate, e_fast);
+    assert_true(e_accurate < 1e-4);
+    assert_true(e_fast < 2e-2);
+    assert_memory_equal(fast, fast_plain, n * sizeof *fast);
+    free(cpu), free(accurate), free(fast), free(fast_plain);
 }
 
 /* ---- the persistent decode step (step.cu) against the kernel-per-op step and the reference ---- */
@@ -1937,7 +1966,7 @@ int main(void)
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_moe_graph_replay),
         cmocka_unit_test(test_graph_keys), cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_moe_decode),
+        cmocka_unit_test(test_moe_decode),    cmocka_unit_test(test_moe_decode_mxfp4),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),
         cmocka_unit_test(test_persistent_qk_norms_gqa),
