@@ -28,7 +28,6 @@ static const llm_device *dev;
 static llm_precision open_precision; /* what cuda_or_skip opens the device with (the accurate one, but where set) */
 
 /* The cuda device, initialised; skips the test when it is not compiled in or not usable here. */
-
 static void cuda_or_skip(void)
 {
     dev = llm_device_find("cuda");
@@ -858,9 +857,10 @@ static void test_moe_experts(void **state)
 }
 
 /* gpt-oss's MXFP4 experts as shipped, each output held to its bound beside both sides' f32 summations (2 cols eps
- * sum |w x|): one token's GEMV multiplies in f32 (2^-16 sum |w x| of slack); a batch converts the weights to BF16
- * tiles (exactly) and splits x into two BF16 halves with the accurate precision (2^-16 sum |w x|), rounds x to BF16
- * once with the fast one (2^-9 sum |w x|). */
+ * sum |w x|): one token's products are f32 with the accurate precision (2^-16 sum |w x| of slack) and take x rounded
+ * to F16 with the fast one (2^-11 sum |w x|: the tensor-core kernel); a batch converts the weights to BF16 tiles
+ * (exactly) and splits x into two BF16 halves with the accurate precision (2^-16 sum |w x|), rounds x to BF16 once
+ * with the fast one (2^-9 sum |w x|). */
 static void run_experts_mxfp4(llm_precision precision)
 {
     open_precision = precision;
@@ -922,7 +922,7 @@ static void run_experts_mxfp4(llm_precision precision)
                 for (size_t r = 0; r < rows; r++) {
                     double abs_wx = 0;
                     for (size_t col = 0; col < cols; col++) abs_wx += fabs(we[r * cols + col]) * fabs(xr[col]);
-                    /* fast: one token's x in F16 (2^-11), a batch's weights' blocks in BF16 (2^-9) */
+                    /* fast: one token's x in F16 (2^-11), a batch's in BF16 (2^-9) */
                     const double bound = 2.0 * (double)cols * eps * abs_wx +
                                          (fast ? abs_wx / (n > 1 ? 512.0 : 2048.0) : abs_wx / 65536.0);
                     const double err = fabs((double)got[p * rows + r] - ref[p * rows + r]);

@@ -179,7 +179,7 @@ __device__ __forceinline__ float llm_cuda_gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 /* gpt-oss's clamped SwiGLU, ops.h's llm_swiglu_oai operation for operation (a function of gate and up: no
- * llm_cuda_gate form, so the GEMV epilogue does not take it). */
+ * llm_cuda_gate form, so the dense GEMV's epilogue does not take it; the experts' pair's does, llm_cuda_glu). */
 __device__ __forceinline__ float llm_cuda_swiglu_oai(float gate, float up)
 {
     float g = fminf(gate, LLM_SWIGLU_OAI_LIMIT), u = fminf(fmaxf(up, -LLM_SWIGLU_OAI_LIMIT), LLM_SWIGLU_OAI_LIMIT);
@@ -188,6 +188,11 @@ __device__ __forceinline__ float llm_cuda_swiglu_oai(float gate, float up)
 __device__ __forceinline__ float llm_cuda_gate(float x, int act)
 {
     return act == LLM_ACT_GELU_TANH ? llm_cuda_gelu_tanh(x) : x / (1.0f + expf(-x));
+}
+/* ops.h's glu of one element: act(gate) * up, or the clamped SwiGLU of both */
+__device__ __forceinline__ float llm_cuda_glu(float gate, float up, int act)
+{
+    return act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(gate, up) : llm_cuda_gate(gate, act) * up;
 }
 
 /* Element i of a weight vector of dtype t as f32 (norm weights, biases). */

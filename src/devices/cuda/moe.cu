@@ -458,8 +458,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
                 if (PAIR) {
                     u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
                     a.out2[at] = u;
-                    if (a.glu)
-                        v = a.act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(v, u) : llm_cuda_gate(v, a.act) * u;
+                    if (a.glu) v = llm_cuda_glu(v, u, a.act);
                 }
                 a.out[at] = v;
             }
@@ -507,7 +506,7 @@ __device__ __forceinline__ void one_rows_out(const gv_args &a, const void *bias,
         if (M == 2) {
             u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
             out2[row] = u;
-            if (a.glu) v = a.act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(v, u) : llm_cuda_gate(v, a.act) * u;
+            if (a.glu) v = llm_cuda_glu(v, u, a.act);
         }
         out[row] = v;
     }
@@ -767,13 +766,8 @@ template <int M, int R> static void mxfp4_one_launch3(gv_args a)
  * idle and each warp 9 chunks in a row. So a block takes per_block consecutive items and its warps split their
  * chunks evenly, each writing its sums of an item it worked on to shared memory (part), where the block adds them in
  * warp order (the same bits every run) for the epilogue. */
-#define MXM_WARPS 16
-#ifndef MXM_U
-#define MXM_U 8 /* blocks a chunk: the next chunk's loads in flight while this one's are used (10: 0.7 % slower) */
-#endif
-#ifndef MXM_PER_SM
-#define MXM_PER_SM 1 /* blocks an SM */
-#endif
+#define MXM_WARPS 16 /* one block an SM (two, at 64 registers and chunks of 3: 4 % slower) */
+#define MXM_U 8         /* blocks a chunk: the next chunk's loads in flight while this one's are used (10: 0.7 % slower) */
 #define MXM_MAX_PER_BLOCK 32 /* items a block (their partial sums in shared memory: 1 KB each) */
 
 /* Nibbles 12..15 and 28..31 of v (E2M1: sign, two exponent bits, one mantissa bit) as an F16 pair of the same values
@@ -797,7 +791,7 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const unsigned (&a)
 }
 
 template <int M>
-__global__ void __launch_bounds__(MXM_WARPS * 32, MXM_PER_SM)
+__global__ void __launch_bounds__(MXM_WARPS * 32, 1)
     experts_mxfp4_mma_kernel(const __grid_constant__ gv_args a, int per_block)
 {
     /* part (per_block x MXM_WARPS x 16 f32 sums), then f32 x (slots x cols), then its F16 copy (slots x cols / 8
@@ -974,7 +968,7 @@ __global__ void __launch_bounds__(MXM_WARPS * 32, MXM_PER_SM)
         if (M == 2) {
             const float up = w * back + (bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f);
             out2[row] = up;
-            if (a.glu) v = a.act == LLM_ACT_SWIGLU_OAI ? llm_cuda_swiglu_oai(v, up) : llm_cuda_gate(v, a.act) * up;
+            if (a.glu) v = llm_cuda_glu(v, up, a.act);
         }
         out[row] = v;
     }
@@ -985,8 +979,7 @@ template <int M> static void mxfp4_mma_launch(gv_args a)
 {
     const int slots = a.x_slots > 1 ? a.top_k : 1, per_item = M == 2 ? 8 : 16;
     const int items = a.top_k * ((a.rows + per_item - 1) / per_item);
-    const int cap = llm_cuda.sm_count * MXM_PER_SM;
-    int per_block = (items + cap - 1) / cap;
+    int per_block = (items + llm_cuda.sm_count - 1) / llm_cuda.sm_count;
     per_block = per_block < MXM_MAX_PER_BLOCK ? per_block : MXM_MAX_PER_BLOCK;
     const size_t smem = (size_t)per_block * MXM_WARPS * 16 * sizeof(float) +
                         (size_t)slots * a.cols * (sizeof(float) + sizeof(__half));
