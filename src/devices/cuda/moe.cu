@@ -767,7 +767,7 @@ template <int M, int R> static void mxfp4_one_launch3(gv_args a)
  * chunks evenly, each writing its sums of an item it worked on to shared memory (part), where the block adds them in
  * warp order (the same bits every run) for the epilogue. */
 #define MXM_WARPS 16 /* one block an SM (two, at 64 registers and chunks of 3: 4 % slower) */
-#define MXM_U 8         /* blocks a chunk: the next chunk's loads in flight while this one's are used (10: 0.7 % slower) */
+#define MXM_U 8 /* blocks a chunk: the next chunk's loads in flight while this one's are used (10: 0.7 % slower) */
 #define MXM_MAX_PER_BLOCK 32 /* items a block (their partial sums in shared memory: 1 KB each) */
 
 /* Nibbles 12..15 and 28..31 of v (E2M1: sign, two exponent bits, one mantissa bit) as an F16 pair of the same values
