@@ -870,7 +870,7 @@ static void run_experts_mxfp4(llm_precision precision)
         int experts, top_k, n;
         size_t rows, cols;
     } cases[] = {
-        {8, 4, 1, 2880, 2880},  /* gpt-oss-20b's gate, up and down: 90 blocks a row, the last of a lane's passes short */
+        {8, 4, 1, 2880, 2880},  /* gpt-oss-20b's gate, up and down: 90 blocks a row, a lane's last pass short */
         {8, 4, 1, 77, 64},      /* rows that end part-way through a warp's */
         {8, 2, 3, 96, 256},     /* a few tokens: grouped, one tile an expert */
         {16, 4, 40, 300, 256},  /* two row tiles, the second part-way */
