@@ -867,6 +867,34 @@ template <int HD, typename T> static bool launch_prefill(const attn_args *a)
     return LLM_CUDA_LAUNCHED("attention");
 }
 
+/* How many clusters of `size` blocks of a kernel fit the GPU at once, from cudaOccupancyMaxActiveClusters (once per
+ * kernel, block, shared memory and size: the answer is the GPU's); a large count where it cannot say. */
+static int clusters_fit(const void *kernel, int threads, size_t smem, int size)
+{
+    static struct {
+        const void *kernel;
+        size_t smem;
+        int threads, size, fit;
+    } seen[64];
+    static int n_seen;
+    for (int i = 0; i < n_seen; i++)
+        if (seen[i].kernel == kernel && seen[i].smem == smem && seen[i].threads == threads && seen[i].size == size)
+            return seen[i].fit;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = (unsigned)size, attr.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(1, (unsigned)size, 1), cfg.blockDim = dim3((unsigned)threads), cfg.dynamicSmemBytes = smem;
+    cfg.stream = llm_cuda.stream, cfg.attrs = &attr, cfg.numAttrs = 1;
+    int fit = 0;
+    if (cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg) != cudaSuccess || fit < 1) {
+        cudaGetLastError(); /* (not an error of the device: the launch says whether it runs) */
+        fit = 1 << 30;
+    }
+    if (n_seen < (int)(sizeof seen / sizeof *seen)) seen[n_seen++] = {kernel, smem, threads, size, fit};
+    return fit;
+}
+
 template <int DPL, int W, typename T> static void launch_decode(attn_args *a, int ctx)
 {
     if (!llm_cuda_allow_smem((const void *)attn_decode_kernel<DPL, W, T>, "attention")) return;
@@ -877,18 +905,28 @@ template <int DPL, int W, typename T> static void launch_decode(attn_args *a, in
     if (splits > max_splits) splits = max_splits;
     if (splits > DEC_MAX_SPLITS) splits = DEC_MAX_SPLITS;
     if (splits < 1) splits = 1;
-    a->n_splits = splits;
     /* Shared memory for the first rows of a split (k and v as stored), LLM_CUDA_ATTN_WINDOW_KB per block (default 32),
      * when a block serves 4+ heads (GQA), whose lanes all read each row: TinyLlama +0.9 %. With one head per block
      * (Llama-2-7B) it cost 1.4 % at 32 KB and 4.4 % at 64 KB, so none there. */
-    int window = (int)((size_t)llm_cuda.attn_window_kb * 1024 / (2 * sizeof(T) * a->head_dim));
-    if (window > (ctx + splits - 1) / splits) window = (ctx + splits - 1) / splits;
-    a->window = a->n == 1 && a->heads_per_block >= 4 ? window : 0;
+    const int window_rows = (int)((size_t)llm_cuda.attn_window_kb * 1024 / (2 * sizeof(T) * a->head_dim));
+    const void *kernel = (const void *)attn_decode_kernel<DPL, W, T>;
+    size_t smem;
+    for (;; splits--) {
+        const int window = min(window_rows, (ctx + splits - 1) / splits);
+        a->window = a->n == 1 && a->heads_per_block >= 4 ? window : 0;
+        smem = decode_smem(W, a->heads_per_block, a->head_dim, a->window, sizeof(T));
+        /* The splits of a head group are one cluster, placed whole on one GPC: where more clusters than fit at
+         * once would wait for a second wave, fewer splits (gpt-oss-20b: 16 clusters of 8 blocks an SM on an H100,
+         * dev/cuda/notes.md version 144). */
+        if (!llm_cuda.hopper_code || splits == 1 ||
+            a->n_kv_heads * a->head_blocks * a->n <= clusters_fit(kernel, W * 32, smem, splits))
+            break;
+    }
+    a->n_splits = splits;
     a->tl = llm_cuda_tl_record("attention", ctx);
     dim3 grid(a->n_kv_heads * a->head_blocks, splits, a->n);
     cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = llm_cuda_launch_config(
-        grid, dim3(W * 32), decode_smem(W, a->heads_per_block, a->head_dim, a->window, sizeof(T)), &attr[0]);
+    cudaLaunchConfig_t cfg = llm_cuda_launch_config(grid, dim3(W * 32), smem, &attr[0]);
     if (llm_cuda.hopper_code) { /* the splits of a head group: one cluster */
         attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
         attr[cfg.numAttrs].val.clusterDim.x = 1;
