@@ -1321,7 +1321,7 @@ static void test_moe_decode(void **state)
  * test_moe_decode holds them; fast's on the tensor cores with x in F16 (experts_mxfp4_mma_kernel) within 2e-2 of the
  * logits' scale, because the prompt's batched products there round x to BF16 (2^-9 a term) as well: a wrong row,
  * scale or epilogue moves logits by about their own size. Its warps' sums meet in a fixed order, so a replayed step
- * gives the bits of plain issue. */
+ * gives the bits of plain issue. Unfused, fast's ops each run alone (the down's combine its own launch). */
 static void test_moe_decode_mxfp4(void **state)
 {
     (void)state;
@@ -1333,15 +1333,20 @@ static void test_moe_decode_mxfp4(void **state)
     decode_precision = LLM_PRECISION_FAST;
     float *fast = decode_run("gpt-oss-mxfp4", "cuda", "1", "1", &vocab);
     float *fast_plain = decode_run("gpt-oss-mxfp4", "cuda", "0", "1", &vocab);
+    float *fast_unfused = decode_run("gpt-oss-mxfp4", "cuda", "0", "0", &vocab);
     decode_precision = LLM_PRECISION_ACCURATE;
     size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
     double e_accurate = rel_error(accurate, cpu, n), e_fast = rel_error(fast, cpu, n);
-    print_message("gpt-oss-mxfp4, %d decode steps: cuda vs cpu %.2g (accurate), %.2g (fast)\n", DECODE_STEPS,
-                  e_accurate, e_fast);
+    double e_fuse = rel_error(fast_plain, fast_unfused, n);
+    print_message("gpt-oss-mxfp4, %d decode steps: cuda vs cpu %.2g (accurate), %.2g (fast); fast fused vs "
+                  "unfused %.2g\n", DECODE_STEPS, e_accurate, e_fast, e_fuse);
     assert_true(e_accurate < 1e-4);
     assert_true(e_fast < 2e-2);
     assert_memory_equal(fast, fast_plain, n * sizeof *fast);
-    free(cpu), free(accurate), free(fast), free(fast_plain);
+    /* fused, the pair's gate and up rows and the down's combine (in its launch) add the same F16 products in f32,
+     * in other orders: a missed row group or a wrong slot weight would move logits by about their own size */
+    assert_true(e_fuse < 1e-4);
+    free(cpu), free(accurate), free(fast), free(fast_plain), free(fast_unfused);
 }
 
 /* ---- the persistent decode step (step.cu) against the kernel-per-op step and the reference ---- */

@@ -101,6 +101,7 @@ enum {
     LLM_CUDA_SCRATCH_ATTN_ARRIVALS, /* ... and per (token, head group) the splits done so far (back to 0 after) */
     LLM_CUDA_SCRATCH_MOE,           /* moe.cu: a batch's (token, slot) pairs sorted by expert, and their tiles */
     LLM_CUDA_SCRATCH_MOE_X,         /* ... and their x rows in that order, split into 16-bit halves */
+    LLM_CUDA_SCRATCH_MOE_ARRIVALS,  /* ... and one token's MXFP4 down+combine: slots done per 16 rows (0 after) */
     LLM_CUDA_SCRATCH_DEQUANT, /* prefill.cu: a block-quantized weight as BF16 for a batched product */
     LLM_CUDA_SCRATCH_OWED,
     LLM_CUDA_SCRATCH_N = LLM_CUDA_SCRATCH_OWED + LLM_CUDA_OWED_MAX

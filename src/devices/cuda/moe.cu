@@ -331,6 +331,10 @@ typedef struct {
     int pdl_early;                /* a one-token step's launch: see llm_cuda_launch_config */
     llm_cuda_tl *tl;              /* LLM_CUDA_TIMELINE's record (one token's kernels), or NULL */
     int x_shared;                 /* one token's down+combine: x staged in shared memory once a block */
+    /* one token's MXFP4 down with the combine in the same launch (experts_mxfp4_mma_kernel<1>), else NULL: */
+    const float *weights;         /* the combine's */
+    float *sum_out, *resid;       /* its output, and the residual it is added to (or NULL) */
+    unsigned *arrivals;           /* per group of 16 rows, the slots written so far (0 between launches) */
     /* from the grouping (batches of f32 experts): tiles of pairs sorted by expert; NULL: find them from ids */
     const int4 *tiles;
     const int *n_tiles, *order;
@@ -790,6 +794,34 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const unsigned (&a)
           "f"(ACC ? d[2] : z), "f"(ACC ? d[3] : z));
 }
 
+/* The combine after one token's down products, in their launch (a.arrivals): once a block has written its items'
+ * rows, it counts each item in for its group of rows; the block that brings a group's count to top_k adds that
+ * group's rows of every slot as combine_kernel does (the same bits), and sets the count back to 0. Which block it is
+ * varies; what it computes does not. (As two launches, the combine and its kernel edges cost gpt-oss-20b 5-6 us a
+ * layer on an H100: dev/cuda/notes.md, version 144.) */
+__device__ void mx_combine_last(const gv_args &a, int first, int count, int groups)
+{
+    __shared__ int last[MXM_MAX_PER_BLOCK]; /* the group an item completed, or -1 */
+    __threadfence(); /* this thread's rows are visible before the block counts them in */
+    __syncthreads();
+    if (threadIdx.x < count) {
+        const int group = (first + threadIdx.x) % groups;
+        last[threadIdx.x] = atomicAdd(a.arrivals + group, 1u) == (unsigned)a.top_k - 1 ? group : -1;
+    }
+    __syncthreads();
+    __threadfence();
+    for (int i = threadIdx.x; i < count * 16; i += blockDim.x) {
+        const int group = last[i / 16], row = group * 16 + i % 16;
+        if (group < 0 || row >= a.rows) continue;
+        float sum = 0.0f;
+        for (int j = 0; j < a.top_k; j++)
+            sum = __fadd_rn(sum, __fmul_rn(a.weights[j], __ldcg(a.out + (size_t)j * a.rows + row)));
+        a.sum_out[row] = sum;
+        if (a.resid) a.resid[row] += sum;
+    }
+    if (threadIdx.x < count && last[threadIdx.x] >= 0) a.arrivals[last[threadIdx.x]] = 0;
+}
+
 template <int M>
 __global__ void __launch_bounds__(MXM_WARPS * 32, 1)
     experts_mxfp4_mma_kernel(const __grid_constant__ gv_args a, int per_block)
@@ -972,6 +1004,7 @@ __global__ void __launch_bounds__(MXM_WARPS * 32, 1)
         }
         out[row] = v;
     }
+    if (M == 1 && a.arrivals) mx_combine_last(a, first, count, groups);
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }
 
@@ -1637,6 +1670,13 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
      * read each slot's whole x again, from L2 (Mixtral-8x7B: 114 KB of x a row, 470 MB a layer for 235 MB of
      * weights: 122 us; as the two ops, 4 rows a warp sharing each x chunk, 58 us and decode 416 -> 533 tok/s). */
     const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
+    if (mx && !llm_cuda.split_products) { /* fast: the tensor cores, then the combine */
+        a.weights = weights, a.sum_out = sum_out, a.resid = resid;
+        a.arrivals = (unsigned *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_ARRIVALS,
+                                                  (size_t)(a.rows + 15) / 16 * sizeof(unsigned), "experts");
+        if (a.arrivals) mxfp4_mma_launch<1>(a);
+        return;
+    }
     if (mx || G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0)) { /* MXFP4, many slots, or x too long */
         llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
         llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
