@@ -657,17 +657,31 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     /* Two chunks per row and lane when a row has more than one step's worth of them (4096 bf16 columns and up) and
      * its last step is as full with two as with one; shorter rows would leave the second slot idle, and the
      * registers it costs lower occupancy. TinyLlama's down product (704 chunks a row: 3 steps of 256 use 92 % of the
-     * load slots, 2 of 512 use 69 %) decodes 1.1 % faster on one chunk (dev/cuda/notes.md, version 52). */
+     * load slots, 2 of 512 use 69 %) decodes 1.1 % faster on one chunk (dev/cuda/notes.md, version 52).
+     * And only where each block of two's grid (two an SM) takes one group of rows (gpt-oss-20b's router, 4 groups:
+     * one step a row, not two), or where each block of one's grid (three an SM) would take more than two: between,
+     * one's grid takes them in fewer rounds (gpt-oss-20b's q/k/v, 640 groups, and o, 360: decode +1.5 % on an H100,
+     * dev/cuda/notes.md version 144). */
     const int chunks = (int)(job->cols * sizeof(WT) / 16);
-    auto slots = [&](int c) { return (chunks + c * GEMV_THREADS - 1) / (c * GEMV_THREADS) * (c * GEMV_THREADS); };
-    int cpl = llm_cuda.gemv_cpl ? llm_cuda.gemv_cpl : chunks > GEMV_THREADS && slots(2) <= slots(1) ? 2 : 1;
-    const void *kernel = !vec ? (const void *)gemv_kernel<WT, false, 1>
-                         : cpl == 1 ? (const void *)gemv_kernel<WT, true, 1> : (const void *)gemv_kernel<WT, true, 2>;
-    if (!llm_cuda_allow_smem(kernel, op)) return;
     size_t smem = ((size_t)(job->cols + 3) / 4 * 4 + (size_t)(job->head_dim + 3) / 4 * 4) * sizeof(float);
     size_t staged = smem + (size_t)job->cols * sizeof(float);
     job->norm_staged = job->norm_src && staged + GEMV_STATIC_SMEM <= llm_cuda.smem_optin;
     if (job->norm_staged) smem = staged;
+    auto slots = [&](int c) { return (chunks + c * GEMV_THREADS - 1) / (c * GEMV_THREADS) * (c * GEMV_THREADS); };
+    const int groups = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
+    int cpl = llm_cuda.gemv_cpl;
+    if (!cpl) {
+        const void *one = (const void *)gemv_kernel<WT, true, 1>, *two = (const void *)gemv_kernel<WT, true, 2>;
+        cpl = chunks > GEMV_THREADS && slots(2) <= slots(1) && llm_cuda_allow_smem(one, op) &&
+                      llm_cuda_allow_smem(two, op) &&
+                      (groups <= blocks_per_sm(two, smem) * llm_cuda.sm_count ||
+                       groups > 2 * blocks_per_sm(one, smem) * llm_cuda.sm_count)
+                  ? 2
+                  : 1;
+    }
+    const void *kernel = !vec ? (const void *)gemv_kernel<WT, false, 1>
+                         : cpl == 1 ? (const void *)gemv_kernel<WT, true, 1> : (const void *)gemv_kernel<WT, true, 2>;
+    if (!llm_cuda_allow_smem(kernel, op)) return;
     job->pdl_early = llm_cuda.pdl_early;
     job->tl = llm_cuda_tl_record(job->epi == LLM_CUDA_EPI_ROPE     ? "qkv"
                                  : job->epi == LLM_CUDA_EPI_SWIGLU ? "gate_up"
@@ -675,9 +689,8 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
                                                                    : "product",
                                  job->cols);
     int per_sm = blocks_per_sm(kernel, smem);
-    int want = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
     int grid = per_sm * llm_cuda.sm_count;
-    if (want < grid) grid = want;
+    if (groups < grid) grid = groups;
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = llm_cuda_launch_config(dim3(grid), dim3(GEMV_THREADS), smem, &attr);
     if (!vec)
