@@ -129,16 +129,19 @@ static float *dev_poisoned(size_t count)
     return d;
 }
 
-static float *dev_fetch(const float *d, size_t count)
+/* A device buffer's `count` floats on the host, after the op; a fault fails the test naming `what` (the case) and
+ * the device's message. */
+static float *dev_fetch_case(const float *d, size_t count, const char *what)
 {
     float *h = malloc((count ? count : 1) * sizeof *h);
     assert_non_null(h);
-    assert_int_equal(dev->sync(), 0);
     char err[512] = "";
-    if (dev->status(err, sizeof err) != 0) fail_msg("%s: %s", dev->name, err);
+    if (dev->sync() != 0 || dev->status(err, sizeof err) != 0) fail_msg("%s: %s", what, err);
     if (count) assert_int_equal(dev->download(h, d, count * sizeof *h), 0);
     return h;
 }
+
+static float *dev_fetch(const float *d, size_t count) { return dev_fetch_case(d, count, dev->name); }
 
 /* The weight placed as llm_model_load places it: the device's weight_load, or its host data, or a copy. */
 static llm_weight dev_weight(const llm_weight *host)
@@ -899,20 +902,23 @@ static void test_experts(void **state)
 
                 llm_weight *dw = calloc((size_t)E, sizeof *dw), *db = hb ? calloc((size_t)E, sizeof *db) : NULL;
                 assert_true(dw && (!hb || db));
-                for (int e = 0; e < E; e++) { /* block formats: computed on in place, as llm_model_load leaves them */
-                    dw[e] = llm_dtype_is_block(t) ? hw[e] : dev_weight(&hw[e]);
+                /* block formats on a host-memory device: computed on in place, as llm_model_load leaves them (a
+                 * GPU takes its copy through weight_load) */
+                const bool in_place = llm_dtype_is_block(t) && dev->host_memory;
+                for (int e = 0; e < E; e++) {
+                    dw[e] = in_place ? hw[e] : dev_weight(&hw[e]);
                     if (hb) db[e] = dev_weight(&hb[e]);
                 }
                 llm_experts de = {dw + first, db ? db + first : NULL, ne, false, first};
                 int32_t *di = dev_copy(ids, picks * sizeof *ids);
                 float *dx = dev_copy(x, (size_t)n * x_slots * cols * sizeof *x), *dout = dev_poisoned(count);
-                dev->ops->experts(dout, dx, &de, di, n, k, x_slots);
-                float *got = dev_fetch(dout, count);
                 char what[160];
                 snprintf(what, sizeof what, "%s: experts %zu x %zu, %d of %d, n %d, x_slots %d%s%s%s%s %s",
                          dev->name, rows, cols, k, E, n, x_slots, cases[c].bias ? " +bias" : "",
                          cases[c].all ? " (every expert)" : "", cases[c].repeat ? " (repeated ids)" : "",
                          cases[c].share ? " (a share)" : "", llm_dtype_name(t));
+                dev->ops->experts(dout, dx, &de, di, n, k, x_slots);
+                float *got = dev_fetch_case(dout, count, what);
                 double tol = tol_reduction(cols) + tol_16bit(t);
                 if (!llm_dtype_is_block(t)) {
                     note(&st, compare(what, got, ref, count, tol), tol);
@@ -936,7 +942,7 @@ static void test_experts(void **state)
                     st.cases++;
                 }
                 for (int e = 0; e < E; e++) {
-                    if (!llm_dtype_is_block(t)) dev_weight_free(&dw[e]);
+                    if (!in_place) dev_weight_free(&dw[e]);
                     if (db) dev_weight_free(&db[e]);
                 }
                 dev->free(dout), dev->free(dx), dev->free(di);
