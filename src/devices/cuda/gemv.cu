@@ -670,15 +670,14 @@ static void launch_typed(llm_cuda_gemv *job, const char *op)
     auto slots = [&](int c) { return (chunks + c * GEMV_THREADS - 1) / (c * GEMV_THREADS) * (c * GEMV_THREADS); };
     const int groups = (job->units + GEMV_ROWS / 2 - 1) / (GEMV_ROWS / 2);
     int cpl = llm_cuda.gemv_cpl;
-    if (!cpl) {
+    if (!cpl && chunks > GEMV_THREADS && slots(2) <= slots(1)) {
         const void *one = (const void *)gemv_kernel<WT, true, 1>, *two = (const void *)gemv_kernel<WT, true, 2>;
-        cpl = chunks > GEMV_THREADS && slots(2) <= slots(1) && llm_cuda_allow_smem(one, op) &&
-                      llm_cuda_allow_smem(two, op) &&
-                      (groups <= blocks_per_sm(two, smem) * llm_cuda.sm_count ||
-                       groups > 2 * blocks_per_sm(one, smem) * llm_cuda.sm_count)
-                  ? 2
-                  : 1;
+        if (!llm_cuda_allow_smem(one, op) || !llm_cuda_allow_smem(two, op)) return;
+        const int grid_one = blocks_per_sm(one, smem) * llm_cuda.sm_count;
+        const int grid_two = blocks_per_sm(two, smem) * llm_cuda.sm_count;
+        cpl = groups <= grid_two || groups > 2 * grid_one ? 2 : 1;
     }
+    if (!cpl) cpl = 1;
     const void *kernel = !vec ? (const void *)gemv_kernel<WT, false, 1>
                          : cpl == 1 ? (const void *)gemv_kernel<WT, true, 1> : (const void *)gemv_kernel<WT, true, 2>;
     if (!llm_cuda_allow_smem(kernel, op)) return;

@@ -129,8 +129,19 @@ void llm_cuda_route(int32_t *ids, float *weights, const float *scores, int n, in
 
 /* ---------- combine ---------- */
 
-/* out[i, c] = sum_j weights[i, j] * y[i, j, c] in slot order, each product and sum rounded as the reference's (no
- * fused multiply-add): the same bits; with resid, also resid[i, c] += out[i, c] (the add op after it). */
+/* One output of the combine: out[at] = sum_j weights[j] * y(j) in slot order, each product and sum rounded as the
+ * reference's (no fused multiply-add); with resid, also resid[at] += out[at] (the add op after it). Every kernel
+ * that combines goes through it, so all give the same bits. */
+template <typename Y>
+__device__ __forceinline__ void combine_one(float *out, float *resid, size_t at, const float *weights, int top_k, Y y)
+{
+    float sum = 0.0f;
+    for (int j = 0; j < top_k; j++) sum = __fadd_rn(sum, __fmul_rn(weights[j], y(j)));
+    out[at] = sum;
+    if (resid) resid[at] += sum;
+}
+
+/* out[i, c] = sum_j weights[i, j] * y[i, j, c] (combine_one), with resid also resid[i, c] += out[i, c]. */
 __global__ void combine_kernel(float *out, float *resid, const float *y, const float *weights, int n, int top_k,
                                int dim, int pdl_early)
 {
@@ -140,11 +151,8 @@ __global__ void combine_kernel(float *out, float *resid, const float *y, const f
     size_t count = (size_t)n * dim;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = k / dim, c = k - i * dim;
-        const float *w = weights + i * top_k, *yi = y + i * top_k * dim + c;
-        float sum = 0.0f;
-        for (int j = 0; j < top_k; j++) sum = __fadd_rn(sum, __fmul_rn(w[j], yi[(size_t)j * dim]));
-        out[k] = sum;
-        if (resid) resid[k] += sum;
+        const float *yi = y + i * top_k * dim + c;
+        combine_one(out, resid, k, weights + i * top_k, top_k, [&](int j) { return yi[(size_t)j * dim]; });
     }
 }
 
@@ -796,9 +804,9 @@ __device__ __forceinline__ void mma_f16_16816(float (&d)[4], const unsigned (&a)
 
 /* The combine after one token's down products, in their launch (a.arrivals): once a block has written its items'
  * rows, it counts each item in for its group of rows; the block that brings a group's count to top_k adds that
- * group's rows of every slot as combine_kernel does (the same bits), and sets the count back to 0. Which block it is
- * varies; what it computes does not. (As two launches, the combine and its kernel edges cost gpt-oss-20b 5-6 us a
- * layer on an H100: dev/cuda/notes.md, version 144.) */
+ * group's rows of every slot (combine_one: the same bits as combine_kernel), and sets the count back to 0. Which
+ * block it is varies; what it computes does not. (As two launches, the combine and its kernel edges cost gpt-oss-20b
+ * 5-6 us a layer on an H100: dev/cuda/notes.md, version 144.) */
 __device__ void mx_combine_last(const gv_args &a, int first, int count, int groups)
 {
     __shared__ int last[MXM_MAX_PER_BLOCK]; /* the group an item completed, or -1 */
@@ -813,11 +821,8 @@ __device__ void mx_combine_last(const gv_args &a, int first, int count, int grou
     for (int i = threadIdx.x; i < count * 16; i += blockDim.x) {
         const int group = last[i / 16], row = group * 16 + i % 16;
         if (group < 0 || row >= a.rows) continue;
-        float sum = 0.0f;
-        for (int j = 0; j < a.top_k; j++)
-            sum = __fadd_rn(sum, __fmul_rn(a.weights[j], __ldcg(a.out + (size_t)j * a.rows + row)));
-        a.sum_out[row] = sum;
-        if (a.resid) a.resid[row] += sum;
+        combine_one(a.sum_out, a.resid, row, a.weights, a.top_k,
+                    [&](int j) { return __ldcg(a.out + (size_t)j * a.rows + row); });
     }
     if (threadIdx.x < count && last[threadIdx.x] >= 0) a.arrivals[last[threadIdx.x]] = 0;
 }
@@ -1048,7 +1053,7 @@ static void mxfp4_one_launch(const gv_args &a)
  * table and the weights are not written in a step. (Measured: the weights read after the wait instead, a decode
  * step 2.1 % slower, "Mixture of experts, second pass".) Each y[j, r] is summed as
  * experts_gemv_kernel sums it (the same bits) and written as the experts op would; one thread a row then adds
- * weights[j] * y[j, r] in slot order, rounded as combine_kernel rounds. x (top_k, cols): x_slots is top_k; with
+ * weights[j] * y[j, r] in slot order (combine_one). x (top_k, cols): x_slots is top_k; with
  * x_shared the block stages it in shared memory after the wait, one round from L2, where through L1 each lane's
  * chunks took several (Qwen3-30B-A3B's down+combine 15.5 -> 13.1 us, decode +4.5 %, dev/cuda/notes.md version 133;
  * the gate/up kernel's 8 KB x staged the same way measured slower, 17.4 -> 19.3 us). */
@@ -1138,11 +1143,8 @@ __global__ void __launch_bounds__(GC_MAX_WARPS * 32)
     __syncthreads();
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
     if (!live || g != 0 || lane != 0) return;
-    float total = 0.0f;
-    for (int j = 0; j < a.top_k; j++)
-        total = __fadd_rn(total, __fmul_rn(weights[j], ys[(rb * G + j / GC_SLOTS) * GC_SLOTS + j % GC_SLOTS]));
-    sum_out[r] = total;
-    if (resid) resid[r] += total;
+    combine_one(sum_out, resid, r, weights, a.top_k,
+                [&](int j) { return ys[(rb * G + j / GC_SLOTS) * GC_SLOTS + j % GC_SLOTS]; });
 }
 
 /* The same down+combine+add through the copy engine (Hopper code): block b takes output rows r0 .. r0 + nr of every
@@ -1230,10 +1232,7 @@ __global__ void __launch_bounds__(BK_WARPS * 32, 1)
     __syncthreads();
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
     if (tid >= nr) return;
-    float total = 0.0f;
-    for (int j = 0; j < top_k; j++) total = __fadd_rn(total, __fmul_rn(weights[j], ys[j][tid]));
-    sum_out[r0 + tid] = total;
-    if (resid) resid[r0 + tid] += total;
+    combine_one(sum_out, resid, r0 + tid, weights, top_k, [&](int j) { return ys[j][tid]; });
 #endif
 }
 
@@ -1660,7 +1659,14 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int G = (top_k + GC_SLOTS - 1) / GC_SLOTS, RB = G >= GC_MAX_WARPS ? 1 : GC_MAX_WARPS / G;
-    const bool mx = w0->dtype == LLM_DTYPE_MXFP4; /* (its one-token kernel, then the combine) */
+    const bool mx = w0->dtype == LLM_DTYPE_MXFP4;
+    if (mx && !llm_cuda.split_products) { /* fast: the tensor-core kernel, the combine in its launch */
+        a.weights = weights, a.sum_out = sum_out, a.resid = resid;
+        a.arrivals = (unsigned *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_ARRIVALS,
+                                                  (size_t)(a.rows + 15) / 16 * sizeof(unsigned), "experts");
+        if (a.arrivals) mxfp4_mma_launch<1>(a);
+        return;
+    }
     const bool vec =
         !mx && t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 && (uintptr_t)x % 16 == 0;
     size_t bulk_smem = 0;
@@ -1670,14 +1676,8 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
      * read each slot's whole x again, from L2 (Mixtral-8x7B: 114 KB of x a row, 470 MB a layer for 235 MB of
      * weights: 122 us; as the two ops, 4 rows a warp sharing each x chunk, 58 us and decode 416 -> 533 tok/s). */
     const size_t x_bytes = (size_t)top_k * a.cols * sizeof(float);
-    if (mx && !llm_cuda.split_products) { /* fast: the tensor cores, then the combine */
-        a.weights = weights, a.sum_out = sum_out, a.resid = resid;
-        a.arrivals = (unsigned *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_ARRIVALS,
-                                                  (size_t)(a.rows + 15) / 16 * sizeof(unsigned), "experts");
-        if (a.arrivals) mxfp4_mma_launch<1>(a);
-        return;
-    }
-    if (mx || G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0)) { /* MXFP4, many slots, or x too long */
+    /* MXFP4 accurate (the f32 kernel, then the combine), many slots, or x too long */
+    if (mx || G > GC_MAX_WARPS || (x_bytes > X_SHARED_MAX && bulk_rb == 0)) {
         llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
         llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
         return;
