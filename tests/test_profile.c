@@ -101,10 +101,10 @@ static llm_op_cost model_matmul_cost(const llm_model *m, int n)
     return sum;
 }
 
-/* Op rows summed against the step time of a phase: the rows can only be less (they are inside the step), and on
- * the cpu device only the forward pass's own host code (token checks, the logits copy) and the marks lie
- * between them. The bound leaves room for the sanitizer build and a loaded machine (a thread descheduled between two
- * marks counts as outside: 6 % was seen with five builds sharing two cores); a missing row is a whole op's share. */
+/* Op rows summed against the step time of a phase: the rows can only be less (they are inside the step). How much
+ * less depends on the machine's load (a thread descheduled between two marks counts as outside: 6 % was seen with
+ * five builds sharing two cores, more than 10 % in CI), so no share is asserted; a missing row shows in the calls
+ * per step that test_profile_adds_up counts. */
 static void expect_rows_add_up(const llm_profile_stats *st, const char *phase)
 {
     double in_ops = 0.0;
@@ -114,7 +114,6 @@ static void expect_rows_add_up(const llm_profile_stats *st, const char *phase)
                   st->steps, in_ops, st->step_ms, 100.0 * outside / st->step_ms, st->wall_ms);
     assert_true(in_ops > 0);
     assert_true(outside >= 0);
-    assert_true(outside <= 0.15 * st->step_ms);
     assert_true(st->step_ms <= st->wall_ms * 1.001);
 }
 
@@ -141,8 +140,7 @@ static void test_profile_adds_up(void **state)
     assert_null(llm_profile_start(&m, err, sizeof err)); /* one per process */
     assert_non_null(strstr(err, "one model per process"));
 
-    /* The prompt a few times over (the same positions, so the same cache): one 2 ms step would fail the bound on a
-     * single descheduling of the thread (15.8 % was seen in CI). */
+    /* The prompt a few times over (the same positions, so the same cache), each step's logits checked. */
     enum { PREFILLS = 4 };
     for (int r = 0; r < PREFILLS; r++) {
         llm_profile_step_begin(p, LLM_PROFILE_PREFILL, 0, n);
@@ -313,7 +311,13 @@ static void test_json_report(void **state)
         }
         pct += json_number_value(json_object_get(row, "pct_step"));
     }
-    assert_true(pct <= 100.0 + 1e-9 && pct > 90.0);
+    /* The ops' shares add up to the step time less what ran outside ops; how large that share is depends on the
+     * machine's load, so it is checked for consistency, not against a threshold. */
+    double step_ms = json_number_value(json_object_get(pre, "step_ms"));
+    double outside_ms = json_number_value(json_object_get(pre, "outside_ops_ms"));
+    assert_true(step_ms > 0.0 && outside_ms >= 0.0);
+    assert_true(pct <= 100.0 + 1e-9 && pct > 0.0);
+    assert_true(fabs(pct - 100.0 * (step_ms - outside_ms) / step_ms) < 1e-6);
     json_t *dec = json_object_get(json_object_get(root, "phases"), "decode");
     assert_int_equal(json_integer_value(json_object_get(dec, "steps")), 1);
     json_t *mem = json_object_get(root, "memory");
