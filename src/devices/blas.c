@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,14 +217,25 @@ AVX2 static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(a);
 }
 
+/* Rows stream from memory one after another (a thread's rows are contiguous). A dot product's loop issues enough
+ * instructions a cache line that the core runs out of room for loads in flight before memory runs out of
+ * bandwidth: measured on this project's VM (2 threads, 131 MB of BF16 rows), 0.57 of a plain read loop's
+ * bandwidth, 0.85 with every line asked for 4 KB ahead into L1 (0.71 with every other line, or 2 KB ahead).
+ * The address is formed as an integer: prefetches past the matrix's end are harmless (they never fault). */
+#define PREFETCH_AHEAD 4096
+#define PREFETCH_LINES(w, bytes)                                                                                      \
+    for (size_t line_ = 0; line_ < (bytes); line_ += 64)                                                              \
+    _mm_prefetch((const char *)((uintptr_t)(w) + line_ + PREFETCH_AHEAD), _MM_HINT_T0)
+
 /* Four independent accumulators: one row at a time with enough FMAs in flight to keep up with memory (measured:
- * several rows at once, sharing x, read memory slower on this kind of CPU). */
-#define AVX2_DOT(NAME, LD, DT)                                                                                        \
+ * several rows at once, sharing x, read memory slower on this kind of CPU). ES: bytes an element. */
+#define AVX2_DOT(NAME, LD, DT, ES)                                                                                    \
     AVX2 static float NAME(const void *w, const float *x, size_t n)                                                  \
     {                                                                                                                 \
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                                   \
         size_t i = 0;                                                                                                 \
         for (; i + 32 <= n; i += 32) {                                                                                \
+            PREFETCH_LINES((const char *)w + i * (ES), 32 * (ES));                                                    \
             a0 = _mm256_fmadd_ps(LD(w, i), _mm256_loadu_ps(x + i), a0);                                               \
             a1 = _mm256_fmadd_ps(LD(w, i + 8), _mm256_loadu_ps(x + i + 8), a1);                                       \
             a2 = _mm256_fmadd_ps(LD(w, i + 16), _mm256_loadu_ps(x + i + 16), a2);                                     \
@@ -240,9 +252,9 @@ AVX2 static inline float hsum8(__m256 v)
         for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LD(src, i));                                             \
         for (; i < n; i++) dst[i] = llm_dtype_load(src, DT, i);                                                       \
     }
-AVX2_DOT(dot_f32_avx2, ld8_f32, LLM_DTYPE_F32)
-AVX2_DOT(dot_f16_avx2, ld8_f16, LLM_DTYPE_F16)
-AVX2_DOT(dot_bf16_avx2, ld8_bf16, LLM_DTYPE_BF16)
+AVX2_DOT(dot_f32_avx2, ld8_f32, LLM_DTYPE_F32, 4)
+AVX2_DOT(dot_f16_avx2, ld8_f16, LLM_DTYPE_F16, 2)
+AVX2_DOT(dot_bf16_avx2, ld8_bf16, LLM_DTYPE_BF16, 2)
 
 #define AVX2_AXPYW(NAME, LD, DT)                                                                                      \
     AVX2 static void NAME(float *y, float a, const void *w, size_t n)                                                \
@@ -438,12 +450,13 @@ AVX512 static inline __m512 ld16_bf16(const void *p, size_t i)
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-#define AVX512_DOT(NAME, LD, DT)                                                                                      \
+#define AVX512_DOT(NAME, LD, DT, ES)                                                                                  \
     AVX512 static float NAME(const void *w, const float *x, size_t n)                                                \
     {                                                                                                                 \
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                                   \
         size_t i = 0;                                                                                                 \
         for (; i + 64 <= n; i += 64) {                                                                                \
+            PREFETCH_LINES((const char *)w + i * (ES), 64 * (ES));                                                    \
             a0 = _mm512_fmadd_ps(LD(w, i), _mm512_loadu_ps(x + i), a0);                                               \
             a1 = _mm512_fmadd_ps(LD(w, i + 16), _mm512_loadu_ps(x + i + 16), a1);                                     \
             a2 = _mm512_fmadd_ps(LD(w, i + 32), _mm512_loadu_ps(x + i + 32), a2);                                     \
@@ -460,9 +473,9 @@ AVX512 static inline __m512 ld16_bf16(const void *p, size_t i)
         for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, LD(src, i));                                           \
         for (; i < n; i++) dst[i] = llm_dtype_load(src, DT, i);                                                       \
     }
-AVX512_DOT(dot_f32_avx512, ld16_f32, LLM_DTYPE_F32)
-AVX512_DOT(dot_f16_avx512, ld16_f16, LLM_DTYPE_F16)
-AVX512_DOT(dot_bf16_avx512, ld16_bf16, LLM_DTYPE_BF16)
+AVX512_DOT(dot_f32_avx512, ld16_f32, LLM_DTYPE_F32, 4)
+AVX512_DOT(dot_f16_avx512, ld16_f16, LLM_DTYPE_F16, 2)
+AVX512_DOT(dot_bf16_avx512, ld16_bf16, LLM_DTYPE_BF16, 2)
 
 #define AVX512_AXPYW(NAME, LD, DT)                                                                                    \
     AVX512 static void NAME(float *y, float a, const void *w, size_t n)                                              \
