@@ -7,11 +7,12 @@ PKGS    := jansson libpcre2-8 libzstd openblas argtable2 libutf8proc
 FLAGS   := -std=c11 -D_DEFAULT_SOURCE -O1 -g -fopenmp -Isrc $(shell pkg-config --cflags $(PKGS))
 SAN     := -fsanitize=fuzzer-no-link,address,undefined
 LIBS    := $(shell pkg-config --libs $(PKGS)) -fopenmp -lm
-SRC     := $(filter-out src/main.c src/cmd_%.c,$(wildcard src/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/ops/*.c src/devices/*.c))
+SRC     := $(filter-out src/main.c src/cmd_%.c,$(wildcard src/*.c src/*/*.c))
 OBJ     := $(patsubst src/%.c,build/fuzz/obj/%.o,$(SRC))
 TARGETS := $(patsubst tests/%.c,build/fuzz/%,$(wildcard tests/fuzz_*.c))
 
 .PHONY: all
+.SECONDARY: # keep the objects between runs
 all: $(TARGETS)
 	@for t in $(TARGETS); do \
 		name=$$(basename $$t); mkdir -p build/fuzz/corpus-$$name; \

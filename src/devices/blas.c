@@ -8,7 +8,6 @@
  * forces a narrower set, for tests). Threads: -t, else one per physical core. Not here: the reference (ref.c). */
 #include <assert.h>
 #include <cblas.h>
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -716,17 +715,10 @@ typedef void (*bf16_tile_fn)(float *, size_t, const uint16_t *, size_t, const ui
      {tile_bf16_4x1_##H, tile_bf16_4x2_##H, tile_bf16_4x3_##H, tile_bf16_4x4_##H}}
 static const bf16_tile_fn bf16_tiles[2][4][4] = {BF16_TABLE(1), BF16_TABLE(2)};
 
-/* F16C through cpuid: not every compiler's __builtin_cpu_supports knows it. (Every AVX2 CPU made has it.) */
-static bool cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
-
 static const blas_kernels *pick_kernels(void)
 {
     __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && llm_cpu_has_f16c();
     bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                   __builtin_cpu_supports("avx512vl");
     const char *want = getenv("LLM_BLAS_KERNELS"); /* for tests and measurements: force a narrower set */

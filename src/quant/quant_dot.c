@@ -3,6 +3,7 @@
  * quant_x86.c, compiled with function target attributes so that this build runs on any x86-64. */
 #include "quant_dot.h"
 
+#include <cpuid.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -142,15 +143,21 @@ static const llm_quant_kernels kernels_c = {
 
 /* ---- choice and driver ---- */
 
+bool llm_cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static bool cpu_has(const llm_quant_kernels *k)
 {
     __builtin_cpu_init();
     if (k == &llm_quant_kernels_avx512vnni)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-               __builtin_cpu_supports("f16c");
+               llm_cpu_has_f16c();
     if (k == &llm_quant_kernels_avx2)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && llm_cpu_has_f16c();
     return true;
 }
 

@@ -25,6 +25,9 @@ typedef struct {
     void (*quantize_x)(unsigned char *xq, const float *x, size_t cols, size_t B);
 } llm_quant_kernels;
 
+/* F16C through cpuid: not every compiler's __builtin_cpu_supports knows it (clang 14's does not). */
+bool llm_cpu_has_f16c(void);
+
 /* The best kernels this CPU runs (cpuid), or the named ones ("avx512-vnni", "avx2", "portable") when the CPU has
  * them; NULL when the named set is unknown or the CPU lacks it. */
 const llm_quant_kernels *llm_quant_kernels_pick(const char *name);

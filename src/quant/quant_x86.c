@@ -471,7 +471,117 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
     }
 DISPATCH_32_512(tile_q8_0_512, 0)
 DISPATCH_32_512(tile_q4_0_512, 1)
-DISPATCH(V512, tile_q4_K_512, tile_q4_K_512_n, 2)
+/* Q4_K, four rows in one register (tile_32_512_x4's layout): 16-byte quarters of a 32-byte nibble group from rows
+ * r0..r3 side by side, each position's matching 16 activations broadcast to all four. maddubs (nibble x int8 ->
+ * pairs of i16) then vpdpwssd with a vector holding each row's scale of the sub-block in the row's own quarter sums
+ * into the row's four i32 lanes over the whole super-block; the mins likewise, bsums against each row's mins. The
+ * scales are unpacked once per super-block for every position; one multiply by [d_r0 x4, ...] * d_x scales four
+ * rows. nr == 4, np <= 4. */
+static const uint8_t lane_of[32] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,
+                                    16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31};
+
+V512 INLINE void tile_q4_K_512_x4(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
+                                  size_t cols, const int NP)
+{
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i quad_hi = _mm512_add_epi32(quad, _mm512_set1_epi32(4));
+    /* i16 lane i lies in row i / 8's quarter: row i / 8's value j of 4 rows x 8 (scales or mins) is at 8 (i / 8) + j;
+     * the mins as pairs, [m0, m0, m1, m1, m2, m2, m3, m3] (and m4..m7) in each quarter, to meet bsums */
+    const __m512i lane = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)lane_of));
+    const __m512i row8 = _mm512_slli_epi16(_mm512_srli_epi16(lane, 3), 3);
+    const __m512i mins_lo = _mm512_add_epi16(row8, _mm512_srli_epi16(_mm512_and_si512(lane, _mm512_set1_epi16(7)), 1));
+    const __m512i mins_hi = _mm512_add_epi16(mins_lo, _mm512_set1_epi16(4));
+    const char *next = (const char *)w + 4 * rb; /* the next rows into L2, as tile_32_512_x4 explains */
+    const size_t slice = 4 * sizeof(llm_block_q4_K);
+    for (size_t b = 0; b < cols / LLM_QK_K; b++) {
+        for (size_t off = b * slice; off < (b + 1) * slice; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
+        const llm_block_q4_K *b0 = (const llm_block_q4_K *)w + b, *b1 = (const llm_block_q4_K *)(w + rb) + b;
+        const llm_block_q4_K *b2 = (const llm_block_q4_K *)(w + 2 * rb) + b, *b3 = (const llm_block_q4_K *)(w + 3 * rb) + b;
+        uint64_t s0, s1, s2, s3, n0, n1, n2, n3;
+        q4_K_unpack_scales(b0->scales, &s0, &n0), q4_K_unpack_scales(b1->scales, &s1, &n1);
+        q4_K_unpack_scales(b2->scales, &s2, &n2), q4_K_unpack_scales(b3->scales, &s3, &n3);
+        const __m512i sc = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)s3, (long long)s2, (long long)s1, (long long)s0));
+        const __m512i mn = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)n3, (long long)n2, (long long)n1, (long long)n0));
+        __m256 dd = _mm256_cvtph_ps(_mm_setr_epi16((short)b0->d, (short)b1->d, (short)b2->d, (short)b3->d,
+                                                   (short)b0->dmin, (short)b1->dmin, (short)b2->dmin, (short)b3->dmin));
+        const __m512 dw = _mm512_permutexvar_ps(quad, _mm512_castps256_ps512(dd));
+        const __m512 dminw = _mm512_permutexvar_ps(quad_hi, _mm512_castps256_ps512(dd));
+        __m512i isum[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) isum[p] = _mm512_setzero_si512();
+        for (int g = 0; g < 4; g++) {
+            const uint8_t *w0 = b0->qs + 32 * g, *w1 = b1->qs + 32 * g, *w2 = b2->qs + 32 * g, *w3 = b3->qs + 32 * g;
+#define QUARTERS(OFF)                                                                                                 \
+    _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(                                  \
+                                                                 _mm_loadu_si128((const __m128i *)(w0 + OFF))),       \
+                                                             _mm_loadu_si128((const __m128i *)(w1 + OFF)), 1),         \
+                                          _mm_loadu_si128((const __m128i *)(w2 + OFF)), 2),                           \
+                       _mm_loadu_si128((const __m128i *)(w3 + OFF)), 3)
+            __m512i qa = QUARTERS(0), qb = QUARTERS(16); /* values 0..15 and 16..31 of sub-blocks 2g (low), 2g + 1 */
+#undef QUARTERS
+            __m512i lo_a = _mm512_and_si512(qa, m4), hi_a = _mm512_and_si512(_mm512_srli_epi16(qa, 4), m4);
+            __m512i lo_b = _mm512_and_si512(qb, m4), hi_b = _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4);
+            __m512i sc_lo = _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g))), sc);
+            __m512i sc_hi = _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g + 1))), sc);
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++) {
+                const uint8_t *x = xq + (size_t)p * st + b * LLM_QK_K + 64 * g;
+                __m512i t = _mm512_dpwssd_epi32(isum[p], _mm512_maddubs_epi16(lo_a, _mm512_broadcast_i32x4(
+                                                                                     _mm_loadu_si128((const __m128i *)x))),
+                                                sc_lo);
+                t = _mm512_dpwssd_epi32(
+                    t, _mm512_maddubs_epi16(lo_b, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 16)))),
+                    sc_lo);
+                t = _mm512_dpwssd_epi32(
+                    t, _mm512_maddubs_epi16(hi_a, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32)))),
+                    sc_hi);
+                isum[p] = _mm512_dpwssd_epi32(
+                    t, _mm512_maddubs_epi16(hi_b, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 48)))),
+                    sc_hi);
+            }
+        }
+        const __m512i m_lo = _mm512_permutexvar_epi16(mins_lo, mn), m_hi = _mm512_permutexvar_epi16(mins_hi, mn);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const uint8_t *x = xq + (size_t)p * st;
+            const int16_t *bs = xq_bsums(x, cols) + 16 * b;
+            __m512i msum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), m_lo,
+                                               _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)bs)));
+            msum = _mm512_dpwssd_epi32(msum, m_hi, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(bs + 8))));
+            __m512 da = _mm512_set1_ps(xq_d(x, cols)[b]);
+            acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[p]), _mm512_mul_ps(dw, da), acc[p]);
+            acc[p] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dminw, da), acc[p]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) {
+        __m512 t = _mm512_add_ps(acc[p], _mm512_permute_ps(acc[p], 0x4e)); /* lanes (0+2, 1+3) of a quad */
+        t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
+        _mm_storeu_ps(out + (size_t)p * ldo, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+    }
+}
+
+/* Tiles of up to 8 rows x 4 positions: groups of four rows through the kernel above, the last rows through the
+ * row-at-a-time one. */
+DISPATCH(V512, tile_q4_K_512_rows, tile_q4_K_512_n, 2)
+
+V512 static void tile_q4_K_512(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,
+                               size_t st, size_t cols, int nr, int np)
+{
+    int r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        int p = 0;
+        for (; p + 4 <= np; p += 4)
+            tile_q4_K_512_x4(out + (size_t)p * ldo + r, ldo, w + (size_t)r * rb, rb, xq + (size_t)p * st, st, cols, 4);
+        for (; p < np; p++)
+            tile_q4_K_512_x4(out + (size_t)p * ldo + r, ldo, w + (size_t)r * rb, rb, xq + (size_t)p * st, st, cols, 1);
+    }
+    if (r < nr) tile_q4_K_512_rows(out + r, ldo, w + (size_t)r * rb, rb, xq, st, cols, nr - r, np);
+}
 
 /* The activations, 32 values a step: the same bytes as llm_quant_x_portable (max|x| / 127, the product by
  * 127 / max|x| rounded to nearest even by vcvtps2dq under the default rounding mode). */
