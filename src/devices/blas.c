@@ -9,6 +9,7 @@
 #include <assert.h>
 #include <cblas.h>
 #include <immintrin.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -1193,6 +1194,148 @@ static void attend(float *o, const float *qh, const char *kc, const char *vc, si
     for (int d = 0; d < head_dim; d++) o[d] /= denom;
 }
 
+/* Several queries of one KV head at once (AVX-512): up to 16 queries that read the same cache rows (a KV head's
+ * group of query heads, of one or more positions), one query a lane. A block of K and V rows is converted to f32
+ * once for all of them; scores come 8 rows at a time as sum_d qt[d] * k[t][d] with the queries transposed (qt[d]:
+ * dimension d of every lane's query), so no sum crosses lanes, and the output accumulates transposed as well
+ * (ot[d] += p[t] * v[t][d]). The softmax is attend's, online a lane: running maximum and sum, the accumulator
+ * rescaled when the maximum grows. Each lane keeps its own rows [first, len) (causal, windowed); the others score
+ * -inf and weigh exactly 0. Measured on TinyLlama's shape (2 threads, a 1,000-token prompt): attention 3.0-3.3 s
+ * with attend (a 64-wide dot a row and head, summed across lanes), 1.8-1.95 s with this (1.6-1.8x). */
+#define TILE_ROWS 64
+#define TILE_LANES 16
+typedef struct {
+    const float *q[TILE_LANES]; /* each lane's query row (head_dim) */
+    float *o[TILE_LANES];       /* and its output row */
+    int first[TILE_LANES], len[TILE_LANES];
+    float sink[TILE_LANES];     /* -inf where the head has none */
+    int lanes;
+} query_tile;
+
+/* Floats of scratch attend_tile needs. */
+static size_t tile_scratch(int head_dim) { return (2 * TILE_LANES + 2 * TILE_ROWS) * (size_t)head_dim + TILE_ROWS * TILE_LANES; }
+
+AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char *vc, size_t stride, llm_dtype ct,
+                               int ctx, int head_dim, float scale, float *work)
+{
+    const size_t hd = (size_t)head_dim;
+    float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
+    float *sc = vf + TILE_ROWS * hd;
+    int first[TILE_LANES], len[TILE_LANES], lo = INT_MAX, hi = 0;
+    float sink[TILE_LANES];
+    for (int l = 0; l < TILE_LANES; l++) {
+        bool in = l < qs->lanes;
+        first[l] = in ? qs->first[l] : 0;
+        len[l] = in ? qs->len[l] : 0; /* an empty range: the lane stays -inf */
+        sink[l] = in ? qs->sink[l] : -INFINITY;
+        if (in && first[l] < lo) lo = first[l];
+        if (in && len[l] > hi) hi = len[l];
+        for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
+    }
+    memset(ot, 0, hd * TILE_LANES * sizeof *ot);
+    const __m512i vfirst = _mm512_loadu_si512(first), vlen = _mm512_loadu_si512(len);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
+    __m512 m = _mm512_loadu_ps(sink);
+    __m512 denom = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f));
+    void (*to_f32)(float *, const void *, size_t) = K->to_f32[ct];
+    for (int t0 = lo, nb; t0 < hi; t0 += nb) {
+        /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
+        int r0 = t0 % ctx;
+        nb = hi - t0 < TILE_ROWS ? hi - t0 : TILE_ROWS;
+        if (nb > ctx - r0) nb = ctx - r0;
+        for (int j = 0; j < nb; j++) {
+            to_f32(kf + (size_t)j * hd, kc + (size_t)(r0 + j) * stride, hd);
+            to_f32(vf + (size_t)j * hd, vc + (size_t)(r0 + j) * stride, hd);
+        }
+        __m512 block_max = ninf;
+        for (int j = 0; j < nb;) {
+            int rows = nb - j >= 8 ? 8 : 1;
+            __m512 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
+            const float *kr = kf + (size_t)j * hd;
+            if (rows == 8) {
+                for (size_t d = 0; d < hd; d++) {
+                    __m512 qd = _mm512_loadu_ps(qt + d * TILE_LANES);
+                    for (int r = 0; r < 8; r++) acc[r] = _mm512_fmadd_ps(qd, _mm512_set1_ps(kr[r * hd + d]), acc[r]);
+                }
+            } else {
+                for (size_t d = 0; d < hd; d++)
+                    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * TILE_LANES), _mm512_set1_ps(kr[d]), acc[0]);
+            }
+            for (int r = 0; r < rows; r++) {
+                __m512i t = _mm512_set1_epi32(t0 + j + r);
+                __mmask16 in = _mm512_cmpge_epi32_mask(t, vfirst) & _mm512_cmplt_epi32_mask(t, vlen);
+                __m512 s = _mm512_mask_mul_ps(ninf, in, acc[r], vscale);
+                _mm512_storeu_ps(sc + (size_t)(j + r) * TILE_LANES, s);
+                block_max = _mm512_max_ps(block_max, s);
+            }
+            j += rows;
+        }
+        __m512 m_new = _mm512_max_ps(m, block_max);
+        __mmask16 grew = _mm512_cmp_ps_mask(m_new, m, _CMP_GT_OQ) & _mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_UQ);
+        if (grew) { /* lanes that had a finite maximum and a larger one now: rescale what they summed */
+            __m512 c = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), grew, exp16(_mm512_sub_ps(m, m_new)));
+            denom = _mm512_mul_ps(denom, c);
+            for (size_t d = 0; d < hd; d++)
+                _mm512_storeu_ps(ot + d * TILE_LANES, _mm512_mul_ps(_mm512_loadu_ps(ot + d * TILE_LANES), c));
+        }
+        m = m_new;
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < nb; j++) {
+            __m512 s = _mm512_loadu_ps(sc + (size_t)j * TILE_LANES);
+            __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(s, m)));
+            _mm512_storeu_ps(sc + (size_t)j * TILE_LANES, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        denom = _mm512_add_ps(denom, sum);
+        for (size_t d0 = 0; d0 < hd; d0 += 16) {
+            __m512 o[16];
+            for (int e = 0; e < 16; e++) o[e] = _mm512_loadu_ps(ot + (d0 + e) * TILE_LANES);
+            for (int j = 0; j < nb; j++) {
+                __m512 p = _mm512_loadu_ps(sc + (size_t)j * TILE_LANES);
+                const float *vr = vf + (size_t)j * hd + d0;
+                for (int e = 0; e < 16; e++) o[e] = _mm512_fmadd_ps(p, _mm512_set1_ps(vr[e]), o[e]);
+            }
+            for (int e = 0; e < 16; e++) _mm512_storeu_ps(ot + (d0 + e) * TILE_LANES, o[e]);
+        }
+    }
+    float dn[TILE_LANES];
+    _mm512_storeu_ps(dn, denom);
+    for (int l = 0; l < qs->lanes; l++)
+        for (size_t d = 0; d < hd; d++) qs->o[l][d] = ot[d * TILE_LANES + l] / dn[l];
+}
+
+/* The queries of each KV head (its group's heads at each position, position-major) in tiles of 16, spread over the
+ * threads round-robin (later tiles attend to more rows). */
+static void attention_tiles(float *out, const float *q, const char *k_cache, const char *v_cache, size_t stride,
+                            const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                            const llm_attention_params *p)
+{
+    int group = n_heads / n_kv_heads, per_head = n * group, tiles = (per_head + TILE_LANES - 1) / TILE_LANES;
+    int tasks = n_kv_heads * tiles;
+    size_t per_thread = scratch_floats / (size_t)blas_threads;
+    assert(tile_scratch(head_dim) <= per_thread); /* 4 MiB a thread holds heads of up to 8,000 */
+    size_t work = (size_t)tasks * (size_t)(positions[n - 1] + 1) * (size_t)head_dim;
+#pragma omp parallel for num_threads(blas_threads) schedule(static, 1) if (tasks > 1 && work >= PAR_MIN)
+    for (int task = 0; task < tasks; task++) {
+        int g = task % n_kv_heads, tile = task / n_kv_heads;
+        query_tile t;
+        t.lanes = per_head - tile * TILE_LANES < TILE_LANES ? per_head - tile * TILE_LANES : TILE_LANES;
+        for (int l = 0; l < t.lanes; l++) {
+            int qi = tile * TILE_LANES + l, i = qi / group, h = g * group + qi % group;
+            t.q[l] = q + ((size_t)i * n_heads + h) * head_dim;
+            t.o[l] = out + ((size_t)i * n_heads + h) * head_dim;
+            t.len[l] = positions[i] + 1;
+            t.first[l] = p->window > 0 && t.len[l] > p->window ? t.len[l] - p->window : 0;
+            t.sink[l] = p->sinks ? p->sinks[h] : -INFINITY;
+        }
+        size_t kv_off = llm_cache_row_bytes(p->cache, (size_t)g * head_dim);
+        attend_tile(&t, k_cache + kv_off, v_cache + kv_off, stride, p->cache, ctx, head_dim, p->scale,
+                    scratch + (size_t)omp_get_thread_num() * per_thread);
+    }
+}
+
 static void blas_attention(float *out, const float *q, const float *k, const float *v, float *k_cache,
                            float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim,
                            int ctx, const llm_attention_params *p)
@@ -1206,6 +1349,15 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
     }
     size_t stride = llm_cache_row_bytes(ct, kv_dim);
     int group = n_heads / n_kv_heads;
+    /* A prompt's batch, whose queries fill tiles of 16, without a soft-cap (tanhf a score) or Q8_0 rows:
+     * attend_tile. Not one token's step: its group's 8 heads or fewer leave half a tile idle, and its few tasks the
+     * threads (measured, TinyLlama after 1,000 positions: 447-460 us a call against attend's 345-400). */
+    if (K == &kernels_avx512 && p->softcap <= 0.0f && ct != LLM_DTYPE_Q8_0 && head_dim % 16 == 0 &&
+        tile_scratch(head_dim) <= scratch_floats / (size_t)blas_threads && n > 1 && n * group >= TILE_LANES) {
+        attention_tiles(out, q, (const char *)k_cache, (const char *)v_cache, stride, positions, n, n_heads,
+                        n_kv_heads, head_dim, ctx, p);
+        return;
+    }
     int tasks = n * n_heads;
     /* Parallel over (position, head). Later positions attend to more rows: handing tasks out round-robin
      * (static, 1) gives every thread the same mix of short and long ones. */
