@@ -373,6 +373,23 @@ V512 INLINE void tile_q4_K_512_n(float *out, size_t ldo, const uint8_t *w, size_
         for (int p = 0; p < NP; p++) out[(size_t)p * ldo + r] = _mm512_reduce_add_ps(acc[r][p]);
 }
 
+/* The 16-byte pieces at OFF of four rows' blocks, one a quarter of the register (the four-rows layout below). */
+V512 INLINE __m512i quarters(const uint8_t *w0, const uint8_t *w1, const uint8_t *w2, const uint8_t *w3, size_t off)
+{
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(w0 + off)));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(w1 + off)), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(w2 + off)), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(w3 + off)), 3);
+}
+
+/* out[r] = the sum of lanes 4r .. 4r + 3 of acc, r < 4: each row's sum in its quarter. */
+V512 INLINE void store_quad_sums(float *out, __m512 acc)
+{
+    __m512 t = _mm512_add_ps(acc, _mm512_permute_ps(acc, 0x4e)); /* lanes (0+2, 1+3) of a quad */
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+}
+
 /* Four rows in one register: the 16-byte quarters of a block from rows r0..r3 side by side, and the activations'
  * quarter broadcast to all four; vpdpbusd then sums each row's products in its own four lanes, so one multiply by
  * [d_r0 x4, d_r1 x4, ...] * d_x scales four rows at once and the weight scales are read as four values, not as a
@@ -404,21 +421,14 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
 #pragma GCC unroll 2
         for (int g = 0; g < G; g++) {
             const uint8_t *w0 = w + (size_t)(4 * g) * rb + o, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
-#define QUARTERS(OFF)                                                                                                 \
-    _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(                                  \
-                                                                 _mm_loadu_si128((const __m128i *)(w0 + OFF))),       \
-                                                             _mm_loadu_si128((const __m128i *)(w1 + OFF)), 1),         \
-                                          _mm_loadu_si128((const __m128i *)(w2 + OFF)), 2),                           \
-                       _mm_loadu_si128((const __m128i *)(w3 + OFF)), 3)
             if (Q4) {
-                __m512i q = QUARTERS(2);
+                __m512i q = quarters(w0, w1, w2, w3, 2);
                 lo[g] = _mm512_and_si512(q, m4);
                 hi[g] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
             } else {
-                lo[g] = _mm512_xor_si512(QUARTERS(2), flip);
-                hi[g] = _mm512_xor_si512(QUARTERS(18), flip);
+                lo[g] = _mm512_xor_si512(quarters(w0, w1, w2, w3, 2), flip);
+                hi[g] = _mm512_xor_si512(quarters(w0, w1, w2, w3, 18), flip);
             }
-#undef QUARTERS
             uint16_t d0, d1, d2, d3;
             memcpy(&d0, w0, 2), memcpy(&d1, w1, 2), memcpy(&d2, w2, 2), memcpy(&d3, w3, 2);
             __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)d0, (short)d1, (short)d2, (short)d3, 0, 0, 0, 0));
@@ -442,9 +452,7 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
-            __m512 t = _mm512_add_ps(acc[g][p], _mm512_permute_ps(acc[g][p], 0x4e)); /* lanes (0+2, 1+3) of a quad */
-            t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
-            _mm_storeu_ps(out + (size_t)p * ldo + 4 * g, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+            store_quad_sums(out + (size_t)p * ldo + 4 * g, acc[g][p]);
         }
 }
 
@@ -515,14 +523,7 @@ V512 INLINE void tile_q4_K_512_x4(float *out, size_t ldo, const uint8_t *w, size
         for (int p = 0; p < NP; p++) isum[p] = _mm512_setzero_si512();
         for (int g = 0; g < 4; g++) {
             const uint8_t *w0 = b0->qs + 32 * g, *w1 = b1->qs + 32 * g, *w2 = b2->qs + 32 * g, *w3 = b3->qs + 32 * g;
-#define QUARTERS(OFF)                                                                                                 \
-    _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(                                  \
-                                                                 _mm_loadu_si128((const __m128i *)(w0 + OFF))),       \
-                                                             _mm_loadu_si128((const __m128i *)(w1 + OFF)), 1),         \
-                                          _mm_loadu_si128((const __m128i *)(w2 + OFF)), 2),                           \
-                       _mm_loadu_si128((const __m128i *)(w3 + OFF)), 3)
-            __m512i qa = QUARTERS(0), qb = QUARTERS(16); /* values 0..15 and 16..31 of sub-blocks 2g (low), 2g + 1 */
-#undef QUARTERS
+            __m512i qa = quarters(w0, w1, w2, w3, 0), qb = quarters(w0, w1, w2, w3, 16); /* values 0..15 and 16..31 of sub-blocks 2g (low), 2g + 1 */
             __m512i lo_a = _mm512_and_si512(qa, m4), hi_a = _mm512_and_si512(_mm512_srli_epi16(qa, 4), m4);
             __m512i lo_b = _mm512_and_si512(qb, m4), hi_b = _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4);
             __m512i sc_lo = _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g))), sc);
@@ -558,11 +559,7 @@ V512 INLINE void tile_q4_K_512_x4(float *out, size_t ldo, const uint8_t *w, size
         }
     }
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; p++) {
-        __m512 t = _mm512_add_ps(acc[p], _mm512_permute_ps(acc[p], 0x4e)); /* lanes (0+2, 1+3) of a quad */
-        t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xb1));
-        _mm_storeu_ps(out + (size_t)p * ldo, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
-    }
+    for (int p = 0; p < NP; p++) store_quad_sums(out + (size_t)p * ldo, acc[p]);
 }
 
 /* Tiles of up to 8 rows x 4 positions: groups of four rows through the kernel above, the last rows through the
