@@ -1207,13 +1207,16 @@ static void attend(float *o, const float *qh, const char *kc, const char *vc, si
 typedef struct {
     const float *q[TILE_LANES]; /* each lane's query row (head_dim) */
     float *o[TILE_LANES];       /* and its output row */
-    int first[TILE_LANES], len[TILE_LANES];
-    float sink[TILE_LANES];     /* -inf where the head has none */
+    int first[TILE_LANES], len[TILE_LANES]; /* lanes past `lanes`: 0, 0 (no rows: they stay -inf) */
+    float sink[TILE_LANES];     /* -inf where the head has none, and past `lanes` */
     int lanes;
 } query_tile;
 
 /* Floats of scratch attend_tile needs. */
-static size_t tile_scratch(int head_dim) { return (2 * TILE_LANES + 2 * TILE_ROWS) * (size_t)head_dim + TILE_ROWS * TILE_LANES; }
+static size_t tile_scratch(int head_dim)
+{
+    return (2 * TILE_LANES + 2 * TILE_ROWS) * (size_t)head_dim + TILE_ROWS * TILE_LANES;
+}
 
 AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char *vc, size_t stride, llm_dtype ct,
                                int ctx, int head_dim, float scale, float *work)
@@ -1221,22 +1224,18 @@ AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char 
     const size_t hd = (size_t)head_dim;
     float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
     float *sc = vf + TILE_ROWS * hd;
-    int first[TILE_LANES], len[TILE_LANES], lo = INT_MAX, hi = 0;
-    float sink[TILE_LANES];
+    int lo = INT_MAX, hi = 0;
     for (int l = 0; l < TILE_LANES; l++) {
         bool in = l < qs->lanes;
-        first[l] = in ? qs->first[l] : 0;
-        len[l] = in ? qs->len[l] : 0; /* an empty range: the lane stays -inf */
-        sink[l] = in ? qs->sink[l] : -INFINITY;
-        if (in && first[l] < lo) lo = first[l];
-        if (in && len[l] > hi) hi = len[l];
+        if (in && qs->first[l] < lo) lo = qs->first[l];
+        if (in && qs->len[l] > hi) hi = qs->len[l];
         for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
     }
     memset(ot, 0, hd * TILE_LANES * sizeof *ot);
-    const __m512i vfirst = _mm512_loadu_si512(first), vlen = _mm512_loadu_si512(len);
+    const __m512i vfirst = _mm512_loadu_si512(qs->first), vlen = _mm512_loadu_si512(qs->len);
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
     /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
-    __m512 m = _mm512_loadu_ps(sink);
+    __m512 m = _mm512_loadu_ps(qs->sink);
     __m512 denom = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f));
     void (*to_f32)(float *, const void *, size_t) = K->to_f32[ct];
     for (int t0 = lo, nb; t0 < hi; t0 += nb) {
@@ -1314,14 +1313,13 @@ static void attention_tiles(float *out, const float *q, const char *k_cache, con
 {
     int group = n_heads / n_kv_heads, per_head = n * group, tiles = (per_head + TILE_LANES - 1) / TILE_LANES;
     int tasks = n_kv_heads * tiles;
-    size_t per_thread = scratch_floats / (size_t)blas_threads;
-    assert(tile_scratch(head_dim) <= per_thread); /* 4 MiB a thread holds heads of up to 8,000 */
+    size_t per_thread = scratch_floats / (size_t)blas_threads; /* holds tile_scratch: blas_attention checks */
     size_t work = (size_t)tasks * (size_t)(positions[n - 1] + 1) * (size_t)head_dim;
 #pragma omp parallel for num_threads(blas_threads) schedule(static, 1) if (tasks > 1 && work >= PAR_MIN)
     for (int task = 0; task < tasks; task++) {
         int g = task % n_kv_heads, tile = task / n_kv_heads;
-        query_tile t;
-        t.lanes = per_head - tile * TILE_LANES < TILE_LANES ? per_head - tile * TILE_LANES : TILE_LANES;
+        query_tile t = {.lanes = per_head - tile * TILE_LANES < TILE_LANES ? per_head - tile * TILE_LANES : TILE_LANES};
+        for (int l = t.lanes; l < TILE_LANES; l++) t.sink[l] = -INFINITY;
         for (int l = 0; l < t.lanes; l++) {
             int qi = tile * TILE_LANES + l, i = qi / group, h = g * group + qi % group;
             t.q[l] = q + ((size_t)i * n_heads + h) * head_dim;

@@ -508,12 +508,15 @@ V512 INLINE void tile_q4_K_512_x4(float *out, size_t ldo, const uint8_t *w, size
     for (size_t b = 0; b < cols / LLM_QK_K; b++) {
         for (size_t off = b * slice; off < (b + 1) * slice; off += 64) _mm_prefetch(next + off, _MM_HINT_T1);
         const llm_block_q4_K *b0 = (const llm_block_q4_K *)w + b, *b1 = (const llm_block_q4_K *)(w + rb) + b;
-        const llm_block_q4_K *b2 = (const llm_block_q4_K *)(w + 2 * rb) + b, *b3 = (const llm_block_q4_K *)(w + 3 * rb) + b;
+        const llm_block_q4_K *b2 = (const llm_block_q4_K *)(w + 2 * rb) + b;
+        const llm_block_q4_K *b3 = (const llm_block_q4_K *)(w + 3 * rb) + b;
         uint64_t s0, s1, s2, s3, n0, n1, n2, n3;
         q4_K_unpack_scales(b0->scales, &s0, &n0), q4_K_unpack_scales(b1->scales, &s1, &n1);
         q4_K_unpack_scales(b2->scales, &s2, &n2), q4_K_unpack_scales(b3->scales, &s3, &n3);
-        const __m512i sc = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)s3, (long long)s2, (long long)s1, (long long)s0));
-        const __m512i mn = _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)n3, (long long)n2, (long long)n1, (long long)n0));
+        const __m512i sc =
+            _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)s3, (long long)s2, (long long)s1, (long long)s0));
+        const __m512i mn =
+            _mm512_cvtepu8_epi16(_mm256_set_epi64x((long long)n3, (long long)n2, (long long)n1, (long long)n0));
         __m256 dd = _mm256_cvtph_ps(_mm_setr_epi16((short)b0->d, (short)b1->d, (short)b2->d, (short)b3->d,
                                                    (short)b0->dmin, (short)b1->dmin, (short)b2->dmin, (short)b3->dmin));
         const __m512 dw = _mm512_permutexvar_ps(quad, _mm512_castps256_ps512(dd));
@@ -523,26 +526,23 @@ V512 INLINE void tile_q4_K_512_x4(float *out, size_t ldo, const uint8_t *w, size
         for (int p = 0; p < NP; p++) isum[p] = _mm512_setzero_si512();
         for (int g = 0; g < 4; g++) {
             const uint8_t *w0 = b0->qs + 32 * g, *w1 = b1->qs + 32 * g, *w2 = b2->qs + 32 * g, *w3 = b3->qs + 32 * g;
-            __m512i qa = quarters(w0, w1, w2, w3, 0), qb = quarters(w0, w1, w2, w3, 16); /* values 0..15 and 16..31 of sub-blocks 2g (low), 2g + 1 */
-            __m512i lo_a = _mm512_and_si512(qa, m4), hi_a = _mm512_and_si512(_mm512_srli_epi16(qa, 4), m4);
-            __m512i lo_b = _mm512_and_si512(qb, m4), hi_b = _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4);
-            __m512i sc_lo = _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g))), sc);
-            __m512i sc_hi = _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g + 1))), sc);
+            /* values 0..15 and 16..31 of sub-block 2g (low nibbles), then of 2g + 1 (high): the activations' 16-byte
+             * pieces 0..3 of the group's 64 */
+            __m512i qa = quarters(w0, w1, w2, w3, 0), qb = quarters(w0, w1, w2, w3, 16);
+            const __m512i piece[4] = {_mm512_and_si512(qa, m4), _mm512_and_si512(qb, m4),
+                                      _mm512_and_si512(_mm512_srli_epi16(qa, 4), m4),
+                                      _mm512_and_si512(_mm512_srli_epi16(qb, 4), m4)};
+            const __m512i scale[2] = {
+                _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g))), sc),
+                _mm512_permutexvar_epi16(_mm512_add_epi16(row8, _mm512_set1_epi16((short)(2 * g + 1))), sc)};
 #pragma GCC unroll 4
             for (int p = 0; p < NP; p++) {
                 const uint8_t *x = xq + (size_t)p * st + b * LLM_QK_K + 64 * g;
-                __m512i t = _mm512_dpwssd_epi32(isum[p], _mm512_maddubs_epi16(lo_a, _mm512_broadcast_i32x4(
-                                                                                     _mm_loadu_si128((const __m128i *)x))),
-                                                sc_lo);
-                t = _mm512_dpwssd_epi32(
-                    t, _mm512_maddubs_epi16(lo_b, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 16)))),
-                    sc_lo);
-                t = _mm512_dpwssd_epi32(
-                    t, _mm512_maddubs_epi16(hi_a, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32)))),
-                    sc_hi);
-                isum[p] = _mm512_dpwssd_epi32(
-                    t, _mm512_maddubs_epi16(hi_b, _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 48)))),
-                    sc_hi);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    __m512i a = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 16 * k)));
+                    isum[p] = _mm512_dpwssd_epi32(isum[p], _mm512_maddubs_epi16(piece[k], a), scale[k / 2]);
+                }
             }
         }
         const __m512i m_lo = _mm512_permutexvar_epi16(mins_lo, mn), m_hi = _mm512_permutexvar_epi16(mins_hi, mn);
