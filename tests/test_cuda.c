@@ -384,6 +384,13 @@ typedef struct {
     int heads, kv_heads, hd, n, pos, ctx;
 } attn_case;
 
+/* Another family's attention: its scale (0: Llama's 1/sqrt(hd)), soft-cap, window and sinks (a logit a head) */
+typedef struct {
+    float scale, softcap;
+    int window, sinks;
+} attn_variant;
+static const attn_variant llama_attention = {0.0f, 0.0f, 0, 0};
+
 /* Where two sides compute k and v in f32 with sums in another order (about 1e-6 apart) and round them to a 16-bit
  * cache, a value on either side of a rounding boundary is stored one ulp of the type apart on the two. Such values are
  * a part of the rounding of the whole cache, which moves an attention output by at most 4u (tests/test_ops.c,
@@ -404,7 +411,7 @@ static void *typed_rows(llm_dtype t, const float *src, size_t rows, size_t kv_di
     return c;
 }
 
-static void run_attention(const attn_case *c, llm_dtype ct)
+static void run_attention(const attn_case *c, const attn_variant *var, llm_dtype ct)
 {
     size_t kv_dim = (size_t)c->kv_heads * c->hd, q_dim = (size_t)c->heads * c->hd;
     size_t cache = (size_t)c->ctx * kv_dim, row_bytes = llm_cache_row_bytes(ct, kv_dim);
@@ -425,9 +432,15 @@ static void run_attention(const attn_case *c, llm_dtype ct)
     assert_non_null(dout);
     float *ref = malloc((size_t)c->n * q_dim * sizeof *ref);
     assert_non_null(ref);
-    llm_attention_params ap = {1.0f / sqrtf((float)c->hd), 0.0f, 0, ct, NULL};
+    llm_attention_params ap = {var->scale ? var->scale : 1.0f / sqrtf((float)c->hd), var->softcap, var->window, ct,
+                               NULL};
+    /* sinks about the scores' size, one head's far above them (nearly all of its softmax) */
+    float *sinks = random_floats((size_t)c->heads, 4.0f), *dsinks = NULL;
+    sinks[0] = 30.0f;
+    ap.sinks = var->sinks ? sinks : NULL;
     llm_ref_ops.attention(ref, q, k, v, (float *)kc, (float *)vc, pos, c->n, c->heads, c->kv_heads, c->hd, c->ctx,
                           &ap);
+    if (var->sinks) ap.sinks = dsinks = on_device(sinks, (size_t)c->heads * sizeof *sinks);
     dev->ops->attention(dout, dq, dk, dv, dkc, dvc, dpos, c->n, c->heads, c->kv_heads, c->hd, c->ctx, &ap);
     float *got = from_device(dout, (size_t)c->n * q_dim);
     char *got_kc = malloc(cache_bytes), *got_vc = malloc(cache_bytes);
@@ -435,8 +448,9 @@ static void run_attention(const attn_case *c, llm_dtype ct)
     assert_int_equal(dev->download(got_kc, dkc, cache_bytes), 0);
     assert_int_equal(dev->download(got_vc, dvc, cache_bytes), 0);
     double err = rel_error(got, ref, (size_t)c->n * q_dim);
-    print_message("attention heads %d/%d hd %d, %d token(s) at %d, %s cache: rel error %.2g\n", c->heads,
-                  c->kv_heads, c->hd, c->n, c->pos, llm_dtype_name(ct), err);
+    print_message("attention heads %d/%d hd %d, %d token(s) at %d, window %d softcap %g%s, %s cache: rel error %.2g\n",
+                  c->heads, c->kv_heads, c->hd, c->n, c->pos, var->window, var->softcap, var->sinks ? " sinks" : "",
+                  llm_dtype_name(ct), err);
     /* f32 arithmetic on the same stored values as the reference's (a 16-bit cache's rows, this call's own rounded as
      * stored): the online softmax and its merge reorder sums and use expf: 1e-5 of the largest output */
     assert_true(err < 1e-5);
@@ -444,9 +458,10 @@ static void run_attention(const attn_case *c, llm_dtype ct)
     assert_memory_equal(got_kc, kc, cache_bytes);
     assert_memory_equal(got_vc, vc, cache_bytes);
     free(q), free(k), free(v), free(kf), free(vf), free(kc), free(vc), free(pos), free(ref), free(got);
-    free(got_kc), free(got_vc);
-    void *bufs[] = {dq, dk, dv, dkc, dvc, dout, dpos};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) dev->free(bufs[i]);
+    free(got_kc), free(got_vc), free(sinks);
+    void *bufs[] = {dq, dk, dv, dkc, dvc, dout, dpos, dsinks};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) dev->free(bufs[i]);
 }
 
 static void test_attention_long(void **state)
@@ -461,12 +476,30 @@ static void test_attention_long(void **state)
         {32, 32, 128, 512, 0, 512},  {32, 8, 64, 333, 0, 512},      {6, 2, 32, 100, 5, 128},
         /* head_dim 12 (a multiple of 4, not of 8): lanes of 2-byte elements read one at a time */
         {6, 2, 12, 1, 300, 512},     {6, 2, 12, 40, 100, 256},
+        /* Phi-3's head_dim 96 on the tensor cores */
+        {8, 2, 96, 100, 50, 256},
+    };
+    /* Prompts deep in the cache through the tiled kernels with other families' attention: gpt-oss's (a window of
+     * 128 and sinks), Gemma 2's (its own scale, scores soft-capped at 50, a window of 4096 the cache passes), and a
+     * window smaller than a tile of queries; each kernel reads only the window's rows (the rows before it random,
+     * so a kernel reading them is caught by its error) */
+    static const struct {
+        attn_case c;
+        attn_variant var;
+    } variants[] = {
+        {{64, 8, 64, 300, 3000, 4096}, {0.0f, 0.0f, 128, 1}},
+        {{8, 4, 128, 200, 3800, 4096}, {1.0f / 16.0f, 50.0f, 3000, 0}},
+        {{16, 2, 32, 130, 700, 1024}, {0.0f, 0.0f, 40, 1}},
     };
     /* every cache type cuda takes, each kernel (split-KV decode with its staged rows, the tiled prefill) reading it */
     static const llm_dtype types[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16};
-    for (size_t t = 0; t < sizeof types / sizeof *types; t++)
-        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_attention(&cases[i], types[t]);
-    /* the SIMT prefill kernel (LLM_CUDA_ATTN=simt, read when the device opens) on each type */
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_attention(&cases[i], &llama_attention, types[t]);
+        for (size_t i = 0; i < sizeof variants / sizeof *variants; i++)
+            run_attention(&variants[i].c, &variants[i].var, types[t]);
+    }
+    /* the SIMT prefill kernel (LLM_CUDA_ATTN=simt, read when the device opens) on each type; other families'
+     * attention then takes family.cu's kernel a (token, head) */
     dev->release();
     setenv("LLM_CUDA_ATTN", "simt", 1);
     char err[512] = "";
@@ -476,8 +509,10 @@ static void test_attention_long(void **state)
     if (rc) print_error("%s\n", err);
     assert_int_equal(rc, 0);
     for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-        run_attention(&cases[10], types[t]);
-        run_attention(&cases[11], types[t]);
+        run_attention(&cases[10], &llama_attention, types[t]);
+        run_attention(&cases[11], &llama_attention, types[t]);
+        for (size_t i = 0; i < sizeof variants / sizeof *variants; i++)
+            run_attention(&variants[i].c, &variants[i].var, types[t]);
     }
     cuda_done();
 }

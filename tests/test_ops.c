@@ -387,6 +387,8 @@ static void test_logits(void **state)
  * Llama-3.2-1B (32, 8, 64), Llama-2-7B (32, 32, 128), Mistral-like (32, 8, 128), a tiny (4, 1, 16). */
 static const struct { int heads, kv_heads, head_dim; } head_shapes[] = {
     {9, 3, 64}, {32, 4, 64}, {32, 8, 64}, {32, 32, 128}, {32, 8, 128}, {4, 1, 16},
+    {8, 2, 96}, /* Phi-3's heads */
+    {8, 1, 256}, /* Gemma 3's */
 };
 #define N_HEAD_SHAPES (sizeof head_shapes / sizeof *head_shapes)
 

@@ -5,10 +5,13 @@
  *    position); in a block each warp streams its own rows with q and an online softmax in registers, and the
  *    splits, launched as one thread-block cluster, merge through distributed shared memory (no second launch).
  *  - prefill (a batch): tiled causal attention, 64 queries x 32 keys per tile with an online softmax; the score
- *    matrix never leaves the block (Llama's attention only: no window, soft-cap, sinks or scale of its own; batches
- *    with those take the decode kernel a token a grid row). On the tensor cores (mma.sync TF32, each f32 operand
- *    split in hi + lo: f32 accuracy) for head_dim 16..128; the f32 SIMT kernel for other head_dims or with LLM_CUDA_ATTN=simt.
+ *    matrix never leaves the block. On the tensor cores (mma.sync TF32, each f32 operand split in hi + lo: f32
+ *    accuracy) for head_dim 16, 32, 64, 96 and 128, with any scale, soft-cap, sliding window (a tile reads from its
+ *    first query's window on, a ring's rows where the cache is one) and sinks (in the denominator at the end); the
+ *    f32 SIMT kernel (Llama's attention only) for 256 or with LLM_CUDA_ATTN=simt. Other batches take the decode
+ *    kernel a token a grid row, or family.cu's kernel a (token, head) (ops.cu decides).
  * Positions are read from device memory in both. Not here: rope (fused into the q/k/v GEMV, or kernels.cu). */
+#include <limits.h>
 #include <math.h>
 
 #include <cooperative_groups.h>
@@ -180,6 +183,48 @@ __device__ __forceinline__ float sink_term(const attn_args &a, int head, float m
 
 /* Position t's row of a cache of ctx rows: t itself below ctx (every full-attention layer), else a ring's t % ctx. */
 __device__ __forceinline__ size_t ring_row(int t, int ctx) { return (size_t)(t < ctx ? t : t % ctx); }
+
+/* Whether position p sees row t: causal, and within the window where the layer has one (ops.h's T). */
+__device__ __forceinline__ bool sees(int t, int p, int sliding) { return t <= p && (sliding == 0 || t > p - sliding); }
+
+/* A scaled score, soft-capped where the layer caps them (ops.h), or -inf for a row position p does not see. */
+__device__ __forceinline__ float tile_score(float dot, int t, int p, const attn_args &a)
+{
+    if (!sees(t, p, a.sliding)) return -INFINITY;
+    const float s = dot * a.scale;
+    return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s;
+}
+
+/* The first and last positions of a query tile's rows [i0, i0 + BQ) (those below n), into shared memory; every
+ * thread of the block calls it. */
+template <int BQ> __device__ __forceinline__ void tile_positions(const attn_args &a, int i0, int *lo, int *hi)
+{
+    if (threadIdx.x == 0) *lo = INT_MAX, *hi = -1;
+    __syncthreads();
+    if (threadIdx.x < BQ && i0 + (int)threadIdx.x < a.n) {
+        const int p = a.positions[i0 + threadIdx.x];
+        atomicMin(lo, p), atomicMax(hi, p);
+    }
+    __syncthreads();
+}
+
+/* The rows a tile of queries from position lo reads start here: 0, or the window's first row of its first query. */
+__device__ __forceinline__ int tile_first_row(int lo, int sliding)
+{
+    return sliding > 0 ? max(0, lo - sliding + 1) : 0;
+}
+
+/* A row's output from its weighted sums o over rows of maximum score m, whose weights add up to l: o * w / the
+ * returned denominator. o / l (w = 1), or with a head's sink z (ops.h) one more logit in the softmax, its value row
+ * zero: with M = max(m, z), w = e^(m-M) and the denominator l w + e^(z-M). */
+__device__ __forceinline__ float sink_denominator(const attn_args &a, int head, float m, float l, float &w)
+{
+    w = 1.0f;
+    if (!a.sinks) return l;
+    const float z = a.sinks[head], M = fmaxf(m, z);
+    w = expf(m - M);
+    return l * w + expf(z - M);
+}
 
 /* grid (n_kv_heads * head_blocks, n_splits, n), the splits of a (token, head group) one cluster. Each warp streams
  * rows t_begin + warp, + W, ... of its split (W warps); its lanes are heads_per_block groups of lpg = 32 /
@@ -682,7 +727,7 @@ __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_a
         int idx = threadIdx.x + u * TC_THREADS, r = idx / C4, c = (idx - r * C4) * 4, key = t0 + r;
         k[u] = v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (key <= t_last) {
-            size_t off = (size_t)key * a.kv_dim + kv_off + c;
+            size_t off = ring_row(key, a.ctx) * a.kv_dim + kv_off + c;
             k[u] = llm_cuda_kv_load4((const T *)a.k_cache + off);
             v[u] = llm_cuda_kv_load4((const T *)a.v_cache + off);
         }
@@ -703,7 +748,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     uint2 *Qp = (uint2 *)smem4;        /* (TC_BQ, LD) */
     uint2 *Kp = Qp + TC_BQ * LD;       /* (TC_ROWS, LD) */
     uint2 *Vp = Kp + TC_ROWS * LD;     /* (TC_ROWS, LDV) */
-    __shared__ int tile_max_pos;
+    __shared__ int tile_lo, tile_hi;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int grp = warp >> 2, wrow = (warp & 3) * 16;
@@ -714,11 +759,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     const uint2 *Qw = Qp + wrow * LD;
     const uint2 *Ks = Kp + grp * TC_BK * LD, *Vs = Vp + grp * TC_BK * LDV;
 
-    if (tid == 0) tile_max_pos = -1;
-    __syncthreads();
-    if (tid < TC_BQ && i0 + tid < a.n) atomicMax(&tile_max_pos, a.positions[i0 + tid]);
-    __syncthreads();
-    const int t_last = tile_max_pos;
+    tile_positions<TC_BQ>(a, i0, &tile_lo, &tile_hi);
+    const int t_first = tile_first_row(tile_lo, a.sliding), t_last = tile_hi;
 #pragma unroll
     for (int idx = tid; idx < TC_BQ * (HD / 4); idx += TC_THREADS) {
         int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4;
@@ -728,20 +770,24 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     }
     const int ra = i0 + wrow + g, rb = ra + 8;
     const int pos_a = ra < a.n ? a.positions[ra] : -1, pos_b = rb < a.n ? a.positions[rb] : -1;
-    int warp_max = max(pos_a, pos_b);
-    for (int o = 16; o > 0; o >>= 1) warp_max = max(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
+    int warp_max = max(pos_a, pos_b), warp_min = min(pos_a < 0 ? INT_MAX : pos_a, pos_b < 0 ? INT_MAX : pos_b);
+    for (int o = 16; o > 0; o >>= 1) {
+        warp_max = max(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
+        warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, o));
+    }
+    const int warp_first = tile_first_row(warp_min, a.sliding); /* (INT_MAX - ... without rows: none seen) */
 
     float o_acc[OT][4];
 #pragma unroll
     for (int j = 0; j < OT; j++) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
-    for (int tt = 0; tt <= t_last; tt += TC_ROWS) {
+    for (int tt = t_first; tt <= t_last; tt += TC_ROWS) {
         load_kv_pairs<HD, T>(Kp, Vp, a, kv_off, tt, t_last);
         __syncthreads();
         const int t0 = tt + grp * TC_BK; /* this group's keys */
 
-        if (t0 <= warp_max) { /* else every key of this slice is past every row of this warp */
+        if (t0 <= warp_max && t0 + TC_BK > warp_first) { /* else no row of this warp sees a key of this slice */
             float s[NT][4];
 #pragma unroll
             for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -757,10 +803,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 int key = t0 + j * 8 + 2 * t;
-                s[j][0] = key <= pos_a ? s[j][0] * a.scale : -INFINITY;
-                s[j][1] = key + 1 <= pos_a ? s[j][1] * a.scale : -INFINITY;
-                s[j][2] = key <= pos_b ? s[j][2] * a.scale : -INFINITY;
-                s[j][3] = key + 1 <= pos_b ? s[j][3] * a.scale : -INFINITY;
+                s[j][0] = tile_score(s[j][0], key, pos_a, a), s[j][1] = tile_score(s[j][1], key + 1, pos_a, a);
+                s[j][2] = tile_score(s[j][2], key, pos_b, a), s[j][3] = tile_score(s[j][3], key + 1, pos_b, a);
                 mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
                 mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
             }
@@ -828,14 +872,16 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     const float Ma = fmaxf(m_a, m1a), Mb = fmaxf(m_b, m1b);
     const float w0a = m_a == -INFINITY ? 0.0f : expf(m_a - Ma), w1a = m1a == -INFINITY ? 0.0f : expf(m1a - Ma);
     const float w0b = m_b == -INFINITY ? 0.0f : expf(m_b - Mb), w1b = m1b == -INFINITY ? 0.0f : expf(m1b - Mb);
-    const float La = l_a * w0a + Ls[la] * w1a, Lb = l_b * w0b + Ls[lb] * w1b;
+    float sa, sb; /* (1 without sinks) */
+    const float La = sink_denominator(a, h, Ma, l_a * w0a + Ls[la] * w1a, sa);
+    const float Lb = sink_denominator(a, h, Mb, l_b * w0b + Ls[lb] * w1b, sb);
     if (ra < a.n) {
         float *orow = a.out + (size_t)ra * q_stride + (size_t)h * HD;
 #pragma unroll
         for (int j = 0; j < OT; j++) {
             float2 p = *(const float2 *)(Os + la * LD + j * 8 + 2 * t);
             *(float2 *)(orow + j * 8 + 2 * t) =
-                make_float2((o_acc[j][0] * w0a + p.x * w1a) / La, (o_acc[j][1] * w0a + p.y * w1a) / La);
+                make_float2((o_acc[j][0] * w0a + p.x * w1a) * sa / La, (o_acc[j][1] * w0a + p.y * w1a) * sa / La);
         }
     }
     if (rb < a.n) {
@@ -844,7 +890,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
         for (int j = 0; j < OT; j++) {
             float2 p = *(const float2 *)(Os + lb * LD + j * 8 + 2 * t);
             *(float2 *)(orow + j * 8 + 2 * t) =
-                make_float2((o_acc[j][2] * w0b + p.x * w1b) / Lb, (o_acc[j][3] * w0b + p.y * w1b) / Lb);
+                make_float2((o_acc[j][2] * w0b + p.x * w1b) * sb / Lb, (o_acc[j][3] * w0b + p.y * w1b) * sb / Lb);
         }
     }
 }
@@ -958,21 +1004,32 @@ template <int DPL, typename T> static void launch_decode_w(attn_args *a, int ctx
         launch_decode<DPL, DEC_MAX_WARPS, T>(a, ctx);
 }
 
-/* The kernels for a cache of element type T: the tiled ones for a batch of Llama's attention where head_dim has an
- * instance, else the split-KV decode kernel with dpl values of q a lane. */
-template <typename T> static void launch_typed(attn_args *a, int ctx, bool tiled, int dpl)
+/* Head dims whose batches take a tiled kernel whatever the attention's parameters: the tensor cores'. The f32 SIMT
+ * kernel (head_dim 256, and LLM_CUDA_ATTN=simt) computes Llama's attention only: Gemma 3's windowed layers stay on
+ * family.cu's kernel a (token, head). The SIMT kernel extended to windows took them slower (gemma-3-1b pp512 on an
+ * H200: 61.4 -> 59.1-59.6 k tok/s; its tiles there are 32 blocks: 4 heads, 8 tiles of 64 queries). */
+bool llm_cuda_attention_tiled(int head_dim)
+{
+    return !llm_cuda.attn_simt &&
+           (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128);
+}
+
+/* The kernels for a cache of element type T: the tiled ones for a batch where head_dim has an instance, else the
+ * split-KV decode kernel with dpl values of q a lane. */
+template <typename T> static void launch_typed(attn_args *a, int ctx, bool llama, int dpl)
 {
     /* LLM_CUDA_ATTN=simt keeps batches on the f32 SIMT kernel (measurements, and a check of the tensor-core one). */
-    if (a->n > 4 && tiled && !llm_cuda.attn_simt) {
+    if (a->n > 4 && !llm_cuda.attn_simt) {
         switch (a->head_dim) {
         case 16: launch_prefill_tc<16, T>(a); return;
         case 32: launch_prefill_tc<32, T>(a); return;
         case 64: launch_prefill_tc<64, T>(a); return;
+        case 96: launch_prefill_tc<96, T>(a); return;
         case 128: launch_prefill_tc<128, T>(a); return;
         default: break;
         }
     }
-    if (a->n > 4 && tiled) {
+    if (a->n > 4 && llama) {
         switch (a->head_dim) {
         case 16: launch_prefill<16, T>(a); return;
         case 32: launch_prefill<32, T>(a); return;
@@ -1012,7 +1069,7 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     a.scale = params->scale, a.softcap = params->softcap, a.sliding = params->window, a.ctx = ctx;
     a.sinks = params->sinks;
     a.pdl_early = llm_cuda.pdl_early;
-    const bool tiled = llm_cuda_is_llama_attention(params, head_dim); /* what the tiled batch kernels compute */
+    const bool llama = llm_cuda_is_llama_attention(params, head_dim); /* what the SIMT batch kernel computes */
 
     /* Batches: store the new rows first (one token: inside the decode kernel, or already by the GEMV), then the
      * tiled kernel where head_dim has an instance. */
@@ -1036,9 +1093,9 @@ void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src
     a.head_blocks = (a.group + hpb - 1) / hpb;
     a.store_row = n == 1 && !kv_stored;
     if (params->cache == LLM_DTYPE_F16)
-        launch_typed<__half>(&a, ctx, tiled, dpl);
+        launch_typed<__half>(&a, ctx, llama, dpl);
     else if (params->cache == LLM_DTYPE_BF16)
-        launch_typed<__nv_bfloat16>(&a, ctx, tiled, dpl);
+        launch_typed<__nv_bfloat16>(&a, ctx, llama, dpl);
     else
-        launch_typed<float>(&a, ctx, tiled, dpl);
+        launch_typed<float>(&a, ctx, llama, dpl);
 }

@@ -466,9 +466,10 @@ void llm_cuda_gemv_launch(llm_cuda_gemv *job, const char *op);
 
 /* ---- attention.cu ---- */
 /* The attention op. A batch's k and v may be owed halves (the KV store adds them); one token's are plain (k.lo and
- * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. Any scale, soft-cap and
- * window, and a ring cache (ctx rows), in the split-KV decode kernel; batches of more than 4 tokens only Llama's
- * attention (no window, soft-cap or scale of its own: the tiled kernels), else llm_cuda_attention_params. */
+ * v.lo NULL), and kv_stored says the GEMV's epilogue has already written its cache row. Any scale, soft-cap, window
+ * and sinks, and a ring cache (ctx rows): up to 4 tokens in the split-KV decode kernel, batches in the tiled kernels
+ * where head_dim has one (llm_cuda_attention_tiled), else in the decode kernel a token a grid row. */
+bool llm_cuda_attention_tiled(int head_dim);
 void llm_cuda_attention(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache, float *v_cache,
                         const int32_t *positions, int n, int n_heads, int n_kv_heads, int head_dim, int ctx,
                         const llm_attention_params *params, bool kv_stored);
@@ -491,8 +492,9 @@ void llm_cuda_qk_norm_rope(float *q, float *k, const float *v, const llm_weight 
 void llm_cuda_glu_act(float *out, llm_cuda_src gate, llm_cuda_src up, size_t count, llm_act act);
 /* x = cap * tanh(x / cap) in place */
 void llm_cuda_softcap(float *x, float cap, size_t count);
-/* The attention op with its parameters (scale, soft-cap, window) and a cache of ctx rows (a ring where positions
- * pass it), a block of warps per (token, head): batches with a window, soft-cap or scale of their own. */
+/* The attention op with its parameters (scale, soft-cap, window, sinks) and a cache of ctx rows (a ring where
+ * positions pass it), a block of warps per (token, head): batches with a window, soft-cap, sinks or scale of their
+ * own whose head_dim has no tiled kernel. */
 bool llm_cuda_attention_params_fits(int head_dim);
 void llm_cuda_attention_params(float *out, const float *q, llm_cuda_src k, llm_cuda_src v, float *k_cache,
                                float *v_cache, const int32_t *positions, int n, int n_heads, int n_kv_heads,

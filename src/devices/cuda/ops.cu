@@ -592,11 +592,11 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
         after_op("q/k norm+rope");
         stored = true;
     }
-    /* The tensor-core batch kernels compute Llama's attention: 1/sqrt(head_dim), no more; the persistent step any
-     * scale and window (llm_cuda_step_takes_attention); the split-KV decode kernel any scale, soft-cap and window
-     * (head_dim a multiple of 4 up to 256). */
-    bool split_kv = n <= 4 && head_dim % 4 == 0 && head_dim <= 256;
-    if (!llama && !split_kv && !llm_cuda_attention_params_fits(head_dim)) {
+    /* The tiled batch kernels and the split-KV decode kernel (head_dim a multiple of 4 up to 256) compute any scale,
+     * soft-cap, window and sinks; the persistent step all but sinks (llm_cuda_step_takes_attention); a batch whose
+     * head_dim has no tiled kernel and is not Llama's attention takes a kernel a (token, head). */
+    bool any_params = (n <= 4 || llm_cuda_attention_tiled(head_dim)) && head_dim % 4 == 0 && head_dim <= 256;
+    if (!llama && !any_params && !llm_cuda_attention_params_fits(head_dim)) {
         llm_cuda_fail("attention", "head_dim %d with a window, soft-cap or scale of its own is not supported "
                       "(at most %d)", head_dim, 1024);
         return;
@@ -628,7 +628,7 @@ void op_attention(float *out, const float *q, const float *k, const float *v, fl
     llm_cuda_src v_src = n > 1 ? src_of(v, kv_count) : settled(v, kv_count);
     settle(q, (size_t)n * n_heads * head_dim * sizeof(float));
     written(out, (size_t)n * n_heads * head_dim * sizeof(float));
-    if (!llama && !split_kv)
+    if (!llama && !any_params)
         llm_cuda_attention_params(out, q, k_src, v_src, k_cache, v_cache, positions, n, n_heads, n_kv_heads, head_dim,
                                   ctx, p, stored);
     else
