@@ -383,7 +383,7 @@ static void test_products(void **state)
             print_message("%-12s not supported by this CPU\n", sets[si]);
             continue;
         }
-        static const llm_quant_type formats[] = {LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K};
+        static const llm_quant_type formats[] = {LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K, LLM_QUANT_MXFP4};
         for (size_t fi = 0; fi < sizeof formats / sizeof *formats; fi++) {
             llm_quant_type t = formats[fi];
             double worst = 0;

@@ -740,7 +740,8 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
-static bool bf16_split = true; /* ... with x as hi + lo halves (LLM_PRECISION_ACCURATE); else hi alone */
+static bool bf16_split = true; /* the accurate precision: BF16 products with x as hi + lo halves, MXFP4 in f32; the
+                                  fast one x as hi alone, or for MXFP4 rounded to 8 bits (LLM_PRECISION_FAST) */
 static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
@@ -1086,7 +1087,10 @@ static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
 
 static void blas_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
-    if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
+    if (w->dtype == LLM_DTYPE_MXFP4 && bf16_split) {
+        /* the accurate precision: f32 products (dot_mxfp4_c), a row read once for every position; the fast one
+         * takes the integer products below, x rounded to 8 bits a block as for every block format (as llama.cpp
+         * does; cuda's fast precision rounds it to F16) */
         matmul_rows(out, x, w, bias, n);
         return;
     }
@@ -1511,8 +1515,9 @@ static void blas_experts(float *out, const float *x, const llm_experts *w, const
 {
     size_t picks = (size_t)n * top_k, E = (size_t)w->n_experts, rows = w->w[0].rows, cols = w->w[0].cols;
     size_t in_rows = (size_t)n * x_slots;
-    llm_dtype wt = w->w[0].dtype; /* MXFP4 and FP8 multiply in f32 (their dot kernels), the rest quantize x */
-    bool quant = llm_dtype_is_block(wt) && wt != LLM_DTYPE_MXFP4 && wt != LLM_DTYPE_F8_E4M3_B128;
+    llm_dtype wt = w->w[0].dtype; /* FP8, and MXFP4 when accurate, multiply in f32 (their dot kernels); the rest
+                                     quantize x (blas_matmul) */
+    bool quant = llm_dtype_is_block(wt) && wt != LLM_DTYPE_F8_E4M3_B128 && (wt != LLM_DTYPE_MXFP4 || !bf16_split);
     size_t xq_stride = quant ? llm_quant_scratch_bytes(llm_quant_of_dtype(w->w[0].dtype), cols, 1) : 0;
     size_t index = ((E + 1 + 2 * picks) * sizeof(size_t) + 63) / 64 * 64; /* start, order, used; then 64-aligned */
     size_t gathered = (size_t)n * (rows + cols) * sizeof(float), quantized = in_rows * xq_stride;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../ops/dtype.h"
+#include "mxfp4.h"
 #include "quant_impl.h"
 
 void llm_quant_matmul_ref(float *out, const float *x, const void *w, llm_quant_type t, size_t rows, size_t cols,
@@ -123,6 +124,23 @@ static float dot_q4_K(const unsigned char *w, const unsigned char *xq, size_t co
     return sum;
 }
 
+/* MXFP4: the doubled E2M1 integers (llm_mxfp4_kvalues) times a, the half in the scale (llm_e8m0_half). */
+static float dot_mxfp4(const unsigned char *w, const unsigned char *xq, size_t cols)
+{
+    const llm_block_mxfp4 *wb = (const llm_block_mxfp4 *)w;
+    const int8_t *a = (const int8_t *)xq;
+    const float *d = xq_d(xq, cols);
+    float sum = 0.0f;
+    for (size_t b = 0; b < cols / 32; b++) {
+        int s = 0;
+        for (int j = 0; j < 16; j++)
+            s += llm_mxfp4_kvalues[wb[b].qs[j] & 15] * a[b * 32 + j] +
+                 llm_mxfp4_kvalues[wb[b].qs[j] >> 4] * a[b * 32 + 16 + j];
+        sum += llm_e8m0_half(wb[b].e) * d[b] * (float)s;
+    }
+    return sum;
+}
+
 #define PORTABLE_TILE(NAME, DOT)                                                                                      \
     static void NAME(float *out, size_t ldo, const unsigned char *w, size_t row_bytes, const unsigned char *xq,      \
                      size_t stride, size_t cols, int nr, int np)                                                      \
@@ -134,10 +152,12 @@ static float dot_q4_K(const unsigned char *w, const unsigned char *xq, size_t co
 PORTABLE_TILE(tile_q8_0_c, dot_q8_0)
 PORTABLE_TILE(tile_q4_0_c, dot_q4_0)
 PORTABLE_TILE(tile_q4_K_c, dot_q4_K)
+PORTABLE_TILE(tile_mxfp4_c, dot_mxfp4)
 
 static const llm_quant_kernels kernels_c = {
     .name = "portable",
-    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_c, [LLM_QUANT_Q4_0] = tile_q4_0_c, [LLM_QUANT_Q4_K] = tile_q4_K_c},
+    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_c, [LLM_QUANT_Q4_0] = tile_q4_0_c, [LLM_QUANT_Q4_K] = tile_q4_K_c,
+             [LLM_QUANT_MXFP4] = tile_mxfp4_c},
     .quantize_x = llm_quant_x_portable,
 };
 

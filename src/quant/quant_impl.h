@@ -1,8 +1,8 @@
 /* Shared by the product kernels (quant_dot.c, quant_x86.c): the layout of quantized activations.
  * One position's activations, xq_stride bytes (a multiple of 64) apart:
- *   int8 qs[cols]                       x[c] ~ d[c / B] * qs[c], B = 32 (for Q8_0 and Q4_0 weights) or 256 (Q4_K)
+ *   int8 qs[cols]                       x[c] ~ d[c / B] * qs[c], B = 32 (Q8_0, Q4_0, MXFP4 weights) or 256 (Q4_K)
  *   f32 d[cols / B]                     max|x| / 127 of each block (f32: llama.cpp rounds Q8_0's to f16)
- *   B = 32:  int32 sum[cols / 32]       sum of each block's qs (for weights stored with an offset: Q4_0's -8)
+ *   B = 32:  int32 sum[cols / 32]       sum of each block's qs (for weights made unsigned: Q4_0's -8, MXFP4's -12)
  *   B = 256: int16 bsums[cols / 16]     sums of 16 qs (for Q4_K's mins), as block_q8_K has them
  * Not here: the weight formats (quant.h). */
 #ifndef LLM_QUANT_IMPL_H

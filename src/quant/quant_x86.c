@@ -7,12 +7,33 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "mxfp4.h"
 #include "quant_dot.h"
 #include "quant_impl.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")))
+
+/* The formats of 32-value blocks the tile_32 kernels take. What differs between them is data: a block's bytes, where
+ * its quants start, its scale, and what the nibble formats' nibbles stand for as unsigned bytes (below). */
+enum { FMT_Q8_0, FMT_Q4_0, FMT_MXFP4 };
+INLINE size_t fmt_bytes(int f)
+{
+    return f == FMT_Q8_0 ? sizeof(llm_block_q8_0) : f == FMT_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_mxfp4);
+}
+INLINE size_t fmt_quants(int f) { return f == FMT_MXFP4 ? 1 : 2; } /* after the f16 d, or the E8M0 byte */
+AVX2 INLINE float fmt_scale(int f, const uint8_t *blk)
+{
+    if (f == FMT_MXFP4) return llm_e8m0_half(blk[0]); /* the kvalues below are doubled: half the scale */
+    uint16_t d;
+    memcpy(&d, blk, 2);
+    return _cvtsh_ss(d);
+}
+/* A nibble's weight made unsigned: Q4_0's nibble itself (w + 8); MXFP4's doubled E2M1 value plus 12
+ * (llm_mxfp4_kvalues + 12, one byte shuffle a register). The offset comes back as -K sum(a). */
+INLINE int fmt_offset(int f) { return f == FMT_Q4_0 ? 8 : f == FMT_MXFP4 ? 12 : 128; }
+static const uint8_t mxfp4_unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 /* The 6-bit scales and mins of a Q4_K block as two runs of 8 bytes (sc[0..7], m[0..7]), with 32-bit word
  * operations on the packing of quant.h: bytes 0..3 hold sc0..3 and the top bits of sc4..7, bytes 4..7 m0..3 and the
@@ -40,11 +61,11 @@ AVX2 INLINE float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Q8_0 and Q4_0: per block, maddubs (u8 x s8 -> pairs of i16) then madd with ones (-> 8 i32). Q8_0's signed
- * weights go through the sign trick (|w| times a with w's sign); Q4_0's nibbles are unsigned, their -8 applied as
- * -8 sum(a). nr <= 4, np <= 2: 8 accumulators of 16 registers. */
+/* Q8_0, Q4_0 and MXFP4: per block, maddubs (u8 x s8 -> pairs of i16) then madd with ones (-> 8 i32). Q8_0's
+ * signed weights go through the sign trick (|w| times a with w's sign); the nibble formats' weights are made
+ * unsigned (fmt_offset), their offset applied as -K sum(a). nr <= 4, np <= 2: 8 accumulators of 16 registers. */
 AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
-                              size_t cols, const int NR, const int NP, const int Q4)
+                              size_t cols, const int NR, const int NP, const int FMT)
 {
     __m256 acc[4][2];
 #pragma GCC unroll 4
@@ -52,7 +73,9 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
 #pragma GCC unroll 2
         for (int p = 0; p < NP; p++) acc[r][p] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mxfp4_unsigned));
+    const size_t bb = fmt_bytes(FMT), qo = fmt_quants(FMT);
+    const int nibbles = FMT != FMT_Q8_0, K = fmt_offset(FMT);
     const char *next = (const char *)w + (size_t)NR * rb; /* the next rows into L2, as tile_32_512_x4 explains */
     for (size_t b = 0; b < cols / 32; b++) {
         __m256i wq[4];
@@ -61,12 +84,11 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * rb + b * bb;
-            uint16_t d16;
-            memcpy(&d16, blk, 2);
-            dw[r] = _cvtsh_ss(d16);
-            if (Q4) {
-                __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2));
+            dw[r] = fmt_scale(FMT, blk);
+            if (nibbles) {
+                __m128i q = _mm_loadu_si128((const __m128i *)(blk + qo));
                 wq[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+                if (FMT == FMT_MXFP4) wq[r] = _mm256_shuffle_epi8(lut, wq[r]);
             } else {
                 wq[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
             }
@@ -76,13 +98,13 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
             const uint8_t *x = xq + (size_t)p * st;
             __m256i a = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
             float da = xq_d(x, cols)[b];
-            __m256i off = _mm256_setr_epi32(Q4 ? -8 * xq_sum(x, cols)[b] : 0, 0, 0, 0, 0, 0, 0, 0);
+            __m256i off = _mm256_setr_epi32(nibbles ? -K * xq_sum(x, cols)[b] : 0, 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                __m256i prod = Q4 ? _mm256_maddubs_epi16(wq[r], a)
-                                  : _mm256_maddubs_epi16(_mm256_abs_epi8(wq[r]), _mm256_sign_epi8(a, wq[r]));
+                __m256i prod = nibbles ? _mm256_maddubs_epi16(wq[r], a)
+                                       : _mm256_maddubs_epi16(_mm256_abs_epi8(wq[r]), _mm256_sign_epi8(a, wq[r]));
                 __m256i s = _mm256_madd_epi16(prod, ones);
-                if (Q4) s = _mm256_add_epi32(s, off);
+                if (nibbles) s = _mm256_add_epi32(s, off);
                 acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw[r] * da), acc[r][p]);
             }
         }
@@ -205,29 +227,35 @@ AVX2 INLINE void tile_q4_K_avx2_n(float *out, size_t ldo, const uint8_t *w, size
         }                                                                                                             \
     }
 
-DISPATCH(AVX2, tile_q8_0_avx2, tile_32_avx2, 2, 0)
-DISPATCH(AVX2, tile_q4_0_avx2, tile_32_avx2, 2, 1)
+DISPATCH(AVX2, tile_q8_0_avx2, tile_32_avx2, 2, FMT_Q8_0)
+DISPATCH(AVX2, tile_q4_0_avx2, tile_32_avx2, 2, FMT_Q4_0)
+DISPATCH(AVX2, tile_mxfp4_avx2, tile_32_avx2, 2, FMT_MXFP4)
 DISPATCH(AVX2, tile_q4_K_avx2, tile_q4_K_avx2_n, 2)
 
 const llm_quant_kernels llm_quant_kernels_avx2 = {
     .name = "avx2",
-    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_avx2, [LLM_QUANT_Q4_0] = tile_q4_0_avx2, [LLM_QUANT_Q4_K] = tile_q4_K_avx2},
+    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_avx2, [LLM_QUANT_Q4_0] = tile_q4_0_avx2, [LLM_QUANT_Q4_K] = tile_q4_K_avx2,
+             [LLM_QUANT_MXFP4] = tile_mxfp4_avx2},
     .quantize_x = llm_quant_x_portable,
 };
 
 /* ============================================ AVX-512 VNNI ============================================ */
 
-/* Q8_0 and Q4_0, two blocks a step: vpdpbusd (u8 x s8, four products summed into each i32 lane) over 64 weights.
- * Weights are made unsigned: Q4_0's nibbles are (w + 8), Q8_0's bytes xor 0x80 are (w + 128); the offset comes
- * back as -K sum(a), which starts the lane sum (lane 0 of each block). nr, np <= 4: 16 accumulators of 32. */
-V512 INLINE __m512i pair_q4_0(const uint8_t *blk, int two)
+/* Q8_0, Q4_0 and MXFP4, two blocks a step: vpdpbusd (u8 x s8, four products summed into each i32 lane) over 64
+ * weights. Weights are made unsigned: Q8_0's bytes xor 0x80 are (w + 128), the nibble formats' by fmt_offset; the
+ * offset comes back as -K sum(a), which starts the lane sum (lane 0 of each block). nr, np <= 4: 16 accumulators. */
+V512 INLINE __m512i pair_nibbles(const uint8_t *blk, int FMT, int two)
 {
-    __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + 2));
-    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(blk + 2 + sizeof(llm_block_q4_0))) : _mm_setzero_si128();
+    const size_t qo = fmt_quants(FMT), bb = fmt_bytes(FMT);
+    __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + qo));
+    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)(blk + qo + bb)) : _mm_setzero_si128();
     __m256i y = _mm256_set_m128i(q1, q0), m4 = _mm256_set1_epi8(15);
     __m256i lo = _mm256_and_si256(y, m4), hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m4);
     __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo0 lo1 hi0 hi1 */
-    return _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));        /* lo0 hi0 lo1 hi1: block 0, block 1 */
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));           /* lo0 hi0 lo1 hi1: block 0, block 1 */
+    if (FMT == FMT_MXFP4)
+        z = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_unsigned)), z);
+    return z;
 }
 
 V512 INLINE __m512i pair_q8_0(const uint8_t *blk, int two)
@@ -244,15 +272,15 @@ V512 INLINE __m512 pair_scale(float d0, float d1)
 }
 
 V512 INLINE void tile_32_512(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
-                             size_t cols, const int NR, const int NP, const int Q4)
+                             size_t cols, const int NR, const int NP, const int FMT)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; r++)
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[r][p] = _mm512_setzero_ps();
-    const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0), nb = cols / 32;
-    const int K = Q4 ? 8 : 128;
+    const size_t bb = fmt_bytes(FMT), nb = cols / 32;
+    const int K = fmt_offset(FMT);
     for (size_t b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb;
         __m512i wq[4];
@@ -260,11 +288,8 @@ V512 INLINE void tile_32_512(float *out, size_t ldo, const uint8_t *w, size_t rb
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * rb + b * bb;
-            uint16_t d0, d1 = 0;
-            memcpy(&d0, blk, 2);
-            if (two) memcpy(&d1, blk + bb, 2);
-            dw[r] = pair_scale(_cvtsh_ss(d0), _cvtsh_ss(d1));
-            wq[r] = Q4 ? pair_q4_0(blk, two) : pair_q8_0(blk, two);
+            dw[r] = pair_scale(fmt_scale(FMT, blk), two ? fmt_scale(FMT, blk + bb) : 0.0f);
+            wq[r] = FMT == FMT_Q8_0 ? pair_q8_0(blk, two) : pair_nibbles(blk, FMT, two);
         }
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
@@ -397,16 +422,17 @@ V512 INLINE void store_quad_sums(float *out, __m512 acc)
  * runs. G groups of four rows (G = 1, 2) share each position's activation loads. The end sums lanes 4r..4r+3 into
  * out[r]. nr == 4 G, np <= 4. */
 V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t rb, const uint8_t *xq, size_t st,
-                                size_t cols, const int G, const int NP, const int Q4)
+                                size_t cols, const int G, const int NP, const int FMT)
 {
     __m512 acc[2][4];
 #pragma GCC unroll 2
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) acc[g][p] = _mm512_setzero_ps();
-    const size_t bb = Q4 ? sizeof(llm_block_q4_0) : sizeof(llm_block_q8_0), nb = cols / 32;
-    const int K = Q4 ? 8 : 128;
+    const size_t bb = fmt_bytes(FMT), qo = fmt_quants(FMT), nb = cols / 32;
+    const int K = fmt_offset(FMT);
     const __m512i m4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_unsigned));
     const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     /* The rows of a tile are read as 4 G streams at once, each too short (1-6 KB) for the hardware prefetcher to
      * lock on before it ends, so the loads wait on memory. The next tile's rows (threads take consecutive tiles)
@@ -421,17 +447,24 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
 #pragma GCC unroll 2
         for (int g = 0; g < G; g++) {
             const uint8_t *w0 = w + (size_t)(4 * g) * rb + o, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
-            if (Q4) {
-                __m512i q = quarters(w0, w1, w2, w3, 2);
+            if (FMT != FMT_Q8_0) {
+                __m512i q = quarters(w0, w1, w2, w3, qo);
                 lo[g] = _mm512_and_si512(q, m4);
                 hi[g] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                if (FMT == FMT_MXFP4) lo[g] = _mm512_shuffle_epi8(lut, lo[g]), hi[g] = _mm512_shuffle_epi8(lut, hi[g]);
             } else {
                 lo[g] = _mm512_xor_si512(quarters(w0, w1, w2, w3, 2), flip);
                 hi[g] = _mm512_xor_si512(quarters(w0, w1, w2, w3, 18), flip);
             }
-            uint16_t d0, d1, d2, d3;
-            memcpy(&d0, w0, 2), memcpy(&d1, w1, 2), memcpy(&d2, w2, 2), memcpy(&d3, w3, 2);
-            __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)d0, (short)d1, (short)d2, (short)d3, 0, 0, 0, 0));
+            __m128 d4;
+            if (FMT == FMT_MXFP4) {
+                d4 = _mm_setr_ps(llm_e8m0_half(w0[0]), llm_e8m0_half(w1[0]), llm_e8m0_half(w2[0]),
+                                 llm_e8m0_half(w3[0]));
+            } else {
+                uint16_t d0, d1, d2, d3;
+                memcpy(&d0, w0, 2), memcpy(&d1, w1, 2), memcpy(&d2, w2, 2), memcpy(&d3, w3, 2);
+                d4 = _mm_cvtph_ps(_mm_setr_epi16((short)d0, (short)d1, (short)d2, (short)d3, 0, 0, 0, 0));
+            }
             dw[g] = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(d4));
         }
 #pragma GCC unroll 4
@@ -458,7 +491,7 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
 
 /* Tiles of up to 8 rows x 4 positions: groups of four rows through the kernel above (constant sizes, so the
  * accumulators stay in registers), the last rows through the row-at-a-time one. */
-#define DISPATCH_32_512(NAME, Q4)                                                                                     \
+#define DISPATCH_32_512(NAME, FMT)                                                                                     \
     V512 static void NAME(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,         \
                           size_t st, size_t cols, int nr, int np)                                                     \
     {                                                                                                                 \
@@ -466,19 +499,20 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
             float *o = out + (size_t)p * ldo;                                                                         \
             const unsigned char *x = xq + (size_t)p * st;                                                             \
             int n = np - p, r = 0;                                                                                    \
-            if (n == 4 && nr == 8) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 2, 4, Q4), r = 8;                       \
-            else if (n == 4 && nr >= 4) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 1, 4, Q4), r = 4;                  \
-            else if (nr == 8) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 2, 1, Q4), r = 8, n = 1;                     \
-            else if (nr >= 4) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 1, 1, Q4), r = 4, n = 1;                     \
+            if (n == 4 && nr == 8) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 2, 4, FMT), r = 8;                       \
+            else if (n == 4 && nr >= 4) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 1, 4, FMT), r = 4;                  \
+            else if (nr == 8) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 2, 1, FMT), r = 8, n = 1;                     \
+            else if (nr >= 4) tile_32_512_x4(o, ldo, w, rb, x, st, cols, 1, 1, FMT), r = 4, n = 1;                     \
             else n = 1;                                                                                               \
             for (; r < nr; r++)                                                                                       \
-                if (n == 4) tile_32_512(o + r, ldo, w + (size_t)r * rb, rb, x, st, cols, 1, 4, Q4);                   \
-                else tile_32_512(o + r, ldo, w + (size_t)r * rb, rb, x, st, cols, 1, 1, Q4);                          \
+                if (n == 4) tile_32_512(o + r, ldo, w + (size_t)r * rb, rb, x, st, cols, 1, 4, FMT);                   \
+                else tile_32_512(o + r, ldo, w + (size_t)r * rb, rb, x, st, cols, 1, 1, FMT);                          \
             if (n == 4) p += 3;                                                                                       \
         }                                                                                                             \
     }
-DISPATCH_32_512(tile_q8_0_512, 0)
-DISPATCH_32_512(tile_q4_0_512, 1)
+DISPATCH_32_512(tile_q8_0_512, FMT_Q8_0)
+DISPATCH_32_512(tile_q4_0_512, FMT_Q4_0)
+DISPATCH_32_512(tile_mxfp4_512, FMT_MXFP4)
 /* Q4_K, four rows in one register (tile_32_512_x4's layout): 16-byte quarters of a 32-byte nibble group from rows
  * r0..r3 side by side, each position's matching 16 activations broadcast to all four. maddubs (nibble x int8 ->
  * pairs of i16) then vpdpwssd with a vector holding each row's scale of the sub-block in the row's own quarter sums
@@ -607,6 +641,7 @@ V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, 
 
 const llm_quant_kernels llm_quant_kernels_avx512vnni = {
     .name = "avx512-vnni",
-    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_512, [LLM_QUANT_Q4_0] = tile_q4_0_512, [LLM_QUANT_Q4_K] = tile_q4_K_512},
+    .tile = {[LLM_QUANT_Q8_0] = tile_q8_0_512, [LLM_QUANT_Q4_0] = tile_q4_0_512, [LLM_QUANT_Q4_K] = tile_q4_K_512,
+             [LLM_QUANT_MXFP4] = tile_mxfp4_512},
     .quantize_x = quantize_x_512,
 };
