@@ -410,6 +410,52 @@ static void test_products(void **state)
     assert_false(llm_quant_supported(best, LLM_QUANT_Q4_K, 96));
 }
 
+/* MXFP4's scales over their range, one scale a row (so that no row's sum hides another scale's error): the E8M0
+ * bytes 0 and 1 (subnormal halves, llm_e8m0_half's own branch), 2, and normal ones up to 2^72; every kernel set
+ * against the reference on the gridded activations, within the f32 rounding bound of check_product. */
+static void test_mxfp4_scales(void **state)
+{
+    (void)state;
+    static const uint8_t scales[] = {0, 1, 2, 3, 64, 127, 128, 200};
+    enum { ROWS = sizeof scales, COLS = 256, N = 5 };
+    const char *sets[] = {"avx512-vnni", "avx2", "portable"};
+    llm_block_mxfp4 w[ROWS * COLS / 32];
+    float x[N * COLS], xg[N * COLS], err[N * COLS], ref[N * ROWS], got[N * ROWS], wf[ROWS * COLS];
+    rng_state = 11;
+    for (size_t r = 0; r < ROWS; r++)
+        for (size_t b = 0; b < COLS / 32; b++) {
+            llm_block_mxfp4 *blk = &w[r * (COLS / 32) + b];
+            blk->e = scales[r];
+            for (int j = 0; j < 16; j++) blk->qs[j] = (uint8_t)((rng_unit() + 1.0f) * 127.99f);
+        }
+    llm_mxfp4_dequantize(wf, w, ROWS * COLS);
+    for (size_t i = 0; i < N * COLS; i++) x[i] = rng_unit();
+    for (size_t i = 0; i < N; i++) grid_activations(xg + i * COLS, err + i * COLS, x + i * COLS, COLS, 32);
+    llm_quant_matmul_ref(ref, xg, w, LLM_QUANT_MXFP4, ROWS, COLS, N);
+    void *scratch = aligned_alloc(64, (llm_quant_scratch_bytes(LLM_QUANT_MXFP4, COLS, N) + 63) / 64 * 64);
+    assert_non_null(scratch);
+    int ran = 0;
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const llm_quant_kernels *k = llm_quant_kernels_pick(sets[si]);
+        if (!k) continue;
+        llm_quant_matmul(k, got, x, w, LLM_QUANT_MXFP4, ROWS, COLS, N, scratch, 1);
+        for (size_t i = 0; i < N; i++)
+            for (size_t r = 0; r < ROWS; r++) {
+                double abs_wx = 0;
+                for (size_t c = 0; c < COLS; c++) abs_wx += fabs((double)wf[r * COLS + c] * xg[i * COLS + c]);
+                double bound = 2.0 * COLS / 16777216.0 * abs_wx, e = fabs((double)got[i * ROWS + r] - ref[i * ROWS + r]);
+                if (!(e <= bound))
+                    fail_msg("%s MXFP4 scale byte %u: out[%zu, %zu] = %.7g, reference %.7g, bound %.3g", k->name,
+                             scales[r], i, r, (double)got[i * ROWS + r], (double)ref[i * ROWS + r], bound);
+                assert_true(ref[i * ROWS + r] != 0.0f); /* every scale's row has a sum to check */
+            }
+        ran++;
+        print_message("%-12s MXFP4 scale bytes 0 .. 200: within the rounding bound\n", k->name);
+    }
+    assert_true(ran > 0);
+    free(scratch);
+}
+
 /* The blas device's matmul op on block-quantized weights (with a bias), against the reference op, within the
  * activations' quantization bound; and what the cpu and blas devices claim to support. */
 static void test_device_matmul(void **state)
@@ -665,6 +711,7 @@ int main(void)
         cmocka_unit_test(test_matrix_from_bf16),
         cmocka_unit_test(test_activation_bytes),
         cmocka_unit_test(test_products),
+        cmocka_unit_test(test_mxfp4_scales),
         cmocka_unit_test(test_device_matmul),
         cmocka_unit_test(test_model_quantized),
         cmocka_unit_test(test_refusals),

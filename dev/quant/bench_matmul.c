@@ -33,7 +33,9 @@ int main(int argc, char **argv)
     void *scratch = aligned_alloc(64, llm_quant_scratch_bytes(LLM_QUANT_Q8_0, FF, PP) + 64 +
                                           llm_quant_scratch_bytes(LLM_QUANT_Q4_K, FF, PP));
     for (size_t i = 0; i < (size_t)PP * FF; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-    for (llm_quant_type t = LLM_QUANT_Q8_0; t <= LLM_QUANT_Q4_K; t++) {
+    static const llm_quant_type formats[] = {LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K, LLM_QUANT_MXFP4};
+    for (size_t fi = 0; fi < sizeof formats / sizeof *formats; fi++) {
+        llm_quant_type t = formats[fi];
         const llm_quant_traits *q = llm_quant_traits_of(t);
         size_t total = 0, off[LAYERS * MATS];
         for (int m = 0; m < LAYERS * MATS; m++) {
