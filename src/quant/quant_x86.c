@@ -399,7 +399,8 @@ V512 INLINE void tile_q4_K_512_n(float *out, size_t ldo, const uint8_t *w, size_
 }
 
 /* llm_e8m0_half of four E8M0 bytes (one an i32 lane): (e - 1) << 23 as f32 bits, or for e < 2 the subnormal
- * 2^-22 << e (0x00200000 << e); a scalar call each was a third of an MXFP4 decode's instructions. */
+ * 0x00200000 << e. With a scalar call each, bench_quant's MXFP4 decode read 13.6 GB/s against Q4_0's 18.4; now
+ * 18.2-18.6, and its prefill 158 -> 199-221 GFLOP/s. */
 V512 INLINE __m128 e8m0_half4(__m128i e)
 {
     __m128i normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
