@@ -480,7 +480,7 @@ static void test_attention_long(void **state)
         {8, 2, 96, 100, 50, 256},
     };
     /* Prompts deep in the cache through the tiled kernels with other families' attention: gpt-oss's (a window of
-     * 128 and sinks), Gemma 2's (its own scale, scores soft-capped at 50, a window of 4096 the cache passes), and a
+     * 128 and sinks), Gemma 2's (its own scale 1/16, scores soft-capped at 50, a window the prompt passes), and a
      * window smaller than a tile of queries; each kernel reads only the window's rows (the rows before it random,
      * so a kernel reading them is caught by its error) */
     static const struct {

@@ -740,8 +740,8 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
-static bool bf16_split = true; /* the accurate precision: BF16 products with x as hi + lo halves, MXFP4 in f32; the
-                                  fast one x as hi alone, or for MXFP4 rounded to 8 bits (LLM_PRECISION_FAST) */
+static bool accurate = true; /* LLM_PRECISION_ACCURATE: BF16 products with x as hi + lo halves, MXFP4's in f32; the
+                                fast precision: x as hi alone, MXFP4's x rounded to 8 bits a block (quantizes_x) */
 static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
@@ -791,7 +791,7 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
     }
     blas_users++;
     blas_threads = threads;
-    bf16_split = !opt || opt->precision != LLM_PRECISION_FAST;
+    accurate = !opt || opt->precision != LLM_PRECISION_FAST;
     openblas_set_num_threads(threads);
     return 0;
 }
@@ -998,7 +998,7 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
         {
 #pragma omp for schedule(static)
             for (size_t i = 0; i < m; i++)
-                split_bf16(xs + i * ldx, bf16_split ? xs + i * ldx + cpad : NULL, x + (i0 + i) * cols, cols, cpad);
+                split_bf16(xs + i * ldx, accurate ? xs + i * ldx + cpad : NULL, x + (i0 + i) * cols, cols, cpad);
             size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
             size_t share = ((rows + team - 1) / team + 3) / 4 * 4;
             size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
@@ -1006,7 +1006,7 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
                 size_t rm = end - r < 4 ? end - r : 4;
                 for (size_t i = 0; i < m; i += 4) {
                     size_t rn = m - i < 4 ? m - i : 4;
-                    bf16_tiles[bf16_split][rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, wd + r * cols, cols, xs + i * ldx,
+                    bf16_tiles[accurate][rm - 1][rn - 1](out + (i0 + i) * rows + r, rows, wd + r * cols, cols, xs + i * ldx,
                                                xs + i * ldx + cpad, ldx, cols);
                 }
             }
@@ -1085,26 +1085,30 @@ static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
     }
 }
 
+/* Block formats whose products round x to 8 bits a block and multiply in integers (matmul_quant, quant_dot.h), as
+ * llama.cpp does: all but FP8, and MXFP4 only in the fast precision (accurate: f32 products, dot_mxfp4_c; cuda's
+ * fast precision rounds its x to F16 instead). */
+static bool quantizes_x(llm_dtype t)
+{
+    return llm_dtype_is_block(t) && t != LLM_DTYPE_F8_E4M3_B128 && (t != LLM_DTYPE_MXFP4 || !accurate);
+}
+
 static void blas_matmul(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
 {
-    if (w->dtype == LLM_DTYPE_MXFP4 && bf16_split) {
-        /* the accurate precision: f32 products (dot_mxfp4_c), a row read once for every position; the fast one
-         * takes the integer products below, x rounded to 8 bits a block as for every block format (as llama.cpp
-         * does; cuda's fast precision rounds it to F16) */
+    if (quantizes_x(w->dtype)) {
+        matmul_quant(out, x, w, n);
+    } else if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
         matmul_rows(out, x, w, bias, n);
         return;
-    }
-    if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
+    } else if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
         /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly; in the
          * fast precision, where the CPU has AVX-512 BF16, BF16 tiles from BF16_MIN_N positions on */
-        if (bf16_gemm && !bf16_split && n >= BF16_MIN_N) {
+        if (bf16_gemm && !accurate && n >= BF16_MIN_N) {
             matmul_f8_bf16(out, x, w, n);
         } else if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
             matmul_rows(out, x, w, bias, n);
             return;
         }
-    } else if (llm_dtype_is_block(w->dtype)) {
-        matmul_quant(out, x, w, n);
     } else if (w->dtype == LLM_DTYPE_BF16 && bf16_gemm && n >= BF16_MIN_N) {
         matmul_bf16(out, x, w, n);
     } else if (n < GEMM_MIN_N || !matmul_gemm(out, x, w, n)) {
@@ -1329,7 +1333,7 @@ static void attention_tiles(float *out, const float *q, const char *k_cache, con
             t.q[l] = q + ((size_t)i * n_heads + h) * head_dim;
             t.o[l] = out + ((size_t)i * n_heads + h) * head_dim;
             t.len[l] = positions[i] + 1;
-            t.first[l] = p->window > 0 && t.len[l] > p->window ? t.len[l] - p->window : 0;
+            t.first[l] = llm_attention_first(t.len[l], p->window);
             t.sink[l] = p->sinks ? p->sinks[h] : -INFINITY;
         }
         size_t kv_off = llm_cache_row_bytes(p->cache, (size_t)g * head_dim);
@@ -1369,7 +1373,7 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
         int i = t / n_heads, h = t % n_heads;
         /* head g's part of a row: whole Q8_0 blocks, since head_dim is a multiple of 32 for that type */
         size_t kv_off = llm_cache_row_bytes(ct, (size_t)(h / group) * head_dim);
-        int len = positions[i] + 1, first = p->window > 0 && len > p->window ? len - p->window : 0;
+        int len = positions[i] + 1, first = llm_attention_first(len, p->window);
         attend(out + (size_t)t * head_dim, q + (size_t)t * head_dim, (const char *)k_cache + kv_off,
                (const char *)v_cache + kv_off, stride, ct, first, len, ctx, head_dim, p->scale, p->softcap,
                p->sinks ? p->sinks + h : NULL);
@@ -1515,9 +1519,7 @@ static void blas_experts(float *out, const float *x, const llm_experts *w, const
 {
     size_t picks = (size_t)n * top_k, E = (size_t)w->n_experts, rows = w->w[0].rows, cols = w->w[0].cols;
     size_t in_rows = (size_t)n * x_slots;
-    llm_dtype wt = w->w[0].dtype; /* FP8, and MXFP4 when accurate, multiply in f32 (their dot kernels); the rest
-                                     quantize x (blas_matmul) */
-    bool quant = llm_dtype_is_block(wt) && wt != LLM_DTYPE_F8_E4M3_B128 && (wt != LLM_DTYPE_MXFP4 || !bf16_split);
+    bool quant = quantizes_x(w->w[0].dtype); /* else each row's dot kernel */
     size_t xq_stride = quant ? llm_quant_scratch_bytes(llm_quant_of_dtype(w->w[0].dtype), cols, 1) : 0;
     size_t index = ((E + 1 + 2 * picks) * sizeof(size_t) + 63) / 64 * 64; /* start, order, used; then 64-aligned */
     size_t gathered = (size_t)n * (rows + cols) * sizeof(float), quantized = in_rows * xq_stride;

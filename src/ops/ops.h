@@ -60,6 +60,9 @@ typedef struct {
                            denominator (gpt-oss's self_attn.sinks; see attention); NULL: none */
 } llm_attention_params;
 
+/* The first position a query at position len - 1 sees (attention's T below): 0, or its window's first. */
+static inline int llm_attention_first(int len, int window) { return window > 0 && len > window ? len - window : 0; }
+
 /* The element types a KV cache may have (--cache-type), and the bytes of one cache row of kv_dim values. Q8_0 blocks
  * run along the row (32 values, one f16 scale, as ggml's block_q8_0), so kv_dim and head_dim are multiples of 32 and
  * no block straddles two heads. */

@@ -124,7 +124,7 @@ static void ref_attention(float *out, const float *q, const float *k, const floa
     int group = n_heads / n_kv_heads;
     for (int i = 0; i < n; i++) {
         int len = positions[i] + 1;
-        int first = p->window > 0 && len > p->window ? len - p->window : 0; /* rows first .. len-1 */
+        int first = llm_attention_first(len, p->window); /* rows first .. len-1 */
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + ((size_t)i * n_heads + h) * head_dim;
             size_t kv_off = (size_t)(h / group) * head_dim;
