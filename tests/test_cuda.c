@@ -478,6 +478,9 @@ static void test_attention_long(void **state)
         {6, 2, 12, 1, 300, 512},     {6, 2, 12, 40, 100, 256},
         /* Phi-3's head_dim 96 on the tensor cores */
         {8, 2, 96, 100, 50, 256},
+        /* head_dim 256 (Gemma): the kernel whose warp groups split the dimensions, a ragged last tile, more
+         * tiles than SMs */
+        {4, 1, 256, 300, 200, 1024}, {8, 4, 256, 64, 0, 128}, {16, 8, 256, 600, 0, 1024},
     };
     /* Prompts deep in the cache through the tiled kernels with other families' attention: gpt-oss's (a window of
      * 128 and sinks), Gemma 2's (its own scale 1/16, scores soft-capped at 50, a window the prompt passes), and a
@@ -490,6 +493,10 @@ static void test_attention_long(void **state)
         {{64, 8, 64, 300, 3000, 4096}, {0.0f, 0.0f, 128, 1}},
         {{8, 4, 128, 200, 3800, 4096}, {1.0f / 16.0f, 50.0f, 3000, 0}},
         {{16, 2, 32, 130, 700, 1024}, {0.0f, 0.0f, 40, 1}},
+        /* head_dim 256: Gemma 3's windowed layer (512), Gemma 2's soft-capped one, sinks */
+        {{4, 1, 256, 200, 700, 1024}, {0.0f, 0.0f, 512, 0}},
+        {{8, 4, 256, 130, 3000, 4096}, {1.0f / 16.0f, 50.0f, 3000, 0}},
+        {{8, 2, 256, 70, 300, 512}, {0.0f, 0.0f, 100, 1}},
     };
     /* every cache type cuda takes, each kernel (split-KV decode with its staged rows, the tiled prefill) reading it */
     static const llm_dtype types[] = {LLM_DTYPE_F32, LLM_DTYPE_F16, LLM_DTYPE_BF16};

@@ -44,8 +44,8 @@ static const struct {
         {"attention_params",
          "attention with a sliding window, a soft-cap, sinks or its own scale: its KV store not in the q/k/v "
          "product's epilogue; the persistent step takes a window, a soft-cap or a scale (head_dim up to 128, or 256), "
-         "not sinks; batches take the tensor-core prefill kernel as Llama's do (head_dim 16-128; others, Gemma 3's 256 "
-         "among them, a kernel a (token, head))"},
+         "not sinks; batches take the tensor-core prefill kernel as Llama's do (head_dim 16-128, and 256 on Hopper; "
+         "others a kernel a (token, head))"},
     [LLM_REFUSE_GLU_ACT] =
         {"glu_act",
          "glu with tanh-GELU (GeGLU) or gpt-oss's clamped SwiGLU: its own kernel, without the split for the next "

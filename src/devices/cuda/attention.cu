@@ -6,10 +6,11 @@
  *    splits, launched as one thread-block cluster, merge through distributed shared memory (no second launch).
  *  - prefill (a batch): tiled causal attention, 64 queries x 32 keys per tile with an online softmax; the score
  *    matrix never leaves the block. On the tensor cores (mma.sync TF32, each f32 operand split in hi + lo: f32
- *    accuracy) for head_dim 16, 32, 64, 96 and 128, with any scale, soft-cap, sliding window (a tile reads from its
- *    first query's window on, a ring's rows where the cache is one) and sinks (in the denominator at the end); the
- *    f32 SIMT kernel (Llama's attention only) for 256 or with LLM_CUDA_ATTN=simt. Other batches take the decode
- *    kernel a token a grid row, or family.cu's kernel a (token, head) (ops.cu decides).
+ *    accuracy) for head_dim 16, 32, 64, 96 and 128, and 256 where a block's shared memory holds its tiles
+ *    (Hopper), with any scale, soft-cap, sliding window (a tile reads from its first query's window on, a ring's
+ *    rows where the cache is one) and sinks (in the denominator at the end); the f32 SIMT kernel (Llama's attention
+ *    only) for 256 elsewhere or with LLM_CUDA_ATTN=simt. Other batches take the decode kernel a token a grid row, or
+ *    family.cu's kernel a (token, head) (ops.cu decides).
  * Positions are read from device memory in both. Not here: rope (fused into the q/k/v GEMV, or kernels.cu). */
 #include <limits.h>
 #include <math.h>
@@ -187,12 +188,24 @@ __device__ __forceinline__ size_t ring_row(int t, int ctx) { return (size_t)(t <
 /* Whether position p sees row t: causal, and within the window where the layer has one (ops.h's T). */
 __device__ __forceinline__ bool sees(int t, int p, int sliding) { return t <= p && (sliding == 0 || t > p - sliding); }
 
-/* A scaled score, soft-capped where the layer caps them (ops.h), or -inf for a row position p does not see. */
-__device__ __forceinline__ float tile_score(float dot, int t, int p, const attn_args &a)
+/* What a tiled kernel applies to a score: the attention's scale, soft-cap and window; in a kernel's PLAIN instance
+ * (Llama's layers, Gemma 3's global ones) the cap and the window are constants 0 and their code folds away. */
+typedef struct {
+    float scale, softcap;
+    int sliding;
+} tile_mask;
+
+template <bool PLAIN> __device__ __forceinline__ tile_mask mask_of(const attn_args &a)
 {
-    if (!sees(t, p, a.sliding)) return -INFINITY;
-    const float s = dot * a.scale;
-    return a.softcap > 0.0f ? a.softcap * tanhf(s / a.softcap) : s;
+    return {a.scale, PLAIN ? 0.0f : a.softcap, PLAIN ? 0 : a.sliding};
+}
+
+/* A scaled score, soft-capped where the layer caps them (ops.h), or -inf for a row position p does not see. */
+__device__ __forceinline__ float tile_score(float dot, int t, int p, const tile_mask &mk)
+{
+    if (!sees(t, p, mk.sliding)) return -INFINITY;
+    const float s = dot * mk.scale;
+    return mk.softcap > 0.0f ? mk.softcap * tanhf(s / mk.softcap) : s;
 }
 
 /* The first and last positions of a query tile's rows [i0, i0 + BQ) (those below n), into shared memory; every
@@ -712,19 +725,19 @@ __device__ __forceinline__ void store_pairs4(uint2 *dst, float4 v)
     *(uint4 *)(dst + 2) = b;
 }
 
-/* The K and V rows t0 .. t0 + TC_ROWS - 1 of head kv_off as {hi, lo} pairs; rows past t_last are zeros. All loads
+/* The K and V rows t0 .. t0 + ROWS - 1 of head kv_off as {hi, lo} pairs; rows past t_last are zeros. All loads
  * of a thread are issued before its first split, so their latencies overlap. (A 16-bit cache's values are exact in
  * TF32, lo 0: the split costs the same and stays one code.) */
-template <int HD, typename T>
+template <int HD, int ROWS, int THREADS, typename T>
 __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_args &a, size_t kv_off, int t0,
                                               int t_last)
 {
-    constexpr int C4 = HD / 4, PER = TC_ROWS * C4 / TC_THREADS; /* float4s of K (and of V) per thread */
-    static_assert(TC_ROWS * C4 % TC_THREADS == 0, "whole float4s per thread");
+    constexpr int C4 = HD / 4, PER = ROWS * C4 / THREADS; /* float4s of K (and of V) per thread */
+    static_assert(ROWS * C4 % THREADS == 0, "whole float4s per thread");
     float4 k[PER], v[PER];
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        int idx = threadIdx.x + u * TC_THREADS, r = idx / C4, c = (idx - r * C4) * 4, key = t0 + r;
+        int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4, key = t0 + r;
         k[u] = v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (key <= t_last) {
             size_t off = ring_row(key, a.ctx) * a.kv_dim + kv_off + c;
@@ -734,15 +747,97 @@ __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_a
     }
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        int idx = threadIdx.x + u * TC_THREADS, r = idx / C4, c = (idx - r * C4) * 4;
+        int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4;
         store_pairs4(Kp + r * tc_ld<HD>::QK + c, k[u]);
         store_pairs4(Vp + r * tc_ld<HD>::V + c, v[u]);
     }
 }
 
-template <int HD, typename T>
+/* The positions of a thread's rows ra and ra + 8 (-1 past n), and the rows of the cache its warp's rows see:
+ * warp_first (INT_MAX - ... where the warp has no rows: none) to warp_max. */
+__device__ __forceinline__ void warp_rows(const attn_args &a, int sliding, int ra, int &pos_a, int &pos_b,
+                                          int &warp_first, int &warp_max)
+{
+    const int rb = ra + 8;
+    pos_a = ra < a.n ? a.positions[ra] : -1, pos_b = rb < a.n ? a.positions[rb] : -1;
+    int hi = max(pos_a, pos_b), lo = min(pos_a < 0 ? INT_MAX : pos_a, pos_b < 0 ? INT_MAX : pos_b);
+    for (int o = 16; o > 0; o >>= 1) {
+        hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+        lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    }
+    warp_first = tile_first_row(lo, sliding), warp_max = hi;
+}
+
+/* A slice of NT * 8 keys from t0 into the running softmax of the thread's rows a and b (positions pos_a, pos_b;
+ * -1: no row): s, Q K^T in the mma accumulator layout (rows a, b; keys t0 + 8j + 2t and + 1), is scored
+ * (tile_score), the quad that shares a row finds the new maxima, the running sums l (this thread's columns; the
+ * quad's partial sums meet at the end) are rescaled by the returned al and the slice's probabilities added; the
+ * probabilities come back as P's A fragments in {hi, lo}. */
+template <int NT>
+__device__ __forceinline__ void tile_softmax(float (&s)[NT][4], int t0, int t, int pos_a, int pos_b,
+                                             const tile_mask &mk, float &m_a, float &m_b, float &l_a, float &l_b,
+                                             float &al_a, float &al_b, uint32_t (&ph)[NT][4], uint32_t (&pl)[NT][4])
+{
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        int key = t0 + j * 8 + 2 * t;
+        s[j][0] = tile_score(s[j][0], key, pos_a, mk), s[j][1] = tile_score(s[j][1], key + 1, pos_a, mk);
+        s[j][2] = tile_score(s[j][2], key, pos_b, mk), s[j][3] = tile_score(s[j][3], key + 1, pos_b, mk);
+        mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+        mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
+    }
+    for (int o = 1; o < 4; o <<= 1) {
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o));
+    }
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    al_a = m_a == -INFINITY ? 0.0f : expf(m_a - mn_a);
+    al_b = m_b == -INFINITY ? 0.0f : expf(m_b - mn_b);
+    m_a = mn_a, m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            s[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn_a);
+            s[j][2 + e] = s[j][2 + e] == -INFINITY ? 0.0f : expf(s[j][2 + e] - mn_b);
+            sum_a += s[j][e], sum_b += s[j][2 + e];
+        }
+        /* A fragment of slice j in the order 0, 2, 4, 6, 1, 3, 5, 7: column t is key 2t, column t + 4 is key 2t + 1
+         * -- exactly this thread's accumulator elements */
+        tf32_split(s[j][0], ph[j][0], pl[j][0]);
+        tf32_split(s[j][2], ph[j][1], pl[j][1]);
+        tf32_split(s[j][1], ph[j][2], pl[j][2]);
+        tf32_split(s[j][3], ph[j][3], pl[j][3]);
+    }
+    l_a = l_a * al_a + sum_a;
+    l_b = l_b * al_b + sum_b;
+}
+
+/* o = o * al + P V over OT * 8 columns of V's slice rows (Vs at the first column, rows LDV apart, in {hi, lo}
+ * pairs). Each 8 columns' product on the tensor cores from zero, then added in f32 FMA: a long chain of accumulating
+ * mma steps (their adds do not round to nearest) loses accuracy over thousands of keys. */
+template <int NT, int OT, int LDV>
+__device__ __forceinline__ void tile_pv(float (&o)[OT][4], const uint32_t (&ph)[NT][4], const uint32_t (&pl)[NT][4],
+                                        const uint2 *Vs, int g, int t, float al_a, float al_b)
+{
+#pragma unroll
+    for (int j = 0; j < OT; j++) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kc = 0; kc < NT; kc++)
+            mma_3xtf32(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LDV + j * 8 + g],
+                       Vs[(kc * 8 + 2 * t + 1) * LDV + j * 8 + g]);
+        o[j][0] = o[j][0] * al_a + d[0], o[j][1] = o[j][1] * al_a + d[1];
+        o[j][2] = o[j][2] * al_b + d[2], o[j][3] = o[j][3] * al_b + d[3];
+    }
+}
+
+template <int HD, typename T, bool PLAIN>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __grid_constant__ attn_args a)
 {
+    const tile_mask mk = mask_of<PLAIN>(a);
     constexpr int LD = tc_ld<HD>::QK, LDV = tc_ld<HD>::V, NT = TC_BK / 8, OT = HD / 8;
     extern __shared__ float4 smem4[];
     uint2 *Qp = (uint2 *)smem4;        /* (TC_BQ, LD) */
@@ -760,7 +855,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     const uint2 *Ks = Kp + grp * TC_BK * LD, *Vs = Vp + grp * TC_BK * LDV;
 
     tile_positions<TC_BQ>(a, i0, &tile_lo, &tile_hi);
-    const int t_first = tile_first_row(tile_lo, a.sliding), t_last = tile_hi;
+    const int t_first = tile_first_row(tile_lo, mk.sliding), t_last = tile_hi;
 #pragma unroll
     for (int idx = tid; idx < TC_BQ * (HD / 4); idx += TC_THREADS) {
         int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4;
@@ -769,13 +864,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
         store_pairs4(Qp + r * LD + c, v);
     }
     const int ra = i0 + wrow + g, rb = ra + 8;
-    const int pos_a = ra < a.n ? a.positions[ra] : -1, pos_b = rb < a.n ? a.positions[rb] : -1;
-    int warp_max = max(pos_a, pos_b), warp_min = min(pos_a < 0 ? INT_MAX : pos_a, pos_b < 0 ? INT_MAX : pos_b);
-    for (int o = 16; o > 0; o >>= 1) {
-        warp_max = max(warp_max, __shfl_xor_sync(0xffffffffu, warp_max, o));
-        warp_min = min(warp_min, __shfl_xor_sync(0xffffffffu, warp_min, o));
-    }
-    const int warp_first = tile_first_row(warp_min, a.sliding); /* (INT_MAX - ... without rows: none seen) */
+    int pos_a, pos_b, warp_first, warp_max;
+    warp_rows(a, mk.sliding, ra, pos_a, pos_b, warp_first, warp_max);
 
     float o_acc[OT][4];
 #pragma unroll
@@ -783,7 +873,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
     for (int tt = t_first; tt <= t_last; tt += TC_ROWS) {
-        load_kv_pairs<HD, T>(Kp, Vp, a, kv_off, tt, t_last);
+        load_kv_pairs<HD, TC_ROWS, TC_THREADS, T>(Kp, Vp, a, kv_off, tt, t_last);
         __syncthreads();
         const int t0 = tt + grp * TC_BK; /* this group's keys */
 
@@ -799,54 +889,10 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
                 for (int j = 0; j < NT; j++)
                     mma_3xtf32(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
             }
-            float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                int key = t0 + j * 8 + 2 * t;
-                s[j][0] = tile_score(s[j][0], key, pos_a, a), s[j][1] = tile_score(s[j][1], key + 1, pos_a, a);
-                s[j][2] = tile_score(s[j][2], key, pos_b, a), s[j][3] = tile_score(s[j][3], key + 1, pos_b, a);
-                mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
-                mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
-            }
-            for (int o = 1; o < 4; o <<= 1) {
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o));
-            }
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            const float al_a = m_a == -INFINITY ? 0.0f : expf(m_a - mn_a);
-            const float al_b = m_b == -INFINITY ? 0.0f : expf(m_b - mn_b);
-            m_a = mn_a, m_b = mn_b;
-            float sum_a = 0.0f, sum_b = 0.0f;
+            float al_a, al_b;
             uint32_t ph[NT][4], pl[NT][4];
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    s[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn_a);
-                    s[j][2 + e] = s[j][2 + e] == -INFINITY ? 0.0f : expf(s[j][2 + e] - mn_b);
-                    sum_a += s[j][e], sum_b += s[j][2 + e];
-                }
-                /* A fragment of slice j in the order 0, 2, 4, 6, 1, 3, 5, 7: column t is key 2t, column t + 4 is
-                 * key 2t + 1 -- exactly this thread's accumulator elements */
-                tf32_split(s[j][0], ph[j][0], pl[j][0]);
-                tf32_split(s[j][2], ph[j][1], pl[j][1]);
-                tf32_split(s[j][1], ph[j][2], pl[j][2]);
-                tf32_split(s[j][3], ph[j][3], pl[j][3]);
-            }
-            l_a = l_a * al_a + sum_a; /* this thread's columns; the quad's partial sums meet at the end */
-            l_b = l_b * al_b + sum_b;
-            /* This slice's P V on the tensor cores from zero, then added in f32 FMA: a long chain of accumulating
-             * mma steps (their adds do not round to nearest) loses accuracy over thousands of keys. */
-#pragma unroll
-            for (int j = 0; j < OT; j++) {
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int kc = 0; kc < NT; kc++)
-                    mma_3xtf32(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LDV + j * 8 + g],
-                               Vs[(kc * 8 + 2 * t + 1) * LDV + j * 8 + g]);
-                o_acc[j][0] = o_acc[j][0] * al_a + d[0], o_acc[j][1] = o_acc[j][1] * al_a + d[1];
-                o_acc[j][2] = o_acc[j][2] * al_b + d[2], o_acc[j][3] = o_acc[j][3] * al_b + d[3];
-            }
+            tile_softmax(s, t0, t, pos_a, pos_b, mk, m_a, m_b, l_a, l_b, al_a, al_b, ph, pl);
+            tile_pv<NT, OT, LDV>(o_acc, ph, pl, Vs, g, t, al_a, al_b);
         }
         __syncthreads(); /* the tile is overwritten next step */
     }
@@ -895,14 +941,152 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     }
 }
 
+/* Whether a batch's attention is Llama's as far as a tiled kernel's scores go: no window, no soft-cap (its PLAIN
+ * instance; dropping their code from the loop took TinyLlama's pp512 back by 4 %, dev/cuda/notes.md version 147). */
+static bool plain_scores(const attn_args *a) { return a->sliding == 0 && a->softcap == 0.0f; }
+
 template <int HD, typename T> static bool launch_prefill_tc(const attn_args *a)
 {
-    const void *kernel = (const void *)attn_prefill_tc_kernel<HD, T>;
+    const void *kernel = plain_scores(a) ? (const void *)attn_prefill_tc_kernel<HD, T, true>
+                                         : (const void *)attn_prefill_tc_kernel<HD, T, false>;
     if (!llm_cuda_allow_smem(kernel, "attention")) return false;
     unsigned blocks = (unsigned)((a->n + TC_BQ - 1) / TC_BQ) * (unsigned)a->n_heads;
-    attn_prefill_tc_kernel<HD, T><<<blocks, TC_THREADS, prefill_tc_smem<HD>(), llm_cuda.stream>>>(*a);
-    return LLM_CUDA_LAUNCHED("attention");
+    void *args[] = {(void *)a};
+    return LLM_CUDA_CHECK("attention", cudaLaunchKernel(kernel, dim3(blocks), dim3(TC_THREADS), args,
+                                                        prefill_tc_smem<HD>(), llm_cuda.stream));
 }
+
+/* head_dim 256 (Gemma): the kernel above's 64 queries a block would hold 128 output floats a thread and 400 KB of
+ * {hi, lo} tiles. Here the two warp groups split the head's dimensions instead of the keys: group d owns output
+ * columns 128d .. 128d + 127, and takes Q K^T over those dimensions only; the two partial scores of a row meet
+ * through shared memory (each warp adds its partner's, the same sum in both), and both warps then run the same
+ * softmax. Q stays f32 in shared memory and is split as its fragments are read (a Q element is read by one warp
+ * only); a step reads 32 keys. 64 queries a block (a warp pair each 16): 210 KB of shared memory, one block an SM.
+ * (Tiles of 32 queries, twice the blocks for gemma-3-1b's 4 heads, measured the same: 65.2 k tok/s at pp512
+ * against 64.4 k, 53.1 k at pp2048 against 53.1 k; dev/cuda/notes.md version 147.) */
+#define TC_WIDE_HD 256
+#define TC_WIDE_LDQ (TC_WIDE_HD + 4) /* floats: the fragment reads (rows g, columns t) fall in distinct banks */
+
+static size_t prefill_tc_wide_smem()
+{
+    constexpr int HD = TC_WIDE_HD;
+    return (size_t)TC_BQ * TC_WIDE_LDQ * sizeof(float) +
+           ((size_t)TC_BK * tc_ld<HD>::QK + (size_t)TC_BK * tc_ld<HD>::V) * sizeof(uint2) +
+           (size_t)TC_THREADS * TC_BK / 2 * sizeof(float);
+}
+
+/* A fragment (16 x 8, row-major f32 with stride ld) at column k0, split into hi and lo as it is read. */
+__device__ __forceinline__ void load_a_split(uint32_t (&ah)[4], uint32_t (&al)[4], const float *base, int ld, int k0,
+                                             int g, int t)
+{
+    tf32_split(base[g * ld + k0 + t], ah[0], al[0]);
+    tf32_split(base[(g + 8) * ld + k0 + t], ah[1], al[1]);
+    tf32_split(base[g * ld + k0 + t + 4], ah[2], al[2]);
+    tf32_split(base[(g + 8) * ld + k0 + t + 4], ah[3], al[3]);
+}
+
+template <typename T, bool PLAIN>
+__global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_wide_kernel(const __grid_constant__ attn_args a)
+{
+    constexpr int HD = TC_WIDE_HD, HALF = HD / 2, LDQ = TC_WIDE_LDQ, LD = tc_ld<HD>::QK, LDV = tc_ld<HD>::V;
+    constexpr int BQ = TC_BQ, PAIRS = BQ / 16, THREADS = TC_THREADS;
+    static_assert(2 * PAIRS * 32 == THREADS, "a warp pair a 16 rows");
+    constexpr int NT = TC_BK / 8, OT = HALF / 8, SX = NT * 4; /* SX: a thread's partial scores */
+    const tile_mask mk = mask_of<PLAIN>(a);
+    extern __shared__ float4 smem4[];
+    float *Qs = (float *)smem4;              /* (BQ, LDQ) */
+    uint2 *Ks = (uint2 *)(Qs + BQ * LDQ);    /* (TC_BK, LD) */
+    uint2 *Vs = Ks + TC_BK * LD;             /* (TC_BK, LDV) */
+    float *Sx = (float *)(Vs + TC_BK * LDV); /* (warps, SX, 32): each warp's partial scores, lane fastest */
+    __shared__ int tile_lo, tile_hi;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int pair = warp % PAIRS, d0 = warp / PAIRS * HALF, wrow = pair * 16; /* warps pair and pair + PAIRS */
+    const int n_tiles = (a.n + BQ - 1) / BQ;
+    const int tile = n_tiles - 1 - (int)blockIdx.x / a.n_heads, h = (int)blockIdx.x % a.n_heads, i0 = tile * BQ;
+    const size_t q_stride = (size_t)a.n_heads * HD, kv_off = (size_t)(h / a.group) * HD;
+    const float *Qw = Qs + wrow * LDQ;
+    float *mine = Sx + warp * SX * 32 + lane, *theirs = Sx + (warp + PAIRS) % (2 * PAIRS) * SX * 32 + lane;
+
+    tile_positions<BQ>(a, i0, &tile_lo, &tile_hi);
+    const int t_first = tile_first_row(tile_lo, mk.sliding), t_last = tile_hi;
+#pragma unroll
+    for (int idx = tid; idx < BQ * (HD / 4); idx += THREADS) {
+        int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i0 + r < a.n) v = *(const float4 *)(a.q + (size_t)(i0 + r) * q_stride + (size_t)h * HD + c);
+        *(float4 *)(Qs + r * LDQ + c) = v;
+    }
+    const int ra = i0 + wrow + g, rb = ra + 8;
+    int pos_a, pos_b, warp_first, warp_max;
+    warp_rows(a, mk.sliding, ra, pos_a, pos_b, warp_first, warp_max);
+
+    float o_acc[OT][4];
+#pragma unroll
+    for (int j = 0; j < OT; j++) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+
+    for (int t0 = t_first; t0 <= t_last; t0 += TC_BK) {
+        load_kv_pairs<HD, TC_BK, THREADS, T>(Ks, Vs, a, kv_off, t0, t_last);
+        __syncthreads();
+        if (t0 <= warp_max && t0 + TC_BK > warp_first) { /* the same for both warps of a pair: their rows */
+            float s[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll 4
+            for (int k0 = d0; k0 < d0 + HALF; k0 += 8) {
+                uint32_t ah[4], al[4];
+                load_a_split(ah, al, Qw, LDQ, k0, g, t);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    mma_3xtf32(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
+            }
+#pragma unroll
+            for (int e = 0; e < SX; e++) mine[e * 32] = s[e / 4][e % 4];
+            /* the pair's barrier (ids 1 .. PAIRS): both partial scores written. The partner has read this warp's
+             * before it is written again: that is after the block's barrier at the end of the step. */
+            asm volatile("bar.sync %0, 64;" ::"r"(1 + pair) : "memory");
+#pragma unroll
+            for (int e = 0; e < SX; e++) s[e / 4][e % 4] += theirs[e * 32];
+            float al_a, al_b;
+            uint32_t ph[NT][4], pl[NT][4];
+            tile_softmax(s, t0, t, pos_a, pos_b, mk, m_a, m_b, l_a, l_b, al_a, al_b, ph, pl);
+            tile_pv<NT, OT, LDV>(o_acc, ph, pl, Vs + d0, g, t, al_a, al_b);
+        }
+        __syncthreads(); /* the tile is overwritten next step */
+    }
+
+    for (int o = 1; o < 4; o <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, o);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, o);
+    }
+    float sa, sb; /* (1 without sinks) */
+    const float La = sink_denominator(a, h, m_a, l_a, sa), Lb = sink_denominator(a, h, m_b, l_b, sb);
+    if (ra < a.n) {
+        float *orow = a.out + (size_t)ra * q_stride + (size_t)h * HD + d0;
+#pragma unroll
+        for (int j = 0; j < OT; j++)
+            *(float2 *)(orow + j * 8 + 2 * t) = make_float2(o_acc[j][0] * sa / La, o_acc[j][1] * sa / La);
+    }
+    if (rb < a.n) {
+        float *orow = a.out + (size_t)rb * q_stride + (size_t)h * HD + d0;
+#pragma unroll
+        for (int j = 0; j < OT; j++)
+            *(float2 *)(orow + j * 8 + 2 * t) = make_float2(o_acc[j][2] * sb / Lb, o_acc[j][3] * sb / Lb);
+    }
+}
+
+template <typename T> static bool launch_prefill_tc_wide(const attn_args *a)
+{
+    const void *kernel = plain_scores(a) ? (const void *)attn_prefill_tc_wide_kernel<T, true>
+                                         : (const void *)attn_prefill_tc_wide_kernel<T, false>;
+    if (!llm_cuda_allow_smem(kernel, "attention")) return false;
+    unsigned blocks = (unsigned)((a->n + TC_BQ - 1) / TC_BQ) * (unsigned)a->n_heads;
+    void *args[] = {(void *)a};
+    return LLM_CUDA_CHECK("attention", cudaLaunchKernel(kernel, dim3(blocks), dim3(TC_THREADS), args,
+                                                        prefill_tc_wide_smem(), llm_cuda.stream));
+}
+
 
 template <int HD, typename T> static bool launch_prefill(const attn_args *a)
 {
@@ -1004,14 +1188,16 @@ template <int DPL, typename T> static void launch_decode_w(attn_args *a, int ctx
         launch_decode<DPL, DEC_MAX_WARPS, T>(a, ctx);
 }
 
+/* Whether the GPU gives a block the head_dim 256 kernel's shared memory (Hopper's 227 KB; not an A100's 163). */
+static bool wide_fits() { return prefill_tc_wide_smem() + 64 /* its static bounds */ <= llm_cuda.smem_optin; }
+
 /* Head dims whose batches take a tiled kernel whatever the attention's parameters: the tensor cores'. The f32 SIMT
- * kernel (head_dim 256, and LLM_CUDA_ATTN=simt) computes Llama's attention only: Gemma 3's windowed layers stay on
- * family.cu's kernel a (token, head). The SIMT kernel extended to windows took them slower (gemma-3-1b pp512 on an
- * H200: 61.4 -> 59.1-59.6 k tok/s; its tiles there are 32 blocks: 4 heads, 8 tiles of 64 queries). */
+ * kernel (head_dim 256 off Hopper, and LLM_CUDA_ATTN=simt) computes Llama's attention only: other families' layers
+ * then take family.cu's kernel a (token, head). */
 bool llm_cuda_attention_tiled(int head_dim)
 {
-    return !llm_cuda.attn_simt &&
-           (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128);
+    return !llm_cuda.attn_simt && (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 96 ||
+                                   head_dim == 128 || (head_dim == TC_WIDE_HD && wide_fits()));
 }
 
 /* The kernels for a cache of element type T: the tiled ones for a batch where head_dim has an instance, else the
@@ -1026,6 +1212,12 @@ template <typename T> static void launch_typed(attn_args *a, int ctx, bool llama
         case 64: launch_prefill_tc<64, T>(a); return;
         case 96: launch_prefill_tc<96, T>(a); return;
         case 128: launch_prefill_tc<128, T>(a); return;
+        case TC_WIDE_HD:
+            if (wide_fits()) {
+                launch_prefill_tc_wide<T>(a);
+                return;
+            }
+            break;
         default: break;
         }
     }
