@@ -943,7 +943,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
 
 /* Whether a batch's attention is Llama's as far as a tiled kernel's scores go: no window, no soft-cap (its PLAIN
  * instance; dropping their code from the loop took TinyLlama's pp512 back by 4 %, dev/cuda/notes.md version 147). */
-static bool plain_scores(const attn_args *a) { return a->sliding == 0 && a->softcap == 0.0f; }
+static bool plain_scores(const attn_args *a) { return a->sliding == 0 && !(a->softcap > 0.0f); }
 
 template <int HD, typename T> static bool launch_prefill_tc(const attn_args *a)
 {
@@ -972,7 +972,7 @@ static size_t prefill_tc_wide_smem()
     constexpr int HD = TC_WIDE_HD;
     return (size_t)TC_BQ * TC_WIDE_LDQ * sizeof(float) +
            ((size_t)TC_BK * tc_ld<HD>::QK + (size_t)TC_BK * tc_ld<HD>::V) * sizeof(uint2) +
-           (size_t)TC_THREADS * TC_BK / 2 * sizeof(float);
+           (size_t)TC_THREADS * (TC_BK / 8 * 4) * sizeof(float); /* the exchange: a thread's partial scores */
 }
 
 /* A fragment (16 x 8, row-major f32 with stride ld) at column k0, split into hi and lo as it is read. */
