@@ -832,7 +832,6 @@ static struct {
     int live; /* matrices in it */
 } arenas[MAX_ARENAS];
 static int n_arenas;
-static size_t copied_bytes; /* the arenas' mapped bytes */
 
 /* A new arena of at least `bytes`, starting on a huge-page boundary, or -1 (no memory to spare: the caller's
  * matrix stays mapped). */
@@ -851,7 +850,6 @@ static int arena_new(size_t bytes)
     madvise(start, len, MADV_HUGEPAGE); /* advice only: without THP this is an ordinary copy */
     arenas[n_arenas].base = start, arenas[n_arenas].len = len, arenas[n_arenas].used = 0;
     arenas[n_arenas].live = 0;
-    copied_bytes += len;
     return n_arenas++;
 }
 
@@ -894,7 +892,6 @@ static void blas_weight_free(llm_weight *w)
         if ((char *)w->data >= arenas[a].base && (char *)w->data < arenas[a].base + arenas[a].len) {
             if (--arenas[a].live == 0) {
                 munmap(arenas[a].base, arenas[a].len);
-                copied_bytes -= arenas[a].len;
                 arenas[a] = arenas[--n_arenas];
             }
             break;
@@ -905,7 +902,7 @@ static void blas_weight_free(llm_weight *w)
 static void blas_memory(llm_device_memory *out)
 {
     llm_host_memory(out);
-    out->allocated += copied_bytes; /* the huge-page copies of the weights (see weight_load) */
+    for (int a = 0; a < n_arenas; a++) out->allocated += arenas[a].len; /* the weights' copies (weight_load) */
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
