@@ -263,15 +263,17 @@ static float rng_unit(void) /* uniform on [-1, 1) */
 
 /* The activations as the fast product sees them (quant_dot.h): each block of B values replaced by the nearest point
  * of its grid, d = max|x| / 127 apart. Written here from that definition, not taken from the code under test. */
-static void grid_activations(float *xg, float *err, const float *x, size_t cols, size_t B)
+static void grid_activations(float *xg, float *err, const float *x, size_t cols, size_t B, bool fine)
 {
     for (size_t b = 0; b < cols / B; b++) {
         float amax = 0.0f;
         for (size_t j = 0; j < B; j++) amax = fmaxf(amax, fabsf(x[b * B + j]));
         float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
         for (size_t j = 0; j < B; j++) {
-            xg[b * B + j] = d * rintf(x[b * B + j] * id);
-            err[b * B + j] = d / 2 * 1.001f; /* half a step, with room for the rounding of d and id */
+            float v = x[b * B + j] * id, q = rintf(v);
+            /* Q8_0's x in two halves (quant_impl.h): the grid 128 times finer */
+            xg[b * B + j] = fine ? d / 128.0f * (128.0f * q + rintf((v - q) * 128.0f)) : d * q;
+            err[b * B + j] = (fine ? d / 256 : d / 2) * 1.001f; /* half a step, with room for d's and id's rounding */
         }
     }
 }
@@ -317,7 +319,8 @@ static double check_product(const llm_quant_kernels *k, llm_quant_type t, shape 
     for (size_t i = 0; i < s.n * s.cols; i++) x[i] = rng_unit() * (i % 97 == 0 ? 20.0f : 1.0f); /* outliers */
     q->quantize(w, wf, s.rows * s.cols);
     q->dequantize(wf, w, s.rows * s.cols); /* wf now holds the weights exactly as stored */
-    for (size_t i = 0; i < s.n; i++) grid_activations(xg + i * s.cols, err + i * s.cols, x + i * s.cols, s.cols, B);
+    for (size_t i = 0; i < s.n; i++)
+        grid_activations(xg + i * s.cols, err + i * s.cols, x + i * s.cols, s.cols, B, t == LLM_QUANT_Q8_0);
     llm_quant_matmul_ref(ref, x, w, t, s.rows, s.cols, s.n);
     llm_quant_matmul_ref(refg, xg, w, t, s.rows, s.cols, s.n);
     for (size_t i = 0; i < s.n * s.rows; i++) got[i] = NAN;
@@ -364,8 +367,8 @@ static void test_activation_bytes(void **state)
         unsigned char *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
         assert_true(a && b);
         memset(a, 0, bytes), memset(b, 0, bytes);
-        portable->quantize_x(a, x, COLS, B);
-        k->quantize_x(b, x, COLS, B);
+        portable->quantize_x(a, x, COLS, t);
+        k->quantize_x(b, x, COLS, t);
         print_message("%s activations in blocks of %zu: %s agrees with portable\n", k->name, B, k->name);
         assert_memory_equal(a, b, bytes);
         free(a), free(b);
@@ -430,7 +433,7 @@ static void test_mxfp4_scales(void **state)
         }
     llm_mxfp4_dequantize(wf, w, ROWS * COLS);
     for (size_t i = 0; i < N * COLS; i++) x[i] = rng_unit();
-    for (size_t i = 0; i < N; i++) grid_activations(xg + i * COLS, err + i * COLS, x + i * COLS, COLS, 32);
+    for (size_t i = 0; i < N; i++) grid_activations(xg + i * COLS, err + i * COLS, x + i * COLS, COLS, 32, false);
     llm_quant_matmul_ref(ref, xg, w, LLM_QUANT_MXFP4, ROWS, COLS, N);
     void *scratch = aligned_alloc(64, (llm_quant_scratch_bytes(LLM_QUANT_MXFP4, COLS, N) + 63) / 64 * 64);
     assert_non_null(scratch);

@@ -1094,8 +1094,8 @@ static void matmul_f8_bf16(float *out, const float *x, const llm_weight *w, int 
     }
 }
 
-/* Block-quantized weights: activations quantized to 8 bits a block (into the scratch, as many positions at a time
- * as it holds), integer dot products (quant_dot.h). */
+/* Block-quantized weights: activations quantized a block (8 bits, or 15 for Q8_0 weights; into the scratch, as many
+ * positions at a time as it holds), integer dot products (quant_dot.h). */
 static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
 {
     llm_quant_type t = llm_quant_of_dtype(w->dtype);
@@ -1108,8 +1108,8 @@ static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
     }
 }
 
-/* Block formats whose products round x to 8 bits a block and multiply in integers (matmul_quant, quant_dot.h), as
- * llama.cpp does: all but FP8, and MXFP4 only in the fast precision (accurate: f32 products, dot_mxfp4_c; cuda's
+/* Block formats whose products round x a block and multiply in integers (matmul_quant, quant_dot.h), as llama.cpp
+ * does: all but FP8, and MXFP4 only in the fast precision (accurate: f32 products, dot_mxfp4_c; cuda's
  * fast precision rounds its x to F16 instead). */
 static bool quantizes_x(llm_dtype t)
 {

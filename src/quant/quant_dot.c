@@ -37,14 +37,18 @@ static inline int round_even(float v) { return (int)((v + 12582912.0f) - 1258291
 static size_t xq_stride(llm_quant_type t, size_t cols)
 {
     size_t b = xq_block(t), extra = b == 32 ? cols / 32 * 8 : cols / LLM_QK_K * 4 + cols / 16 * 2;
+    if (xq_fine(t)) extra += cols; /* lo */
     return (cols + extra + 63) / 64 * 64;
 }
 
-/* Blocks of B values to d = max|x| / 127 and qs = round(x / d) (ties to even, as llama.cpp's vector quantizers);
- * plain loops that the compiler vectorises, cheap beside the product (n * cols against rows * cols). */
-void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, size_t B)
+/* Blocks of B values to d = max|x| / 127 and qs = round(x / d) (ties to even, as llama.cpp's vector quantizers),
+ * and for Q8_0 weights the second half (quant_impl.h); plain loops that the compiler vectorises, cheap beside the
+ * product (n * cols against rows * cols). */
+void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights)
 {
-    int8_t *qs = (int8_t *)xq;
+    const size_t B = xq_block(weights);
+    const bool fine = xq_fine(weights);
+    int8_t *qs = (int8_t *)xq, *lo = (int8_t *)xq_lo(xq, cols);
     float *d = (float *)(xq + cols);
     int32_t *sum = (int32_t *)(xq + cols + cols / 32 * 4);
     int16_t *bsums = (int16_t *)(xq + cols + cols / LLM_QK_K * 4);
@@ -53,11 +57,16 @@ void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, size_t
         float amax = 0.0f;
         for (size_t j = 0; j < B; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax; /* not fmaxf: a call */
         float db = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = db;
-        for (size_t j = 0; j < B; j++) qs[b * B + j] = (int8_t)round_even(xb[j] * id);
+        d[b] = fine ? db / 128.0f : db;
+        for (size_t j = 0; j < B; j++) {
+            float v = xb[j] * id;
+            int q = round_even(v);
+            qs[b * B + j] = (int8_t)q;
+            if (fine) lo[b * B + j] = (int8_t)round_even((v - (float)q) * 128.0f); /* v - q: exact */
+        }
         if (B == 32) {
             int s = 0;
-            for (size_t j = 0; j < 32; j++) s += qs[b * 32 + j];
+            for (size_t j = 0; j < 32; j++) s += fine ? 128 * qs[b * 32 + j] + lo[b * 32 + j] : qs[b * 32 + j];
             sum[b] = s;
         } else {
             for (size_t g = 0; g < LLM_QK_K / 16; g++) {
@@ -74,12 +83,12 @@ void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, size_t
 static float dot_q8_0(const unsigned char *w, const unsigned char *xq, size_t cols)
 {
     const llm_block_q8_0 *wb = (const llm_block_q8_0 *)w;
-    const int8_t *a = (const int8_t *)xq;
+    const int8_t *a = (const int8_t *)xq, *lo = xq_lo(xq, cols);
     const float *d = xq_d(xq, cols);
     float sum = 0.0f;
     for (size_t b = 0; b < cols / 32; b++) {
-        int s = 0;
-        for (int j = 0; j < 32; j++) s += wb[b].qs[j] * a[b * 32 + j];
+        int s = 0; /* at most 32 * 127 * (128 * 127 + 64): no overflow */
+        for (int j = 0; j < 32; j++) s += wb[b].qs[j] * (128 * a[b * 32 + j] + lo[b * 32 + j]);
         sum += llm_f16_to_f32(wb[b].d) * d[b] * (float)s;
     }
     return sum;
@@ -203,7 +212,7 @@ size_t llm_quant_scratch_bytes(llm_quant_type t, size_t cols, size_t n)
 
 void llm_quant_x(const llm_quant_kernels *k, unsigned char *xq, const float *x, llm_quant_type t, size_t cols)
 {
-    k->quantize_x(xq, x, cols, xq_block(t));
+    k->quantize_x(xq, x, cols, t);
 }
 
 enum { TILE = 8 }; /* rows a tile; positions a tile: 4 */
@@ -212,7 +221,7 @@ void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, co
                       size_t rows, size_t cols, size_t n, void *scratch, int threads)
 {
     const llm_quant_traits *q = llm_quant_traits_of(t);
-    size_t stride = xq_stride(t, cols), row_bytes = cols / q->block * q->block_bytes, B = xq_block(t);
+    size_t stride = xq_stride(t, cols), row_bytes = cols / q->block * q->block_bytes;
     unsigned char *xq = scratch;
     llm_quant_tile_fn tile = k->tile[t];
     if (threads < 1) threads = 1;
@@ -221,7 +230,7 @@ void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, co
 #pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) k->quantize_x(xq + i * stride, x + i * cols, cols, B);
+        for (size_t i = 0; i < n; i++) k->quantize_x(xq + i * stride, x + i * cols, cols, t);
         /* each thread takes whole tiles of 8 rows; within one, every position reuses the rows from cache */
         size_t tiles = (rows + TILE - 1) / TILE;
 #pragma omp for schedule(static)

@@ -1,6 +1,6 @@
 /* Matrix products with block-quantized weights: the reference (dequantize exactly, multiply in f32) and the fast
- * CPU version (activations quantized per block to 8 bits as llama.cpp does, integer dot products, the ISA chosen at
- * run time). Not here: the formats themselves (quant.h) or which device runs what (src/devices/). */
+ * CPU version (activations quantized per block, to 8 bits as llama.cpp does for 4-bit weights and to 15 bits for
+ * Q8_0's, integer dot products, the ISA chosen at run time). Not here: the formats themselves (quant.h) or which device runs what (src/devices/). */
 #ifndef LLM_QUANT_DOT_H
 #define LLM_QUANT_DOT_H
 
@@ -21,8 +21,8 @@ typedef void (*llm_quant_tile_fn)(float *out, size_t ldo, const unsigned char *w
 typedef struct {
     const char *name;                       /* "avx512-vnni", "avx2", "portable" */
     llm_quant_tile_fn tile[LLM_QUANT_COUNT]; /* NULL: this weight format has no fast product here */
-    /* One position's activations into the layout of quant_impl.h, blocks of B = 32 or 256. */
-    void (*quantize_x)(unsigned char *xq, const float *x, size_t cols, size_t B);
+    /* One position's activations into the layout of quant_impl.h for weights of format t. */
+    void (*quantize_x)(unsigned char *xq, const float *x, size_t cols, llm_quant_type t);
 } llm_quant_kernels;
 
 /* F16C through cpuid: not every compiler's __builtin_cpu_supports knows it (clang 14's does not). */
@@ -44,7 +44,8 @@ size_t llm_quant_scratch_bytes(llm_quant_type t, size_t cols, size_t n);
 void llm_quant_x(const llm_quant_kernels *k, unsigned char *xq, const float *x, llm_quant_type t, size_t cols);
 
 /* The fast product: the same function as llm_quant_matmul_ref up to the activations' quantization (each x[i, c]
- * replaced by the nearest point of its block's 8-bit grid, max|x| / 127 apart) and summation order. Rows are split
+ * replaced by the nearest point of its block's grid: max|x| / 127 apart, and 128 times finer for Q8_0 weights) and
+ * summation order. Rows are split
  * between `threads` OpenMP threads; x is quantized once into scratch (llm_quant_scratch_bytes, 64-byte aligned).
  * Requires llm_quant_supported(k, t, cols). */
 void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, const void *w, llm_quant_type t,

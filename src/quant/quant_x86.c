@@ -31,8 +31,11 @@ AVX2 INLINE float fmt_scale(int f, const uint8_t *blk)
     return _cvtsh_ss(d);
 }
 /* A nibble's weight made unsigned: Q4_0's nibble itself (w + 8); MXFP4's doubled E2M1 value plus 12
- * (llm_mxfp4_kvalues + 12, one byte shuffle a register). The offset comes back as -K sum(a). */
-INLINE int fmt_offset(int f) { return f == FMT_Q4_0 ? 8 : f == FMT_MXFP4 ? 12 : 128; }
+ * (llm_mxfp4_kvalues + 12, one byte shuffle a register). The offset comes back as -K sum(a). Q8_0's w + 128 over
+ * x's two halves: the sum of the first is shifted left by 7 before the second is added, so the offset is
+ * -(128 sum(qs) + sum(lo)), what xq's sum holds for Q8_0 weights (quant_impl.h), taken before the shift:
+ * -(128 sum(qs) + sum(lo)) * 128 + 128 * 128 sum(qs) + 128 sum(lo) = 0. */
+INLINE int fmt_offset(int f) { return f == FMT_Q4_0 ? 8 : f == FMT_MXFP4 ? 12 : 1; }
 static const uint8_t mxfp4_unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 /* The 6-bit scales and mins of a Q4_K block as two runs of 8 bytes (sc[0..7], m[0..7]), with 32-bit word
@@ -97,14 +100,20 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
         for (int p = 0; p < NP; p++) {
             const uint8_t *x = xq + (size_t)p * st;
             __m256i a = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
+            __m256i a_lo = nibbles ? a : _mm256_loadu_si256((const __m256i *)(xq_lo(x, cols) + 32 * b));
             float da = xq_d(x, cols)[b];
             __m256i off = _mm256_setr_epi32(nibbles ? -K * xq_sum(x, cols)[b] : 0, 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                __m256i prod = nibbles ? _mm256_maddubs_epi16(wq[r], a)
-                                       : _mm256_maddubs_epi16(_mm256_abs_epi8(wq[r]), _mm256_sign_epi8(a, wq[r]));
-                __m256i s = _mm256_madd_epi16(prod, ones);
-                if (nibbles) s = _mm256_add_epi32(s, off);
+                __m256i s;
+                if (nibbles) {
+                    s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], a), ones), off);
+                } else { /* 128 sum(w qs) + sum(w lo) */
+                    __m256i w_abs = _mm256_abs_epi8(wq[r]);
+                    __m256i s_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, wq[r])), ones);
+                    __m256i s_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a_lo, wq[r])), ones);
+                    s = _mm256_add_epi32(_mm256_slli_epi32(s_hi, 7), s_lo);
+                }
                 acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw[r] * da), acc[r][p]);
             }
         }
@@ -266,6 +275,12 @@ V512 INLINE __m512i pair_q8_0(const uint8_t *blk, int two)
     return two ? z : _mm512_zextsi256_si512(_mm512_castsi512_si256(z));
 }
 
+/* Two blocks of activations (the second zero when there is none). */
+V512 INLINE __m512i pair_x(const void *a, int two)
+{
+    return two ? _mm512_loadu_si512(a) : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)a));
+}
+
 V512 INLINE __m512 pair_scale(float d0, float d1)
 {
     return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
@@ -296,8 +311,7 @@ V512 INLINE void tile_32_512(float *out, size_t ldo, const uint8_t *w, size_t rb
             const uint8_t *x = xq + (size_t)p * st;
             const float *d = xq_d(x, cols) + b;
             const int32_t *s = xq_sum(x, cols) + b;
-            __m512i a = two ? _mm512_loadu_si512(x + 32 * b)
-                            : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(x + 32 * b)));
+            __m512i a = pair_x(x + 32 * b, two), a_lo = FMT == FMT_Q8_0 ? pair_x(xq_lo(x, cols) + 32 * b, two) : a;
             __m512 da = pair_scale(d[0], two ? d[1] : 0.0f);
             __m512i off = _mm512_inserti32x4(_mm512_castsi128_si512(_mm_cvtsi32_si128(-K * s[0])),
                                              _mm_cvtsi32_si128(two ? -K * s[1] : 0), 2);
@@ -305,6 +319,7 @@ V512 INLINE void tile_32_512(float *out, size_t ldo, const uint8_t *w, size_t rb
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 __m512i sum = _mm512_dpbusd_epi32(off, wq[r], a);
+                if (FMT == FMT_Q8_0) sum = _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 7), wq[r], a_lo);
                 acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw[r], da), acc[r][p]);
             }
         }
@@ -483,9 +498,16 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
             __m512i ahi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 32 * b + 16)));
             __m512i off = _mm512_maskz_set1_epi32(0x1111, -K * xq_sum(x, cols)[b]);
             __m512 da = _mm512_set1_ps(xq_d(x, cols)[b]);
+            __m512i blo = alo, bhi = ahi; /* Q8_0: x's second half */
+            if (FMT == FMT_Q8_0) {
+                blo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq_lo(x, cols) + 32 * b)));
+                bhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq_lo(x, cols) + 32 * b + 16)));
+            }
 #pragma GCC unroll 2
             for (int g = 0; g < G; g++) {
                 __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, lo[g], alo), hi[g], ahi);
+                if (FMT == FMT_Q8_0)
+                    s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(s, 7), lo[g], blo), hi[g], bhi);
                 acc[g][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[g], da), acc[g][p]);
             }
         }
@@ -623,11 +645,13 @@ V512 static void tile_q4_K_512(float *out, size_t ldo, const unsigned char *w, s
     if (r < nr) tile_q4_K_512_rows(out + r, ldo, w + (size_t)r * rb, rb, xq, st, cols, nr - r, np);
 }
 
-/* The activations, 32 values a step: the same bytes as llm_quant_x_portable (max|x| / 127, the product by
- * 127 / max|x| rounded to nearest even by vcvtps2dq under the default rounding mode). */
-V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, size_t B)
+/* The activations, 16 values a step: the same bytes as llm_quant_x_portable (max|x| / 127, the product by
+ * 127 / max|x| rounded to nearest even by vcvtps2dq under the default rounding mode; Q8_0's second half likewise). */
+V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights)
 {
-    int8_t *qs = (int8_t *)xq;
+    const size_t B = xq_block(weights);
+    const bool fine = xq_fine(weights);
+    int8_t *qs = (int8_t *)xq, *lo = (int8_t *)xq_lo(xq, cols);
     float *d = (float *)(xq + cols);
     int32_t *sum = (int32_t *)(xq + cols + cols / 32 * 4);
     int16_t *bsums = (int16_t *)(xq + cols + cols / LLM_QK_K * 4);
@@ -636,14 +660,24 @@ V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, 
         __m512 m = _mm512_setzero_ps();
         for (size_t j = 0; j < B; j += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + b * B + j)));
         float amax = _mm512_reduce_max_ps(m);
-        d[b] = amax / 127.0f;
+        d[b] = fine ? amax / 127.0f / 128.0f : amax / 127.0f;
         __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         for (size_t j = 0; j < B; j += 16) {
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * B + j), id));
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + b * B + j), id);
+            __m512i q = _mm512_cvtps_epi32(v);
             _mm_storeu_si128((__m128i *)(qs + b * B + j), _mm512_cvtepi32_epi8(q));
-            if (B == LLM_QK_K) bsums[(b * B + j) / 16] = (int16_t)_mm512_reduce_add_epi32(q);
-            else if (j == 0) sum[b] = _mm512_reduce_add_epi32(q);
-            else sum[b] += _mm512_reduce_add_epi32(q);
+            int s;
+            if (fine) {
+                __m512 r = _mm512_mul_ps(_mm512_sub_ps(v, _mm512_cvtepi32_ps(q)), _mm512_set1_ps(128.0f));
+                __m512i l = _mm512_cvtps_epi32(r);
+                _mm_storeu_si128((__m128i *)(lo + b * B + j), _mm512_cvtepi32_epi8(l));
+                s = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(q, 7), l));
+            } else {
+                s = _mm512_reduce_add_epi32(q);
+            }
+            if (B == LLM_QK_K) bsums[(b * B + j) / 16] = (int16_t)s;
+            else if (j == 0) sum[b] = s;
+            else sum[b] += s;
         }
     }
 }
