@@ -52,7 +52,8 @@ int llm_cli_parse_cache_type(const char *text, llm_dtype *out, char *err, size_t
 #define LLM_CLI_PRECISION_HELP                                                                                       \
     "a prompt's products with 16-bit weights: fast (activations rounded to the weights' type, as Hugging Face's "   \
     "bf16 inference) or accurate (within 2^-16 of f32); also gpt-oss's MXFP4 experts (fast: activations rounded "  \
-    "to F16 on cuda, to 8 bits a block on blas; accurate: f32) (default: fast; compare: accurate)"
+    "to F16 on cuda, to 8 bits a block on blas; accurate: f32) and Q8_0's on blas (fast: activations rounded to 8 " \
+    "bits a block, as llama.cpp; accurate: to 15) (default: fast; compare: accurate)"
 
 /* --precision MODE: "fast" or "accurate" (any case); 0, or -1 with one line in err. */
 int llm_cli_parse_precision(const char *text, llm_precision *out, char *err, size_t err_len);

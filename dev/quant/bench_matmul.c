@@ -33,9 +33,12 @@ int main(int argc, char **argv)
     void *scratch = aligned_alloc(64, llm_quant_scratch_bytes(LLM_QUANT_Q8_0, FF, PP) + 64 +
                                           llm_quant_scratch_bytes(LLM_QUANT_Q4_K, FF, PP));
     for (size_t i = 0; i < (size_t)PP * FF; i++) x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
-    static const llm_quant_type formats[] = {LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K, LLM_QUANT_MXFP4};
+    /* Q8_0 twice: x in 8 bits, then in 15 (the accurate precision's) */
+    static const llm_quant_type formats[] = {LLM_QUANT_Q8_0, LLM_QUANT_Q8_0, LLM_QUANT_Q4_0, LLM_QUANT_Q4_K,
+                                             LLM_QUANT_MXFP4};
     for (size_t fi = 0; fi < sizeof formats / sizeof *formats; fi++) {
         llm_quant_type t = formats[fi];
+        const bool fine_x = fi == 1;
         const llm_quant_traits *q = llm_quant_traits_of(t);
         size_t total = 0, off[LAYERS * MATS];
         for (int m = 0; m < LAYERS * MATS; m++) {
@@ -56,10 +59,11 @@ int main(int argc, char **argv)
         for (int rep = 0; rep < 6; rep++) {
             double t0 = llm_host_now_ms();
             for (int m = 0; m < LAYERS * MATS; m++)
-                llm_quant_matmul(k, out, x, w + off[m], t, shape[m % MATS][0], shape[m % MATS][1], 1, scratch, threads);
+                llm_quant_matmul(k, out, x, w + off[m], t, shape[m % MATS][0], shape[m % MATS][1], 1, scratch, threads,
+                                 fine_x);
             double t1 = llm_host_now_ms();
             for (int m = 0; m < MATS; m++)
-                llm_quant_matmul(k, out, x, w + off[m], t, shape[m][0], shape[m][1], PP, scratch, threads);
+                llm_quant_matmul(k, out, x, w + off[m], t, shape[m][0], shape[m][1], PP, scratch, threads, fine_x);
             dec[rep] = t1 - t0;
             pre[rep] = llm_host_now_ms() - t1;
         }
@@ -68,8 +72,9 @@ int main(int argc, char **argv)
         double flops = 0, bytes = 0;
         for (int m = 0; m < MATS; m++) flops += 2.0 * shape[m][0] * shape[m][1] * PP;
         for (int m = 0; m < LAYERS * MATS; m++) bytes += (double)llm_quant_matrix_bytes(t, shape[m % MATS][0], shape[m % MATS][1]);
-        printf("%s  decode: %.2f ms a step, %.1f GB/s (%.0f %% of read bandwidth), %.1f steps/s | prefill %d: %.1f "
-               "GFLOP/s, %.1f tokens/s over 22 layers' linears\n", q->name, dec[3], bytes / dec[3] / 1e6,
+        printf("%s%s  decode: %.2f ms a step, %.1f GB/s (%.0f %% of read bandwidth), %.1f steps/s | prefill %d: %.1f "
+               "GFLOP/s, %.1f tokens/s over 22 layers' linears\n", q->name, fine_x ? " (x 15 bits)" : "", dec[3],
+               bytes / dec[3] / 1e6,
                100.0 * bytes / dec[3] / 1e6 / bw, 1e3 / dec[3], PP, flops / pre[3] / 1e6, PP / (pre[3] * LAYERS / 1e3));
         free(w);
     }

@@ -740,8 +740,9 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
-static bool accurate = true; /* LLM_PRECISION_ACCURATE: BF16 products with x as hi + lo halves, MXFP4's in f32; the
-                                fast precision: x as hi alone, MXFP4's x rounded to 8 bits a block (quantizes_x) */
+static bool accurate = true; /* LLM_PRECISION_ACCURATE: BF16 products with x as hi + lo halves, MXFP4's in f32,
+                                Q8_0's x to 15 bits; the fast precision: x as hi alone, MXFP4's and Q8_0's x rounded
+                                to 8 bits a block (quantizes_x) */
 static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
@@ -1094,8 +1095,8 @@ static void matmul_f8_bf16(float *out, const float *x, const llm_weight *w, int 
     }
 }
 
-/* Block-quantized weights: activations quantized a block (8 bits, or 15 for Q8_0 weights; into the scratch, as many
- * positions at a time as it holds), integer dot products (quant_dot.h). */
+/* Block-quantized weights: activations quantized a block (8 bits, or 15 for Q8_0 weights in the accurate precision;
+ * into the scratch, as many positions at a time as it holds), integer dot products (quant_dot.h). */
 static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
 {
     llm_quant_type t = llm_quant_of_dtype(w->dtype);
@@ -1104,7 +1105,7 @@ static void matmul_quant(float *out, const float *x, const llm_weight *w, int n)
     assert(chunk > 0); /* 4 MiB a thread holds a position of 3 million columns */
     for (size_t i = 0; i < (size_t)n; i += chunk) {
         size_t m = (size_t)n - i < chunk ? (size_t)n - i : chunk;
-        llm_quant_matmul(QK, out + i * rows, x + i * cols, w->data, t, rows, cols, m, scratch, blas_threads);
+        llm_quant_matmul(QK, out + i * rows, x + i * cols, w->data, t, rows, cols, m, scratch, blas_threads, accurate);
     }
 }
 
@@ -1509,7 +1510,7 @@ static void experts_rows(float *out, const float *x, const llm_experts *w, const
     {
         if (xq) {
 #pragma omp for schedule(static)
-            for (size_t r = 0; r < in_rows; r++) llm_quant_x(QK, xq + r * xq_stride, x + r * cols, qt, cols);
+            for (size_t r = 0; r < in_rows; r++) llm_quant_x(QK, xq + r * xq_stride, x + r * cols, qt, cols, accurate);
         }
 #pragma omp for schedule(static)
         for (size_t it = 0; it < items; it++) {
@@ -1521,7 +1522,7 @@ static void experts_rows(float *out, const float *x, const llm_experts *w, const
                 float *o = out + p * rows + r0;
                 if (xq)
                     QK->tile[qt](o, rows, (const unsigned char *)we, row_bytes, xq + in * xq_stride, xq_stride, cols,
-                                 (int)nr, 1);
+                                 (int)nr, 1, accurate);
                 else
                     for (size_t r = 0; r < nr; r++) o[r] = dot(we + r * row_bytes, x + in * cols, cols);
                 if (w->bias)

@@ -37,17 +37,17 @@ static inline int round_even(float v) { return (int)((v + 12582912.0f) - 1258291
 static size_t xq_stride(llm_quant_type t, size_t cols)
 {
     size_t b = xq_block(t), extra = b == 32 ? cols / 32 * 8 : cols / LLM_QK_K * 4 + cols / 16 * 2;
-    if (xq_fine(t)) extra += cols; /* lo */
+    if (xq_fine(t, true)) extra += cols; /* lo, used or not */
     return (cols + extra + 63) / 64 * 64;
 }
 
 /* Blocks of B values to d = max|x| / 127 and qs = round(x / d) (ties to even, as llama.cpp's vector quantizers),
- * and for Q8_0 weights the second half (quant_impl.h); plain loops that the compiler vectorises, cheap beside the
+ * and with fine_x for Q8_0 weights the second half (quant_impl.h); plain loops that the compiler vectorises, cheap beside the
  * product (n * cols against rows * cols). */
-void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights)
+void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights, bool fine_x)
 {
     const size_t B = xq_block(weights);
-    const bool fine = xq_fine(weights);
+    const bool fine = xq_fine(weights, fine_x);
     int8_t *qs = (int8_t *)xq, *lo = (int8_t *)xq_lo(xq, cols);
     float *d = (float *)(xq + cols);
     int32_t *sum = (int32_t *)(xq + cols + cols / 32 * 4);
@@ -80,7 +80,7 @@ void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_qu
 
 /* ---- portable kernels: the integer products in plain C ---- */
 
-static float dot_q8_0(const unsigned char *w, const unsigned char *xq, size_t cols)
+static float dot_q8_0(const unsigned char *w, const unsigned char *xq, size_t cols, bool fine)
 {
     const llm_block_q8_0 *wb = (const llm_block_q8_0 *)w;
     const int8_t *a = (const int8_t *)xq, *lo = xq_lo(xq, cols);
@@ -88,7 +88,7 @@ static float dot_q8_0(const unsigned char *w, const unsigned char *xq, size_t co
     float sum = 0.0f;
     for (size_t b = 0; b < cols / 32; b++) {
         int s = 0; /* at most 32 * 127 * (128 * 127 + 64): no overflow */
-        for (int j = 0; j < 32; j++) s += wb[b].qs[j] * (128 * a[b * 32 + j] + lo[b * 32 + j]);
+        for (int j = 0; j < 32; j++) s += wb[b].qs[j] * (fine ? 128 * a[b * 32 + j] + lo[b * 32 + j] : a[b * 32 + j]);
         sum += llm_f16_to_f32(wb[b].d) * d[b] * (float)s;
     }
     return sum;
@@ -150,18 +150,27 @@ static float dot_mxfp4(const unsigned char *w, const unsigned char *xq, size_t c
     return sum;
 }
 
+/* A tile a dot product at a time; the 4-bit formats' x is 8 bits whatever fine_x asks (quant_impl.h). */
 #define PORTABLE_TILE(NAME, DOT)                                                                                      \
     static void NAME(float *out, size_t ldo, const unsigned char *w, size_t row_bytes, const unsigned char *xq,      \
-                     size_t stride, size_t cols, int nr, int np)                                                      \
+                     size_t stride, size_t cols, int nr, int np, bool fine_x)                                         \
     {                                                                                                                 \
         for (int p = 0; p < np; p++)                                                                                  \
             for (int r = 0; r < nr; r++)                                                                              \
                 out[(size_t)p * ldo + (size_t)r] = DOT(w + (size_t)r * row_bytes, xq + (size_t)p * stride, cols);     \
+        (void)fine_x;                                                                                                 \
     }
-PORTABLE_TILE(tile_q8_0_c, dot_q8_0)
 PORTABLE_TILE(tile_q4_0_c, dot_q4_0)
 PORTABLE_TILE(tile_q4_K_c, dot_q4_K)
 PORTABLE_TILE(tile_mxfp4_c, dot_mxfp4)
+
+static void tile_q8_0_c(float *out, size_t ldo, const unsigned char *w, size_t row_bytes, const unsigned char *xq,
+                        size_t stride, size_t cols, int nr, int np, bool fine_x)
+{
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < nr; r++)
+            out[(size_t)p * ldo + (size_t)r] = dot_q8_0(w + (size_t)r * row_bytes, xq + (size_t)p * stride, cols, fine_x);
+}
 
 static const llm_quant_kernels kernels_c = {
     .name = "portable",
@@ -210,15 +219,16 @@ size_t llm_quant_scratch_bytes(llm_quant_type t, size_t cols, size_t n)
     return n && s > SIZE_MAX / n ? 0 : s * n;
 }
 
-void llm_quant_x(const llm_quant_kernels *k, unsigned char *xq, const float *x, llm_quant_type t, size_t cols)
+void llm_quant_x(const llm_quant_kernels *k, unsigned char *xq, const float *x, llm_quant_type t, size_t cols,
+                 bool fine_x)
 {
-    k->quantize_x(xq, x, cols, t);
+    k->quantize_x(xq, x, cols, t, fine_x);
 }
 
 enum { TILE = 8 }; /* rows a tile; positions a tile: 4 */
 
 void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, const void *w, llm_quant_type t,
-                      size_t rows, size_t cols, size_t n, void *scratch, int threads)
+                      size_t rows, size_t cols, size_t n, void *scratch, int threads, bool fine_x)
 {
     const llm_quant_traits *q = llm_quant_traits_of(t);
     size_t stride = xq_stride(t, cols), row_bytes = cols / q->block * q->block_bytes;
@@ -230,7 +240,7 @@ void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, co
 #pragma omp parallel num_threads(team)
     {
 #pragma omp for schedule(static)
-        for (size_t i = 0; i < n; i++) k->quantize_x(xq + i * stride, x + i * cols, cols, t);
+        for (size_t i = 0; i < n; i++) k->quantize_x(xq + i * stride, x + i * cols, cols, t, fine_x);
         /* each thread takes whole tiles of 8 rows; within one, every position reuses the rows from cache */
         size_t tiles = (rows + TILE - 1) / TILE;
 #pragma omp for schedule(static)
@@ -240,7 +250,7 @@ void llm_quant_matmul(const llm_quant_kernels *k, float *out, const float *x, co
             for (size_t i = 0; i < n; i += 4) {
                 int np = (int)(n - i < 4 ? n - i : 4);
                 tile(out + i * rows + r, rows, (const unsigned char *)w + r * row_bytes, row_bytes, xq + i * stride,
-                     stride, cols, nr, np);
+                     stride, cols, nr, np, fine_x);
             }
         }
     }

@@ -4,8 +4,8 @@
  *   f32 d[cols / B]                     max|x| / 127 of each block (f32: llama.cpp rounds Q8_0's to f16)
  *   B = 32:  int32 sum[cols / 32]       sum of each block's qs (for weights made unsigned: Q4_0's -8, MXFP4's -12)
  *   B = 256: int16 bsums[cols / 16]     sums of 16 qs (for Q4_K's mins), as block_q8_K has them
- * Q8_0 weights take x to 15 bits instead, in two 8-bit halves (xq_fine): an 8-bit format is chosen for its
- * accuracy, and 8-bit x alone doubled its logits' divergence on models/tiny (docs/quantization.md). Then
+ * In the accurate precision Q8_0 weights take x to 15 bits instead, in two 8-bit halves (xq_fine): 8-bit x alone
+ * doubled their logits' divergence on models/tiny (docs/quantization.md), for 0.7x the prompt speed. Then
  *   qs[c] = round(x[c] / s) with s = max|x| / 127, lo[c] = round((x[c] / s - qs[c]) * 128), in [-64, 64]
  *   d[b] = s / 128, so that x[c] ~ d[b] * (128 qs[c] + lo[c])
  *   sum[b] = 128 sum(qs) + sum(lo): the offset of the weights made unsigned (w + 128) over both halves
@@ -25,7 +25,7 @@ static inline const int32_t *xq_sum(const unsigned char *xq, size_t cols)
 {
     return (const int32_t *)(xq + cols + cols / 32 * 4);
 }
-static inline bool xq_fine(llm_quant_type weights) { return weights == LLM_QUANT_Q8_0; }
+static inline bool xq_fine(llm_quant_type weights, bool fine_x) { return fine_x && weights == LLM_QUANT_Q8_0; }
 static inline const int8_t *xq_lo(const unsigned char *xq, size_t cols)
 {
     return (const int8_t *)(xq + cols + cols / 32 * 8);
@@ -36,7 +36,7 @@ static inline const int16_t *xq_bsums(const unsigned char *xq, size_t cols)
 }
 
 /* The portable activation quantizer (quant_dot.c): every set's quantize_x computes the same bytes. */
-void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights);
+void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights, bool fine_x);
 
 extern const llm_quant_kernels llm_quant_kernels_avx2, llm_quant_kernels_avx512vnni;
 

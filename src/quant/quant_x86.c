@@ -17,10 +17,11 @@
 
 /* The formats of 32-value blocks the tile_32 kernels take. What differs between them is data: a block's bytes, where
  * its quants start, its scale, and what the nibble formats' nibbles stand for as unsigned bytes (below). */
-enum { FMT_Q8_0, FMT_Q4_0, FMT_MXFP4 };
+enum { FMT_Q8_0, FMT_Q8_0_FINE, FMT_Q4_0, FMT_MXFP4 }; /* FMT_Q8_0_FINE: Q8_0 with x's two halves (quant_impl.h) */
+INLINE int fmt_q8(int f) { return f == FMT_Q8_0 || f == FMT_Q8_0_FINE; }
 INLINE size_t fmt_bytes(int f)
 {
-    return f == FMT_Q8_0 ? sizeof(llm_block_q8_0) : f == FMT_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_mxfp4);
+    return fmt_q8(f) ? sizeof(llm_block_q8_0) : f == FMT_Q4_0 ? sizeof(llm_block_q4_0) : sizeof(llm_block_mxfp4);
 }
 INLINE size_t fmt_quants(int f) { return f == FMT_MXFP4 ? 1 : 2; } /* after the f16 d, or the E8M0 byte */
 AVX2 INLINE float fmt_scale(int f, const uint8_t *blk)
@@ -35,7 +36,7 @@ AVX2 INLINE float fmt_scale(int f, const uint8_t *blk)
  * x's two halves: the sum of the first is shifted left by 7 before the second is added, so the offset is
  * -(128 sum(qs) + sum(lo)), what xq's sum holds for Q8_0 weights (quant_impl.h), taken before the shift:
  * -(128 sum(qs) + sum(lo)) * 128 + 128 * 128 sum(qs) + 128 sum(lo) = 0. */
-INLINE int fmt_offset(int f) { return f == FMT_Q4_0 ? 8 : f == FMT_MXFP4 ? 12 : 1; }
+INLINE int fmt_offset(int f) { return f == FMT_Q4_0 ? 8 : f == FMT_MXFP4 ? 12 : f == FMT_Q8_0 ? 128 : 1; }
 static const uint8_t mxfp4_unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 /* The 6-bit scales and mins of a Q4_K block as two runs of 8 bytes (sc[0..7], m[0..7]), with 32-bit word
@@ -78,7 +79,7 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mxfp4_unsigned));
     const size_t bb = fmt_bytes(FMT), qo = fmt_quants(FMT);
-    const int nibbles = FMT != FMT_Q8_0, K = fmt_offset(FMT);
+    const int nibbles = !fmt_q8(FMT), fine = FMT == FMT_Q8_0_FINE, K = fmt_offset(FMT);
     const char *next = (const char *)w + (size_t)NR * rb; /* the next rows into L2, as tile_32_512_x4 explains */
     for (size_t b = 0; b < cols / 32; b++) {
         __m256i wq[4];
@@ -100,7 +101,7 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
         for (int p = 0; p < NP; p++) {
             const uint8_t *x = xq + (size_t)p * st;
             __m256i a = _mm256_loadu_si256((const __m256i *)(x + 32 * b));
-            __m256i a_lo = nibbles ? a : _mm256_loadu_si256((const __m256i *)(xq_lo(x, cols) + 32 * b));
+            __m256i a_lo = fine ? _mm256_loadu_si256((const __m256i *)(xq_lo(x, cols) + 32 * b)) : a;
             float da = xq_d(x, cols)[b];
             __m256i off = _mm256_setr_epi32(nibbles ? -K * xq_sum(x, cols)[b] : 0, 0, 0, 0, 0, 0, 0, 0);
 #pragma GCC unroll 4
@@ -108,11 +109,13 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
                 __m256i s;
                 if (nibbles) {
                     s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], a), ones), off);
-                } else { /* 128 sum(w qs) + sum(w lo) */
+                } else { /* sum(w qs), fine: 128 sum(w qs) + sum(w lo) */
                     __m256i w_abs = _mm256_abs_epi8(wq[r]);
-                    __m256i s_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, wq[r])), ones);
-                    __m256i s_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a_lo, wq[r])), ones);
-                    s = _mm256_add_epi32(_mm256_slli_epi32(s_hi, 7), s_lo);
+                    s = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, wq[r])), ones);
+                    if (fine)
+                        s = _mm256_add_epi32(_mm256_slli_epi32(s, 7),
+                                             _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a_lo, wq[r])),
+                                                               ones));
                 }
                 acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw[r] * da), acc[r][p]);
             }
@@ -206,8 +209,9 @@ AVX2 INLINE void tile_q4_K_avx2_n(float *out, size_t ldo, const uint8_t *w, size
  * accumulators stay in registers. */
 #define DISPATCH(TARGET, NAME, BODY, PMAX, ...)                                                                       \
     TARGET static void NAME(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,      \
-                            size_t st, size_t cols, int nr, int np)                                                   \
+                            size_t st, size_t cols, int nr, int np, bool fine_x)                                      \
     {                                                                                                                 \
+        (void)fine_x; /* the format says it */                                                                        \
         for (int p = 0; p < np; p += PMAX) {                                                                          \
             int n = np - p < PMAX ? np - p : PMAX;                                                                    \
             float *o = out + (size_t)p * ldo;                                                                         \
@@ -236,10 +240,18 @@ AVX2 INLINE void tile_q4_K_avx2_n(float *out, size_t ldo, const uint8_t *w, size
         }                                                                                                             \
     }
 
-DISPATCH(AVX2, tile_q8_0_avx2, tile_32_avx2, 2, FMT_Q8_0)
+DISPATCH(AVX2, tile_q8_0_avx2_8, tile_32_avx2, 2, FMT_Q8_0)
+DISPATCH(AVX2, tile_q8_0_avx2_15, tile_32_avx2, 2, FMT_Q8_0_FINE)
 DISPATCH(AVX2, tile_q4_0_avx2, tile_32_avx2, 2, FMT_Q4_0)
 DISPATCH(AVX2, tile_mxfp4_avx2, tile_32_avx2, 2, FMT_MXFP4)
 DISPATCH(AVX2, tile_q4_K_avx2, tile_q4_K_avx2_n, 2)
+
+/* Q8_0: x in 8 bits, or in 15 (fine_x, the accurate precision) */
+AVX2 static void tile_q8_0_avx2(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,
+                                size_t st, size_t cols, int nr, int np, bool fine_x)
+{
+    (fine_x ? tile_q8_0_avx2_15 : tile_q8_0_avx2_8)(out, ldo, w, rb, xq, st, cols, nr, np, fine_x);
+}
 
 const llm_quant_kernels llm_quant_kernels_avx2 = {
     .name = "avx2",
@@ -304,14 +316,14 @@ V512 INLINE void tile_32_512(float *out, size_t ldo, const uint8_t *w, size_t rb
         for (int r = 0; r < NR; r++) {
             const uint8_t *blk = w + (size_t)r * rb + b * bb;
             dw[r] = pair_scale(fmt_scale(FMT, blk), two ? fmt_scale(FMT, blk + bb) : 0.0f);
-            wq[r] = FMT == FMT_Q8_0 ? pair_q8_0(blk, two) : pair_nibbles(blk, FMT, two);
+            wq[r] = fmt_q8(FMT) ? pair_q8_0(blk, two) : pair_nibbles(blk, FMT, two);
         }
 #pragma GCC unroll 4
         for (int p = 0; p < NP; p++) {
             const uint8_t *x = xq + (size_t)p * st;
             const float *d = xq_d(x, cols) + b;
             const int32_t *s = xq_sum(x, cols) + b;
-            __m512i a = pair_x(x + 32 * b, two), a_lo = FMT == FMT_Q8_0 ? pair_x(xq_lo(x, cols) + 32 * b, two) : a;
+            __m512i a = pair_x(x + 32 * b, two), a_lo = FMT == FMT_Q8_0_FINE ? pair_x(xq_lo(x, cols) + 32 * b, two) : a;
             __m512 da = pair_scale(d[0], two ? d[1] : 0.0f);
             __m512i off = _mm512_inserti32x4(_mm512_castsi128_si512(_mm_cvtsi32_si128(-K * s[0])),
                                              _mm_cvtsi32_si128(two ? -K * s[1] : 0), 2);
@@ -319,7 +331,7 @@ V512 INLINE void tile_32_512(float *out, size_t ldo, const uint8_t *w, size_t rb
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 __m512i sum = _mm512_dpbusd_epi32(off, wq[r], a);
-                if (FMT == FMT_Q8_0) sum = _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 7), wq[r], a_lo);
+                if (FMT == FMT_Q8_0_FINE) sum = _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 7), wq[r], a_lo);
                 acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw[r], da), acc[r][p]);
             }
         }
@@ -472,7 +484,7 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
 #pragma GCC unroll 2
         for (int g = 0; g < G; g++) {
             const uint8_t *w0 = w + (size_t)(4 * g) * rb + o, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
-            if (FMT != FMT_Q8_0) {
+            if (!fmt_q8(FMT)) {
                 __m512i q = quarters(w0, w1, w2, w3, qo);
                 lo[g] = _mm512_and_si512(q, m4);
                 hi[g] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
@@ -499,14 +511,14 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
             __m512i off = _mm512_maskz_set1_epi32(0x1111, -K * xq_sum(x, cols)[b]);
             __m512 da = _mm512_set1_ps(xq_d(x, cols)[b]);
             __m512i blo = alo, bhi = ahi; /* Q8_0: x's second half */
-            if (FMT == FMT_Q8_0) {
+            if (FMT == FMT_Q8_0_FINE) {
                 blo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq_lo(x, cols) + 32 * b)));
                 bhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xq_lo(x, cols) + 32 * b + 16)));
             }
 #pragma GCC unroll 2
             for (int g = 0; g < G; g++) {
                 __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(off, lo[g], alo), hi[g], ahi);
-                if (FMT == FMT_Q8_0)
+                if (FMT == FMT_Q8_0_FINE)
                     s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(s, 7), lo[g], blo), hi[g], bhi);
                 acc[g][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[g], da), acc[g][p]);
             }
@@ -524,8 +536,9 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
  * accumulators stay in registers), the last rows through the row-at-a-time one. */
 #define DISPATCH_32_512(NAME, FMT)                                                                                     \
     V512 static void NAME(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,         \
-                          size_t st, size_t cols, int nr, int np)                                                     \
+                          size_t st, size_t cols, int nr, int np, bool fine_x)                                        \
     {                                                                                                                 \
+        (void)fine_x; /* the format says it */                                                                        \
         for (int p = 0; p < np; p++) {                                                                                \
             float *o = out + (size_t)p * ldo;                                                                         \
             const unsigned char *x = xq + (size_t)p * st;                                                             \
@@ -541,7 +554,13 @@ V512 INLINE void tile_32_512_x4(float *out, size_t ldo, const uint8_t *w, size_t
             if (n == 4) p += 3;                                                                                       \
         }                                                                                                             \
     }
-DISPATCH_32_512(tile_q8_0_512, FMT_Q8_0)
+DISPATCH_32_512(tile_q8_0_512_8, FMT_Q8_0)
+DISPATCH_32_512(tile_q8_0_512_15, FMT_Q8_0_FINE)
+V512 static void tile_q8_0_512(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,
+                               size_t st, size_t cols, int nr, int np, bool fine_x)
+{
+    (fine_x ? tile_q8_0_512_15 : tile_q8_0_512_8)(out, ldo, w, rb, xq, st, cols, nr, np, fine_x);
+}
 DISPATCH_32_512(tile_q4_0_512, FMT_Q4_0)
 DISPATCH_32_512(tile_mxfp4_512, FMT_MXFP4)
 /* Q4_K, four rows in one register (tile_32_512_x4's layout): 16-byte quarters of a 32-byte nibble group from rows
@@ -632,7 +651,7 @@ V512 INLINE void tile_q4_K_512_x4(float *out, size_t ldo, const uint8_t *w, size
 DISPATCH(V512, tile_q4_K_512_rows, tile_q4_K_512_n, 2)
 
 V512 static void tile_q4_K_512(float *out, size_t ldo, const unsigned char *w, size_t rb, const unsigned char *xq,
-                               size_t st, size_t cols, int nr, int np)
+                               size_t st, size_t cols, int nr, int np, bool fine_x)
 {
     int r = 0;
     for (; r + 4 <= nr; r += 4) {
@@ -642,15 +661,15 @@ V512 static void tile_q4_K_512(float *out, size_t ldo, const unsigned char *w, s
         for (; p < np; p++)
             tile_q4_K_512_x4(out + (size_t)p * ldo + r, ldo, w + (size_t)r * rb, rb, xq + (size_t)p * st, st, cols, 1);
     }
-    if (r < nr) tile_q4_K_512_rows(out + r, ldo, w + (size_t)r * rb, rb, xq, st, cols, nr - r, np);
+    if (r < nr) tile_q4_K_512_rows(out + r, ldo, w + (size_t)r * rb, rb, xq, st, cols, nr - r, np, fine_x);
 }
 
 /* The activations, 16 values a step: the same bytes as llm_quant_x_portable (max|x| / 127, the product by
  * 127 / max|x| rounded to nearest even by vcvtps2dq under the default rounding mode; Q8_0's second half likewise). */
-V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights)
+V512 static void quantize_x_512(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights, bool fine_x)
 {
     const size_t B = xq_block(weights);
-    const bool fine = xq_fine(weights);
+    const bool fine = xq_fine(weights, fine_x);
     int8_t *qs = (int8_t *)xq, *lo = (int8_t *)xq_lo(xq, cols);
     float *d = (float *)(xq + cols);
     int32_t *sum = (int32_t *)(xq + cols + cols / 32 * 4);
