@@ -661,7 +661,7 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_c
  * 5, 7: then the accumulator of S is already P's A fragment (no shuffle, no shared memory), and V's rows are read
  * in that order. Q, and each K/V tile of 64 rows, are split into {hi, lo} pairs once per block as they come into
  * shared memory, so the 4 warps that read an element do not each split it again (the splits were most of the
- * kernel's instructions). */
+ * kernel's instructions); a 16-bit cache's K and V need no split (tc_kv): two products per product. */
 #define TC_BQ 64
 #define TC_BK 32     /* keys per warp and step */
 #define TC_GROUPS 2  /* warp groups splitting the keys */
@@ -669,15 +669,23 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const __grid_c
 #define TC_THREADS (TC_WARPS * 32)
 #define TC_ROWS (TC_GROUPS * TC_BK) /* K/V rows per step */
 
-/* Row strides, in {hi, lo} pairs: HD + 4 makes the A/B fragment reads of Q and K (rows g, columns t) and HD + 2
- * the slice-order reads of V (rows 2t and 2t + 1, columns g) fall in distinct banks. */
-template <int HD> struct tc_ld {
-    static constexpr int QK = HD + 4, V = HD + 2;
+/* A K or V element in shared memory: an f32 cache's value as its {hi, lo} TF32 pair; a 16-bit cache's as one word,
+ * its f32 value, which TF32 holds exactly (F16's 11 and BF16's 8 significant bits within TF32's 11): lo would be 0,
+ * so its products take two tensor-core steps instead of three, and its tiles half the shared memory. */
+template <typename T> using tc_kv = typename std::conditional<sizeof(T) == 4, uint2, uint32_t>::type;
+
+/* Row strides in elements E ({hi, lo} pairs or words): HD + 4 makes the A/B fragment reads of Q and K (rows g,
+ * columns t) fall in distinct banks, and the slice-order reads of V (rows 2t and 2t + 1, columns g) with HD + 2
+ * pairs or HD + 4 words. */
+template <int HD, typename E = uint2> struct tc_ld {
+    static constexpr int QK = HD + 4, V = sizeof(E) == 8 ? HD + 2 : HD + 4;
 };
 
-template <int HD> static size_t prefill_tc_smem()
+template <int HD, typename T> static size_t prefill_tc_smem()
 {
-    return ((size_t)(TC_BQ + TC_ROWS) * tc_ld<HD>::QK + (size_t)TC_ROWS * tc_ld<HD>::V) * sizeof(uint2);
+    using E = tc_kv<T>;
+    return (size_t)TC_BQ * tc_ld<HD>::QK * sizeof(uint2) +
+           (size_t)TC_ROWS * (tc_ld<HD, E>::QK + tc_ld<HD, E>::V) * sizeof(E);
 }
 
 __device__ __forceinline__ void tf32_split(float x, uint32_t &hi, uint32_t &lo)
@@ -695,12 +703,20 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
 }
 
 /* d += a . b in 3xTF32: a as hi/lo fragments, b as its two {hi, lo} pairs. */
-__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint2 b0,
-                                           uint2 b1)
+__device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint2 b0,
+                                          uint2 b1)
 {
     mma_tf32(d, al, b0.x, b1.x);
     mma_tf32(d, ah, b0.y, b1.y);
     mma_tf32(d, ah, b0.x, b1.x);
+}
+
+/* d += a . b with b exact in TF32 (a 16-bit cache's K or V, tc_kv): a_hi b + a_lo b. */
+__device__ __forceinline__ void mma_split(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t b0,
+                                          uint32_t b1)
+{
+    mma_tf32(d, al, b0, b1);
+    mma_tf32(d, ah, b0, b1);
 }
 
 /* A fragment (16 x 8 of {hi, lo} pairs, row-major with stride ld) at column k0. */
@@ -714,7 +730,7 @@ __device__ __forceinline__ void load_a_pairs(uint32_t (&ah)[4], uint32_t (&al)[4
 }
 
 /* Four f32 values as {hi, lo} pairs at dst (16-byte aligned). */
-__device__ __forceinline__ void store_pairs4(uint2 *dst, float4 v)
+__device__ __forceinline__ void store_tc4(uint2 *dst, float4 v)
 {
     uint4 a, b;
     tf32_split(v.x, a.x, a.y);
@@ -725,13 +741,16 @@ __device__ __forceinline__ void store_pairs4(uint2 *dst, float4 v)
     *(uint4 *)(dst + 2) = b;
 }
 
-/* The K and V rows t0 .. t0 + ROWS - 1 of head kv_off as {hi, lo} pairs; rows past t_last are zeros. All loads
- * of a thread are issued before its first split, so their latencies overlap. (A 16-bit cache's values are exact in
- * TF32, lo 0: the split costs the same and stays one code.) */
+/* Four f32 values exact in TF32 as words at dst (16-byte aligned). */
+__device__ __forceinline__ void store_tc4(uint32_t *dst, float4 v) { *(float4 *)dst = v; }
+
+/* The K and V rows t0 .. t0 + ROWS - 1 of head kv_off as tc_kv<T> elements; rows past t_last are zeros. All loads
+ * of a thread are issued before its first store, so their latencies overlap. */
 template <int HD, int ROWS, int THREADS, typename T>
-__device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_args &a, size_t kv_off, int t0,
+__device__ __forceinline__ void load_kv_tile(tc_kv<T> *Kp, tc_kv<T> *Vp, const attn_args &a, size_t kv_off, int t0,
                                               int t_last)
 {
+    using E = tc_kv<T>;
     constexpr int C4 = HD / 4, PER = ROWS * C4 / THREADS; /* float4s of K (and of V) per thread */
     static_assert(ROWS * C4 % THREADS == 0, "whole float4s per thread");
     float4 k[PER], v[PER];
@@ -748,8 +767,8 @@ __device__ __forceinline__ void load_kv_pairs(uint2 *Kp, uint2 *Vp, const attn_a
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4;
-        store_pairs4(Kp + r * tc_ld<HD>::QK + c, k[u]);
-        store_pairs4(Vp + r * tc_ld<HD>::V + c, v[u]);
+        store_tc4(Kp + r * tc_ld<HD, E>::QK + c, k[u]);
+        store_tc4(Vp + r * tc_ld<HD, E>::V + c, v[u]);
     }
 }
 
@@ -818,17 +837,17 @@ __device__ __forceinline__ void tile_softmax(float (&s)[NT][4], int t0, int t, i
 /* o = o * al + P V over OT * 8 columns of V's slice rows (Vs at the first column, rows LDV apart, in {hi, lo}
  * pairs). Each 8 columns' product on the tensor cores from zero, then added in f32 FMA: a long chain of accumulating
  * mma steps (their adds do not round to nearest) loses accuracy over thousands of keys. */
-template <int NT, int OT, int LDV>
+template <int NT, int OT, int LDV, typename E>
 __device__ __forceinline__ void tile_pv(float (&o)[OT][4], const uint32_t (&ph)[NT][4], const uint32_t (&pl)[NT][4],
-                                        const uint2 *Vs, int g, int t, float al_a, float al_b)
+                                        const E *Vs, int g, int t, float al_a, float al_b)
 {
 #pragma unroll
     for (int j = 0; j < OT; j++) {
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int kc = 0; kc < NT; kc++)
-            mma_3xtf32(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LDV + j * 8 + g],
-                       Vs[(kc * 8 + 2 * t + 1) * LDV + j * 8 + g]);
+            mma_split(d, ph[kc], pl[kc], Vs[(kc * 8 + 2 * t) * LDV + j * 8 + g],
+                      Vs[(kc * 8 + 2 * t + 1) * LDV + j * 8 + g]);
         o[j][0] = o[j][0] * al_a + d[0], o[j][1] = o[j][1] * al_a + d[1];
         o[j][2] = o[j][2] * al_b + d[2], o[j][3] = o[j][3] * al_b + d[3];
     }
@@ -837,12 +856,13 @@ __device__ __forceinline__ void tile_pv(float (&o)[OT][4], const uint32_t (&ph)[
 template <int HD, typename T, bool PLAIN>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __grid_constant__ attn_args a)
 {
+    using E = tc_kv<T>;
     const tile_mask mk = mask_of<PLAIN>(a);
-    constexpr int LD = tc_ld<HD>::QK, LDV = tc_ld<HD>::V, NT = TC_BK / 8, OT = HD / 8;
+    constexpr int LD = tc_ld<HD>::QK, LDK = tc_ld<HD, E>::QK, LDV = tc_ld<HD, E>::V, NT = TC_BK / 8, OT = HD / 8;
     extern __shared__ float4 smem4[];
     uint2 *Qp = (uint2 *)smem4;        /* (TC_BQ, LD) */
-    uint2 *Kp = Qp + TC_BQ * LD;       /* (TC_ROWS, LD) */
-    uint2 *Vp = Kp + TC_ROWS * LD;     /* (TC_ROWS, LDV) */
+    E *Kp = (E *)(Qp + TC_BQ * LD);    /* (TC_ROWS, LDK) */
+    E *Vp = Kp + TC_ROWS * LDK;        /* (TC_ROWS, LDV) */
     __shared__ int tile_lo, tile_hi;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -852,7 +872,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     const int tile = n_tiles - 1 - (int)blockIdx.x / a.n_heads, h = (int)blockIdx.x % a.n_heads, i0 = tile * TC_BQ;
     const size_t q_stride = (size_t)a.n_heads * HD, kv_off = (size_t)(h / a.group) * HD;
     const uint2 *Qw = Qp + wrow * LD;
-    const uint2 *Ks = Kp + grp * TC_BK * LD, *Vs = Vp + grp * TC_BK * LDV;
+    const E *Ks = Kp + grp * TC_BK * LDK, *Vs = Vp + grp * TC_BK * LDV;
 
     tile_positions<TC_BQ>(a, i0, &tile_lo, &tile_hi);
     const int t_first = tile_first_row(tile_lo, mk.sliding), t_last = tile_hi;
@@ -861,7 +881,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
         int r = idx / (HD / 4), c = (idx - r * (HD / 4)) * 4;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i0 + r < a.n) v = *(const float4 *)(a.q + (size_t)(i0 + r) * q_stride + (size_t)h * HD + c);
-        store_pairs4(Qp + r * LD + c, v);
+        store_tc4(Qp + r * LD + c, v);
     }
     const int ra = i0 + wrow + g, rb = ra + 8;
     int pos_a, pos_b, warp_first, warp_max;
@@ -873,7 +893,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
     for (int tt = t_first; tt <= t_last; tt += TC_ROWS) {
-        load_kv_pairs<HD, TC_ROWS, TC_THREADS, T>(Kp, Vp, a, kv_off, tt, t_last);
+        load_kv_tile<HD, TC_ROWS, TC_THREADS, T>(Kp, Vp, a, kv_off, tt, t_last);
         __syncthreads();
         const int t0 = tt + grp * TC_BK; /* this group's keys */
 
@@ -887,7 +907,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
                 load_a_pairs(ah, al, Qw, LD, k0, g, t);
 #pragma unroll
                 for (int j = 0; j < NT; j++)
-                    mma_3xtf32(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
+                    mma_split(s[j], ah, al, Ks[(j * 8 + g) * LDK + k0 + t], Ks[(j * 8 + g) * LDK + k0 + t + 4]);
             }
             float al_a, al_b;
             uint32_t ph[NT][4], pl[NT][4];
@@ -901,7 +921,8 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
         l_a += __shfl_xor_sync(0xffffffffu, l_a, o);
         l_b += __shfl_xor_sync(0xffffffffu, l_b, o);
     }
-    /* group 1 hands its state to group 0 through the (now free) K/V tile: o as (64, LD), m and l per row */
+    /* group 1 hands its state to group 0 through the (now free) K/V tile: o as (64, LD), m and l per row (the K
+     * tile holds TC_ROWS = 64 rows of at least LD words) */
     float *Os = (float *)Kp, *Ms = (float *)Vp, *Ls = Ms + TC_BQ; /* Os: (TC_BQ, LD) floats */
     const int la = wrow + g, lb = la + 8; /* rows in the tile */
     if (grp == 1) {
@@ -953,7 +974,7 @@ template <int HD, typename T> static bool launch_prefill_tc(const attn_args *a)
     unsigned blocks = (unsigned)((a->n + TC_BQ - 1) / TC_BQ) * (unsigned)a->n_heads;
     void *args[] = {(void *)a};
     return LLM_CUDA_CHECK("attention", cudaLaunchKernel(kernel, dim3(blocks), dim3(TC_THREADS), args,
-                                                        prefill_tc_smem<HD>(), llm_cuda.stream));
+                                                        prefill_tc_smem<HD, T>(), llm_cuda.stream));
 }
 
 /* head_dim 256 (Gemma): the kernel above's 64 queries a block would hold 128 output floats a thread and 400 KB of
@@ -967,11 +988,12 @@ template <int HD, typename T> static bool launch_prefill_tc(const attn_args *a)
 #define TC_WIDE_HD 256
 #define TC_WIDE_LDQ (TC_WIDE_HD + 4) /* floats: the fragment reads (rows g, columns t) fall in distinct banks */
 
-static size_t prefill_tc_wide_smem()
+template <typename T> static size_t prefill_tc_wide_smem()
 {
     constexpr int HD = TC_WIDE_HD;
+    using E = tc_kv<T>;
     return (size_t)TC_BQ * TC_WIDE_LDQ * sizeof(float) +
-           ((size_t)TC_BK * tc_ld<HD>::QK + (size_t)TC_BK * tc_ld<HD>::V) * sizeof(uint2) +
+           ((size_t)TC_BK * tc_ld<HD, E>::QK + (size_t)TC_BK * tc_ld<HD, E>::V) * sizeof(E) +
            (size_t)TC_THREADS * (TC_BK / 8 * 4) * sizeof(float); /* the exchange: a thread's partial scores */
 }
 
@@ -988,15 +1010,16 @@ __device__ __forceinline__ void load_a_split(uint32_t (&ah)[4], uint32_t (&al)[4
 template <typename T, bool PLAIN>
 __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_wide_kernel(const __grid_constant__ attn_args a)
 {
-    constexpr int HD = TC_WIDE_HD, HALF = HD / 2, LDQ = TC_WIDE_LDQ, LD = tc_ld<HD>::QK, LDV = tc_ld<HD>::V;
+    using E = tc_kv<T>;
+    constexpr int HD = TC_WIDE_HD, HALF = HD / 2, LDQ = TC_WIDE_LDQ, LD = tc_ld<HD, E>::QK, LDV = tc_ld<HD, E>::V;
     constexpr int BQ = TC_BQ, PAIRS = BQ / 16, THREADS = TC_THREADS;
     static_assert(2 * PAIRS * 32 == THREADS, "a warp pair a 16 rows");
     constexpr int NT = TC_BK / 8, OT = HALF / 8, SX = NT * 4; /* SX: a thread's partial scores */
     const tile_mask mk = mask_of<PLAIN>(a);
     extern __shared__ float4 smem4[];
     float *Qs = (float *)smem4;              /* (BQ, LDQ) */
-    uint2 *Ks = (uint2 *)(Qs + BQ * LDQ);    /* (TC_BK, LD) */
-    uint2 *Vs = Ks + TC_BK * LD;             /* (TC_BK, LDV) */
+    E *Ks = (E *)(Qs + BQ * LDQ);            /* (TC_BK, LD) */
+    E *Vs = Ks + TC_BK * LD;                 /* (TC_BK, LDV) */
     float *Sx = (float *)(Vs + TC_BK * LDV); /* (warps, SX, 32): each warp's partial scores, lane fastest */
     __shared__ int tile_lo, tile_hi;
 
@@ -1027,7 +1050,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_wide_kernel(const 
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
     for (int t0 = t_first; t0 <= t_last; t0 += TC_BK) {
-        load_kv_pairs<HD, TC_BK, THREADS, T>(Ks, Vs, a, kv_off, t0, t_last);
+        load_kv_tile<HD, TC_BK, THREADS, T>(Ks, Vs, a, kv_off, t0, t_last);
         __syncthreads();
         if (t0 <= warp_max && t0 + TC_BK > warp_first) { /* the same for both warps of a pair: their rows */
             float s[NT][4];
@@ -1039,7 +1062,7 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_wide_kernel(const 
                 load_a_split(ah, al, Qw, LDQ, k0, g, t);
 #pragma unroll
                 for (int j = 0; j < NT; j++)
-                    mma_3xtf32(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
+                    mma_split(s[j], ah, al, Ks[(j * 8 + g) * LD + k0 + t], Ks[(j * 8 + g) * LD + k0 + t + 4]);
             }
 #pragma unroll
             for (int e = 0; e < SX; e++) mine[e * 32] = s[e / 4][e % 4];
@@ -1084,7 +1107,7 @@ template <typename T> static bool launch_prefill_tc_wide(const attn_args *a)
     unsigned blocks = (unsigned)((a->n + TC_BQ - 1) / TC_BQ) * (unsigned)a->n_heads;
     void *args[] = {(void *)a};
     return LLM_CUDA_CHECK("attention", cudaLaunchKernel(kernel, dim3(blocks), dim3(TC_THREADS), args,
-                                                        prefill_tc_wide_smem(), llm_cuda.stream));
+                                                        prefill_tc_wide_smem<T>(), llm_cuda.stream));
 }
 
 
@@ -1189,7 +1212,8 @@ template <int DPL, typename T> static void launch_decode_w(attn_args *a, int ctx
 }
 
 /* Whether the GPU gives a block the head_dim 256 kernel's shared memory (Hopper's 227 KB; not an A100's 163). */
-static bool wide_fits() { return prefill_tc_wide_smem() + 64 /* its static bounds */ <= llm_cuda.smem_optin; }
+/* (an f32 cache's, the largest) */
+static bool wide_fits() { return prefill_tc_wide_smem<float>() + 64 /* its static bounds */ <= llm_cuda.smem_optin; }
 
 /* Head dims whose batches take a tiled kernel whatever the attention's parameters: the tensor cores'. The f32 SIMT
  * kernel (head_dim 256 off Hopper, and LLM_CUDA_ATTN=simt) computes Llama's attention only: other families' layers
