@@ -744,33 +744,41 @@ __device__ __forceinline__ void store_tc4(uint2 *dst, float4 v)
 /* Four f32 values exact in TF32 as words at dst (16-byte aligned). */
 __device__ __forceinline__ void store_tc4(uint32_t *dst, float4 v) { *(float4 *)dst = v; }
 
-/* The K and V rows t0 .. t0 + ROWS - 1 of head kv_off as tc_kv<T> elements; rows past t_last are zeros. All loads
- * of a thread are issued before its first store, so their latencies overlap. */
-template <int HD, int ROWS, int THREADS, typename T>
-__device__ __forceinline__ void load_kv_tile(tc_kv<T> *Kp, tc_kv<T> *Vp, const attn_args &a, size_t kv_off, int t0,
-                                              int t_last)
-{
-    using E = tc_kv<T>;
-    constexpr int C4 = HD / 4, PER = ROWS * C4 / THREADS; /* float4s of K (and of V) per thread */
-    static_assert(ROWS * C4 % THREADS == 0, "whole float4s per thread");
-    float4 k[PER], v[PER];
+/* A thread's share of the K and V rows t0 .. t0 + ROWS - 1 of head kv_off, as loaded (kv_chunk: 4 cache
+ * elements); rows past t_last are zeros. `fetch` issues every load of the thread before any is used, `put` stores
+ * them into the shared tiles as tc_kv<T> elements. A 16-bit cache's tile is fetched a step ahead, its loads in flight
+ * over the step's products (AHEAD); an f32 cache's 64 registers of it would not fit beside them. */
+template <int HD, int ROWS, int THREADS, typename T> struct kv_tile_regs {
+    static constexpr int C4 = HD / 4, PER = ROWS * C4 / THREADS; /* chunks of K (and of V) per thread */
+    static constexpr bool AHEAD = sizeof(T) < 4;
+    static_assert(ROWS * C4 % THREADS == 0, "whole chunks per thread");
+    kv_chunk<T> k[PER], v[PER];
+
+    __device__ __forceinline__ void fetch(const attn_args &a, size_t kv_off, int t0, int t_last)
+    {
 #pragma unroll
-    for (int u = 0; u < PER; u++) {
-        int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4, key = t0 + r;
-        k[u] = v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (key <= t_last) {
-            size_t off = ring_row(key, a.ctx) * a.kv_dim + kv_off + c;
-            k[u] = llm_cuda_kv_load4((const T *)a.k_cache + off);
-            v[u] = llm_cuda_kv_load4((const T *)a.v_cache + off);
+        for (int u = 0; u < PER; u++) {
+            int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4, key = t0 + r;
+            k[u] = v[u] = kv_chunk<T>{};
+            if (key <= t_last) {
+                size_t off = ring_row(key, a.ctx) * a.kv_dim + kv_off + c;
+                k[u] = *(const kv_chunk<T> *)((const T *)a.k_cache + off);
+                v[u] = *(const kv_chunk<T> *)((const T *)a.v_cache + off);
+            }
         }
     }
+
+    __device__ __forceinline__ void put(tc_kv<T> *Kp, tc_kv<T> *Vp) const
+    {
+        using E = tc_kv<T>;
 #pragma unroll
-    for (int u = 0; u < PER; u++) {
-        int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4;
-        store_tc4(Kp + r * tc_ld<HD, E>::QK + c, k[u]);
-        store_tc4(Vp + r * tc_ld<HD, E>::V + c, v[u]);
+        for (int u = 0; u < PER; u++) {
+            int idx = threadIdx.x + u * THREADS, r = idx / C4, c = (idx - r * C4) * 4;
+            store_tc4(Kp + r * tc_ld<HD, E>::QK + c, llm_cuda_kv_load4((const T *)&k[u]));
+            store_tc4(Vp + r * tc_ld<HD, E>::V + c, llm_cuda_kv_load4((const T *)&v[u]));
+        }
     }
-}
+};
 
 /* The positions of a thread's rows ra and ra + 8 (-1 past n), and the rows of the cache its warp's rows see:
  * warp_first (INT_MAX - ... where the warp has no rows: none) to warp_max. */
@@ -892,9 +900,12 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_kernel(const __gri
     for (int j = 0; j < OT; j++) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
+    kv_tile_regs<HD, TC_ROWS, TC_THREADS, T> kv;
     for (int tt = t_first; tt <= t_last; tt += TC_ROWS) {
-        load_kv_tile<HD, TC_ROWS, TC_THREADS, T>(Kp, Vp, a, kv_off, tt, t_last);
+        if (!kv.AHEAD || tt == t_first) kv.fetch(a, kv_off, tt, t_last);
+        kv.put(Kp, Vp);
         __syncthreads();
+        if (kv.AHEAD && tt + TC_ROWS <= t_last) kv.fetch(a, kv_off, tt + TC_ROWS, t_last);
         const int t0 = tt + grp * TC_BK; /* this group's keys */
 
         if (t0 <= warp_max && t0 + TC_BK > warp_first) { /* else no row of this warp sees a key of this slice */
@@ -1049,9 +1060,12 @@ __global__ void __launch_bounds__(TC_THREADS) attn_prefill_tc_wide_kernel(const 
     for (int j = 0; j < OT; j++) o_acc[j][0] = o_acc[j][1] = o_acc[j][2] = o_acc[j][3] = 0.0f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
 
+    kv_tile_regs<HD, TC_BK, THREADS, T> kv;
     for (int t0 = t_first; t0 <= t_last; t0 += TC_BK) {
-        load_kv_tile<HD, TC_BK, THREADS, T>(Ks, Vs, a, kv_off, t0, t_last);
+        if (!kv.AHEAD || t0 == t_first) kv.fetch(a, kv_off, t0, t_last);
+        kv.put(Ks, Vs);
         __syncthreads();
+        if (kv.AHEAD && t0 + TC_BK <= t_last) kv.fetch(a, kv_off, t0 + TC_BK, t_last);
         if (t0 <= warp_max && t0 + TC_BK > warp_first) { /* the same for both warps of a pair: their rows */
             float s[NT][4];
 #pragma unroll
