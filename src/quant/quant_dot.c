@@ -42,8 +42,8 @@ static size_t xq_stride(llm_quant_type t, size_t cols)
 }
 
 /* Blocks of B values to d = max|x| / 127 and qs = round(x / d) (ties to even, as llama.cpp's vector quantizers),
- * and with fine_x for Q8_0 weights the second half (quant_impl.h); plain loops that the compiler vectorises, cheap beside the
- * product (n * cols against rows * cols). */
+ * and with fine_x for Q8_0 weights the second half (quant_impl.h); plain loops that the compiler vectorises, cheap
+ * beside the product (n * cols against rows * cols). */
 void llm_quant_x_portable(unsigned char *xq, const float *x, size_t cols, llm_quant_type weights, bool fine_x)
 {
     const size_t B = xq_block(weights);
@@ -169,7 +169,8 @@ static void tile_q8_0_c(float *out, size_t ldo, const unsigned char *w, size_t r
 {
     for (int p = 0; p < np; p++)
         for (int r = 0; r < nr; r++)
-            out[(size_t)p * ldo + (size_t)r] = dot_q8_0(w + (size_t)r * row_bytes, xq + (size_t)p * stride, cols, fine_x);
+            out[(size_t)p * ldo + (size_t)r] =
+                dot_q8_0(w + (size_t)r * row_bytes, xq + (size_t)p * stride, cols, fine_x);
 }
 
 static const llm_quant_kernels kernels_c = {

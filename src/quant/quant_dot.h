@@ -1,6 +1,7 @@
 /* Matrix products with block-quantized weights: the reference (dequantize exactly, multiply in f32) and the fast
  * CPU version (activations quantized per block to 8 bits as llama.cpp does, or for Q8_0 weights on request to 15,
- * integer dot products, the ISA chosen at run time). Not here: the formats themselves (quant.h) or which device runs what (src/devices/). */
+ * integer dot products, the ISA chosen at run time). Not here: the formats themselves (quant.h) or which device
+ * runs what (src/devices/). */
 #ifndef LLM_QUANT_DOT_H
 #define LLM_QUANT_DOT_H
 

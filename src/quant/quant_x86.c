@@ -112,10 +112,10 @@ AVX2 INLINE void tile_32_avx2(float *out, size_t ldo, const uint8_t *w, size_t r
                 } else { /* sum(w qs), fine: 128 sum(w qs) + sum(w lo) */
                     __m256i w_abs = _mm256_abs_epi8(wq[r]);
                     s = _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a, wq[r])), ones);
-                    if (fine)
-                        s = _mm256_add_epi32(_mm256_slli_epi32(s, 7),
-                                             _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a_lo, wq[r])),
-                                                               ones));
+                    if (fine) {
+                        __m256i lo = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(a_lo, wq[r]));
+                        s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), _mm256_madd_epi16(lo, ones));
+                    }
                 }
                 acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw[r] * da), acc[r][p]);
             }

@@ -842,9 +842,9 @@ __device__ __forceinline__ void tile_softmax(float (&s)[NT][4], int t0, int t, i
     l_b = l_b * al_b + sum_b;
 }
 
-/* o = o * al + P V over OT * 8 columns of V's slice rows (Vs at the first column, rows LDV apart, in {hi, lo}
- * pairs). Each 8 columns' product on the tensor cores from zero, then added in f32 FMA: a long chain of accumulating
- * mma steps (their adds do not round to nearest) loses accuracy over thousands of keys. */
+/* o = o * al + P V over OT * 8 columns of V's slice rows (Vs at the first column, rows LDV apart, tc_kv elements:
+ * {hi, lo} pairs or exact words). Each 8 columns' product on the tensor cores from zero, then added in f32 FMA: a
+ * long chain of accumulating mma steps (their adds do not round to nearest) loses accuracy over thousands of keys. */
 template <int NT, int OT, int LDV, typename E>
 __device__ __forceinline__ void tile_pv(float (&o)[OT][4], const uint32_t (&ph)[NT][4], const uint32_t (&pl)[NT][4],
                                         const E *Vs, int g, int t, float al_a, float al_b)
