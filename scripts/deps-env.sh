@@ -1,5 +1,6 @@
 # Sourced by the GPU scripts. With LLM_DEPS_DIR set (a prefix holding the -dev packages' include/ and lib/, for a
-# machine without them: the GPU machine), MAKEVARS passes them to make and the loader finds the libraries.
+# machine without them: the GPU machine; scripts/make-deps-prefix.sh packs one), MAKEVARS passes them to make and
+# the loader finds the libraries.
 MAKEVARS=()
 if [ -n "${LLM_DEPS_DIR:-}" ]; then
     d=$LLM_DEPS_DIR
