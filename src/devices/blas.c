@@ -1,6 +1,7 @@
-/* The blas device: the fast CPU device. Prompt batches go through OpenBLAS's sgemm (16-bit weights converted to f32
- * a tile at a time into a per-thread scratch buffer), or, for BF16 weights where the CPU has AVX-512 BF16, through
- * our own gemm on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a
+/* The blas device: the fast CPU device. Prompt batches go through our own f32 FMA gemm where the CPU has AVX-512
+ * (matmul_fma: weights widened to f32 a panel at a time), else through OpenBLAS's sgemm (16-bit weights converted to
+ * f32 a tile at a time into a per-thread scratch buffer); batches of a few positions with BF16 weights, where the
+ * CPU has AVX-512 BF16, through vdpbf16ps tiles on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a
  * vectorised dot product per row; attention reads the KV cache in its own type (F32, F16, BF16, Q8_0) with the same
  * dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3 widened in registers and multiplied
  * in f32; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
@@ -643,6 +644,99 @@ static const blas_kernels kernels_avx512 = {
     .silu_mul = silu_mul_avx512, .exp_shift = exp_shift_avx512,
 };
 
+/* ---- AVX-512: prompt batches with F32, F16, BF16 and FP8 weights, as f32 FMAs ----
+ * A tile multiplies FMA_ROWS weight rows, widened exactly to f32, by a block of FMA_POS positions transposed so that
+ * a column k of the block is two vectors: each weight is broadcast against them, 12 x 2 accumulators, no horizontal
+ * sums at the end. Every product and sum is an f32 FMA, as the reference's dot product in another order. Why not
+ * vdpbf16ps on the weights as stored (32 BF16 products an instruction): this project's VM runs it at a quarter of
+ * the rate of 512-bit FMAs (1.25 G against 5.3 G a second a core, 2026-11-28; 0.86 G against 1.58 G on an earlier
+ * host), so its products were no faster than FMAs' and needed the horizontal sums and x rounded to BF16. */
+#define FMA_ROWS 12 /* 24 accumulators, two position vectors and a broadcast: 27 of the 32 registers */
+#define FMA_POS 32  /* positions a block: two vectors */
+
+/* out[p * ldo + r] = sum_k wp[r * ldw + k] * xt[k * FMA_POS + p] for r < rm, p < np; wp holds FMA_ROWS rows (those
+ * past rm are read, not stored). While it runs, the `next_bytes` at `next` (the next panel's weights as stored, or
+ * NULL) are asked into L2, spread over the columns: the widening that follows then reads them from cache instead of
+ * waiting on memory (measured: 3-7 % on TinyLlama's matrices). */
+AVX512 static void fma_tile(float *out, size_t ldo, const float *wp, size_t ldw, const float *xt, size_t cols,
+                            int rm, int np, const char *next, size_t next_bytes)
+{
+    __m512 acc[FMA_ROWS][2];
+    _Pragma("GCC unroll 12") for (int r = 0; r < FMA_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    size_t groups = (cols + 7) / 8, lines = next ? (next_bytes / 64 + groups) / groups : 0;
+    const char *pf = next, *pf_end = next ? next + next_bytes : NULL;
+#define FMA_COLUMN(k)                                                                                                 \
+    {                                                                                                                 \
+        __m512 x0 = _mm512_load_ps(xt + (k) * FMA_POS), x1 = _mm512_load_ps(xt + (k) * FMA_POS + 16);                 \
+        _Pragma("GCC unroll 12") for (int r = 0; r < FMA_ROWS; r++)                                                   \
+        {                                                                                                             \
+            __m512 b = _mm512_set1_ps(wp[r * ldw + (k)]);                                                             \
+            acc[r][0] = _mm512_fmadd_ps(b, x0, acc[r][0]);                                                            \
+            acc[r][1] = _mm512_fmadd_ps(b, x1, acc[r][1]);                                                            \
+        }                                                                                                             \
+    }
+    size_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        for (size_t l = 0; l < lines && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+        _Pragma("GCC unroll 8") for (size_t j = k; j < k + 8; j++) FMA_COLUMN(j)
+    }
+    for (; k < cols; k++) FMA_COLUMN(k)
+#undef FMA_COLUMN
+    float t[FMA_ROWS][FMA_POS] __attribute__((aligned(64)));
+    _Pragma("GCC unroll 12") for (int r = 0; r < FMA_ROWS; r++)
+    {
+        _mm512_store_ps(t[r], acc[r][0]);
+        _mm512_store_ps(t[r] + 16, acc[r][1]);
+    }
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < rm; r++) out[(size_t)p * ldo + r] = t[r][p];
+}
+
+/* r[i] = row i of a 16 x 16 block -> r[j] = its column j */
+AVX512 static void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int j = 0; j < 2; j++) {
+            __m512d a = _mm512_castps_pd(t[i + j]), b = _mm512_castps_pd(t[i + j + 2]);
+            r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int c = 0; c < 4; c++) { /* 128-bit lanes: r[4g + c] holds rows 4g .. 4g + 3 of columns c, 4 + c, ... */
+        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xdd);
+    }
+}
+
+/* xt[k * FMA_POS + p] = x[p * cols + k] for the np positions at x, zero for p in np .. FMA_POS - 1 (64-byte aligned) */
+AVX512 static void transpose_block(float *xt, const float *x, size_t cols, int np)
+{
+    for (int h = 0; h < FMA_POS; h += 16) {
+        size_t k = 0;
+        for (; k + 16 <= cols; k += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = h + i < np ? _mm512_loadu_ps(x + (size_t)(h + i) * cols + k) : _mm512_setzero_ps();
+            transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_store_ps(xt + (k + j) * FMA_POS + h, r[j]);
+        }
+        for (; k < cols; k++)
+            for (int i = 0; i < 16; i++) xt[k * FMA_POS + h + i] = h + i < np ? x[(size_t)(h + i) * cols + k] : 0.0f;
+    }
+}
+
 /* ---- AVX-512 BF16: prompt batches with BF16 weights (vdpbf16ps: 32 bf16 products into 16 f32 sums each) ----
  * The weights stay as stored. Each activation x is split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi),
  * both rounded to nearest: |x - hi| <= 2^-8 |x| and |(x - hi) - lo| <= 2^-8 |x - hi|, so |x - (hi + lo)| <= 2^-16 |x|.
@@ -740,6 +834,7 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
+static bool fma_gemm;  /* matmul_fma runs here (the AVX-512 kernels) */
 static bool accurate = true; /* LLM_PRECISION_ACCURATE: BF16 products with x as hi + lo halves, MXFP4's in f32,
                                 Q8_0's x to 15 bits; the fast precision: x as hi alone, MXFP4's and Q8_0's x rounded
                                 to 8 bits a block (quantizes_x) */
@@ -751,11 +846,13 @@ static void *moe_ws;          /* the experts' picks sorted by expert, then one g
                                  (blas_experts), grown; 64-byte aligned (llm_host_alloc) */
 static size_t moe_ws_bytes;
 
-/* Per thread: 4 MiB, a tile of weights converted to f32 that stays in cache while sgemm reads it back. */
+/* Per thread: 4 MiB, a tile of weights converted to f32 that stays in cache while sgemm reads it back (matmul_fma:
+ * each thread's panel, the rest for the positions' blocks). */
 #define SCRATCH_BYTES ((size_t)4 << 20)
 /* Below this many positions, a dot product per (row, position), reading 16-bit weights once and reusing each row
  * from L1, beats converting tiles and calling sgemm (measured on TinyLlama's matrices: the crossover lies between
- * 8 and 16 positions with 1 and 2 threads). */
+ * 8 and 16 positions with 1 and 2 threads), and matmul_fma, which pads a block to 32 positions (F16, 2 threads:
+ * level at 8 positions, 36 against 14 tok/s at 12, 2026-11-28). */
 #define GEMM_MIN_N 12
 /* Elements of work below which a parallel region costs more than it saves (~2 us to wake the threads). */
 #define PAR_MIN 32768
@@ -777,6 +874,7 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
     if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K);
+    fma_gemm = K == &kernels_avx512;
     for (int b = 0; b < 256; b++) f8_values[b] = llm_fp8_e4m3_to_f32((unsigned char)b);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
@@ -812,9 +910,10 @@ static void blas_describe(char *buf, size_t len)
 {
     int cores = llm_host_physical_cores();
     const llm_quant_kernels *q = QK ? QK : pick_quant_kernels();
-    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s (%s for quantized weights), %s", blas_threads,
+    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s%s (%s for quantized weights), %s", blas_threads,
              blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name,
-             bf16_gemm ? " + avx512_bf16 for BF16 prompts" : "", q->name, openblas_get_config());
+             fma_gemm ? " + f32 FMA tiles for prompts" : "", bf16_gemm ? " + avx512_bf16 for short BF16 batches" : "",
+             q->name, openblas_get_config());
 }
 
 /* Weights. Decode reads every matrix once per token, and with 4 KiB pages the TLB misses of that stream cost
@@ -998,9 +1097,52 @@ static bool matmul_gemm(float *out, const float *x, const llm_weight *w, int n)
     return true;
 }
 
-/* From this many positions on, matmul_bf16 runs instead of one dot product per (row, position) (measured on
- * TinyLlama's matrices with 2 threads: 1.7-3x faster from 2 positions on; at 1, where the weights come from memory,
- * no faster). */
+/* out = x w^T through fma_tile, where the AVX-512 kernels run (fma_gemm): the positions transposed into blocks in the
+ * shared scratch (as many blocks as it holds at a time), then each thread takes its share of the weight rows, a panel
+ * of FMA_ROWS widened into its own part of the scratch (K->to_f32: exact for every format here), and runs it against
+ * every block while it stays in L2. Returns false when the scratch holds no block beside the threads' panels (a
+ * matrix over ~23,000 columns with one thread), leaving the work to matmul_gemm. */
+static bool matmul_fma(float *out, const float *x, const llm_weight *w, int n)
+{
+    size_t rows = w->rows, cols = w->cols, row_bytes = llm_dtype_row_bytes(w->dtype, cols);
+    size_t ldw = (cols + 15) / 16 * 16, panels = (size_t)blas_threads * FMA_ROWS * ldw, block = cols * FMA_POS;
+    if (scratch_floats < panels + block) return false;
+    size_t chunk = (scratch_floats - panels) / block, blocks = ((size_t)n + FMA_POS - 1) / FMA_POS;
+    void (*widen)(float *, const void *, size_t) = K->to_f32[w->dtype];
+    float *xt = scratch + panels;
+    const char *wd = w->data;
+    for (size_t b0 = 0; b0 < blocks; b0 += chunk) {
+        size_t nb = blocks - b0 < chunk ? blocks - b0 : chunk;
+#pragma omp parallel num_threads(blas_threads)
+        {
+#pragma omp for schedule(static)
+            for (size_t b = 0; b < nb; b++) {
+                size_t p0 = (b0 + b) * FMA_POS, np = (size_t)n - p0 < FMA_POS ? (size_t)n - p0 : FMA_POS;
+                transpose_block(xt + b * block, x + p0 * cols, cols, (int)np);
+            }
+            size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
+            size_t share = ((rows + team - 1) / team + FMA_ROWS - 1) / FMA_ROWS * FMA_ROWS;
+            size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
+            float *wp = scratch + t * FMA_ROWS * ldw;
+            for (size_t r = begin; r < end; r += FMA_ROWS) {
+                size_t rm = end - r < FMA_ROWS ? end - r : FMA_ROWS, after = end - r - rm;
+                size_t next = after < FMA_ROWS ? after : FMA_ROWS;
+                for (size_t i = 0; i < rm; i++) widen(wp + i * ldw, wd + (r + i) * row_bytes, cols);
+                if (rm < FMA_ROWS) memset(wp + rm * ldw, 0, (FMA_ROWS - rm) * ldw * sizeof(float));
+                for (size_t b = 0; b < nb; b++) {
+                    size_t p0 = (b0 + b) * FMA_POS, np = (size_t)n - p0 < FMA_POS ? (size_t)n - p0 : FMA_POS;
+                    fma_tile(out + p0 * rows + r, rows, wp, ldw, xt + b * block, cols, (int)rm, (int)np,
+                             b == 0 && next ? wd + (r + rm) * row_bytes : NULL, next * row_bytes);
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* From this many positions on (to GEMM_MIN_N, where matmul_fma takes over), matmul_bf16 runs instead of one dot
+ * product per (row, position) (measured on TinyLlama's matrices with 2 threads: 1.7-3x faster from 2 positions on;
+ * at 1, where the weights come from memory, no faster). */
 #define BF16_MIN_N 2
 
 /* out = x w^T for BF16 w with vdpbf16ps (see split_bf16 for the error; hi alone in the fast precision, 2^-9 relative
@@ -1124,6 +1266,8 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
     } else if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
         matmul_rows(out, x, w, bias, n);
         return;
+    } else if (fma_gemm && n >= GEMM_MIN_N && matmul_fma(out, x, w, n)) {
+        /* F32, F16, BF16 and FP8 batches where the AVX-512 kernels run: f32 products in either precision */
     } else if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
         /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly; in the
          * fast precision, where the CPU has AVX-512 BF16, BF16 tiles from BF16_MIN_N positions on */
