@@ -1,12 +1,13 @@
 /* The blas device: the fast CPU device. Prompt batches go through our own f32 FMA gemm where the CPU has AVX-512
  * (matmul_fma: weights widened to f32 a panel at a time), else through OpenBLAS's sgemm (16-bit weights converted to
  * f32 a tile at a time into a per-thread scratch buffer); batches of a few positions with BF16 weights, where the
- * CPU has AVX-512 BF16, through vdpbf16ps tiles on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a
- * vectorised dot product per row; attention reads the KV cache in its own type (F32, F16, BF16, Q8_0) with the same
- * dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3 widened in registers and multiplied
- * in f32; every other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2
- * (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports (LLM_BLAS_KERNELS=avx2|portable
- * forces a narrower set, for tests). Threads: -t, else one per physical core. Not here: the reference (ref.c). */
+ * CPU has AVX-512 BF16, through vdpbf16ps tiles on the weights as stored (matmul_bf16); one-token decode reads
+ * 16-bit weights directly with a vectorised dot product per row; attention reads the KV cache in its own type (F32,
+ * F16, BF16, Q8_0) with the same dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3
+ * widened in registers and multiplied in f32; every other op is vectorised and OpenMP-parallel. Kernels come in
+ * AVX-512, AVX2 (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports
+ * (LLM_BLAS_KERNELS=avx2|portable forces a narrower set, for tests). Threads: -t, else one per physical core. Not
+ * here: the reference (ref.c). */
 #include <assert.h>
 #include <cblas.h>
 #include <immintrin.h>
@@ -656,9 +657,10 @@ static const blas_kernels kernels_avx512 = {
 
 /* out[p * ldo + r] = sum_k wp[r * ldw + k] * xt[k * FMA_POS + p] for r < rm, p < np <= 16 NV; wp holds FMA_ROWS
  * rows (those past rm are read, not stored). NV: the position vectors taken, 2, or 1 for a block of at most 16
- * (half the work: TinyLlama BF16, 2 threads, pp16 35-39 -> 52-65 tok/s, pp40 40-42 -> 65-76). While it runs, the `next_bytes` at `next` (the next panel's weights as stored, or NULL) are asked
- * into L2, spread over the columns: the widening that follows then reads them from cache instead of waiting on
- * memory (measured: 3-7 % on TinyLlama's matrices). */
+ * (half the work: TinyLlama BF16, 2 threads, pp16 35-39 -> 52-65 tok/s, pp40 40-42 -> 65-76). While it runs, the
+ * `next_bytes` at `next` (the next panel's weights as stored, or NULL) are asked into L2, spread over the columns:
+ * the widening that follows then reads them from cache instead of waiting on memory (measured: 3-7 % on TinyLlama's
+ * matrices). */
 AVX512 static inline __attribute__((always_inline)) void fma_tile_nv(float *out, size_t ldo, const float *wp,
                                                                      size_t ldw, const float *xt, size_t cols, int rm,
                                                                      int np, const char *next, size_t next_bytes,
@@ -844,9 +846,9 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
 static bool fma_gemm;  /* matmul_fma runs here (the AVX-512 kernels) */
-static bool accurate = true; /* LLM_PRECISION_ACCURATE: BF16 products with x as hi + lo halves, MXFP4's in f32,
-                                Q8_0's x to 15 bits; the fast precision: x as hi alone, MXFP4's and Q8_0's x rounded
-                                to 8 bits a block (quantizes_x) */
+static bool accurate = true; /* LLM_PRECISION_ACCURATE: short BF16 batches (matmul_bf16) with x as hi + lo halves,
+                                short FP8 ones and MXFP4's in f32, Q8_0's x to 15 bits; the fast precision: x as hi
+                                alone (FP8's too), MXFP4's and Q8_0's x rounded to 8 bits a block (quantizes_x) */
 static int blas_threads = 1;
 static int blas_users;
 static float *scratch;        /* per thread, an f32 tile of a 16-bit weight matrix for sgemm */
@@ -882,8 +884,8 @@ static const llm_quant_kernels *pick_quant_kernels(void)
 static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
-    if (blas_users == 0) K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K);
-    fma_gemm = K == &kernels_avx512;
+    if (blas_users == 0)
+        K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K), fma_gemm = K == &kernels_avx512;
     for (int b = 0; b < 256; b++) f8_values[b] = llm_fp8_e4m3_to_f32((unsigned char)b);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
