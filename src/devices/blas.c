@@ -1,8 +1,8 @@
-/* The blas device: the fast CPU device. Prompt batches go through our own f32 FMA gemm where the CPU has AVX-512
- * (matmul_fma: weights widened to f32 a panel at a time), else through OpenBLAS's sgemm (16-bit weights converted to
- * f32 a tile at a time into a per-thread scratch buffer); batches of a few positions with BF16 weights, where the
- * CPU has AVX-512 BF16, through vdpbf16ps tiles on the weights as stored (matmul_bf16); one-token decode reads
- * 16-bit weights directly with a vectorised dot product per row; attention reads the KV cache in its own type (F32,
+/* The blas device: the fast CPU device. Prompt batches go through our own f32 FMA gemm where the CPU has AVX-512 or
+ * AVX2 (matmul_fma: weights widened to f32 a panel at a time), else through OpenBLAS's sgemm (16-bit weights
+ * converted to f32 a tile at a time into a per-thread scratch buffer); batches of a few positions with BF16 weights,
+ * where the CPU has AVX-512 BF16, through vdpbf16ps tiles on the weights as stored (matmul_bf16); one-token decode
+ * reads 16-bit weights directly with a vectorised dot product per row; attention reads the KV cache in its own type (F32,
  * F16, BF16, Q8_0) with the same dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3
  * widened in registers and multiplied in f32; every other op is vectorised and OpenMP-parallel. Kernels come in
  * AVX-512, AVX2 (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports
@@ -748,6 +748,103 @@ AVX512 static void transpose_block(float *xt, const float *x, size_t cols, int n
     }
 }
 
+/* ---- AVX2: the same prompt products in 256-bit vectors (CPUs without AVX-512) ----
+ * Sixteen registers: 6 rows x 2 position vectors of accumulators, two position vectors and a broadcast. */
+#define FMA2_ROWS 6
+#define FMA2_POS 16
+
+/* fma_tile_nv's product for FMA2_ROWS rows and a block of FMA2_POS positions (NV 1: at most 8 of them) */
+AVX2 static inline __attribute__((always_inline)) void fma2_tile_nv(float *out, size_t ldo, const float *wp,
+                                                                    size_t ldw, const float *xt, size_t cols, int rm,
+                                                                    int np, const char *next, size_t next_bytes,
+                                                                    const int NV)
+{
+    __m256 acc[FMA2_ROWS][2];
+    _Pragma("GCC unroll 6") for (int r = 0; r < FMA2_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    size_t groups = (cols + 7) / 8, lines = next ? (next_bytes / 64 + groups) / groups : 0;
+    const char *pf = next, *pf_end = next ? next + next_bytes : NULL;
+#define FMA2_COLUMN(k)                                                                                                \
+    {                                                                                                                 \
+        __m256 x0 = _mm256_load_ps(xt + (k) * FMA2_POS), x1 = NV == 2 ? _mm256_load_ps(xt + (k) * FMA2_POS + 8) : x0; \
+        _Pragma("GCC unroll 6") for (int r = 0; r < FMA2_ROWS; r++)                                                   \
+        {                                                                                                             \
+            __m256 b = _mm256_broadcast_ss(wp + r * ldw + (k));                                                       \
+            acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);                                                            \
+            if (NV == 2) acc[r][1] = _mm256_fmadd_ps(b, x1, acc[r][1]);                                               \
+        }                                                                                                             \
+    }
+    size_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        for (size_t l = 0; l < lines && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+        _Pragma("GCC unroll 8") for (size_t j = k; j < k + 8; j++) FMA2_COLUMN(j)
+    }
+    for (; k < cols; k++) FMA2_COLUMN(k)
+#undef FMA2_COLUMN
+    float t[FMA2_ROWS][FMA2_POS] __attribute__((aligned(32)));
+    _Pragma("GCC unroll 6") for (int r = 0; r < FMA2_ROWS; r++)
+    {
+        _mm256_store_ps(t[r], acc[r][0]);
+        _mm256_store_ps(t[r] + 8, acc[r][1]);
+    }
+    for (int p = 0; p < np; p++)
+        for (int r = 0; r < rm; r++) out[(size_t)p * ldo + r] = t[r][p];
+}
+AVX2 static void fma2_tile(float *out, size_t ldo, const float *wp, size_t ldw, const float *xt, size_t cols, int rm,
+                           int np, const char *next, size_t next_bytes)
+{
+    if (np > 8) fma2_tile_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 2);
+    else fma2_tile_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 1);
+}
+
+/* r[i] = row i of an 8 x 8 block -> r[j] = its column j */
+AVX2 static void transpose8(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);     /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]); /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) { /* u[i + c]: column c | column 4 + c of rows i .. i + 3 */
+            u[i + 2 * j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
+            u[i + 2 * j + 1] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xee);
+        }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
+/* xt[k * FMA2_POS + p] = x[p * cols + k] for the np positions at x, zero for p in np .. FMA2_POS - 1 (32-byte
+ * aligned) */
+AVX2 static void transpose2_block(float *xt, const float *x, size_t cols, int np)
+{
+    for (int h = 0; h < FMA2_POS; h += 8) {
+        size_t k = 0;
+        for (; k + 8 <= cols; k += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = h + i < np ? _mm256_loadu_ps(x + (size_t)(h + i) * cols + k) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int j = 0; j < 8; j++) _mm256_store_ps(xt + (k + j) * FMA2_POS + h, r[j]);
+        }
+        for (; k < cols; k++)
+            for (int i = 0; i < 8; i++) xt[k * FMA2_POS + h + i] = h + i < np ? x[(size_t)(h + i) * cols + k] : 0.0f;
+    }
+}
+
+/* A CPU's f32 prompt products (matmul_fma): a tile's weight rows, a block's positions, the fewest positions it takes
+ * (below, a dot product per row and position is as fast: TinyLlama BF16, 2 threads, AVX-512 F16 level at 8 positions
+ * and 36 against 14 tok/s at 12; AVX2 level at 4, 26 against 19 at 6, 36 against 18 at 8), and the two functions. */
+typedef struct {
+    int rows, pos, min_n;
+    void (*transpose)(float *xt, const float *x, size_t cols, int np);
+    void (*tile)(float *out, size_t ldo, const float *wp, size_t ldw, const float *xt, size_t cols, int rm, int np,
+                 const char *next, size_t next_bytes);
+} fma_kernels;
+static const fma_kernels fma_avx512 = {FMA_ROWS, FMA_POS, 12, transpose_block, fma_tile};
+static const fma_kernels fma_avx2 = {FMA2_ROWS, FMA2_POS, 6, transpose2_block, fma2_tile};
+
 /* ---- AVX-512 BF16: prompt batches with BF16 weights (vdpbf16ps: 32 bf16 products into 16 f32 sums each) ----
  * The weights stay as stored. Each activation x is split into two bf16 halves, hi = bf16(x) and lo = bf16(x - hi),
  * both rounded to nearest: |x - hi| <= 2^-8 |x| and |(x - hi) - lo| <= 2^-8 |x - hi|, so |x - (hi + lo)| <= 2^-16 |x|.
@@ -845,7 +942,7 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
-static bool fma_gemm;  /* matmul_fma runs here (the AVX-512 kernels) */
+static const fma_kernels *fma_gemm; /* matmul_fma's kernels here (AVX-512's or AVX2's), or NULL: none */
 static bool accurate = true; /* LLM_PRECISION_ACCURATE: short BF16 batches (matmul_bf16) with x as hi + lo halves,
                                 short FP8 ones and MXFP4's in f32, Q8_0's x to 15 bits; the fast precision: x as hi
                                 alone (FP8's too), MXFP4's and Q8_0's x rounded to 8 bits a block (quantizes_x) */
@@ -862,8 +959,7 @@ static size_t moe_ws_bytes;
 #define SCRATCH_BYTES ((size_t)4 << 20)
 /* Below this many positions, a dot product per (row, position), reading 16-bit weights once and reusing each row
  * from L1, beats converting tiles and calling sgemm (measured on TinyLlama's matrices: the crossover lies between
- * 8 and 16 positions with 1 and 2 threads), and matmul_fma, which pads a block to 32 positions (F16, 2 threads:
- * level at 8 positions, 36 against 14 tok/s at 12, 2026-11-28). */
+ * 8 and 16 positions with 1 and 2 threads). matmul_fma has its own (fma_kernels.min_n). */
 #define GEMM_MIN_N 12
 /* Elements of work below which a parallel region costs more than it saves (~2 us to wake the threads). */
 #define PAR_MIN 32768
@@ -885,7 +981,8 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
 {
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
     if (blas_users == 0)
-        K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K), fma_gemm = K == &kernels_avx512;
+        K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K),
+        fma_gemm = K == &kernels_avx512 ? &fma_avx512 : K == &kernels_avx2 ? &fma_avx2 : NULL;
     for (int b = 0; b < 256; b++) f8_values[b] = llm_fp8_e4m3_to_f32((unsigned char)b);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
@@ -1108,17 +1205,19 @@ static bool matmul_gemm(float *out, const float *x, const llm_weight *w, int n)
     return true;
 }
 
-/* out = x w^T through fma_tile, where the AVX-512 kernels run (fma_gemm): the positions transposed into blocks in the
- * shared scratch (as many blocks as it holds at a time), then each thread takes its share of the weight rows, a panel
- * of FMA_ROWS widened into its own part of the scratch (K->to_f32: exact for every format here), and runs it against
- * every block while it stays in L2. Returns false when the scratch holds no block beside the threads' panels (a
- * matrix over ~23,000 columns with one thread), leaving the work to matmul_gemm. */
+/* out = x w^T through fma_gemm's tiles: the positions transposed into blocks in the shared scratch (as many blocks
+ * as it holds at a time), then each thread takes its share of the weight rows, a panel of a tile's rows widened into
+ * its own part of the scratch (K->to_f32: exact for every format here), and runs it against every block while it
+ * stays in L2. Returns false when the scratch holds no block beside the threads' panels (a matrix over ~23,000
+ * columns with one thread), leaving the work to matmul_gemm. */
 static bool matmul_fma(float *out, const float *x, const llm_weight *w, int n)
 {
+    const fma_kernels *fk = fma_gemm;
+    const size_t tile_rows = (size_t)fk->rows, pos = (size_t)fk->pos;
     size_t rows = w->rows, cols = w->cols, row_bytes = llm_dtype_row_bytes(w->dtype, cols);
-    size_t ldw = (cols + 15) / 16 * 16, panels = (size_t)blas_threads * FMA_ROWS * ldw, block = cols * FMA_POS;
+    size_t ldw = (cols + 15) / 16 * 16, panels = (size_t)blas_threads * tile_rows * ldw, block = cols * pos;
     if (scratch_floats < panels + block) return false;
-    size_t chunk = (scratch_floats - panels) / block, blocks = ((size_t)n + FMA_POS - 1) / FMA_POS;
+    size_t chunk = (scratch_floats - panels) / block, blocks = ((size_t)n + pos - 1) / pos;
     void (*widen)(float *, const void *, size_t) = K->to_f32[w->dtype];
     float *xt = scratch + panels;
     const char *wd = w->data;
@@ -1128,21 +1227,21 @@ static bool matmul_fma(float *out, const float *x, const llm_weight *w, int n)
         {
 #pragma omp for schedule(static)
             for (size_t b = 0; b < nb; b++) {
-                size_t p0 = (b0 + b) * FMA_POS, np = (size_t)n - p0 < FMA_POS ? (size_t)n - p0 : FMA_POS;
-                transpose_block(xt + b * block, x + p0 * cols, cols, (int)np);
+                size_t p0 = (b0 + b) * pos, np = (size_t)n - p0 < pos ? (size_t)n - p0 : pos;
+                fk->transpose(xt + b * block, x + p0 * cols, cols, (int)np);
             }
             size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
-            size_t share = ((rows + team - 1) / team + FMA_ROWS - 1) / FMA_ROWS * FMA_ROWS;
+            size_t share = ((rows + team - 1) / team + tile_rows - 1) / tile_rows * tile_rows;
             size_t begin = t * share < rows ? t * share : rows, end = begin + share < rows ? begin + share : rows;
-            float *wp = scratch + t * FMA_ROWS * ldw;
-            for (size_t r = begin; r < end; r += FMA_ROWS) {
-                size_t rm = end - r < FMA_ROWS ? end - r : FMA_ROWS, after = end - r - rm;
-                size_t next = after < FMA_ROWS ? after : FMA_ROWS;
+            float *wp = scratch + t * tile_rows * ldw;
+            for (size_t r = begin; r < end; r += tile_rows) {
+                size_t rm = end - r < tile_rows ? end - r : tile_rows, after = end - r - rm;
+                size_t next = after < tile_rows ? after : tile_rows;
                 for (size_t i = 0; i < rm; i++) widen(wp + i * ldw, wd + (r + i) * row_bytes, cols);
-                if (rm < FMA_ROWS) memset(wp + rm * ldw, 0, (FMA_ROWS - rm) * ldw * sizeof(float));
+                if (rm < tile_rows) memset(wp + rm * ldw, 0, (tile_rows - rm) * ldw * sizeof(float));
                 for (size_t b = 0; b < nb; b++) {
-                    size_t p0 = (b0 + b) * FMA_POS, np = (size_t)n - p0 < FMA_POS ? (size_t)n - p0 : FMA_POS;
-                    fma_tile(out + p0 * rows + r, rows, wp, ldw, xt + b * block, cols, (int)rm, (int)np,
+                    size_t p0 = (b0 + b) * pos, np = (size_t)n - p0 < pos ? (size_t)n - p0 : pos;
+                    fk->tile(out + p0 * rows + r, rows, wp, ldw, xt + b * block, cols, (int)rm, (int)np,
                              b == 0 && next ? wd + (r + rm) * row_bytes : NULL, next * row_bytes);
                 }
             }
@@ -1151,8 +1250,8 @@ static bool matmul_fma(float *out, const float *x, const llm_weight *w, int n)
     return true;
 }
 
-/* From this many positions on (to GEMM_MIN_N, where matmul_fma takes over), matmul_bf16 runs instead of one dot
- * product per (row, position) (measured on TinyLlama's matrices with 2 threads: 1.7-3x faster from 2 positions on;
+/* From this many positions on (to fma_avx512.min_n, where matmul_fma takes over), matmul_bf16 runs instead of one
+ * dot product per (row, position) (measured on TinyLlama's matrices with 2 threads: 1.7-3x faster from 2 positions on;
  * at 1, where the weights come from memory, no faster). */
 #define BF16_MIN_N 2
 
@@ -1277,8 +1376,8 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
     } else if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
         matmul_rows(out, x, w, bias, n);
         return;
-    } else if (fma_gemm && n >= GEMM_MIN_N && matmul_fma(out, x, w, n)) {
-        /* F32, F16, BF16 and FP8 batches where the AVX-512 kernels run: f32 products in either precision */
+    } else if (fma_gemm && n >= fma_gemm->min_n && matmul_fma(out, x, w, n)) {
+        /* F32, F16, BF16 and FP8 batches where the AVX-512 or AVX2 kernels run: f32 products in either precision */
     } else if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
         /* f32 products: a dot per row (dot_f8_c) for few positions, else sgemm on tiles dequantized exactly; in the
          * fast precision, where the CPU has AVX-512 BF16, BF16 tiles from BF16_MIN_N positions on */
