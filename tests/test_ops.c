@@ -323,6 +323,7 @@ static const mm_shape mm_shapes[] = {
     {3, 1, 2, true},        {130, 97, 3, false},    {5, 31, 17, true},      {17, 65, 64, true},
     {259, 2080, 17, false}, {67, 2049, 2, true},    {203, 333, 64, false},  {33, 1000, 128, true},
     {40, 8200, 300, true}, /* more 32-position blocks than blas's scratch holds at once (matmul_fma's chunks) */
+    {70, 16384, 100, false}, /* long rows of whole 32-column steps: AMX's tiles, where the CPU has them */
 };
 /* The head: slices of 49152- and 32000-word vocabularies. */
 static const mm_shape logit_shapes[] = {

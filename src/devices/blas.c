@@ -10,6 +10,7 @@
  * here: the reference (ref.c). */
 #include <assert.h>
 #include <cblas.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <limits.h>
 #include <math.h>
@@ -19,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "host.h"
 #include "../ops/ref.h"
@@ -943,6 +946,8 @@ static bool pick_bf16_gemm(const blas_kernels *k)
 static const blas_kernels *K = &kernels_c;
 static bool bf16_gemm; /* matmul_bf16 runs here (pick_bf16_gemm) */
 static const fma_kernels *fma_gemm; /* matmul_fma's kernels here (AVX-512's or AVX2's), or NULL: none */
+static bool amx_gemm;                /* matmul_amx runs here (pick_amx) */
+static bool pick_amx(const blas_kernels *k);
 static bool accurate = true; /* LLM_PRECISION_ACCURATE: short BF16 batches (matmul_bf16) with x as hi + lo halves,
                                 short FP8 ones and MXFP4's in f32, Q8_0's x to 15 bits; the fast precision: x as hi
                                 alone (FP8's too), MXFP4's and Q8_0's x rounded to 8 bits a block (quantizes_x) */
@@ -982,7 +987,7 @@ static int blas_init(const llm_device_options *opt, char *err, size_t err_len)
     int threads = opt && opt->threads > 0 ? opt->threads : llm_host_physical_cores();
     if (blas_users == 0)
         K = pick_kernels(), QK = pick_quant_kernels(), bf16_gemm = pick_bf16_gemm(K),
-        fma_gemm = K == &kernels_avx512 ? &fma_avx512 : K == &kernels_avx2 ? &fma_avx2 : NULL;
+        fma_gemm = K == &kernels_avx512 ? &fma_avx512 : K == &kernels_avx2 ? &fma_avx2 : NULL, amx_gemm = pick_amx(K);
     for (int b = 0; b < 256; b++) f8_values[b] = llm_fp8_e4m3_to_f32((unsigned char)b);
     size_t want = (size_t)threads * SCRATCH_BYTES / sizeof(float);
     if (want > scratch_floats) { /* init runs at load time, never while an op is running */
@@ -1018,9 +1023,10 @@ static void blas_describe(char *buf, size_t len)
 {
     int cores = llm_host_physical_cores();
     const llm_quant_kernels *q = QK ? QK : pick_quant_kernels();
-    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s%s (%s for quantized weights), %s", blas_threads,
-             blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name,
-             fma_gemm ? " + f32 FMA tiles for prompts" : "", bf16_gemm ? " + avx512_bf16 for short BF16 batches" : "",
+    snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s%s%s (%s for quantized weights), %s",
+             blas_threads, blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name,
+             amx_gemm ? " + AMX tiles for BF16 prompts" : "", fma_gemm ? " + f32 FMA tiles for prompts" : "",
+             bf16_gemm ? " + avx512_bf16 for short BF16 batches" : "",
              q->name, openblas_get_config());
 }
 
@@ -1290,6 +1296,136 @@ static void matmul_bf16(float *out, const float *x, const llm_weight *w, int n)
     }
 }
 
+/* ---- AMX: prompt batches with BF16 weights on the tile unit (tdpbf16ps: 16 x 16 f32 sums of 32 BF16 products) ----
+ * The weights stay as stored: an A tile is 16 rows of w, 32 columns each, loaded straight from the matrix. B holds 16
+ * positions' x for the same 32 columns as BF16 pairs (the VNNI order the instruction reads: row k/2 holds x[p, k] and
+ * x[p, k + 1] for each position p), packed once a call; C is 16 rows by 16 positions in f32. x is split into hi + lo
+ * halves as for matmul_bf16 (the same bound: 2^-16 sum |w x| in the accurate precision, hi alone in the fast one), and
+ * every product is exact in f32. Two row panels by two position blocks a step: four C tiles, two A, two B. */
+#define AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AMX_MIN_N 16
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Does this CPU have AMX-BF16 (with AVX-512 BF16 to split x), and will Linux let this process use its tile data? */
+static bool pick_amx(const blas_kernels *k)
+{
+    const char *want = getenv("LLM_BLAS_KERNELS"); /* "avx512": the AVX-512 kernels without the tile unit */
+    if (k != &kernels_avx512 || (want && strcmp(want, "avx512") == 0)) return false;
+    unsigned a, b, c, d;
+    if (!__builtin_cpu_supports("avx512bf16") || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return false; /* AMX-BF16, AMX-TILE */
+    const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* Positions p0 .. p0 + np - 1 of x as hi (and lo, when not NULL) BF16 halves in B tiles' order for each step of 32
+ * columns: dst[(s * 16 + k / 2) * 16 + p] holds the pair (x[p, 32 s + k], x[p, 32 s + k + 1]) as 32 bits; positions
+ * past np are zero. row: a scratch of 2 x cols halves. */
+AMX static void amx_pack(uint32_t *hi, uint32_t *lo, const float *x, size_t cols, int np, uint16_t *row)
+{
+    size_t pairs = cols / 2;
+    for (int p = 0; p < 16; p++) {
+        if (p < np) split_bf16(row, lo ? row + cols : NULL, x + (size_t)p * cols, cols, cols);
+        const uint32_t *h = (const uint32_t *)row, *l = (const uint32_t *)(row + cols);
+        for (size_t j = 0; j < pairs; j++) {
+            size_t at = ((j / 16) * 16 + j % 16) * 16 + (size_t)p;
+            hi[at] = p < np ? h[j] : 0;
+            if (lo) lo[at] = p < np ? l[j] : 0;
+        }
+    }
+}
+
+/* C tiles 0..3 (rows r and r + 16, positions of blocks 0 and 1) over every step of 32 columns; w: 32 rows, ldw bytes
+ * apart; xb: the two blocks' packed halves (H of them each, the lo half after the hi), `block` words apart. */
+AMX static void amx_panel(float *c, const uint16_t *w, size_t ldw, const uint32_t *xb, size_t block, size_t steps,
+                          int H)
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (size_t s = 0; s < steps; s++) {
+        _tile_loadd(4, w + s * 32, ldw);
+        _tile_loadd(5, (const char *)(w + s * 32) + 16 * ldw, ldw);
+        for (int h = 0; h < H; h++) {
+            _tile_loadd(6, xb + h * block + s * 256, 64);
+            _tile_loadd(7, xb + (H + h) * block + s * 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 5, 6);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+}
+
+/* out = x w^T for BF16 w on the tile unit (pick_amx), cols a multiple of 32: pairs of 16-position blocks packed into
+ * the scratch (as many as it holds at a time, after each thread's 4 KB of C tiles and its rows of padding), each
+ * thread takes its share of 32-row panels and runs each against every pair. A panel past the last row reads rows
+ * copied into the thread's padding, zeros after them. False when the scratch holds no pair (rows of over ~15,000
+ * columns with one thread), leaving the work to the other paths. */
+AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int n)
+{
+    size_t rows = w->rows, cols = w->cols, steps = cols / 32, ldw = cols * sizeof(uint16_t);
+    int H = accurate ? 2 : 1;
+    size_t block = steps * 256, pair = 2 * (size_t)H * block; /* words: one block's half; a pair of blocks' halves */
+    size_t own = 1024 + 32 * cols / 2 + cols;                  /* per thread, in words: C, a padded panel, a pack row */
+    if (scratch_floats < (size_t)blas_threads * own + pair) return false;
+    size_t chunk = (scratch_floats - (size_t)blas_threads * own) / pair, pairs = ((size_t)n + 31) / 32;
+    uint32_t *xp = (uint32_t *)scratch + (size_t)blas_threads * own;
+    const uint16_t *wd = w->data;
+    for (size_t q0 = 0; q0 < pairs; q0 += chunk) {
+        size_t nq = pairs - q0 < chunk ? pairs - q0 : chunk;
+#pragma omp parallel num_threads(blas_threads)
+        {
+            size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
+            float *c = scratch + t * own;
+            uint16_t *pad = (uint16_t *)(c + 1024), *row = pad + 32 * cols;
+            amx_config cfg = {.palette = 1};
+            for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+            _tile_loadconfig(&cfg);
+#pragma omp for schedule(static)
+            for (size_t b = 0; b < 2 * nq; b++) {
+                size_t p0 = (q0 * 2 + b) * 16;
+                int np = p0 < (size_t)n ? ((size_t)n - p0 < 16 ? (int)((size_t)n - p0) : 16) : 0;
+                uint32_t *dst = xp + (b / 2) * pair + (b % 2) * H * block;
+                amx_pack(dst, H == 2 ? dst + block : NULL, x + p0 * cols, cols, np, row);
+            }
+            size_t panels = (rows + 31) / 32, share = (panels + team - 1) / team;
+            size_t begin = t * share < panels ? t * share : panels, end = begin + share < panels ? begin + share : panels;
+            for (size_t pn = begin; pn < end; pn++) {
+                size_t r = pn * 32, rm = rows - r < 32 ? rows - r : 32;
+                const uint16_t *wp = wd + r * cols;
+                if (rm < 32) {
+                    memcpy(pad, wp, rm * ldw);
+                    memset(pad + rm * cols, 0, (32 - rm) * ldw);
+                    wp = pad;
+                }
+                for (size_t q = 0; q < nq; q++) {
+                    amx_panel(c, wp, ldw, xp + q * pair, block, steps, H);
+                    for (int blk = 0; blk < 2; blk++) /* c[(half * 2 + blk) * 256 + i * 16 + p]: row r + 16 half + i */
+                        for (int p = 0; p < 16; p++) {
+                            size_t pos = (q0 + q) * 32 + (size_t)blk * 16 + (size_t)p;
+                            if (pos >= (size_t)n) break;
+                            for (size_t i = 0; i < rm; i++)
+                                out[pos * rows + r + i] = c[((i / 16) + 2 * (size_t)blk) * 256 + (i % 16) * 16 + p];
+                        }
+                }
+            }
+            _tile_release();
+        }
+    }
+    return true;
+}
+
 /* FP8 rows r .. r + rm - 1 (F8_E4M3_B128) as BF16 at dst, cpad apart: each value as the reference dequantizes it
  * (e4m3 * d in f32: ld16_f8 is e4m3 * 2^-8, exact, times 2^8 exactly) rounded to nearest even; zeros to cpad. */
 BF16DP static void f8_rows_to_bf16(uint16_t *dst, size_t cpad, const llm_block_f8 *w, size_t cols, size_t rm)
@@ -1376,6 +1512,9 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
     } else if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
         matmul_rows(out, x, w, bias, n);
         return;
+    } else if (w->dtype == LLM_DTYPE_BF16 && amx_gemm && n >= AMX_MIN_N && w->cols % 32 == 0 &&
+               matmul_amx(out, x, w, n)) {
+        /* BF16 batches on the tile unit: x as hi + lo halves (hi alone in the fast precision), as matmul_bf16 */
     } else if (fma_gemm && n >= fma_gemm->min_n && matmul_fma(out, x, w, n)) {
         /* F32, F16, BF16 and FP8 batches where the AVX-512 or AVX2 kernels run: f32 products in either precision */
     } else if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
