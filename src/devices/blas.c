@@ -1,13 +1,13 @@
-/* The blas device: the fast CPU device. Prompt batches go through our own f32 FMA gemm where the CPU has AVX-512 or
- * AVX2 (matmul_fma: weights widened to f32 a panel at a time), else through OpenBLAS's sgemm (16-bit weights
- * converted to f32 a tile at a time into a per-thread scratch buffer); batches of a few positions with BF16 weights,
- * where the CPU has AVX-512 BF16, through vdpbf16ps tiles on the weights as stored (matmul_bf16); one-token decode
- * reads 16-bit weights directly with a vectorised dot product per row; attention reads the KV cache in its own type (F32,
- * F16, BF16, Q8_0) with the same dot and axpy kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3
- * widened in registers and multiplied in f32; every other op is vectorised and OpenMP-parallel. Kernels come in
- * AVX-512, AVX2 (+FMA, F16C) and portable versions, chosen once at init from what the CPU supports
- * (LLM_BLAS_KERNELS=avx2|portable forces a narrower set, for tests). Threads: -t, else one per physical core. Not
- * here: the reference (ref.c). */
+/* The blas device: the fast CPU device. Prompt batches go through our own gemm: BF16 weights on the AMX tile unit
+ * where the CPU has it (matmul_amx), else f32 FMAs where it has AVX-512 or AVX2 (matmul_fma: weights widened to f32
+ * a panel at a time), else OpenBLAS's sgemm (16-bit weights converted to f32 a tile at a time into a per-thread
+ * scratch buffer); batches of a few positions with BF16 weights, where the CPU has AVX-512 BF16, through vdpbf16ps
+ * tiles on the weights as stored (matmul_bf16); one-token decode reads 16-bit weights directly with a vectorised dot
+ * product per row; attention reads the KV cache in its own type (F32, F16, BF16, Q8_0) with the same dot and axpy
+ * kernels; FP8 blocks (src/quant/quant.h) are read as stored, E4M3 widened in registers and multiplied in f32; every
+ * other op is vectorised and OpenMP-parallel. Kernels come in AVX-512, AVX2 (+FMA, F16C) and portable versions,
+ * chosen once at init from what the CPU supports (LLM_BLAS_KERNELS=avx512|avx2|portable forces a narrower set, for
+ * tests and measurements). Threads: -t, else one per physical core. Not here: the reference (ref.c). */
 #include <assert.h>
 #include <cblas.h>
 #include <cpuid.h>
@@ -1400,7 +1400,8 @@ AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int 
                 amx_pack(dst, H == 2 ? dst + block : NULL, x + p0 * cols, cols, np, row);
             }
             size_t panels = (rows + 31) / 32, share = (panels + team - 1) / team;
-            size_t begin = t * share < panels ? t * share : panels, end = begin + share < panels ? begin + share : panels;
+            size_t begin = t * share < panels ? t * share : panels;
+            size_t end = begin + share < panels ? begin + share : panels;
             for (size_t pn = begin; pn < end; pn++) {
                 size_t r = pn * 32, rm = rows - r < 32 ? rows - r : 32;
                 const uint16_t *wp = wd + r * cols;
