@@ -1367,7 +1367,10 @@ AMX static void amx_panel(float *c, const uint16_t *w, size_t ldw, const uint32_
     _tile_stored(3, c + 768, 64);
 }
 
-/* out = x w^T for BF16 w on the tile unit (pick_amx), cols a multiple of 32: pairs of 16-position blocks packed into
+BF16DP static void f8_rows_to_bf16(uint16_t *dst, size_t cpad, const llm_block_f8 *w, size_t cols, size_t rm);
+
+/* out = x w^T for BF16 w on the tile unit (pick_amx), cols a multiple of 32 (FP8 w in the fast precision: each
+ * 32-row panel rounded to BF16 first, as matmul_f8_bf16 rounds its rows): pairs of 16-position blocks packed into
  * the scratch (as many as it holds at a time, after each thread's 4 KB of C tiles and its rows of padding), each
  * thread takes its share of 32-row panels and runs each against every pair. A panel past the last row reads rows
  * copied into the thread's padding, zeros after them. False when the scratch holds no pair (rows of over ~15,000
@@ -1375,13 +1378,15 @@ AMX static void amx_panel(float *c, const uint16_t *w, size_t ldw, const uint32_
 AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int n)
 {
     size_t rows = w->rows, cols = w->cols, steps = cols / 32, ldw = cols * sizeof(uint16_t);
+    size_t row_bytes = llm_dtype_row_bytes(w->dtype, cols);
+    const bool f8 = w->dtype == LLM_DTYPE_F8_E4M3_B128;
     int H = accurate ? 2 : 1;
     size_t block = steps * 256, pair = 2 * (size_t)H * block; /* words: one block's half; a pair of blocks' halves */
     size_t own = 1024 + 32 * cols / 2 + cols;                  /* per thread, in words: C, a padded panel, a pack row */
     if (scratch_floats < (size_t)blas_threads * own + pair) return false;
     size_t chunk = (scratch_floats - (size_t)blas_threads * own) / pair, pairs = ((size_t)n + 31) / 32;
     uint32_t *xp = (uint32_t *)scratch + (size_t)blas_threads * own;
-    const uint16_t *wd = w->data;
+    const char *wd = w->data;
     for (size_t q0 = 0; q0 < pairs; q0 += chunk) {
         size_t nq = pairs - q0 < chunk ? pairs - q0 : chunk;
 #pragma omp parallel num_threads(blas_threads)
@@ -1404,9 +1409,10 @@ AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int 
             size_t end = begin + share < panels ? begin + share : panels;
             for (size_t pn = begin; pn < end; pn++) {
                 size_t r = pn * 32, rm = rows - r < 32 ? rows - r : 32;
-                const uint16_t *wp = wd + r * cols;
-                if (rm < 32) {
-                    memcpy(pad, wp, rm * ldw);
+                const uint16_t *wp = (const uint16_t *)(wd + r * row_bytes);
+                if (f8) f8_rows_to_bf16(pad, cols, (const llm_block_f8 *)(wd + r * row_bytes), cols, rm);
+                else if (rm < 32) memcpy(pad, wp, rm * ldw);
+                if (f8 || rm < 32) {
                     memset(pad + rm * cols, 0, (32 - rm) * ldw);
                     wp = pad;
                 }
@@ -1513,9 +1519,11 @@ static void blas_matmul(float *out, const float *x, const llm_weight *w, const l
     } else if (w->dtype == LLM_DTYPE_MXFP4) { /* f32 products (dot_mxfp4_c): a row read once for every position */
         matmul_rows(out, x, w, bias, n);
         return;
-    } else if (w->dtype == LLM_DTYPE_BF16 && amx_gemm && n >= AMX_MIN_N && w->cols % 32 == 0 &&
+    } else if (amx_gemm && n >= AMX_MIN_N && w->cols % 32 == 0 &&
+               (w->dtype == LLM_DTYPE_BF16 || (w->dtype == LLM_DTYPE_F8_E4M3_B128 && !accurate)) &&
                matmul_amx(out, x, w, n)) {
-        /* BF16 batches on the tile unit: x as hi + lo halves (hi alone in the fast precision), as matmul_bf16 */
+        /* BF16 batches on the tile unit: x as hi + lo halves (hi alone in the fast precision), as matmul_bf16; FP8
+         * ones in the fast precision, as matmul_f8_bf16 */
     } else if (fma_gemm && n >= fma_gemm->min_n && matmul_fma(out, x, w, n)) {
         /* F32, F16, BF16 and FP8 batches where the AVX-512 or AVX2 kernels run: f32 products in either precision */
     } else if (w->dtype == LLM_DTYPE_F8_E4M3_B128) {
