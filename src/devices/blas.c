@@ -1025,7 +1025,7 @@ static void blas_describe(char *buf, size_t len)
     const llm_quant_kernels *q = QK ? QK : pick_quant_kernels();
     snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s%s%s (%s for quantized weights), %s",
              blas_threads, blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name,
-             amx_gemm ? " + AMX tiles for BF16 prompts" : "", fma_gemm ? " + f32 FMA tiles for prompts" : "",
+             amx_gemm ? " + AMX tiles for BF16 (and fast FP8) prompts" : "", fma_gemm ? " + f32 FMA tiles for prompts" : "",
              bf16_gemm ? " + avx512_bf16 for short BF16 batches" : "",
              q->name, openblas_get_config());
 }
