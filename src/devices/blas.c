@@ -1025,8 +1025,8 @@ static void blas_describe(char *buf, size_t len)
     const llm_quant_kernels *q = QK ? QK : pick_quant_kernels();
     snprintf(buf, len, "%d thread%s (%d physical core%s), %s kernels%s%s%s (%s for quantized weights), %s",
              blas_threads, blas_threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s", K->name,
-             amx_gemm ? " + AMX tiles for BF16 (and fast FP8) prompts" : "", fma_gemm ? " + f32 FMA tiles for prompts" : "",
-             bf16_gemm ? " + avx512_bf16 for short BF16 batches" : "",
+             amx_gemm ? " + AMX tiles for BF16 (and fast FP8) prompts" : "",
+             fma_gemm ? " + f32 FMA tiles for prompts" : "", bf16_gemm ? " + avx512_bf16 for short BF16 batches" : "",
              q->name, openblas_get_config());
 }
 
@@ -1332,10 +1332,9 @@ AMX static void amx_pack(uint32_t *hi, uint32_t *lo, const float *x, size_t cols
     for (int p = 0; p < 16; p++) {
         if (p < np) split_bf16(row, lo ? row + cols : NULL, x + (size_t)p * cols, cols, cols);
         const uint32_t *h = (const uint32_t *)row, *l = (const uint32_t *)(row + cols);
-        for (size_t j = 0; j < pairs; j++) {
-            size_t at = ((j / 16) * 16 + j % 16) * 16 + (size_t)p;
-            hi[at] = p < np ? h[j] : 0;
-            if (lo) lo[at] = p < np ? l[j] : 0;
+        for (size_t j = 0; j < pairs; j++) { /* pair j = 16 s + k / 2 */
+            hi[j * 16 + (size_t)p] = p < np ? h[j] : 0;
+            if (lo) lo[j * 16 + (size_t)p] = p < np ? l[j] : 0;
         }
     }
 }
@@ -1373,8 +1372,8 @@ BF16DP static void f8_rows_to_bf16(uint16_t *dst, size_t cpad, const llm_block_f
  * 32-row panel rounded to BF16 first, as matmul_f8_bf16 rounds its rows): pairs of 16-position blocks packed into
  * the scratch (as many as it holds at a time, after each thread's 4 KB of C tiles and its rows of padding), each
  * thread takes its share of 32-row panels and runs each against every pair. A panel past the last row reads rows
- * copied into the thread's padding, zeros after them. False when the scratch holds no pair (rows of over ~15,000
- * columns with one thread), leaving the work to the other paths. */
+ * copied into the thread's padding, zeros after them. False when the scratch holds no pair (rows of over ~21,000
+ * columns with one thread in the accurate precision), leaving the work to the other paths. */
 AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int n)
 {
     size_t rows = w->rows, cols = w->cols, steps = cols / 32, ldw = cols * sizeof(uint16_t);
@@ -1418,7 +1417,7 @@ AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int 
                 }
                 for (size_t q = 0; q < nq; q++) {
                     amx_panel(c, wp, ldw, xp + q * pair, block, steps, H);
-                    for (int blk = 0; blk < 2; blk++) /* c[(half * 2 + blk) * 256 + i * 16 + p]: row r + 16 half + i */
+                    for (int blk = 0; blk < 2; blk++) /* c[(half + 2 blk) * 256 + i * 16 + p]: row r + 16 half + i */
                         for (int p = 0; p < 16; p++) {
                             size_t pos = (q0 + q) * 32 + (size_t)blk * 16 + (size_t)p;
                             if (pos >= (size_t)n) break;
