@@ -1738,6 +1738,138 @@ AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char 
         for (size_t d = 0; d < hd; d++) qs->o[l][d] = ot[d * TILE_LANES + l] / dn[l];
 }
 
+/* attend_tile in 256-bit vectors (the AVX2 kernels): a tile's 16 lanes are two vectors, 4 rows of scores and 4
+ * output dimensions at a time (11 of the 16 registers), masks as vector compares. The same arithmetic as attend_tile,
+ * lane by lane, with exp8 for exp16 (the same polynomial). */
+typedef struct {
+    __m256 a, b; /* lanes 0-7 and 8-15 */
+} lanes16;
+
+AVX2 static inline lanes16 l16_load(const float *p) { return (lanes16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+AVX2 static inline void l16_store(float *p, lanes16 v) { _mm256_storeu_ps(p, v.a), _mm256_storeu_ps(p + 8, v.b); }
+AVX2 static inline lanes16 l16_set(float x) { return (lanes16){_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+AVX2 static inline lanes16 l16_fma(lanes16 x, __m256 s, lanes16 acc)
+{
+    return (lanes16){_mm256_fmadd_ps(x.a, s, acc.a), _mm256_fmadd_ps(x.b, s, acc.b)};
+}
+AVX2 static inline lanes16 l16_max(lanes16 x, lanes16 y)
+{
+    return (lanes16){_mm256_max_ps(x.a, y.a), _mm256_max_ps(x.b, y.b)};
+}
+AVX2 static inline lanes16 l16_blend(lanes16 no, lanes16 yes, lanes16 mask)
+{
+    return (lanes16){_mm256_blendv_ps(no.a, yes.a, mask.a), _mm256_blendv_ps(no.b, yes.b, mask.b)};
+}
+AVX2 static inline lanes16 l16_finite(lanes16 x) /* the lanes not -inf (NaN included, as _CMP_NEQ_UQ) */
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    return (lanes16){_mm256_cmp_ps(x.a, ninf, _CMP_NEQ_UQ), _mm256_cmp_ps(x.b, ninf, _CMP_NEQ_UQ)};
+}
+AVX2 static inline lanes16 l16_exp_sub(lanes16 x, lanes16 m)
+{
+    return (lanes16){exp8(_mm256_sub_ps(x.a, m.a)), exp8(_mm256_sub_ps(x.b, m.b))};
+}
+
+AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const char *vc, size_t stride, llm_dtype ct,
+                                  int ctx, int head_dim, float scale, float *work)
+{
+    const size_t hd = (size_t)head_dim;
+    float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
+    float *sc = vf + TILE_ROWS * hd;
+    int lo = INT_MAX, hi = 0;
+    for (int l = 0; l < TILE_LANES; l++) {
+        bool in = l < qs->lanes;
+        if (in && qs->first[l] < lo) lo = qs->first[l];
+        if (in && qs->len[l] > hi) hi = qs->len[l];
+        for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
+    }
+    memset(ot, 0, hd * TILE_LANES * sizeof *ot);
+    const __m256i first_a = _mm256_loadu_si256((const __m256i *)qs->first);
+    const __m256i first_b = _mm256_loadu_si256((const __m256i *)(qs->first + 8));
+    const __m256i len_a = _mm256_loadu_si256((const __m256i *)qs->len);
+    const __m256i len_b = _mm256_loadu_si256((const __m256i *)(qs->len + 8));
+    const lanes16 ninf = l16_set(-INFINITY), one = l16_set(1.0f), zero = l16_set(0.0f);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
+    lanes16 m = l16_load(qs->sink);
+    lanes16 denom = l16_blend(zero, one, l16_finite(m));
+    void (*to_f32)(float *, const void *, size_t) = K->to_f32[ct];
+    for (int t0 = lo, nb; t0 < hi; t0 += nb) {
+        /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
+        int r0 = t0 % ctx;
+        nb = hi - t0 < TILE_ROWS ? hi - t0 : TILE_ROWS;
+        if (nb > ctx - r0) nb = ctx - r0;
+        for (int j = 0; j < nb; j++) {
+            to_f32(kf + (size_t)j * hd, kc + (size_t)(r0 + j) * stride, hd);
+            to_f32(vf + (size_t)j * hd, vc + (size_t)(r0 + j) * stride, hd);
+        }
+        lanes16 block_max = ninf;
+        for (int j = 0; j < nb;) {
+            int rows = nb - j >= 4 ? 4 : 1;
+            lanes16 acc[4];
+            for (int r = 0; r < 4; r++) acc[r] = zero;
+            const float *kr = kf + (size_t)j * hd;
+            if (rows == 4) {
+                for (size_t d = 0; d < hd; d++) {
+                    lanes16 qd = l16_load(qt + d * TILE_LANES);
+                    for (int r = 0; r < 4; r++) acc[r] = l16_fma(qd, _mm256_set1_ps(kr[r * hd + d]), acc[r]);
+                }
+            } else {
+                for (size_t d = 0; d < hd; d++)
+                    acc[0] = l16_fma(l16_load(qt + d * TILE_LANES), _mm256_set1_ps(kr[d]), acc[0]);
+            }
+            for (int r = 0; r < rows; r++) {
+                __m256i t = _mm256_set1_epi32(t0 + j + r);
+                /* in: first <= t < len */
+                lanes16 in = {_mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(first_a, t),
+                                                                      _mm256_cmpgt_epi32(len_a, t))),
+                              _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(first_b, t),
+                                                                      _mm256_cmpgt_epi32(len_b, t)))};
+                lanes16 sv = {_mm256_mul_ps(acc[r].a, vscale), _mm256_mul_ps(acc[r].b, vscale)};
+                lanes16 s = l16_blend(ninf, sv, in);
+                l16_store(sc + (size_t)(j + r) * TILE_LANES, s);
+                block_max = l16_max(block_max, s);
+            }
+            j += rows;
+        }
+        lanes16 m_new = l16_max(m, block_max), fin = l16_finite(m);
+        lanes16 grew = {_mm256_and_ps(_mm256_cmp_ps(m_new.a, m.a, _CMP_GT_OQ), fin.a),
+                        _mm256_and_ps(_mm256_cmp_ps(m_new.b, m.b, _CMP_GT_OQ), fin.b)};
+        if (_mm256_movemask_ps(grew.a) | _mm256_movemask_ps(grew.b)) {
+            /* lanes that had a finite maximum and a larger one now: rescale what they summed */
+            lanes16 c = l16_blend(one, l16_exp_sub(m, m_new), grew);
+            denom = (lanes16){_mm256_mul_ps(denom.a, c.a), _mm256_mul_ps(denom.b, c.b)};
+            for (size_t d = 0; d < hd; d++) {
+                lanes16 o = l16_load(ot + d * TILE_LANES);
+                l16_store(ot + d * TILE_LANES, (lanes16){_mm256_mul_ps(o.a, c.a), _mm256_mul_ps(o.b, c.b)});
+            }
+        }
+        m = m_new;
+        lanes16 sum = zero;
+        for (int j = 0; j < nb; j++) {
+            lanes16 s = l16_load(sc + (size_t)j * TILE_LANES);
+            lanes16 pj = l16_blend(zero, l16_exp_sub(s, m), l16_finite(s));
+            l16_store(sc + (size_t)j * TILE_LANES, pj);
+            sum = (lanes16){_mm256_add_ps(sum.a, pj.a), _mm256_add_ps(sum.b, pj.b)};
+        }
+        denom = (lanes16){_mm256_add_ps(denom.a, sum.a), _mm256_add_ps(denom.b, sum.b)};
+        for (size_t d0 = 0; d0 < hd; d0 += 4) {
+            lanes16 o[4];
+            for (int e = 0; e < 4; e++) o[e] = l16_load(ot + (d0 + e) * TILE_LANES);
+            for (int j = 0; j < nb; j++) {
+                lanes16 pj = l16_load(sc + (size_t)j * TILE_LANES);
+                const float *vr = vf + (size_t)j * hd + d0;
+                for (int e = 0; e < 4; e++) o[e] = l16_fma(pj, _mm256_set1_ps(vr[e]), o[e]);
+            }
+            for (int e = 0; e < 4; e++) l16_store(ot + (d0 + e) * TILE_LANES, o[e]);
+        }
+    }
+    float dn[TILE_LANES];
+    l16_store(dn, denom);
+    for (int l = 0; l < qs->lanes; l++)
+        for (size_t d = 0; d < hd; d++) qs->o[l][d] = ot[d * TILE_LANES + l] / dn[l];
+}
+
 /* The queries of each KV head (its group's heads at each position, position-major) in tiles of 16, spread over the
  * threads round-robin (later tiles attend to more rows). */
 static void attention_tiles(float *out, const float *q, const char *k_cache, const char *v_cache, size_t stride,
@@ -1762,8 +1894,9 @@ static void attention_tiles(float *out, const float *q, const char *k_cache, con
             t.sink[l] = p->sinks ? p->sinks[h] : -INFINITY;
         }
         size_t kv_off = llm_cache_row_bytes(p->cache, (size_t)g * head_dim);
-        attend_tile(&t, k_cache + kv_off, v_cache + kv_off, stride, p->cache, ctx, head_dim, p->scale,
-                    scratch + (size_t)omp_get_thread_num() * per_thread);
+        (K == &kernels_avx512 ? attend_tile : attend_tile_avx2)(&t, k_cache + kv_off, v_cache + kv_off, stride,
+                                                                p->cache, ctx, head_dim, p->scale,
+                                                                scratch + (size_t)omp_get_thread_num() * per_thread);
     }
 }
 
@@ -1781,10 +1914,11 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
     size_t stride = llm_cache_row_bytes(ct, kv_dim);
     int group = n_heads / n_kv_heads;
     /* A prompt's batch, whose queries fill tiles of 16, without a soft-cap (tanhf a score) or Q8_0 rows:
-     * attend_tile. Not one token's step: its group's 8 heads or fewer leave half a tile idle, and its few tasks the
+     * attend_tile (attend_tile_avx2 with the AVX2 kernels). Not one token's step: its group's 8 heads or fewer leave half a tile idle, and its few tasks the
      * threads (measured, TinyLlama after 1,000 positions: 447-460 us a call against attend's 345-400). */
-    if (K == &kernels_avx512 && p->softcap <= 0.0f && ct != LLM_DTYPE_Q8_0 && head_dim % 16 == 0 &&
-        tile_scratch(head_dim) <= scratch_floats / (size_t)blas_threads && n > 1 && n * group >= TILE_LANES) {
+    if ((K == &kernels_avx512 || K == &kernels_avx2) && p->softcap <= 0.0f && ct != LLM_DTYPE_Q8_0 &&
+        head_dim % 16 == 0 && tile_scratch(head_dim) <= scratch_floats / (size_t)blas_threads && n > 1 &&
+        n * group >= TILE_LANES) {
         attention_tiles(out, q, (const char *)k_cache, (const char *)v_cache, stride, positions, n, n_heads,
                         n_kv_heads, head_dim, ctx, p);
         return;
