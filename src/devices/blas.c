@@ -658,53 +658,57 @@ static const blas_kernels kernels_avx512 = {
 #define FMA_ROWS 12 /* 24 accumulators, two position vectors and a broadcast: 27 of the 32 registers */
 #define FMA_POS 32  /* positions a block: two vectors */
 
-/* out[p * ldo + r] = sum_k wp[r * ldw + k] * xt[k * FMA_POS + p] for r < rm, p < np <= 16 NV; wp holds FMA_ROWS
- * rows (those past rm are read, not stored). NV: the position vectors taken, 2, or 1 for a block of at most 16
- * (half the work: TinyLlama BF16, 2 threads, pp16 35-39 -> 52-65 tok/s, pp40 40-42 -> 65-76). While it runs, the
- * `next_bytes` at `next` (the next panel's weights as stored, or NULL) are asked into L2, spread over the columns:
- * the widening that follows then reads them from cache instead of waiting on memory (measured: 3-7 % on TinyLlama's
- * matrices). */
-AVX512 static inline __attribute__((always_inline)) void fma_tile_nv(float *out, size_t ldo, const float *wp,
-                                                                     size_t ldw, const float *xt, size_t cols, int rm,
-                                                                     int np, const char *next, size_t next_bytes,
-                                                                     const int NV)
-{
-    __m512 acc[FMA_ROWS][2];
-    _Pragma("GCC unroll 12") for (int r = 0; r < FMA_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    size_t groups = (cols + 7) / 8, lines = next ? (next_bytes / 64 + groups) / groups : 0;
-    const char *pf = next, *pf_end = next ? next + next_bytes : NULL;
-#define FMA_COLUMN(k)                                                                                                 \
+/* out[p * ldo + r] = sum_k wp[r * ldw + k] * xt[k * POS + p] for r < rm, p < np; wp holds ROWS rows (those past rm
+ * are read, not stored). NAME_nv takes NV position vectors of LANES: 2, or 1 for a block of at most LANES (half the
+ * work: TinyLlama BF16, 2 threads, pp16 35-39 -> 52-65 tok/s, pp40 40-42 -> 65-76); NAME picks it. While it runs,
+ * the `next_bytes` at `next` (the next panel's weights as stored, or NULL) are asked into L2, spread over the
+ * columns: the widening that follows then reads them from cache instead of waiting on memory (measured: 3-7 % on
+ * TinyLlama's matrices). One column k: each weight broadcast against the position vectors, ROWS x NV accumulators. */
+#define FMA_COLUMN(k, VEC, LOAD, BCAST, FMADD, ROWS, POS, LANES)                                                      \
     {                                                                                                                 \
-        __m512 x0 = _mm512_load_ps(xt + (k) * FMA_POS), x1 = NV == 2 ? _mm512_load_ps(xt + (k) * FMA_POS + 16) : x0; \
-        _Pragma("GCC unroll 12") for (int r = 0; r < FMA_ROWS; r++)                                                   \
+        VEC x0 = LOAD(xt + (k) * POS), x1 = NV == 2 ? LOAD(xt + (k) * POS + LANES) : x0;                              \
+        _Pragma("GCC unroll 12") for (int r = 0; r < ROWS; r++)                                                       \
         {                                                                                                             \
-            __m512 b = _mm512_set1_ps(wp[r * ldw + (k)]);                                                             \
-            acc[r][0] = _mm512_fmadd_ps(b, x0, acc[r][0]);                                                            \
-            if (NV == 2) acc[r][1] = _mm512_fmadd_ps(b, x1, acc[r][1]);                                               \
+            VEC b = BCAST(wp + r * ldw + (k));                                                                        \
+            acc[r][0] = FMADD(b, x0, acc[r][0]);                                                                      \
+            if (NV == 2) acc[r][1] = FMADD(b, x1, acc[r][1]);                                                         \
         }                                                                                                             \
     }
-    size_t k = 0;
-    for (; k + 8 <= cols; k += 8) {
-        for (size_t l = 0; l < lines && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-        _Pragma("GCC unroll 8") for (size_t j = k; j < k + 8; j++) FMA_COLUMN(j)
+#define FMA_TILE(NAME, ISA, VEC, LOAD, BCAST, FMADD, STORE, ZERO, ROWS, POS, LANES)                                   \
+    ISA static inline __attribute__((always_inline)) void NAME##_nv(float *out, size_t ldo, const float *wp,         \
+                                                                    size_t ldw, const float *xt, size_t cols, int rm, \
+                                                                    int np, const char *next, size_t next_bytes,      \
+                                                                    const int NV)                                     \
+    {                                                                                                                 \
+        VEC acc[ROWS][2];                                                                                             \
+        _Pragma("GCC unroll 12") for (int r = 0; r < ROWS; r++) acc[r][0] = acc[r][1] = ZERO();                       \
+        size_t groups = (cols + 7) / 8, lines = next ? (next_bytes / 64 + groups) / groups : 0;                       \
+        const char *pf = next, *pf_end = next ? next + next_bytes : NULL;                                             \
+        size_t k = 0;                                                                                                 \
+        for (; k + 8 <= cols; k += 8) {                                                                               \
+            for (size_t l = 0; l < lines && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);                \
+            _Pragma("GCC unroll 8") for (size_t j = k; j < k + 8; j++)                                                \
+                FMA_COLUMN(j, VEC, LOAD, BCAST, FMADD, ROWS, POS, LANES)                                              \
+        }                                                                                                             \
+        for (; k < cols; k++) FMA_COLUMN(k, VEC, LOAD, BCAST, FMADD, ROWS, POS, LANES)                                \
+        float t[ROWS][POS] __attribute__((aligned(64)));                                                              \
+        _Pragma("GCC unroll 12") for (int r = 0; r < ROWS; r++)                                                       \
+        {                                                                                                             \
+            STORE(t[r], acc[r][0]);                                                                                   \
+            STORE(t[r] + LANES, acc[r][1]);                                                                           \
+        }                                                                                                             \
+        for (int p = 0; p < np; p++)                                                                                  \
+            for (int r = 0; r < rm; r++) out[(size_t)p * ldo + r] = t[r][p];                                          \
+    }                                                                                                                 \
+    ISA static void NAME(float *out, size_t ldo, const float *wp, size_t ldw, const float *xt, size_t cols, int rm,   \
+                         int np, const char *next, size_t next_bytes)                                                 \
+    {                                                                                                                 \
+        if (np > LANES) NAME##_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 2);                          \
+        else NAME##_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 1);                                     \
     }
-    for (; k < cols; k++) FMA_COLUMN(k)
-#undef FMA_COLUMN
-    float t[FMA_ROWS][FMA_POS] __attribute__((aligned(64)));
-    _Pragma("GCC unroll 12") for (int r = 0; r < FMA_ROWS; r++)
-    {
-        _mm512_store_ps(t[r], acc[r][0]);
-        _mm512_store_ps(t[r] + 16, acc[r][1]);
-    }
-    for (int p = 0; p < np; p++)
-        for (int r = 0; r < rm; r++) out[(size_t)p * ldo + r] = t[r][p];
-}
-AVX512 static void fma_tile(float *out, size_t ldo, const float *wp, size_t ldw, const float *xt, size_t cols, int rm,
-                            int np, const char *next, size_t next_bytes)
-{
-    if (np > 16) fma_tile_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 2);
-    else fma_tile_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 1);
-}
+#define SET1_512(p) _mm512_set1_ps(*(p))
+FMA_TILE(fma_tile, AVX512, __m512, _mm512_load_ps, SET1_512, _mm512_fmadd_ps, _mm512_store_ps, _mm512_setzero_ps,
+         FMA_ROWS, FMA_POS, 16)
 
 /* r[i] = row i of a 16 x 16 block -> r[j] = its column j */
 AVX512 static void transpose16(__m512 r[16])
@@ -756,48 +760,8 @@ AVX512 static void transpose_block(float *xt, const float *x, size_t cols, int n
 #define FMA2_ROWS 6
 #define FMA2_POS 16
 
-/* fma_tile_nv's product for FMA2_ROWS rows and a block of FMA2_POS positions (NV 1: at most 8 of them) */
-AVX2 static inline __attribute__((always_inline)) void fma2_tile_nv(float *out, size_t ldo, const float *wp,
-                                                                    size_t ldw, const float *xt, size_t cols, int rm,
-                                                                    int np, const char *next, size_t next_bytes,
-                                                                    const int NV)
-{
-    __m256 acc[FMA2_ROWS][2];
-    _Pragma("GCC unroll 6") for (int r = 0; r < FMA2_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    size_t groups = (cols + 7) / 8, lines = next ? (next_bytes / 64 + groups) / groups : 0;
-    const char *pf = next, *pf_end = next ? next + next_bytes : NULL;
-#define FMA2_COLUMN(k)                                                                                                \
-    {                                                                                                                 \
-        __m256 x0 = _mm256_load_ps(xt + (k) * FMA2_POS), x1 = NV == 2 ? _mm256_load_ps(xt + (k) * FMA2_POS + 8) : x0; \
-        _Pragma("GCC unroll 6") for (int r = 0; r < FMA2_ROWS; r++)                                                   \
-        {                                                                                                             \
-            __m256 b = _mm256_broadcast_ss(wp + r * ldw + (k));                                                       \
-            acc[r][0] = _mm256_fmadd_ps(b, x0, acc[r][0]);                                                            \
-            if (NV == 2) acc[r][1] = _mm256_fmadd_ps(b, x1, acc[r][1]);                                               \
-        }                                                                                                             \
-    }
-    size_t k = 0;
-    for (; k + 8 <= cols; k += 8) {
-        for (size_t l = 0; l < lines && pf < pf_end; l++, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-        _Pragma("GCC unroll 8") for (size_t j = k; j < k + 8; j++) FMA2_COLUMN(j)
-    }
-    for (; k < cols; k++) FMA2_COLUMN(k)
-#undef FMA2_COLUMN
-    float t[FMA2_ROWS][FMA2_POS] __attribute__((aligned(32)));
-    _Pragma("GCC unroll 6") for (int r = 0; r < FMA2_ROWS; r++)
-    {
-        _mm256_store_ps(t[r], acc[r][0]);
-        _mm256_store_ps(t[r] + 8, acc[r][1]);
-    }
-    for (int p = 0; p < np; p++)
-        for (int r = 0; r < rm; r++) out[(size_t)p * ldo + r] = t[r][p];
-}
-AVX2 static void fma2_tile(float *out, size_t ldo, const float *wp, size_t ldw, const float *xt, size_t cols, int rm,
-                           int np, const char *next, size_t next_bytes)
-{
-    if (np > 8) fma2_tile_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 2);
-    else fma2_tile_nv(out, ldo, wp, ldw, xt, cols, rm, np, next, next_bytes, 1);
-}
+FMA_TILE(fma2_tile, AVX2, __m256, _mm256_load_ps, _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_store_ps,
+         _mm256_setzero_ps, FMA2_ROWS, FMA2_POS, 8)
 
 /* r[i] = row i of an 8 x 8 block -> r[j] = its column j */
 AVX2 static void transpose8(__m256 r[8])
@@ -1651,35 +1615,56 @@ static size_t tile_scratch(int head_dim)
     return (2 * TILE_LANES + 2 * TILE_ROWS) * (size_t)head_dim + TILE_ROWS * TILE_LANES;
 }
 
+/* A tile's queries transposed into qt (a dimension a row of TILE_LANES, zeros past its lanes), its output ot zeroed,
+ * and the rows its lanes span, [*lo, *hi). */
+static void tile_start(const query_tile *qs, float *qt, float *ot, size_t hd, int *lo, int *hi)
+{
+    *lo = INT_MAX, *hi = 0;
+    for (int l = 0; l < TILE_LANES; l++) {
+        bool in = l < qs->lanes;
+        if (in && qs->first[l] < *lo) *lo = qs->first[l];
+        if (in && qs->len[l] > *hi) *hi = qs->len[l];
+        for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
+    }
+    memset(ot, 0, hd * TILE_LANES * sizeof *ot);
+}
+
+/* The block of rows from row t0 on, in f32 at kf and vf: at most TILE_ROWS, up to hi, and ending where a ring wraps
+ * back to row 0 (never, without a ring). Returns its row count. */
+static int tile_rows(int t0, int hi, int ctx, const char *kc, const char *vc, size_t stride, llm_dtype ct,
+                     size_t hd, float *kf, float *vf)
+{
+    int r0 = t0 % ctx, nb = hi - t0 < TILE_ROWS ? hi - t0 : TILE_ROWS;
+    if (nb > ctx - r0) nb = ctx - r0;
+    for (int j = 0; j < nb; j++) {
+        K->to_f32[ct](kf + (size_t)j * hd, kc + (size_t)(r0 + j) * stride, hd);
+        K->to_f32[ct](vf + (size_t)j * hd, vc + (size_t)(r0 + j) * stride, hd);
+    }
+    return nb;
+}
+
+/* Each lane's output: its sums over its softmax's denominator dn. */
+static void tile_finish(const query_tile *qs, const float *ot, const float *dn, size_t hd)
+{
+    for (int l = 0; l < qs->lanes; l++)
+        for (size_t d = 0; d < hd; d++) qs->o[l][d] = ot[d * TILE_LANES + l] / dn[l];
+}
+
 AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char *vc, size_t stride, llm_dtype ct,
                                int ctx, int head_dim, float scale, float *work)
 {
     const size_t hd = (size_t)head_dim;
     float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
     float *sc = vf + TILE_ROWS * hd;
-    int lo = INT_MAX, hi = 0;
-    for (int l = 0; l < TILE_LANES; l++) {
-        bool in = l < qs->lanes;
-        if (in && qs->first[l] < lo) lo = qs->first[l];
-        if (in && qs->len[l] > hi) hi = qs->len[l];
-        for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
-    }
-    memset(ot, 0, hd * TILE_LANES * sizeof *ot);
+    int lo, hi;
+    tile_start(qs, qt, ot, hd, &lo, &hi);
     const __m512i vfirst = _mm512_loadu_si512(qs->first), vlen = _mm512_loadu_si512(qs->len);
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
     /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
     __m512 m = _mm512_loadu_ps(qs->sink);
     __m512 denom = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f));
-    void (*to_f32)(float *, const void *, size_t) = K->to_f32[ct];
     for (int t0 = lo, nb; t0 < hi; t0 += nb) {
-        /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
-        int r0 = t0 % ctx;
-        nb = hi - t0 < TILE_ROWS ? hi - t0 : TILE_ROWS;
-        if (nb > ctx - r0) nb = ctx - r0;
-        for (int j = 0; j < nb; j++) {
-            to_f32(kf + (size_t)j * hd, kc + (size_t)(r0 + j) * stride, hd);
-            to_f32(vf + (size_t)j * hd, vc + (size_t)(r0 + j) * stride, hd);
-        }
+        nb = tile_rows(t0, hi, ctx, kc, vc, stride, ct, hd, kf, vf);
         __m512 block_max = ninf;
         for (int j = 0; j < nb;) {
             int rows = nb - j >= 8 ? 8 : 1;
@@ -1734,8 +1719,7 @@ AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char 
     }
     float dn[TILE_LANES];
     _mm512_storeu_ps(dn, denom);
-    for (int l = 0; l < qs->lanes; l++)
-        for (size_t d = 0; d < hd; d++) qs->o[l][d] = ot[d * TILE_LANES + l] / dn[l];
+    tile_finish(qs, ot, dn, hd);
 }
 
 /* attend_tile in 256-bit vectors (the AVX2 kernels): a tile's 16 lanes are two vectors, 4 rows of scores and 4
@@ -1776,14 +1760,8 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
     const size_t hd = (size_t)head_dim;
     float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
     float *sc = vf + TILE_ROWS * hd;
-    int lo = INT_MAX, hi = 0;
-    for (int l = 0; l < TILE_LANES; l++) {
-        bool in = l < qs->lanes;
-        if (in && qs->first[l] < lo) lo = qs->first[l];
-        if (in && qs->len[l] > hi) hi = qs->len[l];
-        for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
-    }
-    memset(ot, 0, hd * TILE_LANES * sizeof *ot);
+    int lo, hi;
+    tile_start(qs, qt, ot, hd, &lo, &hi);
     const __m256i first_a = _mm256_loadu_si256((const __m256i *)qs->first);
     const __m256i first_b = _mm256_loadu_si256((const __m256i *)(qs->first + 8));
     const __m256i len_a = _mm256_loadu_si256((const __m256i *)qs->len);
@@ -1793,16 +1771,8 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
     /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
     lanes16 m = l16_load(qs->sink);
     lanes16 denom = l16_blend(zero, one, l16_finite(m));
-    void (*to_f32)(float *, const void *, size_t) = K->to_f32[ct];
     for (int t0 = lo, nb; t0 < hi; t0 += nb) {
-        /* A block of rows in a row: it ends where a ring wraps back to row 0 (never, without a ring). */
-        int r0 = t0 % ctx;
-        nb = hi - t0 < TILE_ROWS ? hi - t0 : TILE_ROWS;
-        if (nb > ctx - r0) nb = ctx - r0;
-        for (int j = 0; j < nb; j++) {
-            to_f32(kf + (size_t)j * hd, kc + (size_t)(r0 + j) * stride, hd);
-            to_f32(vf + (size_t)j * hd, vc + (size_t)(r0 + j) * stride, hd);
-        }
+        nb = tile_rows(t0, hi, ctx, kc, vc, stride, ct, hd, kf, vf);
         lanes16 block_max = ninf;
         for (int j = 0; j < nb;) {
             int rows = nb - j >= 4 ? 4 : 1;
@@ -1866,8 +1836,7 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
     }
     float dn[TILE_LANES];
     l16_store(dn, denom);
-    for (int l = 0; l < qs->lanes; l++)
-        for (size_t d = 0; d < hd; d++) qs->o[l][d] = ot[d * TILE_LANES + l] / dn[l];
+    tile_finish(qs, ot, dn, hd);
 }
 
 /* The queries of each KV head (its group's heads at each position, position-major) in tiles of 16, spread over the
@@ -1914,8 +1883,9 @@ static void blas_attention(float *out, const float *q, const float *k, const flo
     size_t stride = llm_cache_row_bytes(ct, kv_dim);
     int group = n_heads / n_kv_heads;
     /* A prompt's batch, whose queries fill tiles of 16, without a soft-cap (tanhf a score) or Q8_0 rows:
-     * attend_tile (attend_tile_avx2 with the AVX2 kernels). Not one token's step: its group's 8 heads or fewer leave half a tile idle, and its few tasks the
-     * threads (measured, TinyLlama after 1,000 positions: 447-460 us a call against attend's 345-400). */
+     * attend_tile (attend_tile_avx2 with the AVX2 kernels). Not one token's step: its group's 8 heads or fewer
+     * leave half a tile idle, and its few tasks the threads (measured, TinyLlama after 1,000 positions: 447-460 us
+     * a call against attend's 345-400). */
     if ((K == &kernels_avx512 || K == &kernels_avx2) && p->softcap <= 0.0f && ct != LLM_DTYPE_Q8_0 &&
         head_dim % 16 == 0 && tile_scratch(head_dim) <= scratch_floats / (size_t)blas_threads && n > 1 &&
         n * group >= TILE_LANES) {
