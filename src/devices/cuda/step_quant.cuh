@@ -57,7 +57,8 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
 /* The producer's stages of a quantized phase, a tile at a time (lane i < 8 copies row i): stage k of each row is
  * its blocks [k * per, + nbs), quants at the row's place in the slot and their scales right after them. The phase's
  * own loop (not the 16-bit phases' tile loop with a quantized branch in it): 7 % faster on Llama-2-7B Q4_0, 380 ->
- * 408 tok/s on an H100 (dev/cuda/notes.md, version 128). */
+ * 408 tok/s on an H100 (dev/cuda/notes.md, version 128). A row one stage holds whole is one copy, not two: the
+ * producer's copies bound a short-row phase (Llama-2-7B Q4_0 +2 %, version 152). */
 template <typename NEXT>
 __device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lane, NEXT &next_slot,
                                                     uint64_t read_once)
@@ -80,7 +81,9 @@ __device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lan
             char *slot = next_slot(bar);
             if (lane == 0) mbar_expect_tx(bar, (quants + scales) * n);
             __syncwarp();
-            if (row) {
+            if (row && nbs == nb) /* the whole row in one copy: its quants and scales as laid out */
+                bulk_copy_hinted(slot + lane * CHUNK, row, quants + scales, bar, read_once);
+            else if (row) {
                 bulk_copy_hinted(slot + lane * CHUNK, row + (size_t)b0 * qb, quants, bar, read_once);
                 bulk_copy_hinted(slot + lane * CHUNK + quants, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar,
                                  read_once);
