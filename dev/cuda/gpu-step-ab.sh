@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One GPU call (dev/cuda/notes.md, version 152): the persistent step built as it is (A) and with one more compile
+# flag on step.cu (B: B_FLAG, a -D a source file reads, e.g. -DLLM_STEP_ROW_RUNS=0), test_cuda's
+# test_persistent_quant on A, then decode benches of A and B alternated in rounds (`bench -p 0 -n 128 --tg-after
+# 512 -r 3`) and a step trace of A's first row. Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
+# ROWS: "shape:quant ..." (quant "-" for the stored BF16), ROUNDS (2), BUDGET seconds in all (540).
+set -uo pipefail
+T0=$SECONDS
+BUDGET=${BUDGET:-540}
+ROUNDS=${ROUNDS:-2}
+ROWS=${ROWS:-"llama-2-7b:q4_0 tinyllama-1.1b:q4_0"}
+B_FLAG=${B_FLAG:?"B_FLAG: the compile flag that makes variant B"}
+M=${MODELS:-/tmp/ab-models}
+left() { echo $((BUDGET - (SECONDS - T0))); }
+. scripts/deps-env.sh
+mkdir -p "$OUT" "$M"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
+( for s in $(for r in $ROWS; do echo "${r%%:*}"; done | sort -u); do
+      [ -f "$M/$s/model.safetensors" ] || python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16
+      echo "ckpt $s done at $((SECONDS - T0))s"
+  done ) >"$OUT/ckpt.log" 2>&1 &
+make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda >"$OUT/build.log" 2>&1
+echo "build A rc $? at $((SECONDS - T0))s"
+[ -x build/llm-run ] || { tail -20 "$OUT/build.log"; exit 1; }
+rm -rf /tmp/bB && mkdir -p /tmp/bB/obj/devices/cuda && cp -a build/obj /tmp/bB/ &&
+    make -n -W src/devices/cuda/step.cu CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run |
+    grep -E "nvcc .*src/devices/cuda/step.cu|-o build/llm-run " |
+    sed -e 's#build/#/tmp/bB/#g' -e "s#nvcc #nvcc $B_FLAG #" >/tmp/bB/cmds &&
+    (bash -e /tmp/bB/cmds >"$OUT/build-b.log" 2>&1; echo "build B rc $? at $((SECONDS - T0))s") &
+LLM_TEST_FILTER=test_persistent_quant timeout 180 build/tests/test_cuda >"$OUT/test-persistent.log" 2>&1
+echo "test_cuda test_persistent_quant: rc $? at $((SECONDS - T0))s"
+grep -E "\[  (PASSED|FAILED)|FAILED|ERROR|Failure" "$OUT/test-persistent.log" | head -20
+wait
+[ -x /tmp/bB/llm-run ] || { cat /tmp/bB/cmds "$OUT/build-b.log" | tail; exit 1; }
+bench() { # binary label shape quant
+    local bin=$1 label=$2 s=$3 q=$4
+    [ "$(left)" -gt 40 ] || { echo "skipped $label $s $q (time)"; return; }
+    while ! grep -q "ckpt $s done" "$OUT/ckpt.log" && [ "$(left)" -gt 40 ]; do sleep 2; done
+    local qa=(); [ "$q" = - ] || qa=(--quant "$q")
+    local line
+    line=$(timeout "$(($(left) - 10))" "$bin" bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "${qa[@]}" "$M/$s" 2>&1 |
+        grep -E '\| tg[0-9]' | tail -1)
+    echo "$label $s $q: $line"
+}
+for round in $(seq "$ROUNDS"); do
+    for r in $ROWS; do
+        bench build/llm-run A "${r%%:*}" "${r#*:}"
+        bench /tmp/bB/llm-run B "${r%%:*}" "${r#*:}"
+    done
+done
+first=${ROWS%% *}
+if [ "$(left)" -gt 40 ]; then
+    qa=(); [ "${first#*:}" = - ] || qa=(--quant "${first#*:}")
+    LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/trace.txt timeout 30 build/llm-run bench --device cuda -p 0 -n 8 -r 1 \
+        "${qa[@]}" "$M/${first%%:*}" >/dev/null 2>&1
+    python3 dev/cuda/cuda-step-trace.py /tmp/trace.txt 2>&1 | head -12
+fi
+echo "done at $((SECONDS - T0))s"
