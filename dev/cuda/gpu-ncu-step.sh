@@ -12,7 +12,8 @@ mkdir -p "$OUT" "$M"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || exit 1
 ( for s in $(for r in $ROWS; do echo "${r%%:*}"; done | sort -u); do
-      [ -f "$M/$s/model.safetensors" ] || python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16
+      [ -f "$M/$s/model.safetensors" ] ||
+          python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16
       echo "ckpt $s done at $((SECONDS - T0))s"
   done ) >"$OUT/ckpt.log" 2>&1 &
 make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run >"$OUT/build.log" 2>&1
@@ -26,10 +27,11 @@ for r in $ROWS; do
         --clock-control none --section SpeedOfLight --section WarpStateStats --section SourceCounters \
         --section LaunchStats --import-source yes -f -o "/tmp/$name" \
         build/llm-run bench --device cuda -p 0 -n 16 --tg-after 512 -r 1 "${qa[@]}" "$M/$s" >"$OUT/ncu-$name.log" 2>&1
-    echo "ncu $name rc $? at $((SECONDS - T0))s"; grep -E "==PROF==|==ERROR==|==WARNING==" "$OUT/ncu-$name.log" | head -5
+    echo "ncu $name rc $? at $((SECONDS - T0))s"
+    grep -E "==PROF==|==ERROR==|==WARNING==" "$OUT/ncu-$name.log" | head -5
     "$NCU" -i "/tmp/$name.ncu-rep" --page details --csv >"$OUT/details-$name.csv" 2>&1
-    "$NCU" -i "/tmp/$name.ncu-rep" --page source --csv --print-source cuda 2>&1 | gzip -9 >"$OUT/source-$name.csv.gz"
-    "$NCU" -i "/tmp/$name.ncu-rep" --page source --csv --print-source cuda,sass 2>&1 | gzip -9 >"$OUT/mixed-$name.csv.gz"
+    "$NCU" -i "/tmp/$name.ncu-rep" --page source --csv --print-source cuda,sass 2>&1 |
+        gzip -9 >"$OUT/mixed-$name.csv.gz"
     ls -la "$OUT" | tail -3
 done
 echo "done at $((SECONDS - T0))s"

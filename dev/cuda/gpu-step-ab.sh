@@ -16,7 +16,8 @@ left() { echo $((BUDGET - (SECONDS - T0))); }
 mkdir -p "$OUT" "$M"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
 ( for s in $(for r in $ROWS; do echo "${r%%:*}"; done | sort -u); do
-      [ -f "$M/$s/model.safetensors" ] || python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16
+      [ -f "$M/$s/model.safetensors" ] ||
+          python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16
       echo "ckpt $s done at $((SECONDS - T0))s"
   done ) >"$OUT/ckpt.log" 2>&1 &
 make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda >"$OUT/build.log" 2>&1
@@ -38,7 +39,8 @@ bench() { # binary label shape quant
     while ! grep -q "ckpt $s done" "$OUT/ckpt.log" && [ "$(left)" -gt 40 ]; do sleep 2; done
     local qa=(); [ "$q" = - ] || qa=(--quant "$q")
     local line
-    line=$(timeout "$(($(left) - 10))" "$bin" bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "${qa[@]}" "$M/$s" 2>&1 |
+    line=$(timeout "$(($(left) - 10))" "$bin" bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
+        "$M/$s" 2>&1 |
         grep -E '\| tg[0-9]' | tail -1)
     echo "$label $s $q: $line"
 }
