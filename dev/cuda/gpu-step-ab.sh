@@ -3,7 +3,8 @@
 # flag on step.cu (B: B_FLAG, a -D a source file reads, e.g. -DLLM_STEP_ROW_RUNS=0), test_cuda's
 # test_persistent_quant on A, then decode benches of A and B alternated in rounds (`bench -p 0 -n 128 --tg-after
 # 512 -r 3`) and a step trace of A's first row. Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
-# ROWS: "shape:quant ..." (quant "-" for the stored BF16), ROUNDS (2), BUDGET seconds in all (540).
+# ROWS: "shape:quant ..." (quant "-" for the stored BF16), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
+# first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py).
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -50,11 +51,16 @@ for round in $(seq "$ROUNDS"); do
         bench /tmp/bB/llm-run B "${r%%:*}" "${r#*:}"
     done
 done
-first=${ROWS%% *}
-if [ "$(left)" -gt 40 ]; then
-    qa=(); [ "${first#*:}" = - ] || qa=(--quant "${first#*:}")
-    LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/trace.txt timeout 30 build/llm-run bench --device cuda -p 0 -n 8 -r 1 \
-        "${qa[@]}" "$M/${first%%:*}" >/dev/null 2>&1
+# the step trace (and with B_FLAG=-DLLM_STEP_TILE_TRACE and TRACE_WITH=B, the tile trace) of each of TRACE_ROWS
+bin=build/llm-run; [ "${TRACE_WITH:-A}" = B ] && bin=/tmp/bB/llm-run
+for r in ${TRACE_ROWS:-${ROWS%% *}}; do
+    [ "$(left)" -gt 40 ] || { echo "trace of $r skipped (time)"; continue; }
+    qa=(); [ "${r#*:}" = - ] || qa=(--quant "${r#*:}")
+    rm -f /tmp/trace.txt
+    LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/trace.txt timeout 40 "$bin" bench --device cuda -p 0 -n 8 -r 1 \
+        --tg-after 512 "${qa[@]}" "$M/${r%%:*}" >/dev/null 2>&1
+    echo "== trace of $r (${TRACE_WITH:-A})"
     python3 dev/cuda/cuda-step-trace.py /tmp/trace.txt 2>&1 | head -12
-fi
+    grep -q "^stage " /tmp/trace.txt && python3 dev/cuda/cuda-tile-trace.py /tmp/trace.txt 2>&1 | head -12
+done
 echo "done at $((SECONDS - T0))s"

@@ -63,6 +63,16 @@ constexpr int MAX_SPLITS = 4;           /* the o product's staging holds every s
 constexpr int X_GROUPS = 4;             /* a consumer thread's input values in registers, in groups of 4: 16 */
 constexpr int HELD_COLS = CONSUMERS * 4 * X_GROUPS; /* 4,096: the widest input a phase holds (see group_col) */
 static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from the 8 consumer warps");
+#ifdef LLM_STEP_TILE_TRACE
+/* A measurement build (-DLLM_STEP_TILE_TRACE, dev/cuda/gpu-step-ab.sh's B_FLAG) with LLM_CUDA_STEP_TRACE set: block
+ * TRACED_BLOCK's stages and tiles, stamped with its SM's clock, past the phase stamps (dev/cuda/cuda-tile-trace.py).
+ * A stage: its phase, when the producer asked for its slot, had it, when consumer warp 0 saw it land and freed it;
+ * a tile: its phase, when consumer warp 0 handed in its sums, when the signaller had all 8 warps' and had written. */
+constexpr int TRACED_BLOCK = 1, TRACED_EVENTS = 8192, TRACED_FIELDS = 5;
+constexpr size_t TRACED_WORDS = 2 * (size_t)TRACED_EVENTS * TRACED_FIELDS;
+#else
+constexpr size_t TRACED_WORDS = 0;
+#endif
 using tile_sums = sums_ring<PARTS, WARPS, ROWS>;
 
 /* KV rows a tensor copy: KV_BOX, or fewer where a stage holds fewer positions (heads of 256 in an f32 cache: 16, the
@@ -199,6 +209,18 @@ __device__ __forceinline__ void trace_mark(const step_program &prog, int phase, 
 {
     prog.trace[((size_t)phase * gridDim.x + blockIdx.x) * 3 + field] = llm_cuda_now_ns();
 }
+
+#ifdef LLM_STEP_TILE_TRACE
+__device__ __forceinline__ void tile_stamp(const step_program &prog, int table, int i, int field, long long v)
+{
+    if (!prog.trace || blockIdx.x != TRACED_BLOCK || i >= TRACED_EVENTS) return;
+    prog.trace[(size_t)prog.n_phases * gridDim.x * 3 + ((size_t)table * TRACED_EVENTS + i) * TRACED_FIELDS + field] =
+        (unsigned long long)v;
+}
+#define TILE_STAMP(table, i, field, v) tile_stamp(prog, table, i, field, v)
+#else
+#define TILE_STAMP(table, i, field, v) ((void)0)
+#endif
 
 __device__ __forceinline__ void consumers_sync() { named_sync<1, CONSUMERS>(); }
 
@@ -338,19 +360,29 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
     const int lane = threadIdx.x & 31;
     const uint64_t read_once = l2_evict_first(); /* the weights: the KV rows and the arena stay in L2 between steps */
     int it = 0, one_by_one_until = 0; /* the stages below it go one at a time */
+#ifdef LLM_STEP_TILE_TRACE
+    int traced_ph = 0;
+#endif
     auto next_slot = [&](uint64_t *&bar) {
         const int slot = it % prog.stages, use = it / prog.stages;
+#ifdef LLM_STEP_TILE_TRACE
+        if (lane == 0) TILE_STAMP(0, it, 0, traced_ph), TILE_STAMP(0, it, 1, clock64());
+#endif
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
         /* (stage it - 1's barrier cannot have moved on: its slot's next copy, stage it - 1 + stages, is not issued) */
         if (it > 0 && it < one_by_one_until)
             mbar_wait(&full[(it - 1) % prog.stages], ((it - 1) / prog.stages) & 1);
         bar = &full[slot];
+        if (lane == 0) TILE_STAMP(0, it, 2, clock64());
         it++;
         return ring + (size_t)slot * STAGE;
     };
     for (int ph = 0; ph < prog.n_phases; ph++) {
         const step_phase &P = phases[ph];
         const bool attention = P.kind == PHASE_ATTENTION;
+#ifdef LLM_STEP_TILE_TRACE
+        traced_ph = ph;
+#endif
         one_by_one_until = attention || quant_phase(P.dtype) ? it : it + prog.stages; /* a product's first ring */
         if (quant_phase(P.dtype)) {
             produce_quant_phase(P, lane, next_slot, read_once);
@@ -684,11 +716,13 @@ __device__ __forceinline__ void hold_stage(const step_program &prog, const char 
 {
     const int slot = it % prog.stages;
     mbar_wait(&full[slot], (it / prog.stages) & 1);
+    if (ct == 0) TILE_STAMP(0, it, 3, clock64());
     const char *stage = ring + (size_t)slot * STAGE + ct * 16;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) held[r] = *(const uint4 *)(stage + r * CHUNK);
     __syncwarp();
     if ((ct & 31) == 0) mbar_arrive(&empty[slot]);
+    if (ct == 0) TILE_STAMP(0, it, 4, clock64());
     it++;
 }
 
@@ -714,9 +748,11 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
     };
     /* a stage that has landed, dotted; then its slot freed */
     auto dot_landed = [&](int slot, float4 x0, float4 x1, bool mine) {
+        if (ct == 0) TILE_STAMP(0, it, 3, clock64());
         if (mine) dot_rows((const uint4 *)(ring + (size_t)slot * STAGE + ct * 16), CHUNK / 16, x0, x1);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
+        if (ct == 0) TILE_STAMP(0, it, 4, clock64());
         it++;
     };
     /* the first unit's first stage (held: the block has a unit), before the loop, which would hold held throughout */
@@ -749,6 +785,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
             }
             dot_landed(slot, x0, x1, mine);
         }
+        if (ct == 0) TILE_STAMP(1, tile_it, 1, clock64());
         sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
@@ -1239,7 +1276,9 @@ __device__ void signal(const step_program &prog, const step_phase *phases, tile_
         const bool last_of_phase = cur.u + (int)gridDim.x >= tab[cur.slot].units;
         if (!last_of_phase) advance();
         const float sum = sums.take(tile_it, lane);
+        if (lane == 0) TILE_STAMP(1, tile_it, 2, clock64());
         finish_tile(prog, tab[now.slot], e_now, lane, sum, pos);
+        if (lane == 0) TILE_STAMP(1, tile_it, 0, now.ph), TILE_STAMP(1, tile_it, 3, clock64());
         if (last_of_phase) advance();
         if (prog.trace && lane == 0 && (cur.ph != now.ph)) trace_mark(prog, now.ph, 2);
     }
@@ -1788,8 +1827,9 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
     FILE *f = fopen(llm_cuda.step_trace, "a");
     if (h && f && cudaMemcpyAsync(h, trace, n * 8, cudaMemcpyDeviceToHost, llm_cuda.stream) == cudaSuccess &&
         cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess) {
+        const size_t phase_n = n - TRACED_WORDS; /* the phase stamps; past them the traced block's (globaltimer) */
         unsigned long long t0 = ~0ull;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < phase_n; i++)
             if (h[i] && h[i] < t0) t0 = h[i];
         fprintf(f, "step %d %d\n", pl.n, llm_cuda.sm_count);
         for (int i = 0; i < pl.n; i++) {
@@ -1799,6 +1839,16 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
                 fprintf(f, " %lld", h[k] ? (long long)(h[k] - t0) : -1ll);
             fprintf(f, "\n");
         }
+#ifdef LLM_STEP_TILE_TRACE
+        /* "stage I PHASE ASKED HAD LANDED FREED", "tile I PHASE PUT TAKEN WRITTEN": clocks, 0 where none */
+        for (int table = 0; table < 2; table++)
+            for (int i = 0; i < TRACED_EVENTS; i++) {
+                const unsigned long long *e = h + phase_n + ((size_t)table * TRACED_EVENTS + i) * TRACED_FIELDS;
+                if (!e[1] && !e[2] && !e[3]) continue;
+                fprintf(f, "%s %d %llu %llu %llu %llu %llu\n", table ? "tile" : "stage", i, e[0], e[1], e[2], e[3],
+                        e[4]);
+            }
+#endif
     }
     cudaGetLastError();
     if (f) fclose(f);
@@ -1874,7 +1924,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE + pl.q_x_bytes, cfg.stream = llm_cuda.stream;
     cfg.attrs = &attr, cfg.numAttrs = 1;
-    size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3;
+    size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3 + TRACED_WORDS;
     if (llm_cuda.step_trace && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
         cudaMemsetAsync(prog.trace, 0, trace_n * 8, llm_cuda.stream);
     else

@@ -185,6 +185,7 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
         for (int b0 = 0; b0 < nb; b0 += per) {
             const int nbs = min(per, nb - b0), slot = it % prog.stages;
             mbar_wait(&full[slot], (it / prog.stages) & 1);
+            if (ct == 0) TILE_STAMP(0, it, 3, clock64());
             if (c < nbs * F::CPB) {
                 const char *stage = ring + (size_t)slot * STAGE + g * RPT * CHUNK;
                 const char *quants = stage + c * 16, *scales = stage + nbs * F::QB + c / F::CPB * F::HEAD;
@@ -202,11 +203,13 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
             }
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
+            if (ct == 0) TILE_STAMP(0, it, 4, clock64());
             it++;
         }
         float mine[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; r++) mine[r] = r / RPT == g ? acc[r % RPT] : 0.0f;
+        if (ct == 0) TILE_STAMP(1, tile_it, 1, clock64());
         sums.put(tile_it++, warp, lane, warp_sum8(mine, lane));
 #pragma unroll
         for (int r = 0; r < RPT; r++) acc[r] = 0.0f;

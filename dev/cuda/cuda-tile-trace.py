@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Sum up a tile trace: one block's stages and tiles of the persistent decode step, stamped with its SM's clock.
+
+Built with -DLLM_STEP_TILE_TRACE (dev/cuda/gpu-step-ab.sh's B_FLAG) and run with LLM_CUDA_STEP_TRACE=FILE, the step
+appends after its phase stamps a line a stage ("stage I PHASE ASKED HAD LANDED FREED": when the producer asked for
+the stage's slot, had it, when consumer warp 0 saw the stage land and freed it) and a line a tile ("tile I PHASE PUT
+TAKEN WRITTEN": when consumer warp 0 handed in its sums, when the signaller had every warp's, when it had written).
+
+  dev/cuda/cuda-tile-trace.py FILE [phases per layer, default 5] [SM clock in GHz, default 1.98]
+
+For each phase of a layer, medians over the last step's layers, in us:
+  stages   stages of the traced block in the phase (a layer's)
+  ask      a stage's ask minus the one before's (the producer's pace)
+  slot     had minus asked (the producer waiting for a free slot)
+  land     landed minus had (the copy's flight, and the consumer's lag behind it)
+  dot      freed minus landed (consumer warp 0 on the stage)
+  idle     landed minus the stage before's freed (consumer warp 0 waiting for data)
+  tile     a tile's put minus the one before's (the consumers' pace)
+  hand     taken minus put (warp 0's sums to the signaller's having all 8)
+  sig      written minus taken (the signaller's epilogue)
+The role whose time fills the tile interval (ask x stages a tile, dot + idle, sig) is what bounds the phase.
+"""
+import statistics
+import sys
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    per_layer = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    ghz = float(sys.argv[3]) if len(sys.argv) > 3 else 1.98
+    stages, tiles = [], []
+    with open(sys.argv[1]) as f:
+        for line in f:
+            fields = line.split()
+            if fields[0] == "step":
+                stages, tiles = [], []  # the last step's only
+            elif fields[0] in ("stage", "tile"):
+                row = [int(v) for v in fields[1:]]
+                (stages if fields[0] == "stage" else tiles).append(row)
+    if not stages:
+        sys.exit("no stage lines: a build without -DLLM_STEP_TILE_TRACE, or LLM_CUDA_STEP_TRACE unset")
+    n_phases = max(r[1] for r in stages + tiles) + 1
+    layers = (n_phases - 1) // per_layer
+    us = lambda cycles: cycles / ghz / 1000.0
+
+    def kind(ph):
+        return ph % per_layer if ph < layers * per_layer else per_layer  # the head (and after it) last
+
+    cols = {k: {name: [] for name in ("stages", "ask", "slot", "land", "dot", "idle", "tile", "hand", "sig")}
+            for k in range(per_layer + 1)}
+    counts = {}
+    for i, (idx, ph, asked, had, landed, freed) in enumerate(stages):
+        c = cols[kind(ph)]
+        counts[ph] = counts.get(ph, 0) + 1
+        if had and asked:
+            c["slot"].append(us(had - asked))
+        if landed and had:
+            c["land"].append(us(landed - had))
+        if freed and landed:
+            c["dot"].append(us(freed - landed))
+        if i and stages[i - 1][1] == ph:
+            prev = stages[i - 1]
+            if asked and prev[2]:
+                c["ask"].append(us(asked - prev[2]))
+            if landed and prev[5]:
+                c["idle"].append(us(landed - prev[5]))
+    for ph, n in counts.items():
+        cols[kind(ph)]["stages"].append(n)
+    for i, (idx, ph, put, taken, written, _) in enumerate(tiles):
+        c = cols[kind(ph)]
+        if taken and put:
+            c["hand"].append(us(taken - put))
+        if written and taken:
+            c["sig"].append(us(written - taken))
+        if i and tiles[i - 1][1] == ph and put and tiles[i - 1][2]:
+            c["tile"].append(us(put - tiles[i - 1][2]))
+    names = ("stages", "ask", "slot", "land", "dot", "idle", "tile", "hand", "sig")
+    print("phase  " + "".join("%8s" % n for n in names) + "  (us, medians; stages: a layer's)")
+    for k in range(per_layer + 1):
+        label = "head" if k == per_layer else str(k)
+        print("%-6s " % label + "".join("%8.2f" % median(cols[k][n]) for n in names))
+
+
+if __name__ == "__main__":
+    main()
