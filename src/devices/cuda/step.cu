@@ -1827,7 +1827,7 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
     FILE *f = fopen(llm_cuda.step_trace, "a");
     if (h && f && cudaMemcpyAsync(h, trace, n * 8, cudaMemcpyDeviceToHost, llm_cuda.stream) == cudaSuccess &&
         cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess) {
-        const size_t phase_n = n - TRACED_WORDS; /* the phase stamps; past them the traced block's (globaltimer) */
+        const size_t phase_n = n - TRACED_WORDS; /* the phase stamps (globaltimer); past them the traced block's */
         unsigned long long t0 = ~0ull;
         for (size_t i = 0; i < phase_n; i++)
             if (h[i] && h[i] < t0) t0 = h[i];
