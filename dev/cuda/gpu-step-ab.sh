@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One GPU call (dev/cuda/notes.md, version 152): the persistent step built as it is (A) and with one more compile
 # flag on step.cu (B: B_FLAG, a -D a source file reads, e.g. -DLLM_STEP_ROW_RUNS=0), test_cuda's
-# test_persistent_quant on A, then decode benches of A and B alternated in rounds (`bench -p 0 -n 128 --tg-after
+# tests on A (TESTS), then decode benches of A and B alternated in rounds (`bench -p 0 -n 128 --tg-after
 # 512 -r 3`) and a step trace of A's first row. Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
 # ROWS: "shape:quant ..." (quant "-" for the stored BF16), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
-# first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py).
+# first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS:
+# test_cuda's filter run on A (test_persistent_quant).
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -29,8 +30,8 @@ rm -rf /tmp/bB && mkdir -p /tmp/bB/obj/devices/cuda && cp -a build/obj /tmp/bB/ 
     grep -E "nvcc .*src/devices/cuda/step.cu|-o build/llm-run " |
     sed -e 's#build/#/tmp/bB/#g' -e "s#nvcc #nvcc $B_FLAG #" >/tmp/bB/cmds &&
     (bash -e /tmp/bB/cmds >"$OUT/build-b.log" 2>&1; echo "build B rc $? at $((SECONDS - T0))s") &
-LLM_TEST_FILTER=test_persistent_quant timeout 180 build/tests/test_cuda >"$OUT/test-persistent.log" 2>&1
-echo "test_cuda test_persistent_quant: rc $? at $((SECONDS - T0))s"
+LLM_TEST_FILTER=${TESTS:-test_persistent_quant} timeout 240 build/tests/test_cuda >"$OUT/test-persistent.log" 2>&1
+echo "test_cuda ${TESTS:-test_persistent_quant}: rc $? at $((SECONDS - T0))s"
 grep -E "\[  (PASSED|FAILED)|FAILED|ERROR|Failure" "$OUT/test-persistent.log" | head -20
 wait
 [ -x /tmp/bB/llm-run ] || { cat /tmp/bB/cmds "$OUT/build-b.log" | tail; exit 1; }
