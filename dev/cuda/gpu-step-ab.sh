@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call (dev/cuda/notes.md, version 152): the persistent step built as it is (A) and with one more compile
-# flag on step.cu (B: B_FLAG, a -D a source file reads, e.g. -DLLM_STEP_ROW_RUNS=0), test_cuda's
+# flag on step.cu (B: B_FLAG, a -D a source file reads, e.g. -DLLM_STEP_TILE_TRACE), test_cuda's
 # tests on A (TESTS), then decode benches of A and B alternated in rounds (`bench -p 0 -n 128 --tg-after
-# 512 -r 3`) and a step trace of A's first row. Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
+# 512 -r 3`) and step traces (TRACE_ROWS). Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
 # ROWS: "shape:quant ..." (quant "-" for the stored BF16), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
 # first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS:
 # test_cuda's filter run on A (test_persistent_quant).
