@@ -1609,24 +1609,35 @@ typedef struct {
     int lanes;
 } query_tile;
 
-/* Floats of scratch attend_tile needs. */
+/* Floats of scratch attend_tile needs: tile_start lays them out. */
 static size_t tile_scratch(int head_dim)
 {
     return (2 * TILE_LANES + 2 * TILE_ROWS) * (size_t)head_dim + TILE_ROWS * TILE_LANES;
 }
 
-/* A tile's queries transposed into qt (a dimension a row of TILE_LANES, zeros past its lanes), its output ot zeroed,
- * and the rows its lanes span, [*lo, *hi). */
-static void tile_start(const query_tile *qs, float *qt, float *ot, size_t hd, int *lo, int *hi)
+/* A tile's scratch: its queries transposed (qt, a dimension a row of TILE_LANES), its output (ot, likewise), a block
+ * of K and V rows in f32 (kf, vf: TILE_ROWS x head_dim) and the block's scores (sc, a row a key); and the rows its
+ * lanes span, [lo, hi). */
+typedef struct {
+    float *qt, *ot, *kf, *vf, *sc;
+    int lo, hi;
+} tile_room;
+
+/* The room in work (tile_scratch floats), with the queries transposed into qt (zeros past the tile's lanes), ot
+ * zeroed, and lo and hi. */
+static tile_room tile_start(const query_tile *qs, float *work, size_t hd)
 {
-    *lo = INT_MAX, *hi = 0;
+    tile_room r = {.qt = work, .lo = INT_MAX, .hi = 0};
+    r.ot = r.qt + hd * TILE_LANES, r.kf = r.ot + hd * TILE_LANES, r.vf = r.kf + TILE_ROWS * hd;
+    r.sc = r.vf + TILE_ROWS * hd;
     for (int l = 0; l < TILE_LANES; l++) {
         bool in = l < qs->lanes;
-        if (in && qs->first[l] < *lo) *lo = qs->first[l];
-        if (in && qs->len[l] > *hi) *hi = qs->len[l];
-        for (size_t d = 0; d < hd; d++) qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
+        if (in && qs->first[l] < r.lo) r.lo = qs->first[l];
+        if (in && qs->len[l] > r.hi) r.hi = qs->len[l];
+        for (size_t d = 0; d < hd; d++) r.qt[d * TILE_LANES + l] = in ? qs->q[l][d] : 0.0f;
     }
-    memset(ot, 0, hd * TILE_LANES * sizeof *ot);
+    memset(r.ot, 0, hd * TILE_LANES * sizeof *r.ot);
+    return r;
 }
 
 /* The block of rows from row t0 on, in f32 at kf and vf: at most TILE_ROWS, up to hi, and ending where a ring wraps
@@ -1654,37 +1665,34 @@ AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char 
                                int ctx, int head_dim, float scale, float *work)
 {
     const size_t hd = (size_t)head_dim;
-    float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
-    float *sc = vf + TILE_ROWS * hd;
-    int lo, hi;
-    tile_start(qs, qt, ot, hd, &lo, &hi);
+    const tile_room room = tile_start(qs, work, hd);
     const __m512i vfirst = _mm512_loadu_si512(qs->first), vlen = _mm512_loadu_si512(qs->len);
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
     /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
     __m512 m = _mm512_loadu_ps(qs->sink);
     __m512 denom = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m, ninf, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f));
-    for (int t0 = lo, nb; t0 < hi; t0 += nb) {
-        nb = tile_rows(t0, hi, ctx, kc, vc, stride, ct, hd, kf, vf);
+    for (int t0 = room.lo, nb; t0 < room.hi; t0 += nb) {
+        nb = tile_rows(t0, room.hi, ctx, kc, vc, stride, ct, hd, room.kf, room.vf);
         __m512 block_max = ninf;
         for (int j = 0; j < nb;) {
             int rows = nb - j >= 8 ? 8 : 1;
             __m512 acc[8];
             for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
-            const float *kr = kf + (size_t)j * hd;
+            const float *kr = room.kf + (size_t)j * hd;
             if (rows == 8) {
                 for (size_t d = 0; d < hd; d++) {
-                    __m512 qd = _mm512_loadu_ps(qt + d * TILE_LANES);
+                    __m512 qd = _mm512_loadu_ps(room.qt + d * TILE_LANES);
                     for (int r = 0; r < 8; r++) acc[r] = _mm512_fmadd_ps(qd, _mm512_set1_ps(kr[r * hd + d]), acc[r]);
                 }
             } else {
                 for (size_t d = 0; d < hd; d++)
-                    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * TILE_LANES), _mm512_set1_ps(kr[d]), acc[0]);
+                    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(room.qt + d * TILE_LANES), _mm512_set1_ps(kr[d]), acc[0]);
             }
             for (int r = 0; r < rows; r++) {
                 __m512i t = _mm512_set1_epi32(t0 + j + r);
                 __mmask16 in = _mm512_cmpge_epi32_mask(t, vfirst) & _mm512_cmplt_epi32_mask(t, vlen);
                 __m512 s = _mm512_mask_mul_ps(ninf, in, acc[r], vscale);
-                _mm512_storeu_ps(sc + (size_t)(j + r) * TILE_LANES, s);
+                _mm512_storeu_ps(room.sc + (size_t)(j + r) * TILE_LANES, s);
                 block_max = _mm512_max_ps(block_max, s);
             }
             j += rows;
@@ -1695,31 +1703,31 @@ AVX512 static void attend_tile(const query_tile *qs, const char *kc, const char 
             __m512 c = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), grew, exp16(_mm512_sub_ps(m, m_new)));
             denom = _mm512_mul_ps(denom, c);
             for (size_t d = 0; d < hd; d++)
-                _mm512_storeu_ps(ot + d * TILE_LANES, _mm512_mul_ps(_mm512_loadu_ps(ot + d * TILE_LANES), c));
+                _mm512_storeu_ps(room.ot + d * TILE_LANES, _mm512_mul_ps(_mm512_loadu_ps(room.ot + d * TILE_LANES), c));
         }
         m = m_new;
         __m512 sum = _mm512_setzero_ps();
         for (int j = 0; j < nb; j++) {
-            __m512 s = _mm512_loadu_ps(sc + (size_t)j * TILE_LANES);
+            __m512 s = _mm512_loadu_ps(room.sc + (size_t)j * TILE_LANES);
             __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(s, m)));
-            _mm512_storeu_ps(sc + (size_t)j * TILE_LANES, p);
+            _mm512_storeu_ps(room.sc + (size_t)j * TILE_LANES, p);
             sum = _mm512_add_ps(sum, p);
         }
         denom = _mm512_add_ps(denom, sum);
         for (size_t d0 = 0; d0 < hd; d0 += 16) {
             __m512 o[16];
-            for (int e = 0; e < 16; e++) o[e] = _mm512_loadu_ps(ot + (d0 + e) * TILE_LANES);
+            for (int e = 0; e < 16; e++) o[e] = _mm512_loadu_ps(room.ot + (d0 + e) * TILE_LANES);
             for (int j = 0; j < nb; j++) {
-                __m512 p = _mm512_loadu_ps(sc + (size_t)j * TILE_LANES);
-                const float *vr = vf + (size_t)j * hd + d0;
+                __m512 p = _mm512_loadu_ps(room.sc + (size_t)j * TILE_LANES);
+                const float *vr = room.vf + (size_t)j * hd + d0;
                 for (int e = 0; e < 16; e++) o[e] = _mm512_fmadd_ps(p, _mm512_set1_ps(vr[e]), o[e]);
             }
-            for (int e = 0; e < 16; e++) _mm512_storeu_ps(ot + (d0 + e) * TILE_LANES, o[e]);
+            for (int e = 0; e < 16; e++) _mm512_storeu_ps(room.ot + (d0 + e) * TILE_LANES, o[e]);
         }
     }
     float dn[TILE_LANES];
     _mm512_storeu_ps(dn, denom);
-    tile_finish(qs, ot, dn, hd);
+    tile_finish(qs, room.ot, dn, hd);
 }
 
 /* attend_tile in 256-bit vectors (the AVX2 kernels): a tile's 16 lanes are two vectors, 4 rows of scores and 4
@@ -1758,10 +1766,7 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
                                   int ctx, int head_dim, float scale, float *work)
 {
     const size_t hd = (size_t)head_dim;
-    float *qt = work, *ot = qt + hd * TILE_LANES, *kf = ot + hd * TILE_LANES, *vf = kf + TILE_ROWS * hd;
-    float *sc = vf + TILE_ROWS * hd;
-    int lo, hi;
-    tile_start(qs, qt, ot, hd, &lo, &hi);
+    const tile_room room = tile_start(qs, work, hd);
     const __m256i first_a = _mm256_loadu_si256((const __m256i *)qs->first);
     const __m256i first_b = _mm256_loadu_si256((const __m256i *)(qs->first + 8));
     const __m256i len_a = _mm256_loadu_si256((const __m256i *)qs->len);
@@ -1771,22 +1776,22 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
     /* A sink starts a lane's softmax as one more score, whose value row is zero: exp(sink - max) = 1 in the sum. */
     lanes16 m = l16_load(qs->sink);
     lanes16 denom = l16_blend(zero, one, l16_finite(m));
-    for (int t0 = lo, nb; t0 < hi; t0 += nb) {
-        nb = tile_rows(t0, hi, ctx, kc, vc, stride, ct, hd, kf, vf);
+    for (int t0 = room.lo, nb; t0 < room.hi; t0 += nb) {
+        nb = tile_rows(t0, room.hi, ctx, kc, vc, stride, ct, hd, room.kf, room.vf);
         lanes16 block_max = ninf;
         for (int j = 0; j < nb;) {
             int rows = nb - j >= 4 ? 4 : 1;
             lanes16 acc[4];
             for (int r = 0; r < 4; r++) acc[r] = zero;
-            const float *kr = kf + (size_t)j * hd;
+            const float *kr = room.kf + (size_t)j * hd;
             if (rows == 4) {
                 for (size_t d = 0; d < hd; d++) {
-                    lanes16 qd = l16_load(qt + d * TILE_LANES);
+                    lanes16 qd = l16_load(room.qt + d * TILE_LANES);
                     for (int r = 0; r < 4; r++) acc[r] = l16_fma(qd, _mm256_set1_ps(kr[r * hd + d]), acc[r]);
                 }
             } else {
                 for (size_t d = 0; d < hd; d++)
-                    acc[0] = l16_fma(l16_load(qt + d * TILE_LANES), _mm256_set1_ps(kr[d]), acc[0]);
+                    acc[0] = l16_fma(l16_load(room.qt + d * TILE_LANES), _mm256_set1_ps(kr[d]), acc[0]);
             }
             for (int r = 0; r < rows; r++) {
                 __m256i t = _mm256_set1_epi32(t0 + j + r);
@@ -1797,7 +1802,7 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
                                                                       _mm256_cmpgt_epi32(len_b, t)))};
                 lanes16 sv = {_mm256_mul_ps(acc[r].a, vscale), _mm256_mul_ps(acc[r].b, vscale)};
                 lanes16 s = l16_blend(ninf, sv, in);
-                l16_store(sc + (size_t)(j + r) * TILE_LANES, s);
+                l16_store(room.sc + (size_t)(j + r) * TILE_LANES, s);
                 block_max = l16_max(block_max, s);
             }
             j += rows;
@@ -1810,33 +1815,33 @@ AVX2 static void attend_tile_avx2(const query_tile *qs, const char *kc, const ch
             lanes16 c = l16_blend(one, l16_exp_sub(m, m_new), grew);
             denom = (lanes16){_mm256_mul_ps(denom.a, c.a), _mm256_mul_ps(denom.b, c.b)};
             for (size_t d = 0; d < hd; d++) {
-                lanes16 o = l16_load(ot + d * TILE_LANES);
-                l16_store(ot + d * TILE_LANES, (lanes16){_mm256_mul_ps(o.a, c.a), _mm256_mul_ps(o.b, c.b)});
+                lanes16 o = l16_load(room.ot + d * TILE_LANES);
+                l16_store(room.ot + d * TILE_LANES, (lanes16){_mm256_mul_ps(o.a, c.a), _mm256_mul_ps(o.b, c.b)});
             }
         }
         m = m_new;
         lanes16 sum = zero;
         for (int j = 0; j < nb; j++) {
-            lanes16 s = l16_load(sc + (size_t)j * TILE_LANES);
+            lanes16 s = l16_load(room.sc + (size_t)j * TILE_LANES);
             lanes16 pj = l16_blend(zero, l16_exp_sub(s, m), l16_finite(s));
-            l16_store(sc + (size_t)j * TILE_LANES, pj);
+            l16_store(room.sc + (size_t)j * TILE_LANES, pj);
             sum = (lanes16){_mm256_add_ps(sum.a, pj.a), _mm256_add_ps(sum.b, pj.b)};
         }
         denom = (lanes16){_mm256_add_ps(denom.a, sum.a), _mm256_add_ps(denom.b, sum.b)};
         for (size_t d0 = 0; d0 < hd; d0 += 4) {
             lanes16 o[4];
-            for (int e = 0; e < 4; e++) o[e] = l16_load(ot + (d0 + e) * TILE_LANES);
+            for (int e = 0; e < 4; e++) o[e] = l16_load(room.ot + (d0 + e) * TILE_LANES);
             for (int j = 0; j < nb; j++) {
-                lanes16 pj = l16_load(sc + (size_t)j * TILE_LANES);
-                const float *vr = vf + (size_t)j * hd + d0;
+                lanes16 pj = l16_load(room.sc + (size_t)j * TILE_LANES);
+                const float *vr = room.vf + (size_t)j * hd + d0;
                 for (int e = 0; e < 4; e++) o[e] = l16_fma(pj, _mm256_set1_ps(vr[e]), o[e]);
             }
-            for (int e = 0; e < 4; e++) l16_store(ot + (d0 + e) * TILE_LANES, o[e]);
+            for (int e = 0; e < 4; e++) l16_store(room.ot + (d0 + e) * TILE_LANES, o[e]);
         }
     }
     float dn[TILE_LANES];
     l16_store(dn, denom);
-    tile_finish(qs, ot, dn, hd);
+    tile_finish(qs, room.ot, dn, hd);
 }
 
 /* The queries of each KV head (its group's heads at each position, position-major) in tiles of 16, spread over the
