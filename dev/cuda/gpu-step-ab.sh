@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda >"$OUT/build.log" 2>&1
 echo "build A rc $? at $((SECONDS - T0))s"
 [ -x build/llm-run ] || { tail -20 "$OUT/build.log"; exit 1; }
-rm -rf /tmp/bB && mkdir -p /tmp/bB/obj/devices/cuda && cp -a build/obj /tmp/bB/ &&
+rm -rf /tmp/bB && mkdir -p /tmp/bB && cp -a build/obj /tmp/bB/ &&
     make -n -W src/devices/cuda/step.cu CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run |
     grep -E "nvcc .*src/devices/cuda/step.cu|-o build/llm-run " |
     sed -e 's#build/#/tmp/bB/#g' -e "s#nvcc #nvcc $B_FLAG #" >/tmp/bB/cmds &&

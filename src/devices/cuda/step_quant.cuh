@@ -57,8 +57,8 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
 /* The producer's stages of a quantized phase, a tile at a time (lane i < 8 copies row i): stage k of each row is
  * its blocks [k * per, + nbs), quants at the row's place in the slot and their scales right after them. The phase's
  * own loop (not the 16-bit phases' tile loop with a quantized branch in it): 7 % faster on Llama-2-7B Q4_0, 380 ->
- * 408 tok/s on an H100 (dev/cuda/notes.md, version 128). A row one stage holds whole is one copy, not two: the
- * producer's copies bound a short-row phase (Llama-2-7B Q4_0 +2 %, version 152). */
+ * 408 tok/s on an H100 (dev/cuda/notes.md, version 128). A row one stage holds whole is one copy, not two
+ * (Llama-2-7B Q4_0 +2 % on an H200; a tile's adjacent rows as one copy gained nothing more: version 152). */
 template <typename NEXT>
 __device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lane, NEXT &next_slot,
                                                     uint64_t read_once)
