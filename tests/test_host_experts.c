@@ -53,21 +53,45 @@ static const llm_device owned_device = {
     .supports = owned_supports, .ops = &no_ops,
 };
 
+/* ... and one that also takes block-format weights, as a GPU does (weight_load: a copy of the blocks as given) */
+static int owned_weight_load(llm_weight *w, const void *host, llm_dtype dtype, size_t rows, size_t cols)
+{
+    size_t bytes = llm_dtype_is_block(dtype) ? llm_dtype_matrix_bytes(dtype, rows, cols)
+                                             : rows * cols * llm_dtype_size(dtype);
+    if (!(w->data = owned_alloc(bytes))) return -1;
+    w->dtype = dtype;
+    return owned_upload(w->data, host, bytes);
+}
+static const llm_device owned_blocks_device = {
+    .name = "owned", .kind = LLM_DEVICE_GPU, .host_memory = false,
+    .probe = llm_host_probe, .init = owned_init, .release = owned_release, .describe = owned_describe,
+    .alloc = owned_alloc, .free = owned_free, .upload = owned_upload, .download = owned_download,
+    .sync = llm_host_sync, .status = llm_host_status, .memory = owned_memory,
+    .supports = owned_supports, .ops = &no_ops, .weight_load = owned_weight_load,
+};
+static const llm_device *owned = &owned_device; /* the device load() takes when given none */
+
 /* ---- loading ---- */
 
-/* The fixture in dir loaded on `device` (or the owned test device when NULL) with host_experts; the load's log in
- * *log (freed by the caller). 0, or -1 with err. */
-static int load(llm_model *m, const char *dir, const char *device, int host_experts, char **log, char *err,
-                size_t err_len)
+/* The fixture in dir loaded on `device` (or the owned test device `owned` when NULL) with host_experts, quantized to
+ * `quant` when it is a block format (--quant); the load's log in *log (freed by the caller). 0, or -1 with err. */
+static int load_quant(llm_model *m, const char *dir, const char *device, int host_experts, llm_dtype quant,
+                      char **log, char *err, size_t err_len)
 {
     size_t len = 0;
     FILE *f = open_memstream(log, &len);
     assert_non_null(f);
-    llm_load_options lo = {.device = device, .device_override = device ? NULL : &owned_device, .log = f,
-                           .host_experts = host_experts};
+    llm_load_options lo = {.device = device, .device_override = device ? NULL : owned, .log = f,
+                           .host_experts = host_experts, .quant = quant};
     int rc = llm_model_load(m, dir, &lo, err, err_len);
     fclose(f);
     return rc;
+}
+
+static int load(llm_model *m, const char *dir, const char *device, int host_experts, char **log, char *err,
+                size_t err_len)
+{
+    return load_quant(m, dir, device, host_experts, LLM_DTYPE_F32, log, err, err_len);
 }
 
 static bool usable(const char *device)
@@ -251,6 +275,39 @@ static void test_memory_hint(void **state)
 /* What a user passing --cpu-moe everywhere (as with llama.cpp) expects: a note, and the model as without it, on a
  * dense model and on blas (which holds every weight in host memory already); N past the sparse layers is all of
  * them. Bad N and both options are one line each from the CLI's check. */
+/* With --quant the experts count as their blocks will take them: a device with a byte less free than the model takes
+ * as stored (the fixture's experts are F32, 4 bytes a value against Q8_0's 34 a block of 32) loads it quantized, and
+ * refuses it as stored. */
+static void test_memory_quantized(void **state)
+{
+    (void)state;
+    if (!usable("blas")) skip();
+    owned = &owned_blocks_device;
+    fixture_expected ex;
+    fixture_load_expected(&ex, "qwen3-moe");
+    llm_model m;
+    char *log = NULL, err[1024] = "";
+    assert_int_equal(load(&m, ex.dir, NULL, 0, &log, err, sizeof err), 0);
+    /* what the fit counts as stored: every weight but the head (small beside a real model's experts) */
+    const size_t stored = m.weight_bytes - m.lm_head.rows * m.lm_head.cols * sizeof(float);
+    assert_int_equal(m.lm_head.dtype, LLM_DTYPE_F32);
+    llm_model_free(&m);
+    free(log);
+    owned_free_limit = stored - 1;
+    int rc = load_quant(&m, ex.dir, NULL, 0, LLM_DTYPE_Q8_0, &log, err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_true(m.quant_experts > 0 && m.weight_bytes < stored);
+    llm_model_free(&m);
+    free(log);
+    assert_int_equal(load(&m, ex.dir, NULL, 0, &log, err, sizeof err), -1);
+    free(log);
+    assert_non_null(strstr(err, "--cpu-moe keeps the experts in host memory"));
+    owned_free_limit = 0;
+    owned = &owned_device;
+    fixture_free_expected(&ex);
+}
+
 static void test_harmless_and_bad(void **state)
 {
     (void)state;
@@ -332,7 +389,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_on_cpu),           cmocka_unit_test(test_on_owned_device),
         cmocka_unit_test(test_on_cuda),          cmocka_unit_test(test_first_layers),
-        cmocka_unit_test(test_memory_hint),      cmocka_unit_test(test_harmless_and_bad),
+        cmocka_unit_test(test_memory_hint),      cmocka_unit_test(test_memory_quantized),
+        cmocka_unit_test(test_harmless_and_bad),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1001,12 +1001,27 @@ static int tensor_layer(const char *name)
     return end != p + 7 && *end == '.' && l >= 0 && l < LLM_MAX_LAYERS ? (int)l : -1;
 }
 
+/* The bytes an expert's matrix takes on the device once --quant has blocked it: its rows run along the last
+ * dimension of a ".weight" tensor and along the middle one of gpt-oss's packed (experts, cols, rows) tensors, and a
+ * matrix whose rows are not whole blocks stays as stored, as the biases do (place_packed, place_weight). */
+static size_t expert_bytes(const llm_model *m, const llm_st_tensor *t, size_t bytes)
+{
+    size_t n = strlen(t->name);
+    bool weight = n > 7 && strcmp(t->name + n - 7, ".weight") == 0;
+    bool bias = n > 5 && strcmp(t->name + n - 5, "_bias") == 0;
+    if (!llm_dtype_is_block(m->quant) || !t->supported || bias || t->ndim < 2 || (!weight && t->ndim != 3))
+        return bytes;
+    size_t cols = weight ? t->shape[t->ndim - 1] : t->shape[1];
+    if (cols == 0 || cols % llm_dtype_block(m->quant) != 0) return bytes;
+    return llm_dtype_matrix_bytes(m->quant, t->numel / cols, cols);
+}
+
 /* Before a mixture of experts is placed on a device that owns its memory: do the weights going there fit its free
  * memory? The experts are most of a model, and with no room for them the answer is host memory (--cpu-moe), which
- * one line says before minutes are spent loading. The checkpoint's bytes under the decoder's prefix (MXFP4 blocks
- * counted as the BF16 they become where the device does not keep them: keeps_mxfp4; split over ranks, this rank's
- * share of the experts and the rest whole, an overestimate by the other ranks' attention); the run state is checked
- * on its own (llm_state_init). */
+ * one line says before minutes are spent loading. The checkpoint's bytes under the decoder's prefix (the experts as
+ * --quant's blocks take them: expert_bytes; MXFP4 blocks counted as the BF16 they become where the device does not
+ * keep them: keeps_mxfp4; split over ranks, this rank's share of the experts and the rest whole, an overestimate by
+ * the other ranks' attention); the run state is checked on its own (llm_state_init). */
 static int experts_fit(llm_model *m, char *err, size_t err_len)
 {
     const llm_device *dev = m->rt.dev;
@@ -1021,6 +1036,7 @@ static int experts_fit(llm_model *m, char *err, size_t err_len)
         bool expert = strstr(t->name, ".experts.") != NULL;
         size_t bytes = t->nbytes, n = strlen(t->name);
         if (widened && expert && n > 7 && strcmp(t->name + n - 7, "_blocks") == 0) bytes *= 4; /* 4 bits to 16 */
+        if (expert) bytes = expert_bytes(m, t, bytes);
         if (expert && m->split.size > 1) bytes = bytes / (size_t)m->config.num_experts * (size_t)m->split.experts;
         int l = tensor_layer(t->name);
         if (expert && l >= 0 && l < m->config.num_hidden_layers && experts_on_host(m, l)) {

@@ -348,56 +348,6 @@ __device__ __forceinline__ float f8_dot(uint4 q, const float (&xv)[16])
 }
 
 
-/* 16 bytes at p: one load where rows are 16-byte aligned (VEC), else 2-byte loads (every row starts on an even
- * byte). Streamed: read once a step. */
-template <bool VEC, bool A4 = false> __device__ __forceinline__ uint4 load16(const unsigned char *p)
-{
-    if (VEC) return __ldcs((const uint4 *)p);
-    if (A4) { /* FP8 rows start on a multiple of 4 bytes */
-        const unsigned *u = (const unsigned *)p;
-        return make_uint4(__ldcs(u), __ldcs(u + 1), __ldcs(u + 2), __ldcs(u + 3));
-    }
-    const unsigned short *s = (const unsigned short *)p;
-    return make_uint4(s[0] | (unsigned)s[1] << 16, s[2] | (unsigned)s[3] << 16, s[4] | (unsigned)s[5] << 16,
-                      s[6] | (unsigned)s[7] << 16);
-}
-
-/* Chunk k of a row (nb blocks) and its block's scales: q the quants, h the scale bits (h.x for Q8_0 and Q4_0). */
-template <int QT, bool VEC>
-__device__ __forceinline__ void q_load(uint4 &q, uint4 &h, const unsigned char *row, int k, int nb)
-{
-    typedef qfmt<QT> F;
-    q = load16<VEC, F::F8>(row + (size_t)k * 16);
-    const unsigned char *scales = row + (size_t)nb * F::QB + (size_t)(k / F::CPB) * F::HEAD;
-    if (QT == LLM_DTYPE_Q4_K)
-        h = load16<VEC>(scales);
-    else if (F::F8)
-        h.x = *(const unsigned *)scales;
-    else
-        h.x = *(const unsigned short *)scales;
-}
-
-/* x rounded to 8 bits in blocks of 32 in shared memory: xq the int8 values (4 to an int), xd each block's step
- * (max|x| / 127), xs16 the sum of each 16 values' xq (Q4_0's -8 and Q4_K's mins). As quant_dot's activations,
- * with blocks of 32 for Q4_K too (a finer grid than its 256: a smaller error, inside the same bound). */
-__device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, float *xd, int *xs16)
-{
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    signed char *q8 = (signed char *)xq;
-    for (int b = warp; b < cols / 32; b += GEMV_WARPS) {
-        const float v = xs[32 * b + lane];
-        float amax = fabsf(v);
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        const int q = __float2int_rn(v * id);
-        q8[32 * b + lane] = (signed char)q;
-        int s = q;
-        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* within each half-warp */
-        if (lane == 0) xd[b] = amax / 127.0f;
-        if ((lane & 15) == 0) xs16[2 * b + (lane >> 4)] = s;
-    }
-}
-
 /* The rows of group g as byte pointers (group_rows for block formats). */
 __device__ __forceinline__ void q_group_rows(const llm_cuda_gemv &job, int g, size_t row_bytes,
                                              const unsigned char *(&rowp)[GEMV_ROWS])
@@ -466,7 +416,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, 2)
     stage_x(job, xs, norm_smem, red);
     __syncthreads();
     if (!F::F8) {
-        quantize_x(xs, cols, xq, xd, xs16);
+        quantize_x<GEMV_WARPS>(xs, cols, xq, xd, xs16);
         __syncthreads();
     }
 

@@ -354,6 +354,47 @@ __device__ __forceinline__ const float *x_row(const gv_args &a, int pair)
     return a.x + ((size_t)i * a.x_slots + (a.x_slots > 1 ? j : 0)) * a.cols;
 }
 
+/* The start of a block (x, y) of a GEMV over pairs: the wait for the kernel before (the ids are the route's: nothing
+ * to read before it), then the pairs the block takes and their expert (its index in a.tab): tile y of the grouping,
+ * or the pairs that chose pair y's expert when y is the first of them (false: another block's, or no tile y). */
+__device__ __forceinline__ bool block_pairs(const gv_args &a, int *pairs, int &n_pairs, int &expert)
+{
+    const int tid = threadIdx.x;
+    if (a.pdl_early == 2) llm_cuda_allow_next(1);
+    llm_cuda_wait_prior();
+    llm_cuda_allow_next(a.pdl_early == 1);
+    if (a.tiles) {
+        if ((int)blockIdx.y >= *a.n_tiles) return false;
+        int4 t = a.tiles[blockIdx.y];
+        if (tid < t.z) pairs[tid] = a.order[t.y + tid];
+        if (tid == 0) n_pairs = t.z, expert = t.x;
+        __syncthreads();
+        return true;
+    }
+    const int P = a.n * a.top_k, p = blockIdx.y, e = a.ids[p];
+    if (__syncthreads_or(tid < p && a.ids[tid] == e)) return false; /* an earlier pair chose it: its block */
+    if (tid == 0) {
+        int k = 0;
+        for (int q = p; q < P; q++)
+            if (a.ids[q] == e) pairs[k++] = q;
+        n_pairs = k, expert = e - a.first;
+    }
+    __syncthreads();
+    return true;
+}
+
+/* Another rank's expert (ops.h): the rows [r0, r0 + GV_ROWS) of each pair the block took are zeros (in out, and in
+ * out2 with `two` projections). */
+__device__ __forceinline__ void zero_rows(const gv_args &a, const int *pairs, int np, int r0, bool two)
+{
+    const int lane = threadIdx.x & 31;
+    for (int q = 0; q < np; q++)
+        for (int r = r0 + lane; r < r0 + GV_ROWS && r < a.rows; r += 32) {
+            a.out[(size_t)pairs[q] * a.rows + r] = 0.0f;
+            if (two) a.out2[(size_t)pairs[q] * a.rows + r] = 0.0f;
+        }
+}
+
 /* Chunks k, k + 32, ..., k + 32 (CPL - 1) of each of NR rows (those below `chunks`), their loads issued together:
  * what a lane keeps in flight. Streamed (__ldcs): an expert's rows are read once a step. */
 template <typename WT, int CPL, int NR>
@@ -379,34 +420,11 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
     __shared__ int pairs[GV_MAX_PAIRS];
     __shared__ int n_pairs, expert;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    if (a.pdl_early == 2) llm_cuda_allow_next(1); /* the ids are the route's: nothing to read before the wait */
-    llm_cuda_wait_prior();
-    llm_cuda_allow_next(a.pdl_early == 1);
-    if (a.tiles) {
-        if ((int)blockIdx.y >= *a.n_tiles) return;
-        int4 t = a.tiles[blockIdx.y];
-        if (tid < t.z) pairs[tid] = a.order[t.y + tid];
-        if (tid == 0) n_pairs = t.z, expert = t.x;
-        __syncthreads();
-    } else {
-        const int P = a.n * a.top_k, p = blockIdx.y, e = a.ids[p];
-        if (__syncthreads_or(tid < p && a.ids[tid] == e)) return; /* an earlier pair chose it: its block */
-        if (tid == 0) {
-            int k = 0;
-            for (int q = p; q < P; q++)
-                if (a.ids[q] == e) pairs[k++] = q;
-            n_pairs = k, expert = e - a.first;
-        }
-        __syncthreads();
-    }
+    if (!block_pairs(a, pairs, n_pairs, expert)) return;
     const int e = expert, np = n_pairs, rows = a.rows, cols = a.cols;
     const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
-    if (e < 0 || e >= a.n_experts) { /* another rank's expert (ops.h): zero rows */
-        for (int q = 0; q < np; q++)
-            for (int r = r0 + lane; r < r0 + GV_ROWS && r < rows; r += 32) {
-                a.out[(size_t)pairs[q] * rows + r] = 0.0f;
-                if (PAIR) a.out2[(size_t)pairs[q] * rows + r] = 0.0f;
-            }
+    if (e < 0 || e >= a.n_experts) {
+        zero_rows(a, pairs, np, r0, PAIR);
         return;
     }
     const WT *rowp[NR];
@@ -609,6 +627,83 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
     else if (a.tab2) gemv_launch3<WT, true, 4>(a, vec, grid);
     else if (one) gemv_launch3<WT, false, 1>(a, vec, grid);
     else gemv_launch3<WT, false, 4>(a, vec, grid);
+}
+
+/* ---------- experts in a block format (Q8_0, Q4_0, Q4_K: a mixture quantized with --quant) ---------- */
+
+/* A block takes GV_BLOCK_ROWS rows of one expert and every pair that chose it, found as experts_gemv_kernel finds
+ * them; for each pair its x is rounded to 8 bits in blocks of 32 in shared memory (quantize_x) and each warp dots its
+ * GV_ROWS rows with it, a 16-byte chunk a lane (q_dot): the dense GEMV's products (gemv.cu), within ops.h's bound for
+ * block weights. VEC: rows of whole 16-byte chunks, 16-byte aligned. */
+template <int QT, bool VEC>
+__global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_constant__ gv_args a)
+{
+    typedef qfmt<QT> F;
+    extern __shared__ int q_room[]; /* xq (cols bytes), xd (cols / 32 floats), xs16 (cols / 16 ints) */
+    __shared__ int pairs[GV_MAX_PAIRS];
+    __shared__ int n_pairs, expert;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (!block_pairs(a, pairs, n_pairs, expert)) return;
+    const int e = expert, np = n_pairs, rows = a.rows, cols = a.cols;
+    const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
+    if (e < 0 || e >= a.n_experts) {
+        zero_rows(a, pairs, np, r0, false);
+        return;
+    }
+    const int nb = cols / F::VALUES, chunks = nb * F::CPB;
+    const size_t row_bytes = (size_t)nb * (F::QB + F::HEAD);
+    const unsigned char *w = (const unsigned char *)a.tab[e].w;
+    const void *bias = a.tab[e].bias;
+    int *xq = q_room;
+    float *xd = (float *)(xq + cols / 4);
+    int *xs16 = (int *)(xd + cols / 32);
+    for (int q = 0; q < np; q++) {
+        __syncthreads(); /* the pair before's dots are done with the room */
+        quantize_x<GV_WARPS>(x_row(a, pairs[q]), cols, xq, xd, xs16);
+        __syncthreads();
+        float acc[GV_ROWS] = {};
+        for (int k = lane; k < chunks; k += 32)
+#pragma unroll
+            for (int r = 0; r < GV_ROWS; r++) {
+                if (r0 + r >= rows) continue;
+                uint4 qv, hv = make_uint4(0, 0, 0, 0);
+                q_load<QT, VEC>(qv, hv, w + (size_t)(r0 + r) * row_bytes, k, nb);
+                acc[r] += q_dot<QT>(qv, hv, k, xq, xd, xs16);
+            }
+#pragma unroll
+        for (int r = 0; r < GV_ROWS; r++) {
+            const int row = r0 + r;
+            const float v = llm_cuda_warp_sum(acc[r]);
+            if (lane != r || row >= rows) continue;
+            a.out[(size_t)pairs[q] * rows + row] = v + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f);
+        }
+    }
+}
+
+template <int QT> static void q_launch(gv_args a, bool vec, unsigned grid_y)
+{
+    const size_t room = (size_t)a.cols + (size_t)a.cols / 32 * sizeof(float) + (size_t)a.cols / 16 * sizeof(int);
+    const void *kernel = vec ? (const void *)experts_q_kernel<QT, true> : (const void *)experts_q_kernel<QT, false>;
+    if (room > 48 * 1024 && !llm_cuda_allow_smem(kernel, "experts")) return;
+    cudaLaunchAttribute attr;
+    const dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
+    cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(GV_WARPS * 32), room, &attr, &a.pdl_early);
+    if (a.n == 1 && a.pdl_early == 2) a.pdl_early = 1; /* (as gemv_launch3) */
+    if (vec)
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, true>, a));
+    else
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, false>, a));
+}
+
+/* The GEMV over pairs for any element or block type (a batch's grouped tiles too: a.tiles). */
+static void gemv_any(const gv_args &a, int dtype, bool vec, unsigned grid_y)
+{
+    if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, grid_y);
+    else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, grid_y);
+    else if (dtype == LLM_DTYPE_Q8_0) q_launch<LLM_DTYPE_Q8_0>(a, vec, grid_y);
+    else if (dtype == LLM_DTYPE_Q4_0) q_launch<LLM_DTYPE_Q4_0>(a, vec, grid_y);
+    else if (dtype == LLM_DTYPE_Q4_K) q_launch<LLM_DTYPE_Q4_K>(a, vec, grid_y);
+    else gemv_launch<float>(a, vec, grid_y);
 }
 
 /* ---------- experts, one token, MXFP4 (gpt-oss's, as shipped) ---------- */
@@ -1555,22 +1650,23 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int P = n * top_k, dtype = (int)w0->dtype;
     const bool mx = dtype == LLM_DTYPE_MXFP4; /* (rows of whole 16-byte chunks: memory.cu) */
-    const bool vec =
-        t->aligned && (mx || (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0) && (uintptr_t)x % 16 == 0;
+    const bool block = dtype == LLM_DTYPE_Q8_0 || dtype == LLM_DTYPE_Q4_0 || dtype == LLM_DTYPE_Q4_K; /* q_launch */
+    const size_t row_bytes = block ? llm_dtype_row_bytes(w0->dtype, (size_t)a.cols) : 0;
+    const bool vec = block ? t->aligned && row_bytes % 16 == 0
+                           : t->aligned && (mx || (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0) &&
+                                 (uintptr_t)x % 16 == 0;
     if (mx && n == 1) {
         mxfp4_one_launch(a);
         return;
     }
     if (P <= GV_MAX_PAIRS && !mx) {
         /* a few tokens: a block per (pair, row block), the first pair of each expert doing its work */
-        if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)P);
-        else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)P);
-        else gemv_launch<float>(a, vec, (unsigned)P);
+        gemv_any(a, dtype, vec, (unsigned)P);
         return;
     }
     /* a batch: group the pairs by expert, then a tile of pairs per expert: on the tensor cores, or the GEMV's blocks
      * over the same tiles for the experts they do not take */
-    const bool mma = dtype != LLM_DTYPE_F32 && vec;
+    const bool mma = dtype != LLM_DTYPE_F32 && !block && vec;
     if (mx && !mma) { /* (x's rows not 16-byte aligned: the ops' callers pass whole rows of their own buffers) */
         llm_cuda_fail("experts", "MXFP4 experts need x 16-byte aligned");
         return;
@@ -1593,9 +1689,7 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     if (!LLM_CUDA_LAUNCHED("experts")) return;
     a.tiles = tiles, a.n_tiles = n_tiles, a.order = order;
     if (!mma) {
-        if (dtype == LLM_DTYPE_BF16) gemv_launch<__nv_bfloat16>(a, vec, (unsigned)bound);
-        else if (dtype == LLM_DTYPE_F16) gemv_launch<__half>(a, vec, (unsigned)bound);
-        else gemv_launch<float>(a, vec, (unsigned)bound);
+        gemv_any(a, dtype, vec, (unsigned)bound);
         return;
     }
     /* x gathered and rounded once (hi, and lo when accurate), then the pipelined tiles */
@@ -1618,7 +1712,8 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
 
 bool llm_cuda_experts_pair_fits(int n, int top_k, llm_dtype dtype)
 {
-    return dtype == LLM_DTYPE_MXFP4 ? n == 1 : n * top_k <= GV_MAX_PAIRS;
+    if (dtype == LLM_DTYPE_MXFP4) return n == 1;
+    return !llm_dtype_is_block(dtype) && n * top_k <= GV_MAX_PAIRS; /* (block formats: two experts ops) */
 }
 
 void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
@@ -1660,6 +1755,11 @@ void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const floa
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int G = (top_k + GC_SLOTS - 1) / GC_SLOTS, RB = G >= GC_MAX_WARPS ? 1 : GC_MAX_WARPS / G;
     const bool mx = w0->dtype == LLM_DTYPE_MXFP4;
+    if (llm_dtype_is_block(w0->dtype) && !mx) { /* Q8_0, Q4_0, Q4_K: the experts op (q_launch), then the combine */
+        llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
+        llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
+        return;
+    }
     if (mx && !llm_cuda.split_products) { /* fast: the tensor-core kernel, the combine in its launch */
         a.weights = weights, a.sum_out = sum_out, a.resid = resid;
         a.arrivals = (unsigned *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_ARRIVALS,

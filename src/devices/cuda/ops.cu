@@ -907,9 +907,10 @@ bool cuda_supports(llm_op op, llm_dtype dtype)
      * stores of kernels.cu and gemv.cu, step.cu) is instanced for F32, F16 and BF16; not Q8_0 */
     if (op == LLM_OP_ATTENTION) return llm_cuda_cache_type_ok(dtype);
     /* block formats (Q8_0, Q4_0, Q4_K, FP8): the products (gemv.cu's GEMV for one token, dequantized to BF16 for
-     * cuBLAS in a batch); MXFP4 only as gpt-oss's experts (moe.cu: an f32 GEMV for one token, converted to BF16
-     * tiles in a batch) */
+     * cuBLAS in a batch), and but for FP8 the experts (moe.cu's experts_q_kernel, x rounded to 8 bits as the GEMV's);
+     * MXFP4 only as gpt-oss's experts (moe.cu: an f32 GEMV for one token, converted to BF16 tiles in a batch) */
     if (dtype == LLM_DTYPE_MXFP4) return op == LLM_OP_EXPERTS;
-    if (llm_dtype_is_block(dtype)) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
+    if (dtype == LLM_DTYPE_F8_E4M3_B128) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS;
+    if (llm_dtype_is_block(dtype)) return op == LLM_OP_MATMUL || op == LLM_OP_LOGITS || op == LLM_OP_EXPERTS;
     return dtype == LLM_DTYPE_F32 || dtype == LLM_DTYPE_F16 || dtype == LLM_DTYPE_BF16;
 }

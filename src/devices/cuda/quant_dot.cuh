@@ -1,7 +1,7 @@
 /* Block-quantized weights (Q8_0, Q4_0, Q4_K; FP8's layout too) as memory.cu lays their rows out, and a chunk's integer dot product
- * with x rounded to 8 bits per block of 32: shared by the kernel-per-op GEMV (gemv.cu) and the persistent step's
- * quantized phase (step_quant.cuh), so the two compute the same products; and MXFP4's block in f32 (moe.cu's
- * experts). Device code only. */
+ * with x rounded to 8 bits per block of 32: shared by the kernel-per-op GEMV (gemv.cu), the persistent step's
+ * quantized phase (step_quant.cuh) and the experts' (moe.cu), so they compute the same products; and MXFP4's block
+ * in f32 (moe.cu's experts). Device code only. */
 #pragma once
 
 #include "cuda_internal.h"
@@ -74,6 +74,58 @@ __device__ __forceinline__ float q_dot(uint4 q, uint4 h, int k, const int *xq, c
     const float x0 = xd[8 * b + 2 * g], x1 = xd[8 * b + 2 * g + 1];
     return f16_bits(h.x & 0xffffu) * (sc0 * x0 * (float)lo + sc1 * x1 * (float)hi) -
            f16_bits(h.x >> 16) * (m0 * x0 * (float)xs16[base / 16] + m1 * x1 * (float)xs16[(base + 32) / 16]);
+}
+
+/* 16 bytes at p: one load where rows are 16-byte aligned (VEC), else 2-byte loads (every row starts on an even
+ * byte). Streamed: read once a step. */
+template <bool VEC, bool A4 = false> __device__ __forceinline__ uint4 load16(const unsigned char *p)
+{
+    if (VEC) return __ldcs((const uint4 *)p);
+    if (A4) { /* FP8 rows start on a multiple of 4 bytes */
+        const unsigned *u = (const unsigned *)p;
+        return make_uint4(__ldcs(u), __ldcs(u + 1), __ldcs(u + 2), __ldcs(u + 3));
+    }
+    const unsigned short *s = (const unsigned short *)p;
+    return make_uint4(s[0] | (unsigned)s[1] << 16, s[2] | (unsigned)s[3] << 16, s[4] | (unsigned)s[5] << 16,
+                      s[6] | (unsigned)s[7] << 16);
+}
+
+/* Chunk k of a row (nb blocks) and its block's scales: q the quants, h the scale bits (h.x for Q8_0 and Q4_0). */
+template <int QT, bool VEC>
+__device__ __forceinline__ void q_load(uint4 &q, uint4 &h, const unsigned char *row, int k, int nb)
+{
+    typedef qfmt<QT> F;
+    q = load16<VEC, F::F8>(row + (size_t)k * 16);
+    const unsigned char *scales = row + (size_t)nb * F::QB + (size_t)(k / F::CPB) * F::HEAD;
+    if (QT == LLM_DTYPE_Q4_K)
+        h = load16<VEC>(scales);
+    else if (F::F8)
+        h.x = *(const unsigned *)scales;
+    else
+        h.x = *(const unsigned short *)scales;
+}
+
+/* x rounded to 8 bits in blocks of 32 in shared memory: xq the int8 values (4 to an int), xd each block's step
+ * (max|x| / 127), xs16 the sum of each 16 values' xq (Q4_0's -8 and Q4_K's mins). As quant_dot's activations,
+ * with blocks of 32 for Q4_K too (a finer grid than its 256: a smaller error, inside the same bound). By the block's
+ * WARPS warps, a block of 32 a warp. */
+template <int WARPS>
+__device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, float *xd, int *xs16)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    signed char *q8 = (signed char *)xq;
+    for (int b = warp; b < cols / 32; b += WARPS) {
+        const float v = xs[32 * b + lane];
+        float amax = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int q = __float2int_rn(v * id);
+        q8[32 * b + lane] = (signed char)q;
+        int s = q;
+        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o); /* within each half-warp */
+        if (lane == 0) xd[b] = amax / 127.0f;
+        if ((lane & 15) == 0) xs16[2 * b + (lane >> 4)] = s;
+    }
 }
 
 /* MXFP4 (gpt-oss's experts; memory.cu lays a matrix out as every row's 16-byte quants, then every row's scale byte):

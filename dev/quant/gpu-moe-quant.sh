@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One GPU call for quantized experts on cuda (dev/cuda/notes.md, version 153): build, test_ops' experts on cuda (every
+# block format the device supports), test_cuda's MoE tests, test_models on cuda, then Qwen3-30B-A3B's shape cut to
+# LAYERS layers (12) decoded and prefilled as stored (BF16) and with --quant q8_0, q4_0, q4_k. Run from the tree's
+# root with LLM_DEPS_DIR set; BUDGET seconds in all (540).
+set -uo pipefail
+T0=$SECONDS
+BUDGET=${BUDGET:-540}
+M=${MODELS:-/tmp/moe-models}
+left() { echo $((BUDGET - (SECONDS - T0))); }
+. scripts/deps-env.sh
+mkdir -p "$OUT" "$M"
+( [ -f "$M/q3moe/model.safetensors" ] ||
+      python3 scripts/make-random-checkpoint.py --shape qwen3-30b-a3b --layers "${LAYERS:-12}" --out "$M/q3moe" \
+          --dtype bf16 >/dev/null
+  echo "ckpt done at $((SECONDS - T0))s" ) >"$OUT/ckpt.log" 2>&1 &
+make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_ops build/tests/test_cuda \
+    build/tests/test_models >"$OUT/build.log" 2>&1
+echo "build rc $? at $((SECONDS - T0))s"
+t() { # binary, filter, seconds
+    LLM_TEST_FILTER=$2 timeout "$3" "build/tests/$1" >"$OUT/$1.log" 2>&1
+    echo "$1 '$2': rc $? at $((SECONDS - T0))s"
+    grep -E "\[  (PASSED|FAILED)|FAILED|ERROR|Failure|worst" "$OUT/$1.log" | head -12
+}
+t test_ops "experts on cuda" 120
+t test_cuda "test_moe*" 120
+t test_models "*on cuda" 150
+wait
+for q in - q8_0 q4_0 q4_k; do
+    [ "$(left)" -gt 40 ] || { echo "skipped $q (time)"; continue; }
+    qa=(); [ "$q" = - ] || qa=(--quant "$q")
+    timeout "$(($(left) - 10))" build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
+        "$M/q3moe" 2>&1 | grep -E '\| (pp|tg)[0-9]|refus|error' | sed "s/^/$q /"
+done
+echo "done at $((SECONDS - T0))s"
