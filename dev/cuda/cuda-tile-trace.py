@@ -2,9 +2,10 @@
 """Sum up a tile trace: one block's stages and tiles of the persistent decode step, stamped with its SM's clock.
 
 Built with -DLLM_STEP_TILE_TRACE (dev/cuda/gpu-step-ab.sh's B_FLAG) and run with LLM_CUDA_STEP_TRACE=FILE, the step
-appends after its phase stamps a line a stage ("stage I PHASE ASKED HAD LANDED FREED": when the producer asked for
-the stage's slot, had it, when consumer warp 0 saw the stage land and freed it) and a line a tile ("tile I PHASE PUT
-TAKEN WRITTEN": when consumer warp 0 handed in its sums, when the signaller had every warp's, when it had written).
+appends after its phase stamps a line a stage ("stage I PHASE ASKED HAD LANDED FREED WAITING": when the producer
+asked for the stage's slot, had it, when consumer warp 0 saw the stage land and freed it, when it began to wait for
+it) and a line a tile ("tile I PHASE PUT TAKEN WRITTEN RETURNED": when consumer warp 0 handed in its sums, when the
+signaller had every warp's, when it had written, when warp 0's hand-in returned).
 
   dev/cuda/cuda-tile-trace.py FILE [phases per layer, default 5] [SM clock in GHz, default 1.98]
 
@@ -14,9 +15,12 @@ For each phase of a layer, medians over the last step's layers, in us:
   slot     had minus asked (the producer waiting for a free slot)
   land     landed minus had (the copy's flight, and the consumer's lag behind it)
   dot      freed minus landed (consumer warp 0 on the stage)
-  idle     landed minus the stage before's freed (consumer warp 0 waiting for data)
+  idle     landed minus the stage before's freed (consumer warp 0 between stages), split into
+  gap        waiting minus the stage before's freed (a tile's end: its sums handed in; the loop)
+  wait       landed minus waiting (consumer warp 0 waiting for the data)
   tile     a tile's put minus the one before's (the consumers' pace)
   hand     taken minus put (warp 0's sums to the signaller's having all 8)
+  put      returned minus put (warp 0's warp_sum8 and hand-in, with its wait for a free slot of the sums ring)
   sig      written minus taken (the signaller's epilogue)
 The role whose time fills the tile interval (ask x stages a tile, dot + idle, sig) is what bounds the phase.
 """
@@ -51,10 +55,10 @@ def main():
     def kind(ph):
         return ph % per_layer if ph < layers * per_layer else per_layer  # the head (and after it) last
 
-    cols = {k: {name: [] for name in ("stages", "ask", "slot", "land", "dot", "idle", "tile", "hand", "sig")}
-            for k in range(per_layer + 1)}
+    names = ("stages", "ask", "slot", "land", "dot", "idle", "gap", "wait", "tile", "hand", "put", "sig")
+    cols = {k: {name: [] for name in names} for k in range(per_layer + 1)}
     counts = {}
-    for i, (idx, ph, asked, had, landed, freed) in enumerate(stages):
+    for i, (idx, ph, asked, had, landed, freed, waiting) in enumerate(stages):
         c = cols[kind(ph)]
         counts[ph] = counts.get(ph, 0) + 1
         if had and asked:
@@ -69,17 +73,22 @@ def main():
                 c["ask"].append(us(asked - prev[2]))
             if landed and prev[5]:
                 c["idle"].append(us(landed - prev[5]))
+            if waiting and prev[5]:
+                c["gap"].append(us(waiting - prev[5]))
+        if landed and waiting:
+            c["wait"].append(us(landed - waiting))
     for ph, n in counts.items():
         cols[kind(ph)]["stages"].append(n)
-    for i, (idx, ph, put, taken, written, _) in enumerate(tiles):
+    for i, (idx, ph, put, taken, written, returned, _) in enumerate(tiles):
         c = cols[kind(ph)]
         if taken and put:
             c["hand"].append(us(taken - put))
+        if returned and put:
+            c["put"].append(us(returned - put))
         if written and taken:
             c["sig"].append(us(written - taken))
         if i and tiles[i - 1][1] == ph and put and tiles[i - 1][2]:
             c["tile"].append(us(put - tiles[i - 1][2]))
-    names = ("stages", "ask", "slot", "land", "dot", "idle", "tile", "hand", "sig")
     print("phase  " + "".join("%8s" % n for n in names) + "  (us, medians; stages: a layer's)")
     for k in range(per_layer + 1):
         label = "head" if k == per_layer else str(k)

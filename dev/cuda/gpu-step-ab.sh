@@ -35,10 +35,11 @@ echo "test_cuda ${TESTS:-test_persistent_quant}: rc $? at $((SECONDS - T0))s"
 grep -E "\[  (PASSED|FAILED)|FAILED|ERROR|Failure" "$OUT/test-persistent.log" | head -20
 wait
 [ -x /tmp/bB/llm-run ] || { cat /tmp/bB/cmds "$OUT/build-b.log" | tail; exit 1; }
+ckpt_wait() { while ! grep -q "ckpt $1 done" "$OUT/ckpt.log" && [ "$(left)" -gt 40 ]; do sleep 2; done; }
 bench() { # binary label shape quant
     local bin=$1 label=$2 s=$3 q=$4
     [ "$(left)" -gt 40 ] || { echo "skipped $label $s $q (time)"; return; }
-    while ! grep -q "ckpt $s done" "$OUT/ckpt.log" && [ "$(left)" -gt 40 ]; do sleep 2; done
+    ckpt_wait "$s"
     local qa=(); [ "$q" = - ] || qa=(--quant "$q")
     local line
     line=$(timeout "$(($(left) - 10))" "$bin" bench --device cuda -p 0 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
@@ -56,11 +57,13 @@ done
 bin=build/llm-run; [ "${TRACE_WITH:-A}" = B ] && bin=/tmp/bB/llm-run
 for r in ${TRACE_ROWS:-${ROWS%% *}}; do
     [ "$(left)" -gt 40 ] || { echo "trace of $r skipped (time)"; continue; }
+    ckpt_wait "${r%%:*}"
     qa=(); [ "${r#*:}" = - ] || qa=(--quant "${r#*:}")
     rm -f /tmp/trace.txt
     LLM_CUDA_GRAPHS=0 LLM_CUDA_STEP_TRACE=/tmp/trace.txt timeout 40 "$bin" bench --device cuda -p 0 -n 8 -r 1 \
         --tg-after 512 "${qa[@]}" "$M/${r%%:*}" >/dev/null 2>&1
     echo "== trace of $r (${TRACE_WITH:-A})"
+    cp /tmp/trace.txt "$OUT/trace-${r%%:*}-${r#*:}.txt"
     python3 dev/cuda/cuda-step-trace.py /tmp/trace.txt 2>&1 | head -12
     grep -q "^stage " /tmp/trace.txt && python3 dev/cuda/cuda-tile-trace.py /tmp/trace.txt 2>&1 | head -12
 done

@@ -66,9 +66,10 @@ static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from t
 #ifdef LLM_STEP_TILE_TRACE
 /* A measurement build (-DLLM_STEP_TILE_TRACE, dev/cuda/gpu-step-ab.sh's B_FLAG) with LLM_CUDA_STEP_TRACE set: block
  * TRACED_BLOCK's stages and tiles, stamped with its SM's clock, past the phase stamps (dev/cuda/cuda-tile-trace.py).
- * A stage: its phase, when the producer asked for its slot, had it, when consumer warp 0 saw it land and freed it;
- * a tile: its phase, when consumer warp 0 handed in its sums, when the signaller had all 8 warps' and had written. */
-constexpr int TRACED_BLOCK = 1, TRACED_EVENTS = 8192, TRACED_FIELDS = 5;
+ * A stage: its phase, when the producer asked for its slot, had it, when consumer warp 0 saw it land and freed it,
+ * and when it began to wait for it; a tile: its phase, when consumer warp 0 handed in its sums, when the signaller
+ * had all 8 warps' and had written, and when warp 0's hand-in returned (its slot of the sums ring was free). */
+constexpr int TRACED_BLOCK = 1, TRACED_EVENTS = 8192, TRACED_FIELDS = 6;
 constexpr size_t TRACED_WORDS = 2 * (size_t)TRACED_EVENTS * TRACED_FIELDS;
 #else
 constexpr size_t TRACED_WORDS = 0;
@@ -765,6 +766,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
             const float4 x0 = xin[k * GPS], x1 = xin[k * GPS + GPS - 1]; /* (x1 unused for f32) */
             const bool mine = k * CONSUMERS * VPT + ct * VPT < cols;
             const int slot = it % prog.stages;
+            if (ct == 0) TILE_STAMP(0, it, 5, clock64());
             mbar_wait(&full[slot], (it / prog.stages) & 1);
             dot_landed(slot, x0, x1, mine);
         }
@@ -777,6 +779,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
                 if (GPS == 2) x1 = ld_relaxed4(x + c + 4);
             }
             const int slot = it % prog.stages;
+            if (ct == 0) TILE_STAMP(0, it, 5, clock64());
             mbar_wait(&full[slot], (it / prog.stages) & 1);
             for (long long t0 = 0; flagged && (any_empty(x0) || any_empty(x1));) {
                 spin_check(t0);
@@ -787,6 +790,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
         }
         if (ct == 0) TILE_STAMP(1, tile_it, 1, clock64());
         sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
+        if (ct == 0) TILE_STAMP(1, tile_it - 1, 4, clock64());
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
     }
@@ -1840,13 +1844,14 @@ static void write_trace(const plan &pl, unsigned long long *trace, size_t n)
             fprintf(f, "\n");
         }
 #ifdef LLM_STEP_TILE_TRACE
-        /* "stage I PHASE ASKED HAD LANDED FREED", "tile I PHASE PUT TAKEN WRITTEN": clocks, 0 where none */
+        /* "stage I PHASE ASKED HAD LANDED FREED WAITING", "tile I PHASE PUT TAKEN WRITTEN RETURNED": clocks, 0
+         * where none */
         for (int table = 0; table < 2; table++)
             for (int i = 0; i < TRACED_EVENTS; i++) {
                 const unsigned long long *e = h + phase_n + ((size_t)table * TRACED_EVENTS + i) * TRACED_FIELDS;
                 if (!e[1] && !e[2] && !e[3]) continue;
-                fprintf(f, "%s %d %llu %llu %llu %llu %llu\n", table ? "tile" : "stage", i, e[0], e[1], e[2], e[3],
-                        e[4]);
+                fprintf(f, "%s %d %llu %llu %llu %llu %llu %llu\n", table ? "tile" : "stage", i, e[0], e[1], e[2],
+                        e[3], e[4], e[5]);
             }
 #endif
     }

@@ -159,14 +159,14 @@ __device__ void stage_quant(const step_phase &P, const q_x &X, float *red, int c
     consumers_sync(); /* the room is whole before any warp dots with it */
 }
 
-/* Rows of a tile a consumer thread dots: 8, or for Q4_K 4 where a row's chunks in a stage fill at most half the
- * threads (then two groups of 4 warps, each on 4 rows). Q4_K's dot unpacks its sub-block scales and mins per chunk, so
- * spreading it over the idle threads pays: Llama-2-7B 258 -> 294 tok/s, TinyLlama 762 -> 945 on an H100, where Q4_0
- * and Q8_0 lose 3-8 % to the second group's sums (dev/cuda/notes.md, version 128). */
+/* Rows of a tile a consumer thread dots: 8, or 4 or 2 where a row's chunks in a stage fill at most half or a quarter
+ * of the threads (then 2 or 4 groups of warps, each on its rows): a warp's tile is a chain of dependent loads and
+ * shuffles, so idle warps beside one dotting all 8 rows set the pace. Llama-2-7B Q4_0 397 -> 418 tok/s, TinyLlama Q4_0
+ * 1,060 -> 1,117, Q4_K 881 -> 990, Q8_0 +1.5 % on an H200 (dev/cuda/notes.md, version 156). */
 __device__ __forceinline__ int q_rows_per_thread(int dtype, int cols)
 {
     const int chunks = q_stage_blocks(dtype, cols) * (q_quant_bytes(dtype) / 16);
-    return dtype == LLM_DTYPE_Q4_K && chunks <= CONSUMERS / 2 ? 4 : 8;
+    return chunks <= CONSUMERS / 4 ? 2 : chunks <= CONSUMERS / 2 ? 4 : 8;
 }
 
 /* The block's tiles of a quantized phase: stage k of a tile holds each row's blocks [k * per, + nbs). Thread ct dots
@@ -184,6 +184,7 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         for (int b0 = 0; b0 < nb; b0 += per) {
             const int nbs = min(per, nb - b0), slot = it % prog.stages;
+            if (ct == 0) TILE_STAMP(0, it, 5, clock64());
             mbar_wait(&full[slot], (it / prog.stages) & 1);
             if (ct == 0) TILE_STAMP(0, it, 3, clock64());
             if (c < nbs * F::CPB) {
@@ -211,9 +212,25 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
         for (int r = 0; r < ROWS; r++) mine[r] = r / RPT == g ? acc[r % RPT] : 0.0f;
         if (ct == 0) TILE_STAMP(1, tile_it, 1, clock64());
         sums.put(tile_it++, warp, lane, warp_sum8(mine, lane));
+        if (ct == 0) TILE_STAMP(1, tile_it - 1, 4, clock64());
 #pragma unroll
         for (int r = 0; r < RPT; r++) acc[r] = 0.0f;
     }
+}
+
+/* consume_quant with the rows a thread dots known when compiled */
+template <int QT>
+__device__ __forceinline__ void consume_quant_rows(const step_phase &P, const step_program &prog, const char *ring,
+                                                   uint64_t *full, uint64_t *empty, const q_x &X, tile_sums &sums,
+                                                   int &it, int &tile_it, int ct)
+{
+    const int rpt = q_rows_per_thread(QT, P.cols);
+    if (rpt == 2)
+        consume_quant<QT, 2>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+    else if (rpt == 4)
+        consume_quant<QT, 4>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+    else
+        consume_quant<QT, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
 }
 
 /* A quantized phase for the consumers: its input staged and rounded into the room past the ring, then its tiles;
@@ -228,13 +245,11 @@ __device__ __noinline__ int2 quant_phase_consume(const step_phase &P, const step
     stage_quant(P, X, red, ct, splits);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
     if (P.dtype == LLM_DTYPE_Q8_0)
-        consume_quant<LLM_DTYPE_Q8_0, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant_rows<LLM_DTYPE_Q8_0>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     else if (P.dtype == LLM_DTYPE_Q4_0)
-        consume_quant<LLM_DTYPE_Q4_0, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
-    else if (q_rows_per_thread(P.dtype, P.cols) == 4)
-        consume_quant<LLM_DTYPE_Q4_K, 4>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant_rows<LLM_DTYPE_Q4_0>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     else
-        consume_quant<LLM_DTYPE_Q4_K, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant_rows<LLM_DTYPE_Q4_K>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 1);
     return make_int2(it, tile_it);
 }
