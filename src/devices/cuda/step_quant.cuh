@@ -181,11 +181,12 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
     const int warp = ct >> 5, lane = ct & 31, cols = P.cols, g = ct / SPAN, c = ct % SPAN;
     const int nb = cols / F::VALUES, per = q_stage_blocks(QT, cols);
     float acc[RPT] = {};
+    ring_place at = ring_place_of(it, prog.stages);
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         for (int b0 = 0; b0 < nb; b0 += per) {
-            const int nbs = min(per, nb - b0), slot = it % prog.stages;
+            const int nbs = min(per, nb - b0), slot = at.slot;
             if (ct == 0) TILE_STAMP(0, it, 5, clock64());
-            mbar_wait(&full[slot], (it / prog.stages) & 1);
+            mbar_wait(&full[slot], at.parity);
             if (ct == 0) TILE_STAMP(0, it, 3, clock64());
             if (c < nbs * F::CPB) {
                 const char *stage = ring + (size_t)slot * STAGE + g * RPT * CHUNK;
@@ -205,7 +206,7 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[slot]);
             if (ct == 0) TILE_STAMP(0, it, 4, clock64());
-            it++;
+            it++, at.next(prog.stages);
         }
         float mine[ROWS];
 #pragma unroll
