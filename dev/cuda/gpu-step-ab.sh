@@ -3,7 +3,8 @@
 # flag on step.cu (B: B_FLAG, a -D a source file reads, e.g. -DLLM_STEP_TILE_TRACE), test_cuda's
 # tests on A (TESTS), then decode benches of A and B alternated in rounds (`bench -p 0 -n 128 --tg-after
 # 512 -r 3`) and step traces (TRACE_ROWS). Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
-# ROWS: "shape:quant ..." (quant "-" for the stored BF16), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
+# ROWS: "shape:quant ..." (quant "-" for the stored BF16; shapes of make-random-checkpoint.py or, for qwen3-*,
+# gemma-*, phi-*, olmo-*, make-family-checkpoint.py), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
 # first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS:
 # test_cuda's filter run on A (test_persistent_quant).
 set -uo pipefail
@@ -18,8 +19,12 @@ left() { echo $((BUDGET - (SECONDS - T0))); }
 mkdir -p "$OUT" "$M"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
 ( for s in $(for r in $ROWS; do echo "${r%%:*}"; done | sort -u); do
-      [ -f "$M/$s/model.safetensors" ] ||
-          python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16
+      if [ ! -f "$M/$s/config.json" ]; then
+          case $s in # the other families' shapes through transformers, as scripts/gpu-bench.sh makes them
+          qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$M/$s" ;;
+          *) python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16 ;;
+          esac
+      fi
       echo "ckpt $s done at $((SECONDS - T0))s"
   done ) >"$OUT/ckpt.log" 2>&1 &
 make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda >"$OUT/build.log" 2>&1
