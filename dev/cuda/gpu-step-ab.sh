@@ -6,7 +6,8 @@
 # ROWS: "shape:quant ..." (quant "-" for the stored BF16; shapes of make-random-checkpoint.py or, for qwen3-*,
 # gemma-*, phi-*, olmo-*, make-family-checkpoint.py), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
 # first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS:
-# test_cuda's filter run on A (test_persistent_quant).
+# test_cuda's filter run on A (test_persistent_quant); PREBUILT: an archive of A/ and B/ built here instead
+# (dev/cuda/prebuild.sh: no build time on the GPU; B_FLAG then only names B).
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -27,19 +28,27 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
       fi
       echo "ckpt $s done at $((SECONDS - T0))s"
   done ) >"$OUT/ckpt.log" 2>&1 &
-make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda >"$OUT/build.log" 2>&1
-echo "build A rc $? at $((SECONDS - T0))s"
-[ -x build/llm-run ] || { tail -20 "$OUT/build.log"; exit 1; }
-rm -rf /tmp/bB && mkdir -p /tmp/bB && cp -a build/obj /tmp/bB/ &&
-    make -n -W src/devices/cuda/step.cu CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run |
-    grep -E "nvcc .*src/devices/cuda/step.cu|-o build/llm-run " |
-    sed -e 's#build/#/tmp/bB/#g' -e "s#nvcc #nvcc $B_FLAG #" >/tmp/bB/cmds &&
-    (bash -e /tmp/bB/cmds >"$OUT/build-b.log" 2>&1; echo "build B rc $? at $((SECONDS - T0))s") &
-LLM_TEST_FILTER=${TESTS:-test_persistent_quant} timeout 240 build/tests/test_cuda >"$OUT/test-persistent.log" 2>&1
+A=build/llm-run B=/tmp/bB/llm-run TEST_CUDA=build/tests/test_cuda
+if [ -n "${PREBUILT:-}" ]; then # binaries built off the GPU (dev/cuda/prebuild.sh): A/llm-run, A/test_cuda, B/llm-run
+    rm -rf /tmp/pb && mkdir -p /tmp/pb && tar xJf "$PREBUILT" -C /tmp/pb --strip-components=1
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/tmp/pb/A"
+    A=/tmp/pb/A/llm-run B=/tmp/pb/B/llm-run TEST_CUDA=/tmp/pb/A/test_cuda
+    echo "prebuilt A and B at $((SECONDS - T0))s (B_FLAG is the builder's: $B_FLAG)"
+else
+    make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_cuda >"$OUT/build.log" 2>&1
+    echo "build A rc $? at $((SECONDS - T0))s"
+    [ -x build/llm-run ] || { tail -20 "$OUT/build.log"; exit 1; }
+    rm -rf /tmp/bB && mkdir -p /tmp/bB && cp -a build/obj /tmp/bB/ &&
+        make -n -W src/devices/cuda/step.cu CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run |
+        grep -E "nvcc .*src/devices/cuda/step.cu|-o build/llm-run " |
+        sed -e 's#build/#/tmp/bB/#g' -e "s#nvcc #nvcc $B_FLAG #" >/tmp/bB/cmds &&
+        (bash -e /tmp/bB/cmds >"$OUT/build-b.log" 2>&1; echo "build B rc $? at $((SECONDS - T0))s") &
+fi
+LLM_TEST_FILTER=${TESTS:-test_persistent_quant} timeout 240 "$TEST_CUDA" >"$OUT/test-persistent.log" 2>&1
 echo "test_cuda ${TESTS:-test_persistent_quant}: rc $? at $((SECONDS - T0))s"
 grep -E "\[  (PASSED|FAILED)|FAILED|ERROR|Failure" "$OUT/test-persistent.log" | head -20
 wait
-[ -x /tmp/bB/llm-run ] || { cat /tmp/bB/cmds "$OUT/build-b.log" | tail; exit 1; }
+[ -x "$B" ] || { cat /tmp/bB/cmds "$OUT/build-b.log" | tail; exit 1; }
 ckpt_wait() { while ! grep -q "ckpt $1 done" "$OUT/ckpt.log" && [ "$(left)" -gt 40 ]; do sleep 2; done; }
 bench() { # binary label shape quant
     local bin=$1 label=$2 s=$3 q=$4
@@ -54,12 +63,12 @@ bench() { # binary label shape quant
 }
 for round in $(seq "$ROUNDS"); do
     for r in $ROWS; do
-        bench build/llm-run A "${r%%:*}" "${r#*:}"
-        bench /tmp/bB/llm-run B "${r%%:*}" "${r#*:}"
+        bench "$A" A "${r%%:*}" "${r#*:}"
+        bench "$B" B "${r%%:*}" "${r#*:}"
     done
 done
 # the step trace (and with B_FLAG=-DLLM_STEP_TILE_TRACE and TRACE_WITH=B, the tile trace) of each of TRACE_ROWS
-bin=build/llm-run; [ "${TRACE_WITH:-A}" = B ] && bin=/tmp/bB/llm-run
+bin=$A; [ "${TRACE_WITH:-A}" = B ] && bin=$B
 for r in ${TRACE_ROWS:-${ROWS%% *}}; do
     [ "$(left)" -gt 40 ] || { echo "trace of $r skipped (time)"; continue; }
     ckpt_wait "${r%%:*}"

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Build for the GPU machine here, where build time costs no device time (dev/cuda/notes.md, version 158): the tree
-# as it is, built in a scratch copy for Hopper, its binaries stripped into DIR (default .deps/gb, a path the device
-# tool carries when asked: carry [".deps"]) with the one library the deps prefix lacks (libquadmath, for
-# libgfortran). On the GPU machine, after unpacking the prefix as the GPU scripts do:
+# Build for the GPU machine here, where build time costs no device time (dev/cuda/notes.md, versions 158, 160): the
+# tree as it is, built in a scratch copy for Hopper with FLAGS added to nvcc's (a variant: -DLLM_STEP_...), its
+# binaries stripped into DIR (default .deps/gb; .deps travels with carry [".deps"]) with the one library the deps
+# prefix lacks (libquadmath, for libgfortran). A binary is 22 MB, 7 MB in xz: pack several variants into one
+# archive for gpu-step-ab.sh's PREBUILT (A/ and B/ in it), e.g.
+#   dev/cuda/prebuild.sh .deps/pb/A build/llm-run build/tests/test_cuda
+#   FLAGS=-DLLM_STEP_SUMS_WHOLE dev/cuda/prebuild.sh .deps/pb/B build/llm-run
+#   tar cJf .deps/pb.tar.xz -C .deps pb && rm -rf .deps/pb
+# On the GPU machine, after unpacking the prefix as the GPU scripts do:
 #   export LD_LIBRARY_PATH=/tmp/px/prefix/lib:$PWD/.deps/gb; .deps/gb/test_ops
-# Two cores take 4-5 minutes for llm-run and a test binary; the GPU machine's 16 take 60-100 s of the 30 minutes.
 #   dev/cuda/prebuild.sh [DIR] [make targets, default build/llm-run build/tests/test_ops]
 set -euo pipefail
 dir=${1:-.deps/gb}
 shift || true
+case $dir in /*) ;; *) dir=$(pwd)/$dir ;; esac
 targets=${*:-build/llm-run build/tests/test_ops}
-root=$(pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cp -a Makefile src tests scripts "$scratch"/
-(cd "$scratch" && make -j"$(nproc)" CUDA_ARCH=hopper $targets >build.log 2>&1) ||
+# NVCCFLAGS from the environment: the Makefile's ?= takes it and its += still add the rest
+(cd "$scratch" && NVCCFLAGS="-O3 -g -lineinfo ${FLAGS:-}" make -j"$(nproc)" CUDA_ARCH=hopper $targets >build.log 2>&1) ||
     { tail -20 "$scratch/build.log"; exit 1; }
-mkdir -p "$root/$dir"
+mkdir -p "$dir"
 for t in $targets; do
-    cp "$scratch/$t" "$root/$dir/" && strip "$root/$dir/$(basename "$t")"
+    cp "$scratch/$t" "$dir/" && strip "$dir/$(basename "$t")"
 done
-cp -L "$(ldconfig -p | awk '/libquadmath.so.0 / {print $NF; exit}')" "$root/$dir/"
-du -sh "$root/$dir"
+cp -L "$(ldconfig -p | awk '/libquadmath.so.0 / {print $NF; exit}')" "$dir/"
+du -sh "$dir"

@@ -2,7 +2,8 @@
 # One GPU call for quantized experts on cuda (dev/cuda/notes.md, version 153): build, test_ops' experts on cuda (every
 # block format the device supports), test_cuda's MoE tests, test_models on cuda, then Qwen3-30B-A3B's shape cut to
 # LAYERS layers (12) decoded and prefilled as stored (BF16) and with --quant q8_0, q4_0, q4_k. Run from the tree's
-# root with LLM_DEPS_DIR set; BUDGET seconds in all (540).
+# root with LLM_DEPS_DIR set; BUDGET seconds in all (540); PREBUILT: an archive whose A/ holds the four binaries
+# (dev/cuda/prebuild.sh), no build on the GPU.
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -14,11 +15,18 @@ mkdir -p "$OUT" "$M"
       python3 scripts/make-random-checkpoint.py --shape qwen3-30b-a3b --layers "${LAYERS:-12}" --out "$M/q3moe" \
           --dtype bf16 >/dev/null
   echo "ckpt done at $((SECONDS - T0))s" ) >"$OUT/ckpt.log" 2>&1 &
-make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_ops build/tests/test_cuda \
-    build/tests/test_models >"$OUT/build.log" 2>&1
-echo "build rc $? at $((SECONDS - T0))s"
+bin=build tests=build/tests
+if [ -n "${PREBUILT:-}" ]; then # the four binaries built off the GPU (dev/cuda/prebuild.sh) as A/ in an archive
+    rm -rf /tmp/pb && mkdir -p /tmp/pb && tar xJf "$PREBUILT" -C /tmp/pb --strip-components=1
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/tmp/pb/A"
+    bin=/tmp/pb/A tests=/tmp/pb/A
+else
+    make -j16 CUDA_ARCH=hopper "${MAKEVARS[@]}" build/llm-run build/tests/test_ops build/tests/test_cuda \
+        build/tests/test_models >"$OUT/build.log" 2>&1
+    echo "build rc $? at $((SECONDS - T0))s"
+fi
 t() { # binary, filter, seconds
-    LLM_TEST_FILTER=$2 timeout "$3" "build/tests/$1" >"$OUT/$1.log" 2>&1
+    LLM_TEST_FILTER=$2 timeout "$3" "$tests/$1" >"$OUT/$1.log" 2>&1
     echo "$1 '$2': rc $? at $((SECONDS - T0))s"
     grep -E "\[  (PASSED|FAILED)|FAILED|ERROR|Failure|worst" "$OUT/$1.log" | head -12
 }
@@ -29,7 +37,7 @@ wait
 for q in - q8_0 q4_0 q4_k; do
     [ "$(left)" -gt 40 ] || { echo "skipped $q (time)"; continue; }
     qa=(); [ "$q" = - ] || qa=(--quant "$q")
-    timeout "$(($(left) - 10))" build/llm-run bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
+    timeout "$(($(left) - 10))" "$bin/llm-run" bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
         "$M/q3moe" 2>&1 | grep -E '\| (pp|tg)[0-9]|refus|error' | sed "s/^/$q /"
 done
 echo "done at $((SECONDS - T0))s"
