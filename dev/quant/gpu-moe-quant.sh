@@ -3,7 +3,7 @@
 # block format the device supports), test_cuda's MoE tests, test_models on cuda, then Qwen3-30B-A3B's shape cut to
 # LAYERS layers (12) decoded and prefilled as stored (BF16) and with --quant q8_0, q4_0, q4_k. Run from the tree's
 # root with LLM_DEPS_DIR set; BUDGET seconds in all (540); PREBUILT: an archive whose A/ holds the four binaries
-# (dev/cuda/prebuild.sh), no build on the GPU.
+# (dev/cuda/prebuild.sh), no build on the GPU, and B/ (optional) a baseline llm-run benched beside A's, alternated.
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -34,10 +34,14 @@ t test_ops "experts on cuda" 120
 t test_cuda "test_moe*" 120
 t test_models "*on cuda" 150
 wait
-for q in - q8_0 q4_0 q4_k; do
-    [ "$(left)" -gt 40 ] || { echo "skipped $q (time)"; continue; }
+runs="A:- A:q8_0 A:q4_0 A:q4_k"
+[ -x "${bin%/A}/B/llm-run" ] && [ -n "${PREBUILT:-}" ] && runs="$runs B:q8_0 B:q4_0 A:q4_0 B:q4_0" # B: a baseline
+for run in $runs; do
+    b=${run%%:*} q=${run#*:}
+    [ "$(left)" -gt 40 ] || { echo "skipped $run (time)"; continue; }
     qa=(); [ "$q" = - ] || qa=(--quant "$q")
-    timeout "$(($(left) - 10))" "$bin/llm-run" bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
-        "$M/q3moe" 2>&1 | grep -E '\| (pp|tg)[0-9]|refus|error' | sed "s/^/$q /"
+    exe=$bin/llm-run; [ "$b" = B ] && exe=${bin%/A}/B/llm-run
+    timeout "$(($(left) - 10))" "$exe" bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
+        "$M/q3moe" 2>&1 | grep -E '\| (pp|tg)[0-9]|refus|error' | sed "s/^/$b $q /"
 done
 echo "done at $((SECONDS - T0))s"
