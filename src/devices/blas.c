@@ -1332,6 +1332,17 @@ AMX static void amx_panel(float *c, const uint16_t *w, size_t ldw, const uint32_
 
 BF16DP static void f8_rows_to_bf16(uint16_t *dst, size_t cpad, const llm_block_f8 *w, size_t cols, size_t rm);
 
+/* A thread's tile unit: 8 tiles of 16 rows by 64 bytes, then released. Functions of their own, not inline in the
+ * parallel region: clang outlines the region without the AMX target attribute and cannot then emit the intrinsics
+ * (make fuzz's clang 14: "Cannot select: intrinsic %llvm.x86.ldtilecfg"). */
+AMX static void amx_begin(void)
+{
+    amx_config cfg = {.palette = 1};
+    for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+    _tile_loadconfig(&cfg);
+}
+AMX static void amx_end(void) { _tile_release(); }
+
 /* out = x w^T for BF16 w on the tile unit (pick_amx), cols a multiple of 32 (FP8 w in the fast precision: each
  * 32-row panel rounded to BF16 first, as matmul_f8_bf16 rounds its rows): pairs of 16-position blocks packed into
  * the scratch (as many as it holds at a time, after each thread's 4 KB of C tiles and its rows of padding), each
@@ -1357,9 +1368,7 @@ AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int 
             size_t t = (size_t)omp_get_thread_num(), team = (size_t)omp_get_num_threads();
             float *c = scratch + t * own;
             uint16_t *pad = (uint16_t *)(c + 1024), *row = pad + 32 * cols;
-            amx_config cfg = {.palette = 1};
-            for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
-            _tile_loadconfig(&cfg);
+            amx_begin();
 #pragma omp for schedule(static)
             for (size_t b = 0; b < 2 * nq; b++) {
                 size_t p0 = (q0 * 2 + b) * 16;
@@ -1390,7 +1399,7 @@ AMX static bool matmul_amx(float *out, const float *x, const llm_weight *w, int 
                         }
                 }
             }
-            _tile_release();
+            amx_end();
         }
     }
     return true;
