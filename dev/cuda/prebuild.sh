@@ -19,7 +19,8 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cp -a Makefile src tests scripts "$scratch"/
 # NVCCFLAGS from the environment: the Makefile's ?= takes it and its += still add the rest
-(cd "$scratch" && NVCCFLAGS="-O3 -g -lineinfo ${FLAGS:-}" make -j"$(nproc)" CUDA_ARCH=hopper $targets >build.log 2>&1) ||
+(cd "$scratch" &&
+    NVCCFLAGS="-O3 -g -lineinfo ${FLAGS:-}" make -j"$(nproc)" CUDA_ARCH=hopper $targets >build.log 2>&1) ||
     { tail -20 "$scratch/build.log"; exit 1; }
 mkdir -p "$dir"
 for t in $targets; do
