@@ -65,6 +65,13 @@ static int place_blocks(llm_model *m, llm_weight *w, void *q, llm_dtype dtype, c
     return 0;
 }
 
+/* Does --quant turn a matrix of `cols` columns into blocks? Only whole blocks: a matrix whose rows are not stays as
+ * stored (counted in quant_kept where it is a layer's linear). */
+static bool quant_blocks(const llm_model *m, size_t cols)
+{
+    return llm_dtype_is_block(m->quant) && cols % llm_dtype_block(m->quant) == 0;
+}
+
 /* The (w->rows, w->cols) matrix src (of dtype src_dtype: checkpoint t's data, or a rank's share of it) quantized to
  * m->quant into host memory the model owns (freed by free_weight), advised for transparent huge pages as the blas
  * device's own copies are. The device computes on it in place. */
@@ -148,8 +155,7 @@ static int place_weight(llm_model *m, llm_weight *w, const llm_st_tensor *t, con
     w->rows = rows;
     w->cols = cols;
     if (linear && llm_dtype_is_block(m->quant)) {
-        if (cols % llm_dtype_block(m->quant) == 0)
-            return quantize_weight(m, w, t->data, t->dtype, t, name, err, err_len);
+        if (quant_blocks(m, cols)) return quantize_weight(m, w, t->data, t->dtype, t, name, err, err_len);
         m->quant_kept++;
     }
     m->weight_bytes += t->nbytes;
@@ -465,7 +471,7 @@ static int place_packed(llm_model *m, llm_weight *w, void *buf, llm_dtype dtype,
                         size_t err_len)
 {
     size_t bytes = llm_dtype_matrix_bytes(m->quant, w->rows, w->cols);
-    if (w->rows > 1 && llm_dtype_is_block(m->quant) && w->cols % llm_dtype_block(m->quant) == 0) {
+    if (w->rows > 1 && quant_blocks(m, w->cols)) {
         void *q = malloc(bytes ? bytes : 1);
         if (!q || llm_quant_matrix(q, buf, dtype, llm_quant_of_dtype(m->quant), w->rows, w->cols, 1) != 0) {
             free(q), free(buf);
@@ -796,7 +802,7 @@ static int load_share(llm_model *m, llm_weight *w, const char *name, size_t rows
     /* --quant as the whole matrix would be (place_weight): cut between blocks (llm_split_blocks), the share's blocks
      * are the whole's */
     if (linear && llm_dtype_is_block(m->quant)) {
-        if (cols % llm_dtype_block(m->quant) == 0) {
+        if (quant_blocks(m, cols)) {
             int rc = quantize_weight(m, w, buf, t->dtype, t, name, err, err_len);
             free(buf);
             return rc;
@@ -1009,11 +1015,9 @@ static size_t expert_bytes(const llm_model *m, const llm_st_tensor *t, size_t by
     size_t n = strlen(t->name);
     bool weight = n > 7 && strcmp(t->name + n - 7, ".weight") == 0;
     bool bias = n > 5 && strcmp(t->name + n - 5, "_bias") == 0;
-    if (!llm_dtype_is_block(m->quant) || !t->supported || bias || t->ndim < 2 || (!weight && t->ndim != 3))
-        return bytes;
+    if (!t->supported || bias || t->ndim < 2 || (!weight && t->ndim != 3)) return bytes;
     size_t cols = weight ? t->shape[t->ndim - 1] : t->shape[1];
-    if (cols == 0 || cols % llm_dtype_block(m->quant) != 0) return bytes;
-    return llm_dtype_matrix_bytes(m->quant, t->numel / cols, cols);
+    return cols > 0 && quant_blocks(m, cols) ? llm_dtype_matrix_bytes(m->quant, t->numel / cols, cols) : bytes;
 }
 
 /* Before a mixture of experts is placed on a device that owns its memory: do the weights going there fit its free
