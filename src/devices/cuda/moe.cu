@@ -1650,7 +1650,7 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int P = n * top_k, dtype = (int)w0->dtype;
     const bool mx = dtype == LLM_DTYPE_MXFP4; /* (rows of whole 16-byte chunks: memory.cu) */
-    const bool block = dtype == LLM_DTYPE_Q8_0 || dtype == LLM_DTYPE_Q4_0 || dtype == LLM_DTYPE_Q4_K; /* q_launch */
+    const bool block = llm_dtype_is_block(w0->dtype) && !mx; /* Q8_0, Q4_0, Q4_K (cuda_supports): q_launch */
     const size_t row_bytes = block ? llm_dtype_row_bytes(w0->dtype, (size_t)a.cols) : 0;
     const bool vec = block ? t->aligned && row_bytes % 16 == 0
                            : t->aligned && (mx || (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0) &&
@@ -1745,21 +1745,21 @@ void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const
 void llm_cuda_experts_combine(float *y, float *sum_out, float *resid, const float *x, const llm_experts *w,
                               const int32_t *ids, const float *weights, int top_k)
 {
+    const llm_weight *w0 = &w->w[0];
+    const bool mx = w0->dtype == LLM_DTYPE_MXFP4;
+    if (llm_dtype_is_block(w0->dtype) && !mx) { /* Q8_0, Q4_0, Q4_K: the experts op (q_launch), then the combine */
+        llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
+        llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, (int)w0->rows);
+        return;
+    }
     const moe_table *t = table_of(w);
     if (!t) return;
-    const llm_weight *w0 = &w->w[0];
     gv_args a = {};
     a.tab = t->device, a.n_experts = w->n_experts, a.first = w->first;
     a.bias_dtype = w->bias ? (int)w->bias[0].dtype : 0;
     a.x = x, a.ids = ids, a.out = y, a.n = 1, a.top_k = top_k, a.x_slots = top_k;
     a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     const int G = (top_k + GC_SLOTS - 1) / GC_SLOTS, RB = G >= GC_MAX_WARPS ? 1 : GC_MAX_WARPS / G;
-    const bool mx = w0->dtype == LLM_DTYPE_MXFP4;
-    if (llm_dtype_is_block(w0->dtype) && !mx) { /* Q8_0, Q4_0, Q4_K: the experts op (q_launch), then the combine */
-        llm_cuda_experts(y, x, w, ids, 1, top_k, top_k);
-        llm_cuda_combine(sum_out, resid, y, weights, 1, top_k, a.rows);
-        return;
-    }
     if (mx && !llm_cuda.split_products) { /* fast: the tensor-core kernel, the combine in its launch */
         a.weights = weights, a.sum_out = sum_out, a.resid = resid;
         a.arrivals = (unsigned *)llm_cuda_scratch(LLM_CUDA_SCRATCH_MOE_ARRIVALS,
