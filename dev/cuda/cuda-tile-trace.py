@@ -58,37 +58,31 @@ def main():
     names = ("stages", "ask", "slot", "land", "dot", "idle", "gap", "wait", "tile", "hand", "put", "sig")
     cols = {k: {name: [] for name in names} for k in range(per_layer + 1)}
     counts = {}
+    def span(c, name, end, start):  # an interval where both stamps were taken
+        if end and start:
+            c[name].append(us(end - start))
+
     for i, (idx, ph, asked, had, landed, freed, waiting) in enumerate(stages):
         c = cols[kind(ph)]
         counts[ph] = counts.get(ph, 0) + 1
-        if had and asked:
-            c["slot"].append(us(had - asked))
-        if landed and had:
-            c["land"].append(us(landed - had))
-        if freed and landed:
-            c["dot"].append(us(freed - landed))
+        span(c, "slot", had, asked)
+        span(c, "land", landed, had)
+        span(c, "dot", freed, landed)
+        span(c, "wait", landed, waiting)
         if i and stages[i - 1][1] == ph:
-            prev = stages[i - 1]
-            if asked and prev[2]:
-                c["ask"].append(us(asked - prev[2]))
-            if landed and prev[5]:
-                c["idle"].append(us(landed - prev[5]))
-            if waiting and prev[5]:
-                c["gap"].append(us(waiting - prev[5]))
-        if landed and waiting:
-            c["wait"].append(us(landed - waiting))
+            prev_asked, prev_freed = stages[i - 1][2], stages[i - 1][5]
+            span(c, "ask", asked, prev_asked)
+            span(c, "idle", landed, prev_freed)
+            span(c, "gap", waiting, prev_freed)
     for ph, n in counts.items():
         cols[kind(ph)]["stages"].append(n)
     for i, (idx, ph, put, taken, written, returned, _) in enumerate(tiles):
         c = cols[kind(ph)]
-        if taken and put:
-            c["hand"].append(us(taken - put))
-        if returned and put:
-            c["put"].append(us(returned - put))
-        if written and taken:
-            c["sig"].append(us(written - taken))
-        if i and tiles[i - 1][1] == ph and put and tiles[i - 1][2]:
-            c["tile"].append(us(put - tiles[i - 1][2]))
+        span(c, "hand", taken, put)
+        span(c, "put", returned, put)
+        span(c, "sig", written, taken)
+        if i and tiles[i - 1][1] == ph:
+            span(c, "tile", put, tiles[i - 1][2])
     print("phase  " + "".join("%8s" % n for n in names) + "  (us, medians; stages: a layer's)")
     for k in range(per_layer + 1):
         label = "head" if k == per_layer else str(k)
