@@ -631,14 +631,17 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
 
 /* ---------- experts in a block format (Q8_0, Q4_0, Q4_K: a mixture quantized with --quant) ---------- */
 
-/* A block takes GV_BLOCK_ROWS rows of one expert and every pair that chose it, found as experts_gemv_kernel finds
- * them; for each pair its x is rounded to 8 bits in blocks of 32 in shared memory (quantize_x) and each warp dots its
- * GV_ROWS rows with it, a 16-byte chunk a lane (q_dot): the dense GEMV's products (gemv.cu), within ops.h's bound for
- * block weights. VEC: rows of whole 16-byte chunks, 16-byte aligned. */
-template <int QT, bool VEC>
+/* A block takes GV_BLOCK_ROWS rows of one expert (of two projections with PAIR: gate and up, the glu as the
+ * epilogue, as experts_gemv_kernel's) and every pair that chose it, found as experts_gemv_kernel finds them; for
+ * each pair its x is rounded to 8 bits in blocks of 32 in shared memory (quantize_x), once for both projections, and
+ * each warp dots its GV_ROWS rows with it, a 16-byte chunk a lane (q_dot): the dense GEMV's products (gemv.cu),
+ * within ops.h's bound for block weights; gate's rows come out the same alone or paired. VEC: rows of whole 16-byte
+ * chunks, 16-byte aligned. */
+template <int QT, bool VEC, bool PAIR>
 __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_constant__ gv_args a)
 {
     typedef qfmt<QT> F;
+    constexpr int NR = PAIR ? 2 * GV_ROWS : GV_ROWS;
     extern __shared__ int q_room[]; /* xq (cols bytes), xd (cols / 32 floats), xs16 (cols / 16 ints) */
     __shared__ int pairs[GV_MAX_PAIRS];
     __shared__ int n_pairs, expert;
@@ -647,13 +650,13 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_c
     const int e = expert, np = n_pairs, rows = a.rows, cols = a.cols;
     const int r0 = blockIdx.x * GV_BLOCK_ROWS + warp * GV_ROWS;
     if (e < 0 || e >= a.n_experts) {
-        zero_rows(a, pairs, np, r0, false);
+        zero_rows(a, pairs, np, r0, PAIR);
         return;
     }
     const int nb = cols / F::VALUES, chunks = nb * F::CPB;
     const size_t row_bytes = (size_t)nb * (F::QB + F::HEAD);
-    const unsigned char *w = (const unsigned char *)a.tab[e].w;
-    const void *bias = a.tab[e].bias;
+    const unsigned char *w = (const unsigned char *)a.tab[e].w, *w2 = PAIR ? (const unsigned char *)a.tab2[e].w : w;
+    const void *bias = a.tab[e].bias, *bias2 = PAIR ? a.tab2[e].bias : NULL;
     int *xq = q_room;
     float *xd = (float *)(xq + cols / 4);
     int *xs16 = (int *)(xd + cols / 32);
@@ -661,38 +664,53 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_c
         __syncthreads(); /* the pair before's dots are done with the room */
         quantize_x<GV_WARPS>(x_row(a, pairs[q]), cols, xq, xd, xs16);
         __syncthreads();
-        float acc[GV_ROWS] = {};
+        float acc[NR] = {};
         for (int k = lane; k < chunks; k += 32)
 #pragma unroll
-            for (int r = 0; r < GV_ROWS; r++) {
-                if (r0 + r >= rows) continue;
+            for (int r = 0; r < NR; r++) {
+                const int row = r0 + r % GV_ROWS;
+                if (row >= rows) continue;
                 uint4 qv, hv = make_uint4(0, 0, 0, 0);
-                q_load<QT, VEC>(qv, hv, w + (size_t)(r0 + r) * row_bytes, k, nb);
+                q_load<QT, VEC>(qv, hv, (r < GV_ROWS ? w : w2) + (size_t)row * row_bytes, k, nb);
                 acc[r] += q_dot<QT>(qv, hv, k, xq, xd, xs16);
             }
 #pragma unroll
         for (int r = 0; r < GV_ROWS; r++) {
             const int row = r0 + r;
-            const float v = llm_cuda_warp_sum(acc[r]);
+            float v = llm_cuda_warp_sum(acc[r]), u = PAIR ? llm_cuda_warp_sum(acc[r + GV_ROWS]) : 0.0f;
             if (lane != r || row >= rows) continue;
-            a.out[(size_t)pairs[q] * rows + row] = v + (bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f);
+            const size_t at = (size_t)pairs[q] * rows + row;
+            v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+            if (PAIR) {
+                u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+                a.out2[at] = u;
+                if (a.glu) v = llm_cuda_glu(v, u, a.act);
+            }
+            a.out[at] = v;
         }
     }
 }
 
-template <int QT> static void q_launch(gv_args a, bool vec, unsigned grid_y)
+/* experts_q_kernel over (row blocks, grid_y); PAIR where a.tab2 is set */
+template <int QT, bool PAIR> static void q_launch2(gv_args a, bool vec, unsigned grid_y)
 {
     const size_t room = (size_t)a.cols + (size_t)a.cols / 32 * sizeof(float) + (size_t)a.cols / 16 * sizeof(int);
-    const void *kernel = vec ? (const void *)experts_q_kernel<QT, true> : (const void *)experts_q_kernel<QT, false>;
+    const void *kernel =
+        vec ? (const void *)experts_q_kernel<QT, true, PAIR> : (const void *)experts_q_kernel<QT, false, PAIR>;
     if (room > 48 * 1024 && !llm_cuda_allow_smem(kernel, "experts")) return;
     cudaLaunchAttribute attr;
     const dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
     cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(GV_WARPS * 32), room, &attr, &a.pdl_early);
     if (a.n == 1 && a.pdl_early == 2) a.pdl_early = 1; /* (as gemv_launch3) */
     if (vec)
-        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, true>, a));
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, true, PAIR>, a));
     else
-        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, false>, a));
+        LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, false, PAIR>, a));
+}
+template <int QT> static void q_launch(const gv_args &a, bool vec, unsigned grid_y)
+{
+    if (a.tab2) q_launch2<QT, true>(a, vec, grid_y);
+    else q_launch2<QT, false>(a, vec, grid_y);
 }
 
 /* The GEMV over pairs for any element or block type (a batch's grouped tiles too: a.tiles). */
@@ -1499,15 +1517,85 @@ __device__ __forceinline__ void mx_tile_row(__nv_bfloat16 *dst, uint4 q, unsigne
     o[2] = make_uint4(hi[0], hi[1], hi[2], hi[3]), o[3] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
 }
 
-/* MX: MXFP4 weights (T BF16), converted to BF16 on their way into the ring: thread i takes B row n0 + i, whose
- * MM2_BK columns are one block; the block for stage kt + 2 is loaded into registers before stage kt's products and
- * written after them (cp.async cannot convert). */
-template <typename T, bool MX>
+/* A B row's 32 values of one stage in a block format, held in registers between their fetch and their store: MXFP4's
+ * quants q and scale byte e; a Q8_0, Q4_0 or Q4_K block (or Q4_K's sub-block) as 32 bytes, q then q2 (Q8_0's signed
+ * values; the 4-bit formats' nibbles, one a byte) with its f32 scale d and, for Q4_K, the sub-block's d * sc and
+ * dmin * min in d and m. */
+struct b_block {
+    uint4 q, q2;
+    float d, m;
+    unsigned e;
+};
+
+/* Block kt (columns 32 kt ..) of row `row` of a matrix of `rows` x `cols` in format WF as memory.cu lays it out
+ * (MXFP4: every row's quants, then every row's scale bytes; the others: a row's quants, then its scales). */
+template <int WF> __device__ __forceinline__ b_block b_fetch(const void *w, int rows, int row, int cols, int kt)
+{
+    b_block b = {};
+    if constexpr (WF == LLM_DTYPE_MXFP4) {
+        const int blocks = cols / 32;
+        b.q = __ldcs(mx_quants(w, row, blocks) + kt), b.e = __ldcs(mx_scales(w, rows, row, blocks) + kt);
+    } else {
+        typedef qfmt<WF> F;
+        const int nb = cols / F::VALUES;
+        const unsigned char *r = (const unsigned char *)w + (size_t)row * nb * (F::QB + F::HEAD);
+        const unsigned short *d16 = (const unsigned short *)(r + (size_t)nb * F::QB);
+        if constexpr (WF == LLM_DTYPE_Q8_0) {
+            const uint4 *q = (const uint4 *)(r + (size_t)kt * 32);
+            b.q = __ldcs(q), b.q2 = __ldcs(q + 1), b.d = f16_bits(__ldcs(d16 + kt));
+        } else if constexpr (WF == LLM_DTYPE_Q4_0) {
+            const uint4 q = __ldcs((const uint4 *)(r + (size_t)kt * 16));
+            b.q = nibbles(q, 0), b.q2 = nibbles(q, 4), b.d = f16_bits(__ldcs(d16 + kt));
+        } else { /* Q4_K: sub-block j of super-block kt / 8, in nibbles j & 1 of its pair's 32 bytes */
+            static_assert(WF == LLM_DTYPE_Q4_K, "a block format experts_mma2_kernel converts");
+            const int sb = kt >> 3, j = kt & 7;
+            const uint4 *q = (const uint4 *)(r + (size_t)sb * 128 + (j >> 1) * 32);
+            const uint4 h = __ldcs((const uint4 *)(r + (size_t)nb * 128) + sb);
+            float sc, mn;
+            q4k_scale_min(h, j, sc, mn);
+            b.q = nibbles(__ldcs(q), 4 * (j & 1)), b.q2 = nibbles(__ldcs(q + 1), 4 * (j & 1));
+            b.d = f16_bits(h.x & 0xffffu) * sc, b.m = f16_bits(h.x >> 16) * mn;
+        }
+    }
+    return b;
+}
+
+/* A fetched block as the 32 BF16 values of a B tile's row: each value as the format defines it in f32 (gemv.cu's
+ * dequantize_kernel's expressions), rounded to nearest even; MXFP4's exactly (mx_tile_row). */
+template <int WF> __device__ __forceinline__ void b_tile_row(__nv_bfloat16 *dst, const b_block &b, const float *kv)
+{
+    if constexpr (WF == LLM_DTYPE_MXFP4) {
+        mx_tile_row(dst, b.q, b.e, kv);
+    } else {
+        const unsigned wd[8] = {b.q.x, b.q.y, b.q.z, b.q.w, b.q2.x, b.q2.y, b.q2.z, b.q2.w};
+        auto value = [&](unsigned byte) {
+            if constexpr (WF == LLM_DTYPE_Q8_0) return b.d * (float)(signed char)byte;
+            else if constexpr (WF == LLM_DTYPE_Q4_0) return b.d * (float)((int)byte - 8);
+            else return b.d * (float)byte - b.m;
+        };
+        unsigned p[16]; /* values 2i and 2i + 1: bytes 2i and 2i + 1 */
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const unsigned h = wd[i >> 1] >> (16 * (i & 1));
+            p[i] = mx_bf16_pair(value(h & 0xffu), value((h >> 8) & 0xffu));
+        }
+        uint4 *o = (uint4 *)dst;
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[k] = make_uint4(p[4 * k], p[4 * k + 1], p[4 * k + 2], p[4 * k + 3]);
+    }
+}
+
+/* WF: 0 for weights in T, fetched by cp.async with x; or a block format (MXFP4, Q8_0, Q4_0, Q4_K; T BF16) converted to
+ * BF16 on its way into the ring: thread i takes B row n0 + i, whose MM2_BK columns are one block (Q4_K: a sub-block);
+ * the block for stage kt + 2 is loaded into registers before stage kt's products and written after them (cp.async
+ * cannot convert). */
+template <typename T, int WF>
 __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_constant__ gv_args a, const T *xhi,
                                                                   const T *xlo)
 {
     constexpr int BN = MM2_BN, FN = BN / 64; /* a warp's 16-row fragments of B: warps 4 across BN */
-    static_assert(!MX || (BN == MM2_THREADS && MM2_BK == 32), "MXFP4: a thread a B row, a block a stage");
+    constexpr bool CONVERTED = WF != 0;
+    static_assert(!CONVERTED || (BN == MM2_THREADS && MM2_BK == 32), "converted: a thread a B row, a block a stage");
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char mm2_smem[];
     T *ring = (T *)mm2_smem;
@@ -1521,19 +1609,19 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     const T *w = (const T *)a.tab[e].w;
     const void *bias = a.tab[e].bias;
     const int kt_n = (cols + MM2_BK - 1) / MM2_BK;
-    const bool mx_row = MX && n0 + tid < rows; /* this thread's B row, MXFP4 */
-    const uint4 *mq = MX ? mx_quants(a.tab[e].w, mx_row ? n0 + tid : 0, kt_n) : NULL;
-    const unsigned char *ms = MX ? mx_scales(a.tab[e].w, rows, mx_row ? n0 + tid : 0, kt_n) : NULL;
-    uint4 mx_q = make_uint4(0, 0, 0, 0);
-    unsigned mx_e = 0;
-    auto mx_fetch = [&](int kt) {
-        if (mx_row) mx_q = __ldcs(mq + kt), mx_e = __ldcs(ms + kt);
+    const bool b_row = CONVERTED && n0 + tid < rows; /* this thread's B row, converted (past the rows: zeros) */
+    b_block held = {};
+    auto b_load = [&](int kt) {
+        if constexpr (CONVERTED)
+            if (b_row) held = b_fetch<WF>(a.tab[e].w, rows, n0 + tid, cols, kt);
     };
-    auto mx_store = [&](int kt) {
-        mx_tile_row((__nv_bfloat16 *)(ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS + (2 * MM2_BM + tid) * MM2_LD),
-                    mx_q, mx_e, mx_kv);
+    auto b_store = [&](int kt) {
+        if constexpr (CONVERTED)
+            b_tile_row<WF>((__nv_bfloat16 *)(ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS +
+                                             (2 * MM2_BM + tid) * MM2_LD),
+                           held, mx_kv);
     };
-    if (MX) {
+    if (WF == LLM_DTYPE_MXFP4) {
         const int m = tid & 7, mag = m < 2 ? m : (m & 1 ? 3 : 2) << ((m >> 1) - 1); /* 0, 1, 2, 3, 4, 6, 8, 12 */
         if (tid < 16) mx_kv[tid] = (float)(tid < 8 ? mag : -mag);
         __syncthreads();
@@ -1554,7 +1642,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
                 ok = m < count && c < cols;
                 src = (row < MM2_BM ? xhi : xlo) + (size_t)(first + (ok ? m : 0)) * cols + (ok ? c : 0);
             } else {
-                if (MX) continue; /* (mx_fetch and mx_store) */
+                if (CONVERTED) continue; /* (b_load and b_store) */
                 const int r = row - 2 * MM2_BM;
                 ok = n0 + r < rows && c < cols;
                 src = w + (size_t)(ok ? n0 + r : 0) * cols + (ok ? c : 0);
@@ -1573,7 +1661,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     for (int s = 0; s < MM2_STAGES - 1; s++) {
         if (s < kt_n) {
             load_stage(s);
-            if (MX) mx_fetch(s), mx_store(s);
+            if (CONVERTED) b_load(s), b_store(s);
         }
         cp_async_commit();
     }
@@ -1582,7 +1670,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
         __syncthreads(); /* stage kt is in; every warp is done with stage kt - 1, which the next load reuses */
         const bool ahead = kt + MM2_STAGES - 1 < kt_n;
         if (ahead) load_stage(kt + MM2_STAGES - 1);
-        if (MX && ahead) mx_fetch(kt + MM2_STAGES - 1);
+        if (CONVERTED && ahead) b_load(kt + MM2_STAGES - 1);
         cp_async_commit();
         const T *st = ring + (size_t)(kt % MM2_STAGES) * MM2_STAGE_ELEMS;
         const T *sa_hi = st, *sa_lo = st + MM2_BM * MM2_LD, *sb = st + 2 * MM2_BM * MM2_LD;
@@ -1605,7 +1693,7 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
                     if (xlo) wmma::mma_sync(acc[i][j], al[i], b[j], acc[i][j]);
                 }
         }
-        if (MX && ahead) mx_store(kt + MM2_STAGES - 1); /* (stage kt - 1's place: free since the barrier above) */
+        if (CONVERTED && ahead) b_store(kt + MM2_STAGES - 1); /* (stage kt - 1's place: free since the barrier above) */
     }
     cp_async_wait<0>();
     __syncthreads(); /* the ring becomes the output tile */
@@ -1626,12 +1714,12 @@ __global__ void __launch_bounds__(MM2_THREADS) experts_mma2_kernel(const __grid_
     }
 }
 
-template <typename T, bool MX = false>
+template <typename T, int WF = 0>
 static void mma2_launch(const gv_args &a, dim3 grid, unsigned gblocks, T *hi, T *lo)
 {
-    if (!llm_cuda_allow_smem((const void *)experts_mma2_kernel<T, MX>, "experts")) return;
+    if (!llm_cuda_allow_smem((const void *)experts_mma2_kernel<T, WF>, "experts")) return;
     gather_split_kernel<<<gblocks, 256, 0, llm_cuda.stream>>>(a, a.n_tiles + 1, hi, lo);
-    experts_mma2_kernel<T, MX><<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
+    experts_mma2_kernel<T, WF><<<grid, MM2_THREADS, MM2_SMEM, llm_cuda.stream>>>(a, hi, lo);
 }
 
 /* ---------- the experts op ---------- */
@@ -1664,9 +1752,10 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
         gemv_any(a, dtype, vec, (unsigned)P);
         return;
     }
-    /* a batch: group the pairs by expert, then a tile of pairs per expert: on the tensor cores, or the GEMV's blocks
-     * over the same tiles for the experts they do not take */
-    const bool mma = dtype != LLM_DTYPE_F32 && !block && vec;
+    /* a batch: group the pairs by expert, then a tile of pairs per expert: on the tensor cores (block formats converted
+     * to BF16 on their way in, each value rounded once as the dense batch's dequantization rounds it: ops.h), or the
+     * GEMV's blocks over the same tiles for the experts they do not take */
+    const bool mma = dtype != LLM_DTYPE_F32 && vec && (!block || (uintptr_t)x % 16 == 0);
     if (mx && !mma) { /* (x's rows not 16-byte aligned: the ops' callers pass whole rows of their own buffers) */
         llm_cuda_fail("experts", "MXFP4 experts need x 16-byte aligned");
         return;
@@ -1699,9 +1788,12 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
     dim3 grid((unsigned)((a.rows + MM2_BN - 1) / MM2_BN), (unsigned)bound);
     size_t chunks = (size_t)P * a.cols / 8, blocks = (chunks + 255) / 256, cap = (size_t)llm_cuda.sm_count * 8;
     unsigned gblocks = (unsigned)(blocks < cap ? blocks : cap);
-    if (dtype == LLM_DTYPE_BF16 || mx) {
+    if (dtype != LLM_DTYPE_F16) {
         __nv_bfloat16 *hi = (__nv_bfloat16 *)xs, *lo = halves == 2 ? (__nv_bfloat16 *)(xs + half) : NULL;
-        if (mx) mma2_launch<__nv_bfloat16, true>(a, grid, gblocks, hi, lo);
+        if (mx) mma2_launch<__nv_bfloat16, LLM_DTYPE_MXFP4>(a, grid, gblocks, hi, lo);
+        else if (dtype == LLM_DTYPE_Q8_0) mma2_launch<__nv_bfloat16, LLM_DTYPE_Q8_0>(a, grid, gblocks, hi, lo);
+        else if (dtype == LLM_DTYPE_Q4_0) mma2_launch<__nv_bfloat16, LLM_DTYPE_Q4_0>(a, grid, gblocks, hi, lo);
+        else if (dtype == LLM_DTYPE_Q4_K) mma2_launch<__nv_bfloat16, LLM_DTYPE_Q4_K>(a, grid, gblocks, hi, lo);
         else mma2_launch<__nv_bfloat16>(a, grid, gblocks, hi, lo);
     } else {
         __half *hi = (__half *)xs, *lo = halves == 2 ? (__half *)(xs + half) : NULL;
@@ -1713,7 +1805,7 @@ void llm_cuda_experts(float *out, const float *x, const llm_experts *w, const in
 bool llm_cuda_experts_pair_fits(int n, int top_k, llm_dtype dtype)
 {
     if (dtype == LLM_DTYPE_MXFP4) return n == 1;
-    return !llm_dtype_is_block(dtype) && n * top_k <= GV_MAX_PAIRS; /* (block formats: two experts ops) */
+    return n * top_k <= GV_MAX_PAIRS; /* (block formats: experts_q_kernel's pair) */
 }
 
 void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const llm_experts *gate,
@@ -1733,6 +1825,11 @@ void llm_cuda_experts_pair(float *gate_out, float *up_out, const float *x, const
     a.n = n, a.top_k = top_k, a.x_slots = 1, a.rows = (int)w0->rows, a.cols = (int)w0->cols;
     if (w0->dtype == LLM_DTYPE_MXFP4) { /* (one token: llm_cuda_experts_pair_fits) */
         mxfp4_one_launch(a);
+        return;
+    }
+    if (llm_dtype_is_block(w0->dtype)) { /* Q8_0, Q4_0, Q4_K */
+        const bool vec = aligned && t->aligned && llm_dtype_row_bytes(w0->dtype, (size_t)a.cols) % 16 == 0;
+        gemv_any(a, (int)w0->dtype, vec, (unsigned)(n * top_k));
         return;
     }
     const bool vec = aligned && t->aligned && (size_t)a.cols * llm_dtype_size(w0->dtype) % 16 == 0 &&
