@@ -137,10 +137,10 @@ __device__ __forceinline__ float ld_relaxed1(const float *p)
     return v;
 }
 
-/* The sums over a warp's 32 lanes of 8 values at once: lane l returns the total of v[(l >> 2) & 7]. Each round
- * gives the partner lane the half of the values it keeps the other half of, so 4 + 2 + 1 + 1 + 1 shuffles instead of
- * 8 x 5 (dev/cuda/notes.md, version 77). */
-__device__ __forceinline__ float warp_sum8(const float (&v)[8], int lane)
+/* The sums over a warp's 32 lanes of 8 values at once, but for the last two rounds: lane l returns a quarter of the
+ * total of v[(l >> 2) & 7], the four lanes 4r .. 4r + 3 together the whole of value r's. Each round gives the
+ * partner lane the half of the values it keeps the other half of (dev/cuda/notes.md, version 77). */
+__device__ __forceinline__ float warp_quads8(const float (&v)[8], int lane)
 {
     const bool hi16 = lane & 16, hi8 = lane & 8, hi4 = lane & 4;
     float a[4], b[2];
@@ -150,16 +150,25 @@ __device__ __forceinline__ float warp_sum8(const float (&v)[8], int lane)
 #pragma unroll
     for (int i = 0; i < 2; i++)
         b[i] = (hi8 ? a[i + 2] : a[i]) + __shfl_xor_sync(0xffffffffu, hi8 ? a[i] : a[i + 2], 8);
-    float c = (hi4 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, hi4 ? b[0] : b[1], 4);
+    return (hi4 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, hi4 ? b[0] : b[1], 4);
+}
+
+/* The whole sums: lane l returns the total of v[(l >> 2) & 7], in 4 + 2 + 1 + 1 + 1 shuffles instead of 8 x 5. */
+__device__ __forceinline__ float warp_sum8(const float (&v)[8], int lane)
+{
+    float c = warp_quads8(v, lane);
     c += __shfl_xor_sync(0xffffffffu, c, 2);
     return c + __shfl_xor_sync(0xffffffffu, c, 1);
 }
 
-/* Row sums handed from W consumer warps to one signaller warp, N tiles in flight: slot it % N holds each warp's R
- * partial sums of tile it; full completes on the W warps' arrivals, empty on the signaller's. Lives in shared
- * memory; init by one thread before mbar_fence_init. */
+/* Row sums handed from W consumer warps to one signaller warp, N tiles in flight: slot it % N holds each warp's
+ * partial sums of tile it as warp_quads8 leaves them, every lane's (row r's four at lanes 4r .. 4r + 3), so that a
+ * warp's hand-in waits on three rounds of shuffles, not five, and the signaller adds four times the values with as
+ * many loads; full completes on the W warps' arrivals, empty on the signaller's. Lives in shared memory; init by one
+ * thread before mbar_fence_init. */
 template <int N, int W, int R> struct sums_ring {
-    float part[N][W][R];
+    static_assert(R == 8, "warp_quads8's rows");
+    float part[N][W][32];
     uint64_t full[N], empty[N];
 
     __device__ __forceinline__ void init()
@@ -167,13 +176,13 @@ template <int N, int W, int R> struct sums_ring {
         for (int s = 0; s < N; s++) mbar_init(&full[s], W), mbar_init(&empty[s], 1);
     }
 
-    /* Consumer warp `warp`: its sums of tile it into the tile's slot, as warp_sum8 leaves them (lane 4r: row r's). */
-    __device__ __forceinline__ void put(int it, int warp, int lane, float row_sum)
+    /* Consumer warp `warp`: its sums of tile it (v[r]: row r's) into the tile's slot. */
+    __device__ __forceinline__ void put(int it, int warp, int lane, const float (&v)[R])
     {
-        static_assert(R == 8, "warp_sum8's rows");
+        const float quad = warp_quads8(v, lane);
         const int slot = it % N, use = it / N;
         if (use) mbar_wait(&empty[slot], (use - 1) & 1);
-        if (lane % 4 == 0) part[slot][warp][lane / 4] = row_sum;
+        part[slot][warp][lane] = quad;
         __syncwarp();
         if (lane == 0) mbar_arrive(&full[slot]);
     }
@@ -185,7 +194,10 @@ template <int N, int W, int R> struct sums_ring {
         mbar_wait(&full[slot], (it / N) & 1);
         float sum = 0.0f;
         if (lane < R)
-            for (int w = 0; w < W; w++) sum += part[slot][w][lane];
+            for (int w = 0; w < W; w++) {
+                const float4 q = *(const float4 *)&part[slot][w][4 * lane];
+                sum += (q.x + q.y) + (q.z + q.w);
+            }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
         return sum;

@@ -806,7 +806,7 @@ __device__ void consume_tiles(const step_phase &P, const step_program &prog, con
             dot_landed(slot, x0, x1, mine);
         }
         if (ct == 0) TILE_STAMP(1, tile_it, 1, clock64());
-        sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
+        sums.put(tile_it++, warp, lane, acc);
         if (ct == 0) TILE_STAMP(1, tile_it - 1, 4, clock64());
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
@@ -1108,7 +1108,8 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
 
 /* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants. A
  * head of WIDE_HEAD keeps its query in the block's room in global memory (prog.q_room; read through L1): in shared
- * memory it would cost the kernel 512 bytes more, and so an H100 its seventh ring stage. */
+ * memory it cost the kernel 512 bytes more, and so an H100 its seventh ring stage, when the ring had seven (before
+ * version 159; six leave 29 KB free). */
 template <typename T>
 __device__ __forceinline__ void consume_typed(const step_phase &P, const step_program &prog, int u, int pos,
                                               int splits, char *ring, uint64_t *full, uint64_t *empty, float *qs,
@@ -1340,7 +1341,7 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
 #else
     extern __shared__ __align__(128) char ring[];
     __shared__ __align__(8) uint64_t full[MAX_STAGES], empty[MAX_STAGES];
-    __shared__ tile_sums sums;
+    __shared__ __align__(16) tile_sums sums;
     __shared__ float red[2 * WARPS]; /* a norm's warp sums; past WARPS, a folded post norm's (stage_fold) */
     __shared__ int last_block;
     __shared__ __align__(16) step_phase signal_tab[2];
@@ -1781,8 +1782,10 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
-    /* the kernel's own __shared__ arrays (2,816 bytes), with headroom: an H100's 227 KB then hold seven stages */
-    const size_t static_smem = 3072;
+    /* the kernel's own __shared__ arrays (5,888 bytes, the sums ring's 4,096 of them), with headroom: an H100's 227 KB
+     * then hold six stages (seven when the ring held each warp's 8 sums, not its 32 lanes' quarters: version 159;
+     * the quarters' three rounds of shuffles a tile gained more than the seventh stage did) */
+    const size_t static_smem = 6144;
     const size_t fixed = static_smem + pl.q_x_bytes; /* and a quantized phase's room past the ring */
     pl.stages = llm_cuda.smem_optin > fixed ? (int)((llm_cuda.smem_optin - fixed) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;

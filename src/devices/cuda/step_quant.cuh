@@ -212,7 +212,7 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
 #pragma unroll
         for (int r = 0; r < ROWS; r++) mine[r] = r / RPT == g ? acc[r % RPT] : 0.0f;
         if (ct == 0) TILE_STAMP(1, tile_it, 1, clock64());
-        sums.put(tile_it++, warp, lane, warp_sum8(mine, lane));
+        sums.put(tile_it++, warp, lane, mine);
         if (ct == 0) TILE_STAMP(1, tile_it - 1, 4, clock64());
 #pragma unroll
         for (int r = 0; r < RPT; r++) acc[r] = 0.0f;
