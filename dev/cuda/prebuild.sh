@@ -2,11 +2,12 @@
 # Build for the GPU machine here, where build time costs no device time (dev/cuda/notes.md, versions 158, 160): the
 # tree as it is, built in a scratch copy for Hopper with FLAGS added to nvcc's (a variant: -DLLM_STEP_...), its
 # binaries stripped into DIR (default .deps/gb; .deps travels with carry [".deps"]) with the one library the deps
-# prefix lacks (libquadmath, for libgfortran). A binary is 22 MB, 7 MB in xz: pack several variants into one
+# prefix lacks (libquadmath, for libgfortran). A binary is 22 MB, 7 MB in xz alone: pack several variants into one
 # archive for gpu-step-ab.sh's PREBUILT (A/ and B/ in it), e.g.
 #   dev/cuda/prebuild.sh .deps/pb/A build/llm-run build/tests/test_cuda
 #   FLAGS=-DLLM_STEP_SUMS_WHOLE dev/cuda/prebuild.sh .deps/pb/B build/llm-run
-#   tar cJf .deps/pb.tar.xz -C .deps pb && rm -rf .deps/pb
+#   tar cf - -C .deps pb | xz -T2 --lzma2=preset=9e,dict=256MiB >.deps/pb.tar.xz && rm -rf .deps/pb
+# (the dictionary spans the binaries: their device code, the same in each, is stored once: 5 binaries 8.7 MB, not 34)
 # On the GPU machine, after unpacking the prefix as the GPU scripts do:
 #   export LD_LIBRARY_PATH=/tmp/px/prefix/lib:$PWD/.deps/gb; .deps/gb/test_ops
 #   dev/cuda/prebuild.sh [DIR] [make targets, default build/llm-run build/tests/test_ops]
