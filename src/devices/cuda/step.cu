@@ -187,7 +187,6 @@ struct step_program {
     size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
     unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
-    float *q_room;            /* heads of WIDE_HEAD: a block's query, WIDE_HEAD floats a block (else NULL) */
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
     float *const *tp_boxes;   /* tensor parallelism: every rank's box (nccl.cu), its slots tp_slots_at floats in */
@@ -1106,10 +1105,7 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     write_record();
 }
 
-/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants. A
- * head of WIDE_HEAD keeps its query in the block's room in global memory (prog.q_room; read through L1): in shared
- * memory it cost the kernel 512 bytes more, and so an H100 its seventh ring stage, when the ring had seven (before
- * version 159; six leave 29 KB free). */
+/* consume_item for a cache of element type T, with the head_dims of the models measured compiled as constants. */
 template <typename T>
 __device__ __forceinline__ void consume_typed(const step_phase &P, const step_program &prog, int u, int pos,
                                               int splits, char *ring, uint64_t *full, uint64_t *empty, float *qs,
@@ -1120,8 +1116,7 @@ __device__ __forceinline__ void consume_typed(const step_phase &P, const step_pr
     else if (P.head_dim == 128)
         consume_item<128, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
     else if (P.head_dim == WIDE_HEAD)
-        consume_item<WIDE_HEAD, T>(P, prog, u, pos, splits, ring, full, empty,
-                                   prog.q_room + (size_t)blockIdx.x * WIDE_HEAD, it, ct);
+        consume_item<WIDE_HEAD, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
     else
         consume_item<0, T>(P, prog, u, pos, splits, ring, full, empty, qs, it, ct);
 }
@@ -1345,7 +1340,9 @@ __global__ void __launch_bounds__(THREADS, 1) step_kernel(const __grid_constant_
     __shared__ float red[2 * WARPS]; /* a norm's warp sums; past WARPS, a folded post norm's (stage_fold) */
     __shared__ int last_block;
     __shared__ __align__(16) step_phase signal_tab[2];
-    __shared__ __align__(16) float q_shared[32 * MAX_DIMS]; /* an attention item's query */
+    /* an attention item's query, a WIDE_HEAD one too (until version 163 that one sat in a room in global memory,
+     * read through L1: its 512 bytes more of shared memory cost an H100 its seventh ring stage then) */
+    __shared__ __align__(16) float q_shared[WIDE_HEAD];
     const int tid = threadIdx.x, pos = prog.positions[0];
     const int splits = splits_at(prog.most_splits, prog.split_scale, pos); /* this step's, the same on every block */
     /* The arena's half this step uses, filled with EMPTY by the step before (or when the table was uploaded), and
@@ -1546,8 +1543,6 @@ struct plan {
     float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
-    bool q_room; /* an attention phase has heads of WIDE_HEAD (step_program.q_room) */
-    float *room;
     int tp_slots; /* summed products (tp_sum) so far: each its own step slot */
 };
 
@@ -1627,7 +1622,6 @@ static bool plan_attention(plan &pl, int i, const llm_cuda_step_op &op)
     P.kind = PHASE_ATTENTION, P.head_dim = hd, P.heads = op.heads, P.kv_heads = op.kv_heads;
     P.cache_type = op.params.cache;
     P.kv_rows = kv_rows_for(hd, llm_cuda_cache_bytes(op.params.cache));
-    if (hd == WIDE_HEAD) pl.q_room = true;
     P.units = op.heads * most_splits();
     P.window = op.params.window, P.ctx = op.ctx, P.scale = op.params.scale, P.softcap = op.params.softcap;
     if (op.qk_norm || !op.stored) P.k_cache = op.k_cache, P.v_cache = op.v_cache; /* the phase stores the KV row */
@@ -1782,10 +1776,10 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
-    /* the kernel's own __shared__ arrays (5,888 bytes, the sums ring's 4,096 of them), with headroom: an H100's 227 KB
+    /* the kernel's own __shared__ arrays (6,400 bytes, the sums ring's 4,096 of them), with headroom: an H100's 227 KB
      * then hold six stages (seven when the ring held each warp's 8 sums, not its 32 lanes' quarters: version 159;
      * the quarters' three rounds of shuffles a tile gained more than the seventh stage did) */
-    const size_t static_smem = 6144;
+    const size_t static_smem = 6656;
     const size_t fixed = static_smem + pl.q_x_bytes; /* and a quantized phase's room past the ring */
     pl.stages = llm_cuda.smem_optin > fixed ? (int)((llm_cuda.smem_optin - fixed) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
@@ -1937,7 +1931,6 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     prog.copies = (const step_copy *)(base + maps_bytes(pl) + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
-    prog.q_room = pl.room;
     if (pl.tp_slots && !cuda_tp_step_slots(&prog.tp_boxes, &prog.tp_slots_at, &prog.tp_rank, &prog.tp_size))
         return LLM_CUDA_STEP_REFUSED;
     prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
@@ -1986,11 +1979,8 @@ int llm_cuda_step_launch(const llm_cuda_step_op *ops, int n, bool capturing)
         const size_t table_most = maps_bytes(pl) + 2 * n * (sizeof(step_phase) + 8 * sizeof(step_copy));
         const size_t head = (table_most + 255) / 256 * 256, arena_bytes = 2 * pl.arena_floats * sizeof(float);
         const size_t wide_bytes = (size_t)llm_cuda.sm_count * pl.wide_cols * sizeof(float);
-        const size_t room_bytes = pl.q_room ? (size_t)llm_cuda.sm_count * WIDE_HEAD * sizeof(float) : 0;
-        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes + room_bytes,
-                                              "decode step");
+        char *base = (char *)llm_cuda_scratch(LLM_CUDA_SCRATCH_STEP, head + 256 + arena_bytes + wide_bytes, "decode step");
         pl.wide = base && pl.wide_cols ? (float *)(base + head + 256 + arena_bytes) : NULL;
-        pl.room = base && pl.q_room ? (float *)(base + head + 256 + arena_bytes + wide_bytes) : NULL;
         size_t table_bytes = 0;
         char *table = base ? build_table(pl, ops, base, (float *)(base + head + 256), table_bytes) : NULL;
         if (table)
