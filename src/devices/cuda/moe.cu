@@ -143,17 +143,20 @@ __device__ __forceinline__ void combine_one(float *out, float *resid, size_t at,
 
 /* out[i, c] = sum_j weights[i, j] * y[i, j, c] (combine_one), with resid also resid[i, c] += out[i, c]. */
 __global__ void combine_kernel(float *out, float *resid, const float *y, const float *weights, int n, int top_k,
-                               int dim, int pdl_early)
+                               int dim, int pdl_early, llm_cuda_tl *tl)
 {
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_START);
     if (pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(pdl_early == 1);
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_WAITED);
     size_t count = (size_t)n * dim;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < count; k += (size_t)gridDim.x * blockDim.x) {
         size_t i = k / dim, c = k - i * dim;
         const float *yi = y + i * top_k * dim + c;
         combine_one(out, resid, k, weights + i * top_k, top_k, [&](int j) { return yi[(size_t)j * dim]; });
     }
+    llm_cuda_tl_mark(tl, LLM_CUDA_TL_END);
 }
 
 void llm_cuda_combine(float *out, float *resid, const float *y, const float *weights, int n, int top_k, int dim)
@@ -163,7 +166,9 @@ void llm_cuda_combine(float *out, float *resid, const float *y, const float *wei
     cudaLaunchAttribute attr;
     int early;
     cudaLaunchConfig_t cfg = moe_launch_config(dim3((unsigned)(blocks < cap ? blocks : cap)), dim3(256), 0, &attr, &early);
-    LLM_CUDA_CHECK("combine", cudaLaunchKernelEx(&cfg, combine_kernel, out, resid, y, weights, n, top_k, dim, early));
+    llm_cuda_tl *tl = llm_cuda_tl_record("combine", dim);
+    LLM_CUDA_CHECK("combine",
+                   cudaLaunchKernelEx(&cfg, combine_kernel, out, resid, y, weights, n, top_k, dim, early, tl));
 }
 
 /* ---------- the experts' table on the device ---------- */
@@ -360,9 +365,11 @@ __device__ __forceinline__ const float *x_row(const gv_args &a, int pair)
 __device__ __forceinline__ bool block_pairs(const gv_args &a, int *pairs, int &n_pairs, int &expert)
 {
     const int tid = threadIdx.x;
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_START);
     if (a.pdl_early == 2) llm_cuda_allow_next(1);
     llm_cuda_wait_prior();
     llm_cuda_allow_next(a.pdl_early == 1);
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_WAITED);
     if (a.tiles) {
         if ((int)blockIdx.y >= *a.n_tiles) return false;
         int4 t = a.tiles[blockIdx.y];
@@ -689,6 +696,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_c
             a.out[at] = v;
         }
     }
+    llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }
 
 /* experts_q_kernel over (row blocks, grid_y); PAIR where a.tab2 is set */
@@ -702,6 +710,7 @@ template <int QT, bool PAIR> static void q_launch2(gv_args a, bool vec, unsigned
     const dim3 grid((unsigned)((a.rows + GV_BLOCK_ROWS - 1) / GV_BLOCK_ROWS), grid_y);
     cudaLaunchConfig_t cfg = moe_launch_config(grid, dim3(GV_WARPS * 32), room, &attr, &a.pdl_early);
     if (a.n == 1 && a.pdl_early == 2) a.pdl_early = 1; /* (as gemv_launch3) */
+    a.tl = llm_cuda_tl_record(PAIR ? "experts_q_pair" : "experts_q", a.cols);
     if (vec)
         LLM_CUDA_CHECK("experts", cudaLaunchKernelEx(&cfg, experts_q_kernel<QT, true, PAIR>, a));
     else
