@@ -3,7 +3,8 @@
 # block format the device supports), test_cuda's MoE tests, test_models on cuda, then Qwen3-30B-A3B's shape cut to
 # LAYERS layers (12) decoded and prefilled as stored (BF16) and with --quant q8_0, q4_0, q4_k. Run from the tree's
 # root with LLM_DEPS_DIR set; BUDGET seconds in all (540); PREBUILT: an archive whose A/ holds the four binaries
-# (dev/cuda/prebuild.sh), no build on the GPU, and B/ (optional) a baseline llm-run benched beside A's, alternated.
+# (dev/cuda/prebuild.sh), no build on the GPU, and B/ (optional) a baseline llm-run benched beside A's, alternated
+# (RUNS: the rows, "binary:quant ...").
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -36,6 +37,7 @@ t test_models "*on cuda" 150
 wait
 runs="A:- A:q8_0 A:q4_0 A:q4_k"
 [ -x "${bin%/A}/B/llm-run" ] && [ -n "${PREBUILT:-}" ] && runs="$runs B:q8_0 B:q4_0 A:q4_0 B:q4_0" # B: a baseline
+runs=${RUNS:-$runs} # e.g. RUNS="A:- B:- A:q4_0 B:q4_0": which binary with which weights, in order
 for run in $runs; do
     b=${run%%:*} q=${run#*:}
     [ "$(left)" -gt 40 ] || { echo "skipped $run (time)"; continue; }
