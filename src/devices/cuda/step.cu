@@ -67,8 +67,9 @@ static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from t
 /* A measurement build (-DLLM_STEP_TILE_TRACE, dev/cuda/gpu-step-ab.sh's B_FLAG) with LLM_CUDA_STEP_TRACE set: block
  * TRACED_BLOCK's stages and tiles, stamped with its SM's clock, past the phase stamps (dev/cuda/cuda-tile-trace.py).
  * A stage: its phase, when the producer asked for its slot, had it, when consumer warp 0 saw it land and freed it,
- * and when it began to wait for it; a tile: its phase, when consumer warp 0 handed in its sums, when the signaller
- * had all 8 warps' and had written, and when warp 0's hand-in returned (its slot of the sums ring was free). */
+ * and when it began to wait for it (an attention stage's KV rows: freed is when warp 0 was done with its part of
+ * them); a tile: its phase, when consumer warp 0 handed in its sums, when the signaller had all 8 warps' and had
+ * written, and when warp 0's hand-in returned (its slot of the sums ring was free). */
 constexpr int TRACED_BLOCK = 1, TRACED_EVENTS = 8192, TRACED_FIELDS = 6;
 constexpr size_t TRACED_WORDS = 2 * (size_t)TRACED_EVENTS * TRACED_FIELDS;
 #else
@@ -1037,13 +1038,16 @@ __device__ void consume_item(const step_phase &P, const step_program &prog, int 
     for (int c0 = t0, c1; c0 < t1; c0 = c1, it++) {
         c1 = stage_end(c0, t1, per, P.ctx);
         const int slot = it % prog.stages, n = c1 - c0;
+        if (ct == 0) TILE_STAMP(0, it, 5, clock64());
         mbar_wait(&full[slot], (it / prog.stages) & 1);
+        if (ct == 0) TILE_STAMP(0, it, 3, clock64());
         const T *K = (const T *)(ring + (size_t)slot * STAGE), *V = K + per * hd;
         for (int p0 = 0; p0 < n; p0 += 32, run++)
             if (run % WARPS == warp)
                 warp_positions<HD, T>(qs, K + p0 * hd, V + p0 * hd, min(32, n - p0), hd, scale, cap, m, l,
                                            acc, lane);
         __syncwarp();
+        if (ct == 0) TILE_STAMP(0, it, 4, clock64()); /* (warp 0's part of the stage done; the merge keeps the last) */
         if (c1 < t1) {
             if (lane == 0) mbar_arrive(&empty[slot]);
         } else {
