@@ -36,13 +36,13 @@ t test_cuda "test_moe*" 120
 t test_models "*on cuda" 150
 wait
 runs="A:- A:q8_0 A:q4_0 A:q4_k"
-[ -x "${bin%/A}/B/llm-run" ] && [ -n "${PREBUILT:-}" ] && runs="$runs B:q8_0 B:q4_0 A:q4_0 B:q4_0" # B: a baseline
+[ -n "${PREBUILT:-}" ] && [ -x /tmp/pb/B/llm-run ] && runs="$runs B:q8_0 B:q4_0 A:q4_0 B:q4_0" # B: a baseline
 runs=${RUNS:-$runs} # e.g. RUNS="A:- B:- A:q4_0 B:q4_0": which build (the archive's folder) with which weights
 for run in $runs; do
     b=${run%%:*} q=${run#*:}
     [ "$(left)" -gt 40 ] || { echo "skipped $run (time)"; continue; }
     qa=(); [ "$q" = - ] || qa=(--quant "$q")
-    exe=$bin/llm-run; [ "$b" != A ] && exe=${bin%/A}/$b/llm-run # (B, C, ...: the archive's other builds)
+    exe=$bin/llm-run; [ "$b" = A ] || exe=/tmp/pb/$b/llm-run # (B, C, ...: the archive's other builds)
     timeout "$(($(left) - 10))" "$exe" bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
         "$M/q3moe" 2>&1 | grep -E '\| (pp|tg)[0-9]|refus|error' | sed "s/^/$b $q /"
 done
