@@ -414,6 +414,29 @@ __device__ __forceinline__ void load_chunks(uint4 (&wv)[CPL][NR], const WT *cons
             if (k + 32 * c < chunks) wv[c][r] = __ldcs((const uint4 *)rowp[r] + k + 32 * c);
 }
 
+/* A warp's sums of its GV_ROWS rows (and with PAIR of up's GV_ROWS rows after them) for pair p, out as lane r's row
+ * r0 + r: biases added; with PAIR out2 = up, and out = glu(gate, up) where the op asks for the glu. */
+template <bool PAIR>
+__device__ __forceinline__ void gv_rows_out(const gv_args &a, const float *acc, int p, int r0, const void *bias,
+                                            const void *bias2)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < GV_ROWS; r++) {
+        const int row = r0 + r;
+        float v = llm_cuda_warp_sum(acc[r]), u = PAIR ? llm_cuda_warp_sum(acc[r + GV_ROWS]) : 0.0f;
+        if (lane != r || row >= a.rows) continue;
+        const size_t at = (size_t)p * a.rows + row;
+        v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
+        if (PAIR) {
+            u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
+            a.out2[at] = u;
+            if (a.glu) v = llm_cuda_glu(v, u, a.act);
+        }
+        a.out[at] = v;
+    }
+}
+
 /* A block takes GV_BLOCK_ROWS rows of one expert (of two projections with PAIR: gate and up) and every (token, slot)
  * pair that chose it: the block of the first such pair (blockIdx.y) does the work, the others leave. Each warp
  * loads its rows' 16-byte chunks CPL per lane and row at once (16 loads in flight a lane), multiplies them by up to
@@ -483,23 +506,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_gemv_kernel(const __gri
             }
         }
 #pragma unroll
-        for (int q = 0; q < PASS; q++) {
-            if (q0 + q >= np) continue;
-#pragma unroll
-            for (int r = 0; r < GV_ROWS; r++) {
-                const int row = r0 + r;
-                float v = llm_cuda_warp_sum(acc[q][r]), u = PAIR ? llm_cuda_warp_sum(acc[q][r + GV_ROWS]) : 0.0f;
-                if (lane != r || row >= rows) continue;
-                const size_t at = (size_t)pairs[q0 + q] * rows + row;
-                v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
-                if (PAIR) {
-                    u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
-                    a.out2[at] = u;
-                    if (a.glu) v = llm_cuda_glu(v, u, a.act);
-                }
-                a.out[at] = v;
-            }
-        }
+        for (int q = 0; q < PASS; q++)
+            if (q0 + q < np) gv_rows_out<PAIR>(a, acc[q], pairs[q0 + q], r0, bias, bias2);
     }
 }
 
@@ -640,16 +648,16 @@ template <typename WT> static void gemv_launch(const gv_args &a, bool vec, unsig
 
 /* A block takes GV_BLOCK_ROWS rows of one expert (of two projections with PAIR: gate and up, the glu as the
  * epilogue, as experts_gemv_kernel's) and every pair that chose it, found as experts_gemv_kernel finds them; for
- * each pair its x is rounded to 8 bits in blocks of 32 in shared memory (quantize_x), once for both projections, and
- * each warp dots its GV_ROWS rows with it, a 16-byte chunk a lane (q_dot): the dense GEMV's products (gemv.cu),
- * within ops.h's bound for block weights; gate's rows come out the same alone or paired. VEC: rows of whole 16-byte
- * chunks, 16-byte aligned. */
+ * each pair its x is rounded to 8 bits in blocks of 32 in shared memory (quantize_x_threads), once for both
+ * projections, and each warp dots its GV_ROWS rows with it, a 16-byte chunk a lane (q_dot): the dense GEMV's
+ * products (gemv.cu), within ops.h's bound for block weights; gate's rows come out the same alone or paired. VEC:
+ * rows of whole 16-byte chunks, 16-byte aligned. */
 template <int QT, bool VEC, bool PAIR>
 __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_constant__ gv_args a)
 {
     typedef qfmt<QT> F;
     constexpr int NR = PAIR ? 2 * GV_ROWS : GV_ROWS;
-    extern __shared__ int q_room[]; /* xq (cols bytes), xd (cols / 32 floats), xs16 (cols / 16 ints) */
+    extern __shared__ __align__(16) int q_room[]; /* xq (cols bytes), xd (cols / 32 floats), xs16 (cols / 16 ints) */
     __shared__ int pairs[GV_MAX_PAIRS];
     __shared__ int n_pairs, expert;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -669,7 +677,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_c
     int *xs16 = (int *)(xd + cols / 32);
     for (int q = 0; q < np; q++) {
         __syncthreads(); /* the pair before's dots are done with the room */
-        quantize_x<GV_WARPS>(x_row(a, pairs[q]), cols, xq, xd, xs16);
+        quantize_x_threads<GV_WARPS * 32>(x_row(a, pairs[q]), cols, xq, xd, xs16);
         __syncthreads();
         float acc[NR] = {};
         for (int k = lane; k < chunks; k += 32)
@@ -681,20 +689,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) experts_q_kernel(const __grid_c
                 q_load<QT, VEC>(qv, hv, (r < GV_ROWS ? w : w2) + (size_t)row * row_bytes, k, nb);
                 acc[r] += q_dot<QT>(qv, hv, k, xq, xd, xs16);
             }
-#pragma unroll
-        for (int r = 0; r < GV_ROWS; r++) {
-            const int row = r0 + r;
-            float v = llm_cuda_warp_sum(acc[r]), u = PAIR ? llm_cuda_warp_sum(acc[r + GV_ROWS]) : 0.0f;
-            if (lane != r || row >= rows) continue;
-            const size_t at = (size_t)pairs[q] * rows + row;
-            v += bias ? llm_cuda_load(bias, a.bias_dtype, (size_t)row) : 0.0f;
-            if (PAIR) {
-                u += bias2 ? llm_cuda_load(bias2, a.bias_dtype, (size_t)row) : 0.0f;
-                a.out2[at] = u;
-                if (a.glu) v = llm_cuda_glu(v, u, a.act);
-            }
-            a.out[at] = v;
-        }
+        gv_rows_out<PAIR>(a, acc, pairs[q], r0, bias, bias2);
     }
     llm_cuda_tl_mark(a.tl, LLM_CUDA_TL_END);
 }

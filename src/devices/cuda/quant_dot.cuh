@@ -128,6 +128,34 @@ __device__ __forceinline__ void quantize_x(const float *xs, int cols, int *xq, f
     }
 }
 
+/* quantize_x's results bit for bit (the same max, step and roundings), a block of 32 a thread instead of a warp: no
+ * shuffles, and a thread's 32 loads in flight at once. For x in global memory (moe.cu's experts, where every block
+ * rounds its pair's x): quantize_x's warps go a block a round, each round a trip to L2 (16 for 2,048 columns). */
+template <int THREADS>
+__device__ __forceinline__ void quantize_x_threads(const float *xs, int cols, int *xq, float *xd, int *xs16)
+{
+    for (int b = threadIdx.x; b < cols / 32; b += THREADS) {
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = xs[32 * b + i];
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int word[8] = {}, half_sum[2] = {};
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int q = __float2int_rn(v[i] * id);
+            word[i / 4] |= (q & 0xff) << (8 * (i % 4));
+            half_sum[i / 16] += q;
+        }
+        int4 *dst = (int4 *)(xq + 8 * b);
+        dst[0] = make_int4(word[0], word[1], word[2], word[3]), dst[1] = make_int4(word[4], word[5], word[6], word[7]);
+        xd[b] = amax / 127.0f;
+        xs16[2 * b] = half_sum[0], xs16[2 * b + 1] = half_sum[1];
+    }
+}
+
 /* MXFP4 (gpt-oss's experts; memory.cu lays a matrix out as every row's 16-byte quants, then every row's scale byte):
  * a chunk is one block, value i in byte i's low nibble and value 16 + i in its high one (ggml's order), under the
  * E8M0 scale 2 * llm_e8m0_half(e). */
