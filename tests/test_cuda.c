@@ -1868,10 +1868,11 @@ static void same_greedy_where_clear(const float *got, const float *ref, int voca
 }
 
 /* The persistent step's quantized GEMV phases (--quant q8_0, q4_0, q4_k): a two-layer model whose rows are one ring
- * stage, and a one-layer model whose inputs are wider than the 4,096 columns a thread holds (hidden 4,352: the
- * norms' and attention's combined output through the wide room; intermediate 7,424: the down product's plain input
- * polled from memory, and every format's rows cut into two stages), with the BF16 head of tied embeddings in the same
- * step. Each runs every step persistent (counted, no cut, no refused program) and matches:
+ * stage, a one-layer model whose inputs are wider than the 4,096 columns a thread holds (hidden 4,352: the norms'
+ * and attention's combined output through the wide room; intermediate 7,424: the down product's plain input polled
+ * from memory, and every format's rows cut into two stages), and one whose Q8_0 down rows of 4,096 columns take one
+ * stage with their scales in the side ring (two without it; the side ring is asserted there and only there), with
+ * the BF16 head of tied embeddings in the same step. Each runs every step persistent (counted, no cut, no refused program) and matches:
  *  - the kernel-per-op step (LLM_CUDA_PERSIST=0) within 2e-3 of the largest logit. Both round x to 8 bits per block of
  *    32 the same way and take the same integer dot products; the f32 sums differ in order (~1e-6), and x's norm or
  *    combine may differ by an ulp, which at a rounding tie moves one x value a whole 8-bit step: that value's terms
@@ -1888,7 +1889,8 @@ static void test_persistent_quant(void **state)
     dev->release();
     struct {
         int hidden, heads, kv_heads, head_dim, inter, layers;
-    } shapes[] = {{512, 8, 2, 64, 1536, 2}, {4352, 34, 2, 128, 7424, 1}};
+        int q8_side; /* Q8_0's scales in the side ring (rows of 4,096 columns) */
+    } shapes[] = {{512, 8, 2, 64, 1536, 2, 0}, {4352, 34, 2, 128, 7424, 1, 0}, {1024, 8, 2, 128, 4096, 1, 1}};
     static const llm_dtype quant[] = {LLM_DTYPE_Q8_0, LLM_DTYPE_Q4_0, LLM_DTYPE_Q4_K};
     const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
     const int n_prompt = sizeof prompt / sizeof *prompt;
@@ -1909,14 +1911,15 @@ static void test_persistent_quant(void **state)
             const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
             const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
             print_message("%s, hidden %d, intermediate %d: %zu persistent launches (plain), %zu (graphs), %d cut, %zu "
-                          "refused programs; vs the kernel-per-op step %.2g, vs cpu %.2g\n",
+                          "refused programs, side ring %d bytes a row; vs the kernel-per-op step %.2g, vs cpu %.2g\n",
                           llm_dtype_name(quant[qi]), shapes[sh].hidden, shapes[sh].inter, n_persisted, n_graphs, cut,
-                          count.refused[LLM_REFUSE_STEP], e_kernels, e_cpu);
+                          count.refused[LLM_REFUSE_STEP], count.ring_side_row, e_kernels, e_cpu);
             assert_int_equal(n_persisted, DECODE_STEPS);
             assert_int_equal(cut, 0);
             assert_int_equal(count.refused[LLM_REFUSE_STEP], 0);
             assert_int_equal(count.refused[LLM_REFUSE_PERSIST_QUANT], 0);
             assert_int_equal(count.groups_fused, count.groups);
+            assert_int_equal(count.ring_side_row > 0, quant[qi] == LLM_DTYPE_Q8_0 && shapes[sh].q8_side);
             assert_true(n_graphs >= 1 && n_graphs <= 3);
             assert_memory_equal(graphs, persisted, n * sizeof *graphs);
             assert_true(e_kernels < 2e-3);

@@ -7,7 +7,7 @@
 # gemma-*, phi-*, olmo-*, make-family-checkpoint.py), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
 # first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS:
 # test_cuda's filter run on A (test_persistent_quant); PREBUILT: an archive of A/ and B/ built here instead
-# (dev/cuda/prebuild.sh: no build time on the GPU; B_FLAG then only names B).
+# (dev/cuda/prebuild.sh: no build time on the GPU; B_FLAG then only names B; a C/llm-run in it is benched third).
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -65,6 +65,7 @@ for round in $(seq "$ROUNDS"); do
     for r in $ROWS; do
         bench "$A" A "${r%%:*}" "${r#*:}"
         bench "$B" B "${r%%:*}" "${r#*:}"
+        [ ! -x /tmp/pb/C/llm-run ] || bench /tmp/pb/C/llm-run C "${r%%:*}" "${r#*:}" # (an archive's third build)
     done
 done
 # the step trace (and with B_FLAG=-DLLM_STEP_TILE_TRACE and TRACE_WITH=B, the tile trace) of each of TRACE_ROWS

@@ -42,6 +42,7 @@ typedef struct {
 typedef struct {
     size_t persistent_steps; /* decode steps launched as one persistent kernel (a replayed graph's not counted) */
     int ring_stages;         /* the shared-memory ring stages of the last persistent step; 0 when none ran */
+    int ring_side_row;       /* ... the bytes a row's scales take in its side ring; 0 when it had none */
     int persistent_capable;  /* 1 when this GPU and build can run a persistent step at all (cuda: the Hopper code) */
     int persistent_cut;      /* 1 when it was turned off for the model (pieces, quantized weights, MoE layers) */
     size_t groups;           /* groups declared to it (group()): those of the steps issued, not of replayed ones */

@@ -327,6 +327,7 @@ static void cuda_counters(llm_device_counters *out)
 {
     out->persistent_steps = g.initialized ? g.persisted : 0;
     out->ring_stages = g.initialized && g.persisted ? llm_cuda.step_stages : 0;
+    out->ring_side_row = g.initialized && g.persisted ? llm_cuda.step_side_row : 0;
     out->persistent_capable = g.initialized && llm_cuda.hopper_code && g.prop.cooperativeLaunch;
     out->persistent_cut = g.initialized && g.persist_cut;
     out->groups = g.initialized ? g.groups : 0;

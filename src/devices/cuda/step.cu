@@ -188,6 +188,7 @@ struct step_program {
     size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
     unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
+    int side;     /* the Q8_0 phases' side ring (q_layout_of) sits past the ring */
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
     float *const *tp_boxes;   /* tensor parallelism: every rank's box (nccl.cu), its slots tp_slots_at floats in */
@@ -201,6 +202,43 @@ __host__ __device__ constexpr int rope_pair_tiles(int rot_dim) { return (rot_dim
 __host__ __device__ constexpr int rope_tiles_per_head(int head_dim, int rot_dim)
 {
     return rope_pair_tiles(rot_dim) + (head_dim - rot_dim + ROWS - 1) / ROWS;
+}
+
+/* A quantized phase's blocks (step_quant.cuh): their values and bytes, and their quants' bytes */
+__host__ __device__ inline int q_values(int dtype) { return dtype == LLM_DTYPE_Q4_K ? 256 : 32; }
+__host__ __device__ inline int q_bytes(int dtype)
+{
+    return dtype == LLM_DTYPE_Q8_0 ? 34 : dtype == LLM_DTYPE_Q4_0 ? 18 : 144;
+}
+__host__ __device__ inline int q_quant_bytes(int dtype)
+{
+    return dtype == LLM_DTYPE_Q8_0 ? 32 : dtype == LLM_DTYPE_Q4_0 ? 16 : 128;
+}
+
+/* Where a quantized row's blocks go in the ring: `per` blocks a stage, the row cut into as few stages as it takes,
+ * evenly, in multiples of 8 blocks for Q8_0 and Q4_0 (their 2-byte scales then make whole 16-byte copies; the planner
+ * takes rows of whole multiples of 8 blocks, so the last stage's run is one too). A stage's chunk of the row holds its
+ * blocks' quants, then their scales (memory.cu keeps a row as all its quants, then all its scales); or, for a Q8_0
+ * row whose quants alone fill one chunk (4,096 columns: 4,096 bytes of quants and 256 of scales, two half-full stages
+ * a tile in the chunk), only the quants, and its scales go to the side ring past the ring, SIDE_ROW bytes a row: one
+ * full stage a tile (Llama-2-7B Q8_0 decode +29 %, Llama-3.1-8B +22 %). Rows of 8,192 columns (three stages of 88
+ * blocks, or two of 128 that way) measured 1-2 % slower with it (dev/cuda/notes.md, version 176). side_ring: the
+ * program has one. */
+constexpr int SIDE_ROW = CHUNK / 32 * 2; /* 128 Q8_0 blocks' 2-byte scales */
+struct q_layout {
+    int per;
+    bool side;
+};
+__host__ __device__ inline q_layout q_layout_of(int dtype, int cols, bool side_ring)
+{
+    const int nb = cols / q_values(dtype), eights = dtype != LLM_DTYPE_Q4_K;
+    if (dtype == LLM_DTYPE_Q8_0 && side_ring && nb * q_quant_bytes(dtype) == CHUNK) return q_layout{nb, true};
+    int most = CHUNK / q_bytes(dtype);
+    if (eights) most = most / 8 * 8;
+    const int stages = (nb + most - 1) / most;
+    int per = (nb + stages - 1) / stages;
+    if (eights) per = (per + 7) / 8 * 8;
+    return q_layout{per, false};
 }
 
 /* The kernel exists only in the Hopper code (bulk copies, mbarriers, tensor maps); in the portable code it is a
@@ -402,7 +440,7 @@ __device__ void produce(const step_program &prog, const step_phase *phases, char
 #endif
         one_by_one_until = attention || quant_phase(P.dtype) ? it : it + prog.stages; /* a product's first ring */
         if (quant_phase(P.dtype)) {
-            produce_quant_phase(P, lane, next_slot, read_once);
+            produce_quant_phase(prog, P, ring, lane, next_slot, read_once);
             continue;
         }
         if (attention && lane < 2) /* the maps: written by a copy from the host, read by the copy engine */
@@ -1543,7 +1581,8 @@ struct plan {
     int stages, first_gemv;
     size_t arena_floats;
     int wide_cols; /* the widest input that needs a room of its own a block (wide), else 0 */
-    size_t q_x_bytes; /* the widest quantized phase's rounded x, in shared memory past the ring, else 0 */
+    size_t q_x_bytes; /* the widest quantized phase's rounded x, in shared memory past the rings, else 0 */
+    bool side_need, side; /* a phase would put its scales in the side ring (q_layout_of); the program has one */
     float *wide;
     CUtensorMap *maps; /* two an attention phase (K, V), first in the table (so 128-byte aligned) */
     int n_maps;
@@ -1680,6 +1719,7 @@ static bool plan_gemv(plan &pl, int i, const llm_cuda_gemv &job, const llm_cuda_
     /* blocks: whole runs of 8 blocks of 32 (Q4_K's of 256 alike), so rows and their scales are 16-byte copies */
     if (quant && job.cols % 256) return false;
     if (quant) pl.q_x_bytes = std::max(pl.q_x_bytes, step_q_x_bytes(job.cols));
+    if (quant) pl.side_need |= q_layout_of(job.dtype, job.cols, true).side;
     if (job.epi == LLM_CUDA_EPI_ROPE && (job.head_dim % 8 || job.rot_dim <= 0 || job.rot_dim > job.head_dim ||
                                          job.rot_dim % 2 || !same_positions(pl, job.positions)))
         return false;
@@ -1789,6 +1829,15 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
     if (llm_cuda.persist_stages >= MIN_STAGES && llm_cuda.persist_stages < pl.stages)
         pl.stages = llm_cuda.persist_stages; /* LLM_CUDA_PERSIST_STAGES: a shorter ring, for tests */
+    /* the side ring, at a stage's cost where the room past the ring's whole stages does not hold it (Llama-3.1-8B's
+     * 14,336-column down leaves 9 KB: Q8_0 decode +22 % with five stages and the side ring, against six without) */
+    pl.side = pl.side_need && pl.stages >= MIN_STAGES;
+    if (pl.side && fixed + (size_t)pl.stages * (STAGE + ROWS * SIDE_ROW) > llm_cuda.smem_optin) {
+        if (pl.stages > MIN_STAGES)
+            pl.stages--; /* (a stage's 32 KB hold the side ring of up to 16 stages) */
+        else
+            pl.side = false;
+    }
     return pl.stages >= MIN_STAGES && pl.positions;
 }
 
@@ -1935,6 +1984,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     prog.copies = (const step_copy *)(base + maps_bytes(pl) + 2 * phase_bytes);
     prog.n_phases = pl.n, prog.n_copies = pl.n_copies, prog.positions = pl.positions, prog.first_gemv = pl.first_gemv;
     prog.arena = arena, prog.half_floats = pl.arena_floats, prog.steps = steps, prog.stages = pl.stages;
+    prog.side = pl.side;
     if (pl.tp_slots && !cuda_tp_step_slots(&prog.tp_boxes, &prog.tp_slots_at, &prog.tp_rank, &prog.tp_size))
         return LLM_CUDA_STEP_REFUSED;
     prog.most_splits = most_splits(), prog.split_scale = llm_cuda.persist_split_scale;
@@ -1944,7 +1994,8 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     attr.val.cooperative = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = (size_t)pl.stages * STAGE + pl.q_x_bytes, cfg.stream = llm_cuda.stream;
+    cfg.dynamicSmemBytes = (size_t)pl.stages * (STAGE + (pl.side ? ROWS * SIDE_ROW : 0)) + pl.q_x_bytes;
+    cfg.stream = llm_cuda.stream;
     cfg.attrs = &attr, cfg.numAttrs = 1;
     size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3 + TRACED_WORDS;
     if (llm_cuda.step_trace && !capturing && cudaMalloc(&prog.trace, trace_n * 8) == cudaSuccess)
@@ -1958,7 +2009,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
         return LLM_CUDA_STEP_UNAVAILABLE;
     }
     if (!LLM_CUDA_CHECK("decode step", launched)) return LLM_CUDA_STEP_REFUSED;
-    llm_cuda.step_stages = pl.stages;
+    llm_cuda.step_stages = pl.stages, llm_cuda.step_side_row = pl.side ? SIDE_ROW : 0;
     if (prog.trace) write_trace(pl, prog.trace, trace_n);
     return same ? LLM_CUDA_STEP_RAN : LLM_CUDA_STEP_RAN_NEW_TABLE;
 }

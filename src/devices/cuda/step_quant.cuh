@@ -1,9 +1,10 @@
 /* The persistent step's quantized GEMV phase (Q8_0, Q4_0, Q4_K weights), included by step.cu inside its device code:
  * the producer streams each tile's rows through the same ring of stages, a stage holding for each of the 8 rows a run
  * of whole blocks (their quants, then their scales: memory.cu keeps a row as all its quants then all its scales, so
- * a stage takes two bulk copies a row); the consumers round the phase's input to 8 bits per block of 32 once, in
- * shared memory past the ring, and dot each 16-byte chunk of quants with it in integers (dp4a), as the kernel-per-op
- * GEMV does (quant_dot.cuh: the same products); the signaller's epilogues are the 16-bit phases'. */
+ * a stage takes two bulk copies a row; or the scales in a side ring beside it: step.cu's q_layout_of); the consumers
+ * round the phase's input to 8 bits per block of 32 once, in shared memory past the rings, and dot each 16-byte chunk
+ * of quants with it in integers (dp4a), as the kernel-per-op GEMV does (quant_dot.cuh: the same products); the
+ * signaller's epilogues are the 16-bit phases'. */
 
 /* (step.cu's consumer parts this file uses; defined below it) */
 template <int VPT> __device__ __forceinline__ int group_col(int i, int ct);
@@ -15,32 +16,7 @@ __device__ __forceinline__ bool quant_phase(int dtype)
     return dtype == LLM_DTYPE_Q8_0 || dtype == LLM_DTYPE_Q4_0 || dtype == LLM_DTYPE_Q4_K;
 }
 
-/* A block's values and bytes, and its quants' bytes */
-__device__ __forceinline__ int q_values(int dtype) { return dtype == LLM_DTYPE_Q4_K ? 256 : 32; }
-__device__ __forceinline__ int q_bytes(int dtype)
-{
-    return dtype == LLM_DTYPE_Q8_0 ? 34 : dtype == LLM_DTYPE_Q4_0 ? 18 : 144;
-}
-__device__ __forceinline__ int q_quant_bytes(int dtype)
-{
-    return dtype == LLM_DTYPE_Q8_0 ? 32 : dtype == LLM_DTYPE_Q4_0 ? 16 : 128;
-}
-
-/* Blocks of a row one stage holds: the row cut into as few stages of at most CHUNK bytes as it takes, evenly, in
- * multiples of 8 blocks for Q8_0 and Q4_0 (their 2-byte scales then make whole 16-byte copies; the planner takes
- * rows of whole multiples of 8 blocks, so the last stage's run is one too). */
-__device__ __forceinline__ int q_stage_blocks(int dtype, int cols)
-{
-    const int nb = cols / q_values(dtype), eights = dtype != LLM_DTYPE_Q4_K;
-    int most = CHUNK / q_bytes(dtype);
-    if (eights) most = most / 8 * 8;
-    const int stages = (nb + most - 1) / most;
-    int per = (nb + stages - 1) / stages;
-    if (eights) per = (per + 7) / 8 * 8;
-    return per;
-}
-
-/* The shared memory past the ring: xq (cols int8), xd (cols / 32 steps), xs16 (cols / 16 sums of 16 xq), as
+/* The shared memory past the rings: xq (cols int8), xd (cols / 32 steps), xs16 (cols / 16 sums of 16 xq), as
  * gemv.cu's quantize_x lays them out (the host's step_q_x_bytes is its size). */
 struct q_x {
     int *xq;
@@ -55,16 +31,19 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
 }
 
 /* The producer's stages of a quantized phase, a tile at a time (lane i < 8 copies row i): stage k of each row is
- * its blocks [k * per, + nbs), quants at the row's place in the slot and their scales right after them. The phase's
- * own loop (not the 16-bit phases' tile loop with a quantized branch in it): 7 % faster on Llama-2-7B Q4_0, 380 ->
- * 408 tok/s on an H100 (dev/cuda/notes.md, version 128). A row one stage holds whole is one copy, not two
- * (Llama-2-7B Q4_0 +2 % on an H200; a tile's adjacent rows as one copy gained nothing more: version 152). */
+ * its blocks [k * per, + nbs), quants at the row's place in the slot and their scales right after them, or at the
+ * row's place in the slot's side stage (q_layout_of). The phase's own loop (not the 16-bit phases' tile loop with a
+ * quantized branch in it): 7 % faster on Llama-2-7B Q4_0, 380 -> 408 tok/s on an H100 (dev/cuda/notes.md, version
+ * 128). A row one stage holds whole is one copy, not two (Llama-2-7B Q4_0 +2 % on an H200; a tile's adjacent rows
+ * as one copy gained nothing more: version 152). */
 template <typename NEXT>
-__device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lane, NEXT &next_slot,
-                                                    uint64_t read_once)
+__device__ __forceinline__ void produce_quant_phase(const step_program &prog, const step_phase &P, const char *ring,
+                                                    int lane, NEXT &next_slot, uint64_t read_once)
 {
-    const int nb = P.cols / q_values(P.dtype), per = q_stage_blocks(P.dtype, P.cols);
+    const q_layout L = q_layout_of(P.dtype, P.cols, prog.side);
+    const int nb = P.cols / q_values(P.dtype), per = L.per;
     const int qb = q_quant_bytes(P.dtype), hb = q_bytes(P.dtype) - qb, q_row = nb * q_bytes(P.dtype);
+    char *const side = (char *)ring + (size_t)prog.stages * STAGE;
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         const char *row = NULL;
         if (lane < ROWS) {
@@ -81,12 +60,13 @@ __device__ __forceinline__ void produce_quant_phase(const step_phase &P, int lan
             char *slot = next_slot(bar);
             if (lane == 0) mbar_expect_tx(bar, (quants + scales) * n);
             __syncwarp();
-            if (row && nbs == nb) /* the whole row in one copy: its quants and scales as laid out */
+            if (row && nbs == nb && !L.side) /* the whole row in one copy: its quants and scales as laid out */
                 bulk_copy_hinted(slot + lane * CHUNK, row, quants + scales, bar, read_once);
             else if (row) {
+                char *to = L.side ? side + ((slot - ring) / STAGE * ROWS + lane) * SIDE_ROW
+                                  : slot + lane * CHUNK + quants;
                 bulk_copy_hinted(slot + lane * CHUNK, row + (size_t)b0 * qb, quants, bar, read_once);
-                bulk_copy_hinted(slot + lane * CHUNK + quants, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar,
-                                 read_once);
+                bulk_copy_hinted(to, row + (size_t)nb * qb + (size_t)b0 * hb, scales, bar, read_once);
             }
         }
     }
@@ -163,23 +143,28 @@ __device__ void stage_quant(const step_phase &P, const q_x &X, float *red, int c
  * of the threads (then 2 or 4 groups of warps, each on its rows): a warp's tile is a chain of dependent loads and
  * shuffles, so idle warps beside one dotting all 8 rows set the pace. Llama-2-7B Q4_0 397 -> 418 tok/s, TinyLlama Q4_0
  * 1,060 -> 1,117, Q4_K 881 -> 990, Q8_0 +1.5 % on an H200 (dev/cuda/notes.md, version 156). */
-__device__ __forceinline__ int q_rows_per_thread(int dtype, int cols)
+__device__ __forceinline__ int q_rows_per_thread(const q_layout &L, int dtype)
 {
-    const int chunks = q_stage_blocks(dtype, cols) * (q_quant_bytes(dtype) / 16);
+    const int chunks = L.per * (q_quant_bytes(dtype) / 16);
     return chunks <= CONSUMERS / 4 ? 2 : chunks <= CONSUMERS / 2 ? 4 : 8;
 }
 
 /* The block's tiles of a quantized phase: stage k of a tile holds each row's blocks [k * per, + nbs). Thread ct dots
  * chunk c (a Q4_0 block, half a Q8_0 block, an eighth of a Q4_K block) of rows [g * RPT, + RPT) with the rounded x,
- * RPT known when compiled so that the rows' loads are issued together. */
-template <int QT, int RPT>
-__device__ void consume_quant(const step_phase &P, const step_program &prog, const char *ring, uint64_t *full,
-                              uint64_t *empty, const q_x &X, tile_sums &sums, int &it, int &tile_it, int ct)
+ * RPT known when compiled so that the rows' loads are issued together. The scales: after a row's quants in its chunk,
+ * or in the side ring (SIDE), a row's a constant stride apart either way (a runtime one cost Llama-2-7B Q4_0 and
+ * TinyLlama Q8_0 2-3 %: dev/cuda/notes.md, version 176). */
+template <int QT, int RPT, bool SIDE>
+__device__ void consume_quant(const step_phase &P, const step_program &prog, int per, const char *ring,
+                              uint64_t *full, uint64_t *empty, const q_x &X, tile_sums &sums, int &it, int &tile_it,
+                              int ct)
 {
     typedef qfmt<QT> F;
     constexpr int SPAN = CONSUMERS * RPT / ROWS; /* threads on one group of rows */
+    constexpr int SCALE_STRIDE = SIDE ? SIDE_ROW : CHUNK;
     const int warp = ct >> 5, lane = ct & 31, cols = P.cols, g = ct / SPAN, c = ct % SPAN;
-    const int nb = cols / F::VALUES, per = q_stage_blocks(QT, cols);
+    const int nb = cols / F::VALUES;
+    const char *side = ring + (size_t)prog.stages * STAGE;
     float acc[RPT] = {};
     ring_place at = ring_place_of(it, prog.stages);
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
@@ -190,16 +175,18 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, con
             if (ct == 0) TILE_STAMP(0, it, 3, clock64());
             if (c < nbs * F::CPB) {
                 const char *stage = ring + (size_t)slot * STAGE + g * RPT * CHUNK;
-                const char *quants = stage + c * 16, *scales = stage + nbs * F::QB + c / F::CPB * F::HEAD;
+                const char *quants = stage + c * 16,
+                           *scales = (SIDE ? side + (slot * ROWS + g * RPT) * SIDE_ROW : stage + nbs * F::QB) +
+                                     c / F::CPB * F::HEAD;
                 const int k = b0 * F::CPB + c; /* the chunk's index in the row */
 #pragma unroll
                 for (int r = 0; r < RPT; r++) {
                     const uint4 q = *(const uint4 *)(quants + r * CHUNK);
                     uint4 h = make_uint4(0, 0, 0, 0);
                     if (QT == LLM_DTYPE_Q4_K)
-                        h = *(const uint4 *)(scales + r * CHUNK);
+                        h = *(const uint4 *)(scales + r * SCALE_STRIDE);
                     else
-                        h.x = *(const unsigned short *)(scales + r * CHUNK);
+                        h.x = *(const unsigned short *)(scales + r * SCALE_STRIDE);
                     acc[r] += q_dot<QT>(q, h, k, X.xq, X.xd, X.xs16);
                 }
             }
@@ -225,13 +212,19 @@ __device__ __forceinline__ void consume_quant_rows(const step_phase &P, const st
                                                    uint64_t *full, uint64_t *empty, const q_x &X, tile_sums &sums,
                                                    int &it, int &tile_it, int ct)
 {
-    const int rpt = q_rows_per_thread(QT, P.cols);
+    const q_layout L = q_layout_of(QT, P.cols, prog.side);
+    const int rpt = q_rows_per_thread(L, QT);
+    if constexpr (QT == LLM_DTYPE_Q8_0) /* (a side stage holds 128 blocks a row: 256 chunks, 8 rows a thread) */
+        if (L.side) {
+            consume_quant<QT, 8, true>(P, prog, L.per, ring, full, empty, X, sums, it, tile_it, ct);
+            return;
+        }
     if (rpt == 2)
-        consume_quant<QT, 2>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant<QT, 2, false>(P, prog, L.per, ring, full, empty, X, sums, it, tile_it, ct);
     else if (rpt == 4)
-        consume_quant<QT, 4>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant<QT, 4, false>(P, prog, L.per, ring, full, empty, X, sums, it, tile_it, ct);
     else
-        consume_quant<QT, 8>(P, prog, ring, full, empty, X, sums, it, tile_it, ct);
+        consume_quant<QT, 8, false>(P, prog, L.per, ring, full, empty, X, sums, it, tile_it, ct);
 }
 
 /* A quantized phase for the consumers: its input staged and rounded into the room past the ring, then its tiles;
@@ -242,7 +235,7 @@ __device__ __noinline__ int2 quant_phase_consume(const step_phase &P, const step
                                                  uint64_t *full, uint64_t *empty, float *red, tile_sums &sums, int it,
                                                  int tile_it, int ct, int splits, int ph)
 {
-    const q_x X = q_x_at(ring + (size_t)prog.stages * STAGE, P.cols);
+    const q_x X = q_x_at(ring + (size_t)prog.stages * (STAGE + (prog.side ? ROWS * SIDE_ROW : 0)), P.cols);
     stage_quant(P, X, red, ct, splits);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
     if (P.dtype == LLM_DTYPE_Q8_0)
