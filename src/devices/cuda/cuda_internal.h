@@ -118,6 +118,8 @@ bool llm_cuda_read(const void *p, size_t bytes, unsigned *sink);
 
 /* Raise a kernel's dynamic shared-memory limit to what the device allows (once per kernel). */
 bool llm_cuda_allow_smem(const void *kernel, const char *op);
+/* ... that limit: the device's opt-in shared memory less the kernel's own __shared__ arrays; 0 when unreadable */
+size_t llm_cuda_smem_room(const void *kernel, const char *op);
 
 /* Programmatic dependent launch (Hopper): a kernel launched with llm_cuda_launch_config() may be scheduled while
  * the kernel before it drains (from when that one calls llm_cuda_allow_next). Before llm_cuda_wait_prior() it may

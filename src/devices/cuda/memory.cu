@@ -357,13 +357,19 @@ bool llm_cuda_allow_smem(const void *kernel, const char *op)
     static int used;
     for (int i = 0; i < used; i++)
         if (done[i].k == kernel) return true;
-    cudaFuncAttributes fa;
-    if (!LLM_CUDA_CHECK(op, cudaFuncGetAttributes(&fa, kernel))) return false;
-    if (!LLM_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)(llm_cuda.smem_optin - fa.sharedSizeBytes))))
+    const size_t room = llm_cuda_smem_room(kernel, op);
+    if (!room || !LLM_CUDA_CHECK(op, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          (int)room)))
         return false;
     if (used < 64) done[used++].k = kernel;
     return true;
+}
+
+size_t llm_cuda_smem_room(const void *kernel, const char *op)
+{
+    cudaFuncAttributes fa;
+    if (!LLM_CUDA_CHECK(op, cudaFuncGetAttributes(&fa, kernel))) return 0;
+    return llm_cuda.smem_optin > fa.sharedSizeBytes ? llm_cuda.smem_optin - fa.sharedSizeBytes : 0;
 }
 
 /* ---------- weights ---------- */

@@ -1820,19 +1820,20 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
             pl.arena_floats += (floats + 3) / 4 * 4;
         }
     }
-    /* the kernel's own __shared__ arrays (6,400 bytes, the sums ring's 4,096 of them), with headroom: an H100's 227 KB
-     * then hold six stages (seven when the ring held each warp's 8 sums, not its 32 lanes' quarters: version 159;
-     * the quarters' three rounds of shuffles a tile gained more than the seventh stage did) */
-    const size_t static_smem = 6656;
-    const size_t fixed = static_smem + pl.q_x_bytes; /* and a quantized phase's room past the ring */
-    pl.stages = llm_cuda.smem_optin > fixed ? (int)((llm_cuda.smem_optin - fixed) / STAGE) : 0;
+    /* the room past the kernel's own __shared__ arrays (6,400 bytes, the sums ring's 4,096 of them): an H100's 227 KB
+     * hold six stages (seven when the ring held each warp's 8 sums, not its 32 lanes' quarters: version 159; the
+     * quarters' three rounds of shuffles a tile gained more than the seventh stage did) */
+    static size_t room = 0;
+    if (!room) room = llm_cuda_smem_room((const void *)step_kernel, "decode step");
+    const size_t fixed = pl.q_x_bytes; /* a quantized phase's room past the ring */
+    pl.stages = room > fixed ? (int)((room - fixed) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
     if (llm_cuda.persist_stages >= MIN_STAGES && llm_cuda.persist_stages < pl.stages)
         pl.stages = llm_cuda.persist_stages; /* LLM_CUDA_PERSIST_STAGES: a shorter ring, for tests */
     /* the side ring, at a stage's cost where the room past the ring's whole stages does not hold it (Llama-3.1-8B's
      * 14,336-column down leaves 9 KB: Q8_0 decode +22 % with five stages and the side ring, against six without) */
     pl.side = pl.side_need && pl.stages >= MIN_STAGES;
-    if (pl.side && fixed + (size_t)pl.stages * (STAGE + ROWS * SIDE_ROW) > llm_cuda.smem_optin) {
+    if (pl.side && fixed + (size_t)pl.stages * (STAGE + ROWS * SIDE_ROW) > room) {
         if (pl.stages > MIN_STAGES)
             pl.stages--; /* (a stage's 32 KB hold the side ring of up to 16 stages) */
         else
