@@ -5,9 +5,10 @@
 # 512 -r 3`) and step traces (TRACE_ROWS). Run from the tree's root with LLM_DEPS_DIR set; results in $OUT.
 # ROWS: "shape:quant ..." (quant "-" for the stored BF16; shapes of make-random-checkpoint.py or, for qwen3-*,
 # gemma-*, phi-*, olmo-*, make-family-checkpoint.py), ROUNDS (2), BUDGET seconds in all (540); TRACE_ROWS (the
-# first row) and TRACE_WITH (A, or B: a B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS:
-# test_cuda's filter run on A (test_persistent_quant); PREBUILT: an archive of A/ and B/ built here instead
-# (dev/cuda/prebuild.sh: no build time on the GPU; B_FLAG then only names B; a C/llm-run in it is benched third).
+# first row; "none": no trace; their checkpoints are made too) and TRACE_WITH (A, or B: a
+# B_FLAG=-DLLM_STEP_TILE_TRACE build's tile trace, cuda-tile-trace.py); TESTS: test_cuda's filter run on A
+# (test_persistent_quant); PREBUILT: an archive of A/ and B/ built here instead (dev/cuda/prebuild.sh: no build time
+# on the GPU; B_FLAG then only names B; a C/llm-run in it is benched third).
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -19,7 +20,7 @@ left() { echo $((BUDGET - (SECONDS - T0))); }
 . scripts/deps-env.sh
 mkdir -p "$OUT" "$M"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
-( for s in $(for r in $ROWS; do echo "${r%%:*}"; done | sort -u); do
+( for s in $(for r in $ROWS ${TRACE_ROWS:-}; do [[ $r == *:* ]] && echo "${r%%:*}"; done | sort -u); do # (traced too)
       if ! compgen -G "$M/$s/*.safetensors" >/dev/null; then # (shards too)
           case $s in # the other families' shapes through transformers, as scripts/gpu-bench.sh makes them
           qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$M/$s" ;;
@@ -71,6 +72,7 @@ done
 # the step trace (and with B_FLAG=-DLLM_STEP_TILE_TRACE and TRACE_WITH=B, the tile trace) of each of TRACE_ROWS
 bin=$A; [ "${TRACE_WITH:-A}" = B ] && bin=$B
 for r in ${TRACE_ROWS:-${ROWS%% *}}; do
+    [[ $r == *:* ]] || continue # (TRACE_ROWS=none: no trace)
     [ "$(left)" -gt 40 ] || { echo "trace of $r skipped (time)"; continue; }
     ckpt_wait "${r%%:*}"
     qa=(); [ "${r#*:}" = - ] || qa=(--quant "${r#*:}")
