@@ -4,7 +4,7 @@
 # LAYERS layers (12) decoded and prefilled as stored (BF16) and with --quant q8_0, q4_0, q4_k. Run from the tree's
 # root with LLM_DEPS_DIR set; BUDGET seconds in all (540); PREBUILT: an archive whose A/ holds the four binaries
 # (dev/cuda/prebuild.sh), no build on the GPU, and B/ (optional) a baseline llm-run benched beside A's, alternated
-# (RUNS: the rows, "binary:quant ...").
+# (RUNS: the rows, "binary:quant ..."); TIMELINE: a quant ("-": BF16) whose decode step's timeline A's llm-run records.
 set -uo pipefail
 T0=$SECONDS
 BUDGET=${BUDGET:-540}
@@ -46,4 +46,10 @@ for run in $runs; do
     timeout "$(($(left) - 10))" "$exe" bench --device cuda -p 512 -n 128 --tg-after 512 -r 3 "${qa[@]}" \
         "$M/q3moe" 2>&1 | grep -E '\| (pp|tg)[0-9]|refus|error' | sed "s/^/$b $q /"
 done
+if [ -n "${TIMELINE:-}" ] && [ "$(left)" -gt 40 ]; then # TIMELINE=q4_0 (or -): A's decode step's kernel timeline
+    qa=(); [ "$TIMELINE" = - ] || qa=(--quant "$TIMELINE")
+    LLM_CUDA_TIMELINE=/tmp/tl.txt timeout 40 "$bin/llm-run" bench --device cuda -p 0 -n 16 --tg-after 512 -r 1 \
+        "${qa[@]}" "$M/q3moe" >"$OUT/timeline-run.log" 2>&1
+    python3 dev/cuda/cuda-timeline.py /tmp/tl.txt 2>&1 | tee "$OUT/timeline.txt" | head -30
+fi
 echo "done at $((SECONDS - T0))s"
