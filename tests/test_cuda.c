@@ -1872,7 +1872,8 @@ static void same_greedy_where_clear(const float *got, const float *ref, int voca
  * and attention's combined output through the wide room; intermediate 7,424: the down product's plain input polled
  * from memory, and every format's rows cut into two stages), and one whose Q8_0 down rows of 4,096 columns take one
  * stage with their scales in the side ring (two without it; the side ring is asserted there and only there), with
- * the BF16 head of tied embeddings in the same step. Each runs every step persistent (counted, no cut, no refused program) and matches:
+ * the BF16 head of tied embeddings in the same step. Each runs every step persistent (counted, no cut, no refused
+ * program) and matches:
  *  - the kernel-per-op step (LLM_CUDA_PERSIST=0) within 2e-3 of the largest logit. Both round x to 8 bits per block of
  *    32 the same way and take the same integer dot products; the f32 sums differ in order (~1e-6), and x's norm or
  *    combine may differ by an ulp, which at a rounding tie moves one x value a whole 8-bit step: that value's terms

@@ -72,6 +72,7 @@ struct llm_cuda_ctx {
     int persist_stages;  /* LLM_CUDA_PERSIST_STAGES: at most this many ring stages (tests, measurements); 0: all
                             that fit */
     int step_stages;     /* the ring stages of the last persistent step launched (describe) */
+    size_t step_smem_room; /* the dynamic shared memory the step kernel may have (llm_cuda_smem_room), 0 until read */
     int step_side_row;   /* ... and the bytes a row's scales take in its side ring (0: none) */
     int step_slots_used; /* tensor parallelism: summed products (tp_sum) of the step's programs so far, so that each
                             program's take the step slots after them (nccl.cu) */

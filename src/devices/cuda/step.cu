@@ -188,7 +188,7 @@ struct step_program {
     size_t half_floats;       /* [0] of a half: the blocks finished, counted up from EMPTY */
     unsigned *steps;          /* steps run since the table was uploaded: the half a step uses */
     int stages;
-    int side;     /* the Q8_0 phases' side ring (q_layout_of) sits past the ring */
+    int side; /* the Q8_0 phases' side ring (q_layout_of) sits past the ring */
     unsigned long long *trace; /* LLM_CUDA_STEP_TRACE (measurements): per phase and block, the global timer when the
                                   consumers had the input, when they were done, when the signaller wrote its last row */
     float *const *tp_boxes;   /* tensor parallelism: every rank's box (nccl.cu), its slots tp_slots_at floats in */
@@ -204,7 +204,8 @@ __host__ __device__ constexpr int rope_tiles_per_head(int head_dim, int rot_dim)
     return rope_pair_tiles(rot_dim) + (head_dim - rot_dim + ROWS - 1) / ROWS;
 }
 
-/* A quantized phase's blocks (step_quant.cuh): their values and bytes, and their quants' bytes */
+/* A quantized phase's blocks (step_quant.cuh): their values and bytes, and their quants' bytes (dtype.h's
+ * llm_dtype_block and llm_dtype_block_bytes, less cuda_internal.h's llm_cuda_block_head, for device code too) */
 __host__ __device__ inline int q_values(int dtype) { return dtype == LLM_DTYPE_Q4_K ? 256 : 32; }
 __host__ __device__ inline int q_bytes(int dtype)
 {
@@ -239,6 +240,13 @@ __host__ __device__ inline q_layout q_layout_of(int dtype, int cols, bool side_r
     int per = (nb + stages - 1) / stages;
     if (eights) per = (per + 7) / 8 * 8;
     return q_layout{per, false};
+}
+
+/* The ring's stages and, where the program has one, the side ring's: the dynamic shared memory before the quantized
+ * phases' rounded x */
+__host__ __device__ constexpr size_t ring_bytes(int stages, bool side)
+{
+    return (size_t)stages * (STAGE + (side ? ROWS * SIDE_ROW : 0));
 }
 
 /* The kernel exists only in the Hopper code (bulk copies, mbarriers, tensor maps); in the portable code it is a
@@ -1823,9 +1831,9 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
     /* the room past the kernel's own __shared__ arrays (6,400 bytes, the sums ring's 4,096 of them): an H100's 227 KB
      * hold six stages (seven when the ring held each warp's 8 sums, not its 32 lanes' quarters: version 159; the
      * quarters' three rounds of shuffles a tile gained more than the seventh stage did) */
-    static size_t room = 0;
-    if (!room) room = llm_cuda_smem_room((const void *)step_kernel, "decode step");
-    const size_t fixed = pl.q_x_bytes; /* a quantized phase's room past the ring */
+    if (!llm_cuda.step_smem_room)
+        llm_cuda.step_smem_room = llm_cuda_smem_room((const void *)step_kernel, "decode step");
+    const size_t room = llm_cuda.step_smem_room, fixed = pl.q_x_bytes; /* (a quantized phase's room past the rings) */
     pl.stages = room > fixed ? (int)((room - fixed) / STAGE) : 0;
     if (pl.stages > MAX_STAGES) pl.stages = MAX_STAGES;
     if (llm_cuda.persist_stages >= MIN_STAGES && llm_cuda.persist_stages < pl.stages)
@@ -1833,7 +1841,7 @@ static bool plan_program(plan &pl, const llm_cuda_step_op *ops)
     /* the side ring, at a stage's cost where the room past the ring's whole stages does not hold it (Llama-3.1-8B's
      * 14,336-column down leaves 9 KB: Q8_0 decode +22 % with five stages and the side ring, against six without) */
     pl.side = pl.side_need && pl.stages >= MIN_STAGES;
-    if (pl.side && fixed + (size_t)pl.stages * (STAGE + ROWS * SIDE_ROW) > room) {
+    if (pl.side && fixed + ring_bytes(pl.stages, true) > room) {
         if (pl.stages > MIN_STAGES)
             pl.stages--; /* (a stage's 32 KB hold the side ring of up to 16 stages) */
         else
@@ -1995,7 +2003,7 @@ static int upload_and_launch(plan &pl, char *table, size_t table_bytes, char *ba
     attr.val.cooperative = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(llm_cuda.sm_count), cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = (size_t)pl.stages * (STAGE + (pl.side ? ROWS * SIDE_ROW : 0)) + pl.q_x_bytes;
+    cfg.dynamicSmemBytes = ring_bytes(pl.stages, pl.side) + pl.q_x_bytes;
     cfg.stream = llm_cuda.stream;
     cfg.attrs = &attr, cfg.numAttrs = 1;
     size_t trace_n = (size_t)pl.n * llm_cuda.sm_count * 3 + TRACED_WORDS;

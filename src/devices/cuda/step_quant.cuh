@@ -37,13 +37,13 @@ __device__ __forceinline__ q_x q_x_at(char *room, int cols)
  * 128). A row one stage holds whole is one copy, not two (Llama-2-7B Q4_0 +2 % on an H200; a tile's adjacent rows
  * as one copy gained nothing more: version 152). */
 template <typename NEXT>
-__device__ __forceinline__ void produce_quant_phase(const step_program &prog, const step_phase &P, const char *ring,
-                                                    int lane, NEXT &next_slot, uint64_t read_once)
+__device__ __forceinline__ void produce_quant_phase(const step_program &prog, const step_phase &P, char *ring, int lane,
+                                                    NEXT &next_slot, uint64_t read_once)
 {
     const q_layout L = q_layout_of(P.dtype, P.cols, prog.side);
     const int nb = P.cols / q_values(P.dtype), per = L.per;
     const int qb = q_quant_bytes(P.dtype), hb = q_bytes(P.dtype) - qb, q_row = nb * q_bytes(P.dtype);
-    char *const side = (char *)ring + (size_t)prog.stages * STAGE;
+    char *const side = ring + ring_bytes(prog.stages, false);
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
         const char *row = NULL;
         if (lane < ROWS) {
@@ -164,7 +164,7 @@ __device__ void consume_quant(const step_phase &P, const step_program &prog, int
     constexpr int SCALE_STRIDE = SIDE ? SIDE_ROW : CHUNK;
     const int warp = ct >> 5, lane = ct & 31, cols = P.cols, g = ct / SPAN, c = ct % SPAN;
     const int nb = cols / F::VALUES;
-    const char *side = ring + (size_t)prog.stages * STAGE;
+    const char *side = ring + ring_bytes(prog.stages, false);
     float acc[RPT] = {};
     ring_place at = ring_place_of(it, prog.stages);
     for (int u = first_unit(P), units = P.units; u < units; u += gridDim.x) {
@@ -235,7 +235,7 @@ __device__ __noinline__ int2 quant_phase_consume(const step_phase &P, const step
                                                  uint64_t *full, uint64_t *empty, float *red, tile_sums &sums, int it,
                                                  int tile_it, int ct, int splits, int ph)
 {
-    const q_x X = q_x_at(ring + (size_t)prog.stages * (STAGE + (prog.side ? ROWS * SIDE_ROW : 0)), P.cols);
+    const q_x X = q_x_at(ring + ring_bytes(prog.stages, prog.side), P.cols);
     stage_quant(P, X, red, ct, splits);
     if (prog.trace && ct == 0) trace_mark(prog, ph, 0);
     if (P.dtype == LLM_DTYPE_Q8_0)
