@@ -22,6 +22,8 @@ def main():
     with open(sys.argv[1]) as f:
         for line in f:
             fields = line.split()
+            if fields[0] in ("stage", "tile"):  # a -DLLM_STEP_TILE_TRACE build's (cuda-tile-trace.py reads them)
+                continue
             if fields[0] == "step":
                 cur = []
                 steps.append(cur)

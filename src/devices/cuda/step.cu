@@ -70,7 +70,10 @@ static_assert(ROWS == WARPS, "the signaller's lanes 0..7 sum one row each from t
  * and when it began to wait for it (an attention stage's KV rows: freed is when warp 0 was done with its part of
  * them); a tile: its phase, when consumer warp 0 handed in its sums, when the signaller had all 8 warps' and had
  * written, and when warp 0's hand-in returned (its slot of the sums ring was free). */
-constexpr int TRACED_BLOCK = 1, TRACED_EVENTS = 8192, TRACED_FIELDS = 6;
+#ifndef LLM_STEP_TRACED_BLOCK
+#define LLM_STEP_TRACED_BLOCK 1 /* -DLLM_STEP_TRACED_BLOCK=N: another block's (an attention item's) */
+#endif
+constexpr int TRACED_BLOCK = LLM_STEP_TRACED_BLOCK, TRACED_EVENTS = 8192, TRACED_FIELDS = 6;
 constexpr size_t TRACED_WORDS = 2 * (size_t)TRACED_EVENTS * TRACED_FIELDS;
 #else
 constexpr size_t TRACED_WORDS = 0;
