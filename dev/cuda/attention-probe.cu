@@ -22,15 +22,70 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
-/* step.cu's warp_positions<HD, __half> (no soft-cap), a position's dot over LP lanes */
-template <int HD, int LP>
+/* step.cu's warp_positions<HD, __half> (no soft-cap), a position's dot over LP lanes; MODE's bits: 1 without V's
+ * part, 2 without the dot's (a score from the lane), 4 V's values two a 4-byte load (lane j then holds dimensions
+ * 2j, 2j + 1, 2j + 64, ...), 8 the dot's K eight values a 16-byte load (LP 1),
+ * 16 the dot's loads a batch of 8 (of 4 with 8) before their products */
+enum { NO_V = 1, NO_DOT = 2, V_PAIRS = 4, K_WIDE = 8, BATCH = 16 };
+template <int HD, int LP, int MODE>
 __device__ __forceinline__ void warp_positions(const float *q, const __half *K, const __half *V, int n, float scale,
                                                float &m, float &l, float *acc, int lane)
 {
     constexpr int D = HD > 128 ? 8 : 4, RUN = 32 / LP, q4 = HD / 4 / LP;
     const int p = lane / LP, part = lane % LP;
-    float dot = 0.0f;
-    if (p < n) {
+    float dot = MODE & NO_DOT ? (float)lane : 0.0f;
+    if ((MODE & BATCH) && (MODE & K_WIDE) && p < n) {
+        const __half *k = K + p * HD;
+        for (int c0 = 0; c0 < HD / 8; c0 += 4) {
+            float4 a[8];
+            uint4 u[4];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const int i = (c0 + t + p) % (HD / 8) * 8;
+                a[2 * t] = *(const float4 *)(q + i), a[2 * t + 1] = *(const float4 *)(q + i + 4);
+                u[t] = *(const uint4 *)(k + i);
+            }
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float2 b0 = __half22float2(*(const __half2 *)&u[t].x);
+                const float2 b1 = __half22float2(*(const __half2 *)&u[t].y);
+                const float2 b2 = __half22float2(*(const __half2 *)&u[t].z);
+                const float2 b3 = __half22float2(*(const __half2 *)&u[t].w);
+                const float4 a0 = a[2 * t], a1 = a[2 * t + 1];
+                dot += a0.x * b0.x + a0.y * b0.y + a0.z * b1.x + a0.w * b1.y + a1.x * b2.x + a1.y * b2.y +
+                       a1.z * b3.x + a1.w * b3.y;
+            }
+        }
+    } else if ((MODE & BATCH) && p < n) {
+        const __half *k = K + p * HD;
+        for (int c0 = 0; c0 < HD / 4; c0 += 8) {
+            float4 a[8];
+            uint2 u[8];
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                const int i = (c0 + t + p) % (HD / 4) * 4;
+                a[t] = *(const float4 *)(q + i), u[t] = *(const uint2 *)(k + i);
+            }
+#pragma unroll
+            for (int t = 0; t < 8; t++) {
+                const float2 b0 = __half22float2(*(const __half2 *)&u[t].x);
+                const float2 b1 = __half22float2(*(const __half2 *)&u[t].y);
+                dot += a[t].x * b0.x + a[t].y * b0.y + a[t].z * b1.x + a[t].w * b1.y;
+            }
+        }
+    } else if ((MODE & K_WIDE) && !(MODE & NO_DOT) && p < n) {
+        const __half *k = K + p * HD;
+#pragma unroll 4
+        for (int c = 0; c < HD / 8; c++) {
+            const int i = (c + p) % (HD / 8) * 8;
+            const float4 a0 = *(const float4 *)(q + i), a1 = *(const float4 *)(q + i + 4);
+            const uint4 u = *(const uint4 *)(k + i);
+            const float2 b0 = __half22float2(*(const __half2 *)&u.x), b1 = __half22float2(*(const __half2 *)&u.y);
+            const float2 b2 = __half22float2(*(const __half2 *)&u.z), b3 = __half22float2(*(const __half2 *)&u.w);
+            dot += a0.x * b0.x + a0.y * b0.y + a0.z * b1.x + a0.w * b1.y + a1.x * b2.x + a1.y * b2.y + a1.z * b3.x +
+                   a1.w * b3.y;
+        }
+    } else if (!(MODE & NO_DOT) && p < n) {
         const __half *k = K + p * HD;
 #pragma unroll 4
         for (int c = 0; c < q4; c++) {
@@ -54,11 +109,21 @@ __device__ __forceinline__ void warp_positions(const float *q, const __half *K, 
     auto take = [&](int j) {
         const float ej = __shfl_sync(0xffffffffu, e, j * LP);
         const __half *v = V + j * HD;
+        if (MODE & V_PAIRS) {
 #pragma unroll
-        for (int k = 0; k < D; k++)
-            if (lane + 32 * k < HD) acc[k] += ej * __half2float(v[lane + 32 * k]);
+            for (int k = 0; k < D / 2; k++) {
+                if (64 * k >= HD) break;
+                const float2 f = __half22float2(*(const __half2 *)(v + 64 * k + 2 * lane));
+                acc[2 * k] += ej * f.x, acc[2 * k + 1] += ej * f.y;
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < D; k++)
+                if (lane + 32 * k < HD) acc[k] += ej * __half2float(v[lane + 32 * k]);
+        }
     };
-    if (n == RUN) {
+    if (MODE & NO_V) {
+    } else if (n == RUN) {
 #pragma unroll
         for (int j = 0; j < RUN; j++) take(j);
     } else {
@@ -68,7 +133,7 @@ __device__ __forceinline__ void warp_positions(const float *q, const __half *K, 
 }
 
 /* W warps, each over runs of its own stage (32 positions of K, then of V), RUNS times; cycles[r * W + w] */
-template <int HD, int LP>
+template <int HD, int LP, int MODE>
 __global__ void probe_kernel(const __half *kv, const float *q, int warps, long long *cycles, float *out)
 {
     extern __shared__ __align__(16) char smem[];
@@ -87,7 +152,7 @@ __global__ void probe_kernel(const __half *kv, const float *q, int warps, long l
         __syncwarp();
         const long long t0 = clock64();
         for (int p0 = 0; p0 < 32; p0 += RUN)
-            warp_positions<HD, LP>(qs, K + p0 * HD, V + p0 * HD, RUN, 0.0625f, m, l, acc, lane);
+            warp_positions<HD, LP, MODE>(qs, K + p0 * HD, V + p0 * HD, RUN, 0.0625f, m, l, acc, lane);
         __syncwarp();
         const long long t1 = clock64();
         if (lane == 0) cycles[r * warps + warp] = t1 - t0;
@@ -98,23 +163,29 @@ __global__ void probe_kernel(const __half *kv, const float *q, int warps, long l
     out[threadIdx.x] = s + m;
 }
 
-template <int HD, int LP> static void measure(const __half *kv, const float *q, long long *cycles, float *out)
+template <int HD, int LP, int MODE = 0>
+static void measure(const __half *kv, const float *q, long long *cycles, float *out)
 {
     const size_t smem = HD * sizeof(float) + (size_t)MOST_WARPS * 2 * 32 * HD * sizeof(__half);
-    CHECK(cudaFuncSetAttribute(probe_kernel<HD, LP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CHECK(cudaFuncSetAttribute(probe_kernel<HD, LP, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     for (int warps : {1, MOST_WARPS}) {
-        probe_kernel<HD, LP><<<1, 32 * MOST_WARPS, smem>>>(kv, q, warps, cycles, out);
+        probe_kernel<HD, LP, MODE><<<1, 32 * MOST_WARPS, smem>>>(kv, q, warps, cycles, out);
         CHECK(cudaGetLastError());
         CHECK(cudaDeviceSynchronize());
         std::vector<long long> h(RUNS * warps);
         CHECK(cudaMemcpy(h.data(), cycles, h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+        float lanes[32], check = 0.0f; /* warp 0's sum of (l + its outputs + m): alike across the variants */
+        CHECK(cudaMemcpy(lanes, out, sizeof lanes, cudaMemcpyDeviceToHost));
+        for (float v : lanes) check += v;
         auto median_of = [&](int r) {
             std::vector<long long> v(h.begin() + r * warps, h.begin() + (r + 1) * warps);
             std::sort(v.begin(), v.end());
             return v[v.size() / 2];
         };
-        printf("head %3d, %d lane(s) a position, %d warp(s): 32 positions in %6lld cycles cold, %6lld warm\n", HD, LP,
-               warps, median_of(0), median_of(RUNS - 1));
+        printf("head %3d, %d lane(s) a position%s%s%s%s%s, %d warp(s): 32 positions in %6lld cycles cold, %6lld warm (%.4f)\n",
+               HD, LP, MODE & NO_V ? ", no V" : "", MODE & NO_DOT ? ", no dot" : "", MODE & V_PAIRS ? ", V pairs" : "",
+               MODE & K_WIDE ? ", K 16 B" : "", MODE & BATCH ? ", batched" : "",
+               warps, median_of(0), median_of(RUNS - 1), check);
     }
 }
 
@@ -136,10 +207,21 @@ int main()
     CHECK(cudaMemcpy(q, hq.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
     measure<64, 1>(kv, q, cycles, out);
     measure<128, 1>(kv, q, cycles, out);
-    measure<128, 2>(kv, q, cycles, out);
     measure<256, 1>(kv, q, cycles, out);
-    measure<256, 2>(kv, q, cycles, out);
     measure<256, 4>(kv, q, cycles, out);
+    measure<256, 1, NO_V>(kv, q, cycles, out);
+    measure<256, 1, NO_DOT>(kv, q, cycles, out);
+    measure<256, 1, NO_DOT | V_PAIRS>(kv, q, cycles, out);
+    measure<256, 1, K_WIDE | NO_V>(kv, q, cycles, out);
+    measure<256, 1, BATCH | NO_V>(kv, q, cycles, out);
+    measure<256, 1, BATCH | K_WIDE | NO_V>(kv, q, cycles, out);
+    measure<256, 1, V_PAIRS | K_WIDE>(kv, q, cycles, out);
+    measure<256, 1, V_PAIRS | BATCH>(kv, q, cycles, out);
+    measure<256, 1, V_PAIRS | BATCH | K_WIDE>(kv, q, cycles, out);
+    measure<128, 1, V_PAIRS | BATCH>(kv, q, cycles, out);
+    measure<128, 1, V_PAIRS | BATCH | K_WIDE>(kv, q, cycles, out);
+    measure<64, 1, V_PAIRS>(kv, q, cycles, out);
+    measure<64, 1, V_PAIRS | BATCH>(kv, q, cycles, out);
     CHECK(cudaFree(kv));
     CHECK(cudaFree(q));
     CHECK(cudaFree(out));
