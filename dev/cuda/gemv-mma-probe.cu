@@ -10,8 +10,10 @@
 //         signaller;
 //   mma   mma.sync m16n8k16 (bf16 in, f32 sums): the 8 rows as B (ldmatrix), x as row 0 of A split in two bf16
 //         parts (x = hi + lo, ~16 bits of its 24), each warp its 256 columns in 16 steps; lanes 0..3 then hold the
-//         warp's 8 row sums, stored as they are (no shuffles). Rows padded by 16 bytes in shared memory ("mma") so
-//         that ldmatrix's 8 row addresses fall in different banks, or not ("mma-4096": the ring's layout today).
+//         warp's 8 row sums (four accumulator chains, so that an MMA does not wait on the one before), stored as
+//         they are (no shuffles). Rows padded by 16 bytes in shared memory ("mma") so that ldmatrix's 8 row
+//         addresses fall in different banks, or not ("mma-4096": the ring's layout today); "mma-held" with x's
+//         fragments in registers (64 a lane) rather than loaded from shared memory at each step.
 // Prints cycles a stage (median over warps, the R stages' clock64 span / R) and each variant's largest difference
 // from a double-precision dot, relative to the row's magnitude.
 //
@@ -62,7 +64,7 @@ __global__ void fma_kernel(const __nv_bfloat16 *w, const float *x, int warps, lo
     sums[warp * 32 + lane] = part[warp * 32 + lane];
 }
 
-template <int STRIDE>
+template <int STRIDE, bool X_HELD>
 __global__ void mma_kernel(const __nv_bfloat16 *w, const float *x, int warps, long long *cycles, float *sums)
 {
     extern __shared__ __align__(16) char smem[];
@@ -82,14 +84,26 @@ __global__ void mma_kernel(const __nv_bfloat16 *w, const float *x, int warps, lo
     if (warp >= warps) return;
     /* ldmatrix.x2's row addresses: lanes 0..7 row lane at a step's first 8 columns, lanes 8..15 its last 8 */
     const uint32_t row_base = (uint32_t)__cvta_generic_to_shared(stage + (lane & 7) * STRIDE + (lane & 8) * 2);
-    float c[4] = {};
+    constexpr int STEPS = COLS / WARPS / 16;
+    uint32_t held[X_HELD ? STEPS : 1][4] = {}; /* X_HELD: x's fragments of every step in registers, loaded once */
+    if (X_HELD && lane < 4)
+#pragma unroll
+        for (int kk = 0; kk < (X_HELD ? STEPS : 1); kk++) {
+            const int col = warp * (COLS / WARPS) + kk * 16;
+            held[kk][0] = *(const uint32_t *)(x_hi + col + 2 * tid);
+            held[kk][1] = *(const uint32_t *)(x_hi + col + 8 + 2 * tid);
+            held[kk][2] = *(const uint32_t *)(x_lo + col + 2 * tid);
+            held[kk][3] = *(const uint32_t *)(x_lo + col + 8 + 2 * tid);
+        }
+    float c[4][4]; /* four accumulator chains (a step's parity x hi or lo): an MMA waits on the one before into its C */
     __syncwarp();
     const long long t0 = clock64();
     for (int rep = 0; rep < REPS; rep++) {
         asm volatile("" ::: "memory"); /* each stage's loads again */
-        c[0] = c[1] = c[2] = c[3] = 0.0f;
-#pragma unroll 4
-        for (int kk = 0; kk < COLS / WARPS / 16; kk++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+#pragma unroll X_HELD ? 16 : 4
+        for (int kk = 0; kk < STEPS; kk++) {
             const int col = warp * (COLS / WARPS) + kk * 16;
             uint32_t b0, b1;
             asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
@@ -97,20 +111,26 @@ __global__ void mma_kernel(const __nv_bfloat16 *w, const float *x, int warps, lo
                          : "r"(row_base + col * 2));
             /* A's row 0 (lanes 0..3): x's columns col + 2 tid, + 1 and col + 8 + 2 tid, + 1; the other rows 0 */
             uint32_t h0 = 0, h1 = 0, l0 = 0, l1 = 0;
-            if (lane < 4) {
+            if (X_HELD) {
+                h0 = held[kk][0], h1 = held[kk][1], l0 = held[kk][2], l1 = held[kk][3];
+            } else if (lane < 4) {
                 h0 = *(const uint32_t *)(x_hi + col + 2 * tid), h1 = *(const uint32_t *)(x_hi + col + 8 + 2 * tid);
                 l0 = *(const uint32_t *)(x_lo + col + 2 * tid), l1 = *(const uint32_t *)(x_lo + col + 8 + 2 * tid);
             }
+            float *ch = c[(kk & 1) * 2], *cl = c[(kk & 1) * 2 + 1];
             asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                          "{%8, %9}, {%0, %1, %2, %3};"
-                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "+f"(ch[0]), "+f"(ch[1]), "+f"(ch[2]), "+f"(ch[3])
                          : "r"(h0), "r"(0u), "r"(h1), "r"(0u), "r"(b0), "r"(b1));
             asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                          "{%8, %9}, {%0, %1, %2, %3};"
-                         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                         : "+f"(cl[0]), "+f"(cl[1]), "+f"(cl[2]), "+f"(cl[3])
                          : "r"(l0), "r"(0u), "r"(l1), "r"(0u), "r"(b0), "r"(b1));
         }
-        if (lane < 4) part[warp * 32 + 2 * tid] = c[0], part[warp * 32 + 2 * tid + 1] = c[1];
+        if (lane < 4) {
+            part[warp * 32 + 2 * tid] = (c[0][0] + c[2][0]) + (c[1][0] + c[3][0]);
+            part[warp * 32 + 2 * tid + 1] = (c[0][1] + c[2][1]) + (c[1][1] + c[3][1]);
+        }
         __syncwarp();
     }
     const long long t1 = clock64();
@@ -155,7 +175,6 @@ int main()
     auto run = [&](const char *name, auto kernel, bool quarters) {
         CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         for (int warps : {1, WARPS}) {
-            if (warps < WARPS && !quarters) continue; /* (a warp's 256 columns only: the totals need all 8) */
             kernel<<<1, 32 * WARPS, smem>>>(w, x, warps, cycles, sums);
             CHECK(cudaGetLastError());
             CHECK(cudaDeviceSynchronize());
@@ -165,7 +184,7 @@ int main()
             CHECK(cudaMemcpy(s.data(), sums, s.size() * sizeof(float), cudaMemcpyDeviceToHost));
             std::sort(c.begin(), c.end());
             double worst = 0.0;
-            if (warps == WARPS)
+            if (warps == WARPS) /* (one warp dots its 256 columns only) */
                 for (int r = 0; r < ROWS; r++)
                     worst = std::max(worst, fabs(row_total(s, warps, r, quarters) - want[r]) / scale[r]);
             printf("%-9s %d warp(s): %5lld cycles a stage", name, warps, c[c.size() / 2]);
@@ -174,8 +193,9 @@ int main()
         }
     };
     run("fma", fma_kernel, true);
-    run("mma", mma_kernel<COLS * 2 + PAD>, false);
-    run("mma-4096", mma_kernel<COLS * 2>, false);
+    run("mma", mma_kernel<COLS * 2 + PAD, false>, false);
+    run("mma-4096", mma_kernel<COLS * 2, false>, false);
+    run("mma-held", mma_kernel<COLS * 2 + PAD, true>, false);
     CHECK(cudaFree(w));
     CHECK(cudaFree(x));
     CHECK(cudaFree(sums));
