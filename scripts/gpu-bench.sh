@@ -101,11 +101,7 @@ fi
 if has ckpt; then
     say "checkpoints (random BF16 weights) in $MODELS"
     for s in $SHAPES $(has quant && echo "$QUANT_SHAPES"); do
-        [ -f "$MODELS/$s/model.safetensors" ] && continue
-        case $s in # the other families' shapes through transformers (make-family-checkpoint.py), Llama's directly
-        qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$MODELS/$s" ;;
-        *) python3 scripts/make-random-checkpoint.py --shape "$s" --out "$MODELS/$s" --dtype bf16 ;;
-        esac 2>&1 | grep -v Warning | tee -a "$summary"
+        scripts/make-shape.sh "$s" "$MODELS/$s" 2>&1 | grep -v Warning | tee -a "$summary"
     done
 fi
 

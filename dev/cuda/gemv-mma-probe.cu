@@ -64,6 +64,16 @@ __global__ void fma_kernel(const __nv_bfloat16 *w, const float *x, int warps, lo
     sums[warp * 32 + lane] = part[warp * 32 + lane];
 }
 
+/* c += A b, m16n8k16, bf16 in, f32 sums, A's rows 8..15 zero: a0 and a2 its row groupID's columns 2 tid, + 1 and
+ * 8 + 2 tid, + 1 (lanes 0..3 hold row 0's; the others 0) */
+__device__ __forceinline__ void mma_row0(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
 template <int STRIDE, bool X_HELD>
 __global__ void mma_kernel(const __nv_bfloat16 *w, const float *x, int warps, long long *cycles, float *sums)
 {
@@ -85,16 +95,19 @@ __global__ void mma_kernel(const __nv_bfloat16 *w, const float *x, int warps, lo
     /* ldmatrix.x2's row addresses: lanes 0..7 row lane at a step's first 8 columns, lanes 8..15 its last 8 */
     const uint32_t row_base = (uint32_t)__cvta_generic_to_shared(stage + (lane & 7) * STRIDE + (lane & 8) * 2);
     constexpr int STEPS = COLS / WARPS / 16;
-    uint32_t held[X_HELD ? STEPS : 1][4] = {}; /* X_HELD: x's fragments of every step in registers, loaded once */
-    if (X_HELD && lane < 4)
+    /* A's row 0 at step kk (lanes 0..3; the other rows 0): x's columns col + 2 tid, + 1 and col + 8 + 2 tid, + 1, hi
+     * then lo */
+    auto x_frags = [&](int kk, uint32_t (&f)[4]) {
+        const int col = warp * (COLS / WARPS) + kk * 16;
+        f[0] = f[1] = f[2] = f[3] = 0u;
+        if (lane >= 4) return;
+        f[0] = *(const uint32_t *)(x_hi + col + 2 * tid), f[1] = *(const uint32_t *)(x_hi + col + 8 + 2 * tid);
+        f[2] = *(const uint32_t *)(x_lo + col + 2 * tid), f[3] = *(const uint32_t *)(x_lo + col + 8 + 2 * tid);
+    };
+    uint32_t held[X_HELD ? STEPS : 1][4]; /* X_HELD: every step's fragments in registers, loaded once */
+    if constexpr (X_HELD)
 #pragma unroll
-        for (int kk = 0; kk < (X_HELD ? STEPS : 1); kk++) {
-            const int col = warp * (COLS / WARPS) + kk * 16;
-            held[kk][0] = *(const uint32_t *)(x_hi + col + 2 * tid);
-            held[kk][1] = *(const uint32_t *)(x_hi + col + 8 + 2 * tid);
-            held[kk][2] = *(const uint32_t *)(x_lo + col + 2 * tid);
-            held[kk][3] = *(const uint32_t *)(x_lo + col + 8 + 2 * tid);
-        }
+        for (int kk = 0; kk < STEPS; kk++) x_frags(kk, held[kk]);
     float c[4][4]; /* four accumulator chains (a step's parity x hi or lo): an MMA waits on the one before into its C */
     __syncwarp();
     const long long t0 = clock64();
@@ -109,23 +122,13 @@ __global__ void mma_kernel(const __nv_bfloat16 *w, const float *x, int warps, lo
             asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
                          : "=r"(b0), "=r"(b1)
                          : "r"(row_base + col * 2));
-            /* A's row 0 (lanes 0..3): x's columns col + 2 tid, + 1 and col + 8 + 2 tid, + 1; the other rows 0 */
-            uint32_t h0 = 0, h1 = 0, l0 = 0, l1 = 0;
-            if (X_HELD) {
-                h0 = held[kk][0], h1 = held[kk][1], l0 = held[kk][2], l1 = held[kk][3];
-            } else if (lane < 4) {
-                h0 = *(const uint32_t *)(x_hi + col + 2 * tid), h1 = *(const uint32_t *)(x_hi + col + 8 + 2 * tid);
-                l0 = *(const uint32_t *)(x_lo + col + 2 * tid), l1 = *(const uint32_t *)(x_lo + col + 8 + 2 * tid);
-            }
-            float *ch = c[(kk & 1) * 2], *cl = c[(kk & 1) * 2 + 1];
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                         "{%8, %9}, {%0, %1, %2, %3};"
-                         : "+f"(ch[0]), "+f"(ch[1]), "+f"(ch[2]), "+f"(ch[3])
-                         : "r"(h0), "r"(0u), "r"(h1), "r"(0u), "r"(b0), "r"(b1));
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                         "{%8, %9}, {%0, %1, %2, %3};"
-                         : "+f"(cl[0]), "+f"(cl[1]), "+f"(cl[2]), "+f"(cl[3])
-                         : "r"(l0), "r"(0u), "r"(l1), "r"(0u), "r"(b0), "r"(b1));
+            uint32_t f[4];
+            if constexpr (X_HELD)
+                f[0] = held[kk][0], f[1] = held[kk][1], f[2] = held[kk][2], f[3] = held[kk][3];
+            else
+                x_frags(kk, f);
+            mma_row0(c[(kk & 1) * 2], f[0], f[1], b0, b1);     /* x's hi part */
+            mma_row0(c[(kk & 1) * 2 + 1], f[2], f[3], b0, b1); /* and its lo part */
         }
         if (lane < 4) {
             part[warp * 32 + 2 * tid] = (c[0][0] + c[2][0]) + (c[1][0] + c[3][0]);

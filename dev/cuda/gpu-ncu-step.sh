@@ -13,12 +13,7 @@ mkdir -p "$OUT" "$M"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}"; [ -n "$NCU" ] || exit 1
 ( for s in $(for r in $ROWS; do echo "${r%%:*}"; done | sort -u); do
-      if ! compgen -G "$M/$s/*.safetensors" >/dev/null; then # the other families as gpu-step-ab.sh makes them
-          case $s in
-          qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$M/$s" ;;
-          *) python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16 ;;
-          esac
-      fi
+      scripts/make-shape.sh "$s" "$M/$s"
       echo "ckpt $s done at $((SECONDS - T0))s"
   done ) >"$OUT/ckpt.log" 2>&1 &
 RUN=build/llm-run

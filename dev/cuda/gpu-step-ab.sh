@@ -21,12 +21,7 @@ left() { echo $((BUDGET - (SECONDS - T0))); }
 mkdir -p "$OUT" "$M"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
 ( for s in $(for r in $ROWS ${TRACE_ROWS:-}; do [[ $r == *:* ]] && echo "${r%%:*}"; done | sort -u); do # (traced too)
-      if ! compgen -G "$M/$s/*.safetensors" >/dev/null; then # (shards too)
-          case $s in # the other families' shapes through transformers, as scripts/gpu-bench.sh makes them
-          qwen3-* | gemma-* | phi-* | olmo-*) python3 scripts/make-family-checkpoint.py --shape "$s" --out "$M/$s" ;;
-          *) python3 scripts/make-random-checkpoint.py --shape "$s" --out "$M/$s" --dtype bf16 ;;
-          esac
-      fi
+      scripts/make-shape.sh "$s" "$M/$s"
       echo "ckpt $s done at $((SECONDS - T0))s"
   done ) >"$OUT/ckpt.log" 2>&1 &
 A=build/llm-run B=/tmp/bB/llm-run TEST_CUDA=build/tests/test_cuda
