@@ -726,6 +726,25 @@ static void test_fused_layer(void **state)
     cuda_done();
 }
 
+/* The fast precision, where a batch's products round x to BF16 once (2^-9 of each value, random signs: half the step
+ * of the 8-bit blocks above, so their 2e-2 holds with room) and the products of one shape on one input share a
+ * launch: v joins k and up joins gate (one strided-batched cuBLAS call each, counted), q (another shape, with a bias)
+ * goes alone. A join that multiplied the wrong matrix or wrote the wrong output moves values by their own size. */
+static void test_fused_layer_fast(void **state)
+{
+    (void)state;
+    open_precision = LLM_PRECISION_FAST;
+    cuda_or_skip();
+    llm_device_counters before = {0}, after = {0};
+    dev->counters(&before);
+    run_fused_layer(6, LLM_DTYPE_BF16, LLM_DTYPE_F32, 2e-2);
+    dev->counters(&after);
+    assert_int_equal(after.products_joined - before.products_joined, 2);
+    run_fused_layer(1, LLM_DTYPE_BF16, LLM_DTYPE_F32, 1e-5); /* one token: the GEMVs, f32 either way */
+    cuda_done();
+    open_precision = LLM_PRECISION_ACCURATE;
+}
+
 /* ---- mixture of experts: route, experts and combine against the reference, and a MoE block replayed ---- */
 
 /* Scores of few distinct values (quarter steps in [-1, 1]) so that ties are common: each rule must keep the lower
@@ -2059,7 +2078,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_matmul_quant),        cmocka_unit_test(test_small_ops),
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_attention_long),
-        cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_moe_route),
+        cmocka_unit_test(test_fused_layer),   cmocka_unit_test(test_fused_layer_fast), cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_experts),   cmocka_unit_test(test_moe_experts_mxfp4),
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_moe_graph_replay),

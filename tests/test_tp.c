@@ -897,13 +897,17 @@ static void test_split_matches(void **state)
         double steps_vs_one = fixture_max_rel_error(steps2, steps1, steps);
         free(steps1), free(steps2);
         size_t count = ex.n_logits;
-        /* The kernel-per-op step (LLM_CUDA_PERSIST=0), summing through the one-shot kernel and through NCCL at every
-         * size: two ranks' sums are one add, in the same order, so the two are bit-identical. */
-        float *oneshot = NULL, *nccl = NULL;
+        /* The kernel-per-op step (LLM_CUDA_PERSIST=0), summing through the one-shot kernel (the prompt's rows through
+         * the two-shot one where they pass 64 KB), through the two-shot kernel at every size and through NCCL at
+         * every size: two ranks' sums are one add, in the same order, so the three are bit-identical. */
+        float *oneshot = NULL, *twoshot = NULL, *nccl = NULL;
         int32_t g3[256];
         llm_device_counters c3 = {0};
+        char d4[1024];
         setenv("LLM_CUDA_PERSIST", "0", 1); /* read by each rank's device as it opens */
         run_model(&ex, "cuda:0,1", &oneshot, g3, &c3, NULL, 0);
+        setenv("LLM_CUDA_ALL_REDUCE", "two-shot", 1);
+        run_model(&ex, "cuda:0,1", &twoshot, g3, &c3, d4, sizeof d4);
         setenv("LLM_CUDA_ALL_REDUCE", "nccl", 1);
         run_model(&ex, "cuda:0,1", &nccl, g3, &c3, d3, sizeof d3);
         unsetenv("LLM_CUDA_ALL_REDUCE");
@@ -915,8 +919,10 @@ static void test_split_matches(void **state)
         if (cuda->link) cuda->link(0, 1, link, sizeof link);
         const bool peers = strstr(link, "peer access yes") != NULL;
         if (peers) assert_non_null(strstr(d2, "all-reduce: one-shot"));
+        if (peers) assert_non_null(strstr(d4, "all-reduce: two-shot"));
         assert_non_null(strstr(d3, "all-reduce: NCCL"));
         assert_memory_equal(nccl, oneshot, count * sizeof *oneshot);
+        assert_memory_equal(nccl, twoshot, count * sizeof *twoshot);
         double vs_op = fixture_max_rel_error(two, oneshot, count);
         if (f == 0) { /* profiled, rank 0 issues its steps op by op, and so must the others (they recorded theirs and
                          waited in the persistent kernel for sums rank 0 never wrote) */
@@ -930,7 +936,7 @@ static void test_split_matches(void **state)
             assert_memory_equal(gp, g3, (size_t)ex.n_greedy * sizeof *gp);
             free(profiled);
         }
-        free(oneshot), free(nccl);
+        free(oneshot), free(twoshot), free(nccl);
         double hf = fixture_max_rel_error(two, ex.logits, count), vs_one = fixture_max_rel_error(two, one, count);
         print_message("%s on 2 GPUs: max |logit - HF| / max |HF| = %.3g, against one GPU %.3g, against the kernel-per-op "
                       "split %.3g; %zu persistent steps (one GPU: %zu)\n", name, hf, vs_one, vs_op,
@@ -1081,5 +1087,7 @@ int main(void)
         cmocka_unit_test(test_split_quant_matches),
         cmocka_unit_test(test_split_across_hosts),
     };
+    const char *only = getenv("LLM_TEST_FILTER"); /* e.g. "test_split_matches": a subset while working on one part */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

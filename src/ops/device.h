@@ -50,6 +50,7 @@ typedef struct {
     size_t refused[LLM_REFUSE_COUNT]; /* fusions not applied, by reason: a group declared with one refused, and each
                                          one refused at run time (a batch's, the persistent step's) */
     size_t graph_replays;    /* steps replayed from a recorded graph (not the one captured: its ops were issued) */
+    size_t products_joined;  /* a batch's products launched with the one before them (cuda: v with k, up with gate) */
 } llm_device_counters;
 
 typedef struct {

@@ -81,6 +81,10 @@ static const struct {
         {"host_step",
          "a step moves data to or from the host (an op on a CPU device: experts in host memory with --cpu-moe, "
          "--op-device, or a fallback): CUDA graphs off, each op launched on its own"},
+    [LLM_REFUSE_BATCH_TABLE] =
+        {"batch_table",
+         "a batch's products of one shape (k and v, gate and up) launched one by one, not as one batched cuBLAS "
+         "launch: the device's table of batched launches (4,096, kept for the device's life) is full"},
     [LLM_REFUSE_MISMATCH] =
         {"mismatch",
          "ops that did not match their group's declaration (buffers, shapes or order): run unfused (a bug in the "

@@ -26,7 +26,8 @@ typedef enum {
 enum {
     LLM_FUSE_NORM_PROLOGUE = 1u << 0,  /* one token's norm as the next product's prologue */
     LLM_FUSE_ADD_NORM = 1u << 1,       /* a batch's norm in one pass with the residual add before it */
-    LLM_FUSE_SHARED_INPUT = 1u << 2,   /* one token's consecutive products of one input in one launch (q/k/v, gate/up) */
+    LLM_FUSE_SHARED_INPUT = 1u << 2,   /* consecutive products of one input in one launch (q/k/v, gate/up; a batch's
+                                          of one shape: k and v, gate and up) */
     LLM_FUSE_ROPE = 1u << 3,           /* one token's rope as the q/k products' epilogue */
     LLM_FUSE_KV_STORE = 1u << 4,       /* one token's KV store before attention, by the kernel that ropes k */
     LLM_FUSE_QK_NORM_ROPE = 1u << 5,   /* q and k norms (per head or whole) and the rope after them, one kernel */
@@ -59,6 +60,7 @@ typedef enum {
     LLM_REFUSE_PERSIST_TP,        /* tensor parallelism: an all-reduce between the step's phases */
     LLM_REFUSE_STEP,              /* the persistent step refused a recorded program (dtype, alignment, shapes) */
     LLM_REFUSE_HOST_STEP,         /* a step moves data to or from the host: no CUDA graph */
+    LLM_REFUSE_BATCH_TABLE,       /* a batch's products of one shape launched apart: the table of launches is full */
     LLM_REFUSE_MISMATCH,          /* the ops did not match their group's declaration */
     LLM_REFUSE_COUNT
 } llm_refusal;

@@ -103,7 +103,8 @@ static int env_int(const char *name, int fallback)
  *                               (256: 64 positions of f32, 128 of a 16-bit cache), whole boxes of 32
  *   LLM_CUDA_STEP_TRACE=FILE    the persistent step's per-phase stamps appended to FILE (dev/cuda/cuda-step-trace.py)
  *   LLM_CUDA_TIMELINE=FILE      the last kernel-per-op step's kernel stamps, at exit (dev/cuda/cuda-timeline.py)
- *   LLM_CUDA_ALL_REDUCE=nccl    tensor parallelism: every all-reduce through NCCL (else one-shot up to 64 KB; nccl.cu)
+ *   LLM_CUDA_ALL_REDUCE=nccl    tensor parallelism: every all-reduce through NCCL (else one-shot up to 64 KB, two-shot
+ *                               above; nccl.cu); =two-shot: the two-shot kernel at every size (tests)
  *   LLM_CUDA_MOE_PDL=0|1|2      the MoE kernels: no programmatic dependent launch / launched early, the next kernel
  *                               let in at exit / as LLM_CUDA_PDL_EARLY says (2; notes: "Mixture of experts")
  *   LLM_CUDA_MOE_X_SHARED=0     one token's experts read x through L1, not staged in shared memory (notes: v133)
@@ -150,6 +151,7 @@ static void cuda_settings_read(cuda_settings *s)
     {
         const char *sum = getenv("LLM_CUDA_ALL_REDUCE"); /* "nccl": NCCL at every size (measurements, tests) */
         s->all_reduce_oneshot = !(sum && strcmp(sum, "nccl") == 0);
+        s->all_reduce_twoshot_only = sum && strcmp(sum, "two-shot") == 0;
     }
     s->timeline = getenv("LLM_CUDA_TIMELINE");
     if (s->timeline && !*s->timeline) s->timeline = NULL;
@@ -184,6 +186,11 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.hopper_code = decode_path_of(g.prop, g.code_version, g.decode_path, sizeof g.decode_path);
     step = "cuBLAS workspace";
     if ((e = cudaMalloc(&g.workspace, CUBLAS_WORKSPACE)) != cudaSuccess) goto cuda_fail;
+    step = "the batched products' table";
+    if ((e = cudaMalloc(&g.batches_dev, BATCH_LAUNCHES_MAX * sizeof(batch_launch))) != cudaSuccess ||
+        (e = cudaMallocHost(&g.batches_host, BATCH_LAUNCHES_MAX * sizeof(batch_launch))) != cudaSuccess)
+        goto cuda_fail;
+    g.batches_n = 0;
     {
         cublasStatus_t st = cublasCreate(&g.blas);
         if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(g.blas, llm_cuda.stream);
@@ -280,6 +287,9 @@ static void cuda_release(void)
     g.prog = NULL, g.prog_n = 0;
     if (g.blas) cublasDestroy(g.blas);
     if (g.workspace) cudaFree(g.workspace);
+    if (g.batches_dev) cudaFree(g.batches_dev);
+    if (g.batches_host) cudaFreeHost(g.batches_host);
+    g.batches_dev = g.batches_host = NULL, g.batches_n = 0;
     if (llm_cuda.stream) cudaStreamDestroy(llm_cuda.stream);
     g.blas = NULL, g.workspace = NULL, llm_cuda.stream = NULL;
     cudaGetLastError();
@@ -334,6 +344,7 @@ static void cuda_counters(llm_device_counters *out)
     out->groups_fused = g.initialized ? g.groups_fused : 0;
     for (int i = 0; i < LLM_REFUSE_COUNT; i++) out->refused[i] = g.initialized ? g.refused[i] : 0;
     out->graph_replays = g.initialized ? g.replays : 0;
+    out->products_joined = g.initialized ? g.products_joined : 0;
 }
 
 static int cuda_instances(void)

@@ -33,8 +33,9 @@ typedef struct {
  * split of x, which a norm or swiglu before them may have written on the way. */
 /* PEND_POST_NORM: an in-place norm (a post norm, or q/k's) that the residual add after it may join (op_add);
  * PEND_QK_NORM: two in-place norms of one width (q's and k's), which the rope after them joins (PEND_QK_ROPE), and
- * that one token's attention stores the KV row with (op_attention) */
-enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM, PEND_QK_NORM, PEND_QK_ROPE };
+ * that one token's attention stores the KV row with (op_attention); PEND_BATCH: a batch's products of one shape on
+ * one input (mats, batch), which the next of their group joins (gemm_batch) */
+enum { PEND_NONE, PEND_NORM, PEND_GEMV, PEND_ADD, PEND_POST_NORM, PEND_QK_NORM, PEND_QK_ROPE, PEND_BATCH };
 
 typedef struct {
     int kind;
@@ -48,7 +49,12 @@ typedef struct {
     llm_cuda_gemv job;
     llm_weight norm_w;
     int dim;
-    pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them */
+    pend_mat mats[LLM_CUDA_GEMV_MATS]; /* job.n_mats of them (PEND_BATCH: batch.count) */
+    struct {            /* PEND_BATCH's products: batch.count of n tokens on x's 16-bit halves h */
+        const float *x;
+        llm_cuda_halves h;
+        int n, count;
+    } batch;
     size_t count;       /* PEND_ADD's value count */
     llm_cuda_src add_y; /* PEND_ADD's y, or the halves of a sum owed to it */
     struct {            /* PEND_QK_NORM's two norms (q_rows of dim, k_rows of k_dim), PEND_QK_ROPE's rope after them
@@ -82,9 +88,17 @@ typedef struct {
     bool live;
 } owed_t;
 
+/* The pointer arrays of one batched launch of products (gemm_batch): weights a, x's halves b, outputs c. */
+#define BATCH_LAUNCHES_MAX 4096
+typedef struct {
+    const void *a[LLM_CUDA_GEMV_MATS], *b[LLM_CUDA_GEMV_MATS];
+    void *c[LLM_CUDA_GEMV_MATS];
+    int count;
+} batch_launch;
+
 /* Every LLM_CUDA_* variable the device reads, as cuda_settings_read leaves it (see there for the table). */
 typedef struct {
-    bool graphs, fuse, sync_each, pdl, persist, owe, attn_simt, all_reduce_oneshot;
+    bool graphs, fuse, sync_each, pdl, persist, owe, attn_simt, all_reduce_oneshot, all_reduce_twoshot_only;
     int pdl_early, dec_heads, dec_warps, attn_window_kb, gemv_cpl, persist_splits, persist_split_scale, persist_stages;
     int persist_kv_bytes;
     int moe_pdl;
@@ -127,6 +141,7 @@ struct cuda_state {
     llm_group group;
     unsigned group_seq;
     size_t groups, groups_fused, refused[LLM_REFUSE_COUNT], replays;
+    size_t products_joined; /* batch products launched with the one before them (gemm_batch) */
     llm_refusal persist_cut_refusal; /* why persist_cut, as a code */
     /* the persistent step (step.cu): a one-token step's GEMVs and attentions, recorded instead of launched */
     bool persist;
@@ -141,6 +156,10 @@ struct cuda_state {
     struct { const float *x; size_t count; llm_cuda_halves halves; } split;
     llm_dtype batch_dtype; /* of the last batched product's weights */
     owed_t owed[LLM_CUDA_OWED_MAX];
+    /* every batched launch's pointer arrays, in page-locked host memory and copied to the device's, kept for the
+     * device's life: cuBLAS reads them when the launch runs, also when a recorded graph replays it (gemm_batch) */
+    batch_launch *batches_host, *batches_dev;
+    int batches_n;
     int owed_evict;        /* the slot to take next when all are keyed */
     bool last_batched;     /* the last product was of a batch (cuBLAS), not one token (GEMV) */
 };
@@ -228,6 +247,8 @@ llm_cuda_src src_of(const float *p, size_t count);
 bool src_overlaps(llm_cuda_src s, size_t count, const void *p, size_t bytes);
 void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool may_owe,
     const char *op);
+bool gemm_split(const float *x, int n, const llm_weight *w, llm_cuda_halves *h, const char *op);
+void gemm_batch(const pend_mat *mats, int count, int n, const llm_cuda_halves *h);
 
 /* memory.cu */
 bool blas_ok(cublasStatus_t st, const char *op);

@@ -2,14 +2,17 @@
  * device opens. all_reduce sums a step's small vectors (a token's hidden row: up to ONESHOT_MAX floats) in one kernel
  * through the other GPUs' memory, mapped here by CUDA IPC over NVLink or PCIe peer access (the "one-shot"
  * all-reduce: each rank writes its x into every other rank's box, raises a flag there, waits for theirs and adds
- * the ranks' rows in rank order, so that every rank holds the same sums). Larger vectors (prefill) and groups whose
- * GPUs cannot reach each other's memory go through ncclAllReduce. all_gather puts the ranks' logits together
+ * the ranks' rows in rank order, so that every rank holds the same sums). Larger vectors (a prompt's rows) go through
+ * the "two-shot" all-reduce over the same boxes: each rank pushes segment j of its x to rank j, which sums its segment
+ * in rank order and pushes the sums to every rank (faster than NCCL's ring here: dev/cuda/allreduce-probe.cu). Groups
+ * whose GPUs cannot reach each other's memory go through ncclAllReduce. all_gather puts the ranks' logits together
  * (ncclAllGather, or through all_reduce). All are on the device's stream, so a step's CUDA graph captures them like
  * kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
  * (src/tp.c). Built without NCCL (make LLM_NCCL=0) the device is always a group of one. */
 #include "device_internal.cuh"
 
 #include <dlfcn.h>
+#include <type_traits>
 
 #ifdef LLM_HAVE_NCCL
 #include <nccl.h>
@@ -18,12 +21,18 @@ static ncclComm_t comm;
 #endif
 static int tp_size = 1, tp_rank = 0;
 
-/* The one-shot all-reduce's boxes: each rank's own (box[tp_rank]) and the others' as mapped here. A box holds two
- * slots (a call's parity: a rank may run one call ahead of another, never two) of a row from each rank, then one flag
- * a rank (the last call whose row that rank has written here) and this rank's count of calls, then the persistent
- * step's slots (step.cu, tp_sum): STEP_SUM_SLOTS summed products a step, a row from each rank, EMPTY until written. */
+/* The all-reduce's boxes: each rank's own (box[tp_rank]) and the others' as mapped here. A box holds two slots (a
+ * call's parity: a rank may run one call ahead of another, never two) of a row from each rank, then one flag a rank
+ * (the last call whose row that rank has written here) and this rank's count of calls, then the persistent step's
+ * slots (step.cu, tp_sum): STEP_SUM_SLOTS summed products a step, a row from each rank, EMPTY until written; then the
+ * two-shot all-reduce's area (twoshot_area). */
 constexpr int ONESHOT_MAX = 16384; /* floats a call: 64 KB, a hidden row of 16,384 */
 constexpr int ONESHOT_THREADS = 1024;
+/* The two-shot all-reduce: at most TWOSHOT_MAX floats a launch (512 rows of 8,192: Llama-70B's prompt batch; more go
+ * in pieces), by TWOSHOT_BLOCKS blocks (each meets only the same block of the other ranks: the probe's best, 64, of
+ * 8 to 132 for 4-16 MB on two H200s) */
+constexpr size_t TWOSHOT_MAX = (size_t)1 << 22;
+constexpr int TWOSHOT_BLOCKS = 64, TWOSHOT_THREADS = 1024;
 struct oneshot_boxes {
     float *box[LLM_TP_MAX];
     int rank, size;
@@ -33,9 +42,24 @@ static bool oneshot;
 
 static __host__ __device__ size_t box_floats(int size) { return (size_t)2 * size * ONESHOT_MAX; }
 /* floats from a box's start to its slots: past the flags, rounded to 16 bytes */
-[[maybe_unused]] static size_t slots_at(int size) { return (box_floats(size) + (size_t)(size + 1) * 2 + 3) / 4 * 4; }
-[[maybe_unused]] static size_t slots_floats(int size) { return (size_t)STEP_SUM_SLOTS * size * STEP_SUM_ROWS; }
-[[maybe_unused]] static size_t box_bytes(int size) { return (slots_at(size) + slots_floats(size)) * sizeof(float); }
+[[maybe_unused]] static __host__ __device__ size_t slots_at(int size)
+{
+    return (box_floats(size) + (size_t)(size + 1) * 2 + 3) / 4 * 4;
+}
+[[maybe_unused]] static __host__ __device__ size_t slots_floats(int size)
+{
+    return (size_t)STEP_SUM_SLOTS * size * STEP_SUM_ROWS;
+}
+/* The two-shot area: recv (rank r's part of this rank's segment at r * seg), gather (segment s's sums at s * seg),
+ * each TWOSHOT_MAX floats and a segment's rounding; then flags [2 meetings][blocks][ranks] (call numbers, as the
+ * one-shot's) and this rank's count of calls a block. */
+constexpr size_t TWOSHOT_AREA = TWOSHOT_MAX + 4 * LLM_TP_MAX;
+[[maybe_unused]] static __host__ __device__ size_t twoshot_at(int size) { return slots_at(size) + slots_floats(size); }
+[[maybe_unused]] static size_t box_bytes(int size)
+{
+    return (twoshot_at(size) + 2 * TWOSHOT_AREA) * sizeof(float) +
+           ((size_t)2 * TWOSHOT_BLOCKS * LLM_TP_MAX + TWOSHOT_BLOCKS) * sizeof(unsigned long long);
+}
 static float **d_boxes; /* boxes.box in device memory, for the persistent step */
 /* The persistent step sums through the boxes' slots only where every rank's step has as many blocks: each block then
  * finishes the same tiles in the same order on every rank, so no two wait on each other. */
@@ -264,6 +288,83 @@ __global__ void __launch_bounds__(ONESHOT_THREADS) oneshot_all_reduce(float *x, 
     }
     if (threadIdx.x == 0) flags[b.size] = call;
 }
+
+__device__ __forceinline__ unsigned long long *twoshot_flags(float *box, int size)
+{
+    return (unsigned long long *)(box + twoshot_at(size) + 2 * TWOSHOT_AREA);
+}
+
+/* This block tells the same block of every other rank that its writes of meeting m are in their boxes, and waits
+ * for theirs (after 30 s a trap, as the one-shot's). */
+__device__ void twoshot_meet(const oneshot_boxes &b, int m, unsigned long long call)
+{
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t < b.size && t != b.rank) {
+        const size_t at = ((size_t)m * TWOSHOT_BLOCKS + blockIdx.x) * LLM_TP_MAX;
+        __threadfence_system();
+        store_release_system(&twoshot_flags(b.box[t], b.size)[at + b.rank], call);
+        const unsigned long long *mine = &twoshot_flags(b.box[b.rank], b.size)[at + t];
+        unsigned long long start, now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+        while (load_acquire_system(mine) < call) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+            if (now - start > 30ull * 1000 * 1000 * 1000) __trap();
+        }
+    }
+    __syncthreads();
+}
+
+/* x (count floats) summed over the ranks: segment j (seg floats, the last one shorter) is rank j's to sum. Each rank
+ * writes segment j of its x into rank j's recv; rank j adds its segment's parts in rank order and writes the sums
+ * into its x and every other rank's gather; each rank copies the other segments home. Every block takes the same
+ * slice of each segment on every rank, and meets only the same block of the others, so blocks never wait on blocks
+ * of their own GPU. A block's calls are counted in its own box: every rank makes the same calls. V: 16 bytes at a
+ * time (x aligned and count a multiple of 4; the boxes always are). */
+template <int V>
+__global__ void __launch_bounds__(TWOSHOT_THREADS) twoshot_all_reduce(float *x, size_t count, oneshot_boxes b)
+{
+    typedef typename std::conditional<V == 4, float4, float>::type vec;
+    const int R = b.size, me = b.rank;
+    const size_t seg = ((count + R - 1) / R + 3) / 4 * 4;
+    const size_t per = ((seg + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+    const size_t lo = blockIdx.x * per;
+    auto end = [&](int j) { /* the end of this block's slice of segment j, in floats */
+        const size_t len = count > j * seg ? min(seg, count - j * seg) : 0;
+        return min(lo + per, len);
+    };
+    auto recv = [&](int j) { return b.box[j] + twoshot_at(R); };
+    auto gather = [&](int j) { return recv(j) + TWOSHOT_AREA; };
+    unsigned long long *calls = twoshot_flags(b.box[me], R) + (size_t)2 * TWOSHOT_BLOCKS * LLM_TP_MAX;
+    const unsigned long long call = calls[blockIdx.x] + 1;
+    vec *xv = (vec *)x;
+    for (int k = 1; k < R; k++) {
+        const int j = (me + k) % R; /* each rank starts with the next one's box: the links share the load */
+        vec *to = (vec *)(recv(j) + me * seg);
+        for (size_t i = lo / V + threadIdx.x; i < end(j) / V; i += blockDim.x) to[i] = xv[j * seg / V + i];
+    }
+    twoshot_meet(b, 0, call);
+    const vec *parts = (const vec *)recv(me);
+    for (size_t i = lo / V + threadIdx.x; i < end(me) / V; i += blockDim.x) {
+        vec sum = me == 0 ? xv[me * seg / V + i] : parts[i]; /* rank 0's part: in rank order on every rank */
+        for (int r = 1; r < R; r++) {
+            const vec v = r == me ? xv[me * seg / V + i] : parts[r * seg / V + i];
+            if constexpr (V == 4)
+                sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+            else
+                sum += v;
+        }
+        xv[me * seg / V + i] = sum;
+        for (int k = 1; k < R; k++) ((vec *)gather((me + k) % R))[me * seg / V + i] = sum;
+    }
+    twoshot_meet(b, 1, call);
+    const vec *sums = (const vec *)gather(me);
+    for (int k = 1; k < R; k++) {
+        const int j = (me + k) % R;
+        for (size_t i = lo / V + threadIdx.x; i < end(j) / V; i += blockDim.x) xv[j * seg / V + i] = sums[j * seg / V + i];
+    }
+    if (threadIdx.x == 0) calls[blockIdx.x] = call;
+}
 #endif
 
 bool cuda_tp_step_slots(float *const **boxes_out, size_t *at, int *rank, int *size)
@@ -277,7 +378,9 @@ bool cuda_tp_step_slots(float *const **boxes_out, size_t *at, int *rank, int *si
 const char *cuda_tp_path(void)
 {
     if (tp_size <= 1) return "";
-    return oneshot ? "one-shot through peer memory up to 64 KB, NCCL above" : "NCCL";
+    if (!oneshot) return "NCCL";
+    return g.set.all_reduce_twoshot_only ? "two-shot through peer memory at every size"
+                                         : "one-shot through peer memory up to 64 KB, two-shot above";
 }
 
 /* Join the group of opt (after cudaSetDevice): blocks until every rank has joined. A group of one joins nothing. */
@@ -315,14 +418,26 @@ void cuda_tp_close(void)
     tp_size = 1, tp_rank = 0;
 }
 
-/* In f32: one-shot up to ONESHOT_MAX floats where the GPUs reach each other's memory, else NCCL (ring or tree;
- * NCCL_PROTO and NCCL_ALGO choose). */
+/* In f32 where the GPUs reach each other's memory: one-shot up to ONESHOT_MAX floats, two-shot above (in pieces of
+ * TWOSHOT_MAX); else NCCL (ring or tree; NCCL_PROTO and NCCL_ALGO choose). Every rank takes the same path and the
+ * same pieces: they depend on count alone. */
 void cuda_tp_all_reduce(float *x, size_t count)
 {
 #ifdef LLM_HAVE_NCCL
-    if (oneshot && count <= (size_t)ONESHOT_MAX) {
+    if (oneshot && count <= (size_t)ONESHOT_MAX && !g.set.all_reduce_twoshot_only) {
         oneshot_all_reduce<<<1, ONESHOT_THREADS, 0, llm_cuda.stream>>>(x, (int)count, boxes);
         LLM_CUDA_LAUNCHED("all_reduce");
+        return;
+    }
+    if (oneshot) {
+        for (size_t at = 0; at < count; at += TWOSHOT_MAX) {
+            const size_t piece = count - at < TWOSHOT_MAX ? count - at : TWOSHOT_MAX;
+            if (piece % 4 == 0 && ((uintptr_t)(x + at) & 15) == 0)
+                twoshot_all_reduce<4><<<TWOSHOT_BLOCKS, TWOSHOT_THREADS, 0, llm_cuda.stream>>>(x + at, piece, boxes);
+            else
+                twoshot_all_reduce<1><<<TWOSHOT_BLOCKS, TWOSHOT_THREADS, 0, llm_cuda.stream>>>(x + at, piece, boxes);
+            if (!LLM_CUDA_LAUNCHED("all_reduce")) return;
+        }
         return;
     }
     ncclResult_t r = ncclAllReduce(x, x, count, ncclFloat, ncclSum, comm, llm_cuda.stream);

@@ -221,6 +221,13 @@ static void retire_pending(void)
     if (P->kind == PEND_NONE) return;
     int kind = P->kind;
     P->kind = PEND_NONE;
+    if (kind == PEND_BATCH) { /* products: x's split stays good for the next product on x (hold_batch_product) */
+        issue_program();
+        gemm_batch(P->mats, P->batch.count, P->batch.n, &P->batch.h);
+        if (P->batch.count > 1) g.products_joined += (size_t)P->batch.count - 1;
+        after_op("matmul");
+        return;
+    }
     forget_split();
     if (kind != PEND_GEMV || !records(P->fused)) issue_program(); /* what was recorded runs before this */
     if (kind == PEND_ADD) {
@@ -484,6 +491,43 @@ static void one_token_product(float *out, const float *x, const llm_weight *w, c
     if (!g.fuse || overlaps(out, w->rows * sizeof(float), x, w->cols * sizeof(float))) retire_pending();
 }
 
+/* Can the product of w into out join the held batch (PEND_BATCH)? The same x, shape and group, room in the batch,
+ * and an output apart from the others'. */
+static bool joins_batch(const pending_t *P, const float *out, const float *x, const llm_weight *w, int n)
+{
+    if (P->kind != PEND_BATCH || P->seq != g.group_seq || P->batch.x != x || P->batch.n != n ||
+        P->batch.count == LLM_CUDA_GEMV_MATS || w->dtype != P->mats[0].w.dtype || w->rows != P->mats[0].w.rows ||
+        w->cols != P->mats[0].w.cols)
+        return false;
+    const size_t bytes = (size_t)n * w->rows * sizeof(float);
+    for (int i = 0; i < P->batch.count; i++)
+        if (overlaps(out, bytes, P->mats[i].out, bytes)) return false;
+    return true;
+}
+
+/* A batch's product with 16-bit weights in the fast precision, in a group whose products share their input: held
+ * (PEND_BATCH) for the next one of the same shape (v after k, up after gate), which joins it in one launch. false:
+ * not such a product (issue it as before). */
+static bool hold_batch_product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n)
+{
+    if (!(now() & LLM_FUSE_SHARED_INPUT) || llm_cuda.split_products ||
+        (w->dtype != LLM_DTYPE_BF16 && w->dtype != LLM_DTYPE_F16) ||
+        overlaps(out, (size_t)n * w->rows * sizeof(float), x, (size_t)n * w->cols * sizeof(float)))
+        return false;
+    pending_t *P = &g.pend;
+    const pend_mat mat = {*w, bias ? *bias : llm_weight{}, bias != NULL, out};
+    if (joins_batch(P, out, x, w, n)) {
+        P->mats[P->batch.count++] = mat;
+        return true;
+    }
+    flush_pending();
+    if (!gemm_split(x, n, w, &P->batch.h, "matmul")) return true; /* the failure is the device's sticky error */
+    P->kind = PEND_BATCH, P->fused = now(), P->seq = g.group_seq;
+    P->batch.x = x, P->batch.n = n, P->batch.count = 1;
+    P->mats[0] = mat;
+    return true;
+}
+
 /* matmul and logits: one token through the (fusable) GEMV, a batch through cuBLAS. */
 static void product(float *out, const float *x, const llm_weight *w, const llm_weight *bias, int n, bool logits)
 {
@@ -500,6 +544,7 @@ static void product(float *out, const float *x, const llm_weight *w, const llm_w
         return;
     }
     const char *op = logits ? "logits" : "matmul";
+    if (!logits && hold_batch_product(out, x, w, bias, n)) return;
     flush_pending();
     gemm(out, x, w, bias, n, !logits, op);
     after_op(op);

@@ -168,6 +168,69 @@ static bool half_product(const llm_weight *w, int tokens, const void *x_half, fl
                    op);
 }
 
+/* x (n rows of w->cols) as the 16-bit halves a product with w's 16-bit weights reads, in *h: split once for the
+ * products that multiply the same x (q, k and v; gate and up); a norm or swiglu before them may have split it. */
+bool gemm_split(const float *x, int n, const llm_weight *w, llm_cuda_halves *h, const char *op)
+{
+    size_t count = (size_t)n * w->cols;
+    if (!split_buffers(count, w->dtype, h, op)) return false;
+    g.batch_dtype = w->dtype;
+    if (!split_ready(x, count, h)) {
+        llm_cuda_split(h, x, count, op);
+        remember_split(x, count, h);
+    }
+    return true;
+}
+
+/* The index of the launch of mats' products (their weights, outputs and x's halves hi) in the device's table of
+ * batched launches, added if new (the copy to the device's table goes on the stream, so it is in a captured graph
+ * too; an entry never changes, so the graph's copy stays right); -1 when the table is full. */
+static int batch_launch_of(const pend_mat *mats, int count, const void *hi)
+{
+    batch_launch b;
+    memset(&b, 0, sizeof b); /* compared whole, padding too */
+    b.count = count;
+    for (int i = 0; i < count; i++) b.a[i] = mats[i].w.data, b.b[i] = hi, b.c[i] = mats[i].out;
+    for (int i = 0; i < g.batches_n; i++)
+        if (!memcmp(&g.batches_host[i], &b, sizeof b)) return i;
+    if (g.batches_n == BATCH_LAUNCHES_MAX) return -1;
+    const int i = g.batches_n;
+    g.batches_host[i] = b;
+    if (!LLM_CUDA_CHECK("matmul", cudaMemcpyAsync(&g.batches_dev[i], &g.batches_host[i], sizeof b,
+                                                 cudaMemcpyHostToDevice, llm_cuda.stream)))
+        return -1;
+    g.batches_n++;
+    return i;
+}
+
+/* The products of a batch held as one (PEND_BATCH, ops.cu's hold_batch_product): mats[0 .. count) of one shape on
+ * the same halves of x (--precision fast: hi alone), each out = W^T . x as gemm's. Two or three (k and v; gate and
+ * up) are one batched cuBLAS launch, which keeps the GPU fuller than two of half the rows (Llama-2-70B's shape split
+ * over two GPUs, 512 tokens: gate and up 273 us against 2 x 167, k and v 29.5 against 2 x 22;
+ * dev/cuda/gemm-shapes-probe.cu; a pair of whole gate/up rows of 28,672 costs 1.8 % more, k and v save 40 %). Through
+ * arrays of pointers, as fast as strides: a model's buffers lie anywhere in the address space, in no order, and a
+ * strided launch whose outputs lay 140 TB apart (Llama-3.2-1B split over two GPUs: k's and v's) faulted. */
+void gemm_batch(const pend_mat *mats, int count, int n, const llm_cuda_halves *h)
+{
+    const llm_weight *w = &mats[0].w;
+    cudaDataType t = w->dtype == LLM_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const float one = 1.0f, zero = 0.0f;
+    int rows = (int)w->rows, cols = (int)w->cols;
+    const int e = count > 1 ? batch_launch_of(mats, count, h->hi) : -1;
+    if (e >= 0) {
+        const batch_launch *b = &g.batches_dev[e];
+        blas_ok(cublasGemmBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, b->a, t, cols, b->b, t,
+                                    cols, &zero, b->c, CUDA_R_32F, rows, count, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
+                "matmul");
+    } else {
+        if (count > 1) refuse_now(LLM_REFUSE_BATCH_TABLE);
+        for (int i = 0; i < count; i++) half_product(&mats[i].w, n, h->hi, 0.0f, mats[i].out, "matmul");
+    }
+    for (int i = 0; i < count; i++)
+        if (mats[i].has_bias) llm_cuda_add_bias(mats[i].out, &mats[i].bias, n, (size_t)rows, "matmul");
+}
+
 /* out (n, rows) = x (n, cols) . w^T: column-major C (rows x n) = W^T (rows x cols) . X (cols x n).
  * 16-bit weights: x is split into hi + lo in the weight's dtype and the two products are summed in f32, which keeps
  * f32-level accuracy (about 2^-16 relative for bf16) at twice the tensor-core work; --precision fast uses hi alone
@@ -194,15 +257,8 @@ void gemm(float *out, const float *x, const llm_weight *w, const llm_weight *bia
                              CUDA_R_32F, cols, &zero, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F_PEDANTIC,
                              CUBLAS_GEMM_DEFAULT), op);
     } else {
-        size_t count = (size_t)n * cols;
         llm_cuda_halves h;
-        if (!split_buffers(count, w->dtype, &h, op)) return;
-        g.batch_dtype = w->dtype;
-        /* q, k and v (gate and up) multiply the same x, split once; a norm or swiglu before may have split it. */
-        if (!split_ready(x, count, &h)) {
-            llm_cuda_split(&h, x, count, op);
-            remember_split(x, count, &h);
-        }
+        if (!gemm_split(x, n, w, &h, op)) return;
         /* The halves lie side by side (split_buffers makes every split): X's columns 0..n-1 are hi, n..2n-1 lo. */
         if (h.lo && may_owe && g.owe) {
             size_t out_count = (size_t)n * rows;
