@@ -240,6 +240,7 @@ static const char *run_listen; /* run_model's rank 0 waits here for the other ra
 static llm_dtype run_quant;     /* run_model's --quant (LLM_DTYPE_F32: none) */
 static float *run_steps; /* when set: run_model's one-token steps' logits, (n_greedy - 1, vocab) */
 static bool run_profiled; /* run_model under --profile's op profiler (rank 0's; the others profile as it does) */
+static llm_precision run_precision; /* run_model's --precision (the zero value: accurate) */
 
 /* Logits of every position of the fixture's tokens in one call, and its greedy tokens decoded one at a time after the
  * prompt, on `device` (a list of GPUs: split). *logits malloc'd. */
@@ -247,7 +248,7 @@ static void run_model(const fixture_expected *ex, const char *device, float **lo
                       llm_device_counters *counters, char *describe, size_t describe_len)
 {
     llm_model m;
-    llm_load_options lo = {.device = device, .tp_listen = run_listen, .quant = run_quant};
+    llm_load_options lo = {.device = device, .tp_listen = run_listen, .quant = run_quant, .precision = run_precision};
     char err[1024] = "";
     int rc = llm_tp_load(&m, ex->dir, &lo, err, sizeof err);
     if (rc) print_error("%s: %s\n", device, err);
@@ -980,6 +981,36 @@ static void test_split_matches(void **state)
     }
 }
 
+/* The fast precision (the CLI's default) on the BF16 fixture, split over two GPUs against one GPU: each rank's k and
+ * v, gate and up go as one batched launch (counted), as on one GPU, through arrays of pointers (strides faulted where
+ * a rank's outputs lay far apart: dev/cuda/notes.md, version 191). A prompt's products round x to BF16 on both; the
+ * split's x differs from one GPU's by f32 sums in another order, which moves a few values to the other BF16
+ * neighbour (2^-8 of the value), so 1e-3 of the largest logit (a lost or doubled share moves logits by their own
+ * size); greedy tokens exact. */
+static void test_split_fast(void **state)
+{
+    (void)state;
+    two_gpus_or_skip();
+    fixture_expected ex;
+    fixture_load_expected(&ex, "llama-gqa-tied-bf16");
+    float *one = NULL, *two = NULL;
+    int32_t g1[256], g2[256];
+    llm_device_counters c1 = {0}, c2 = {0};
+    run_precision = LLM_PRECISION_FAST;
+    run_model(&ex, "cuda:0", &one, g1, &c1, NULL, 0);
+    run_model(&ex, "cuda:0,1", &two, g2, &c2, NULL, 0);
+    run_precision = LLM_PRECISION_ACCURATE;
+    double vs_one = fixture_max_rel_error(two, one, ex.n_logits);
+    print_message("llama-gqa-tied-bf16, fast precision, on 2 GPUs against one: %.3g; products joined: %zu (one GPU "
+                  "%zu)\n", vs_one, c2.products_joined, c1.products_joined);
+    assert_true(c1.products_joined > 0);
+    assert_true(c2.products_joined > 0);
+    assert_true(vs_one <= 1e-3);
+    assert_memory_equal(g2, g1, (size_t)ex.n_greedy * sizeof *g1);
+    free(one), free(two);
+    fixture_free_expected(&ex);
+}
+
 /* Two processes on one machine joined as across hosts: rank 0 here listens on a free port, the other rank is
  * `llm-run tp-worker --connect` started apart (as by hand or mpirun, before rank 0 listens: it retries). The split
  * model's logits equal those of the split started by rank 0 itself (the same kernels on the same GPUs: 1e-6 of the
@@ -1084,7 +1115,7 @@ int main(void)
         cmocka_unit_test(test_compare_split),
         cmocka_unit_test(test_worker_connect_errors),
         cmocka_unit_test(test_split_matches), cmocka_unit_test(test_refused_before_join),
-        cmocka_unit_test(test_split_quant_matches),
+        cmocka_unit_test(test_split_quant_matches), cmocka_unit_test(test_split_fast),
         cmocka_unit_test(test_split_across_hosts),
     };
     const char *only = getenv("LLM_TEST_FILTER"); /* e.g. "test_split_matches": a subset while working on one part */
