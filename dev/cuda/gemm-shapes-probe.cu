@@ -43,13 +43,12 @@ int main(int argc, char **argv)
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
     const float one = 1.0f, zero = 0.0f;
-    for (const shape &s : shapes) {
+    /* the median of 20 launches of `launch` (after 5 to warm up), in microseconds */
+    auto median_us = [&](auto launch) {
         std::vector<float> us;
         for (int rep = 0; rep < 25; rep++) {
             CHECK(cudaEventRecord(a));
-            CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, w, CUDA_R_16BF, s.cols, x,
-                               CUDA_R_16BF, s.cols, &zero, c, CUDA_R_32F, s.rows, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT));
+            CHECK(launch());
             CHECK(cudaEventRecord(b));
             CHECK(cudaEventSynchronize(b));
             float ms;
@@ -57,7 +56,14 @@ int main(int argc, char **argv)
             if (rep >= 5) us.push_back(ms * 1000);
         }
         std::sort(us.begin(), us.end());
-        const double t = us[us.size() / 2];
+        return (double)us[us.size() / 2];
+    };
+    for (const shape &s : shapes) {
+        const double t = median_us([&] {
+            return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, w, CUDA_R_16BF, s.cols, x,
+                                CUDA_R_16BF, s.cols, &zero, c, CUDA_R_32F, s.rows, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT);
+        });
         printf("%-24s %6d x %6d x %5d: %8.1f us, %6.0f TFLOP/s\n", s.name, s.rows, s.cols, tokens, t,
                2.0 * s.rows * s.cols * tokens / t / 1e6);
     }
@@ -71,21 +77,12 @@ int main(int argc, char **argv)
     for (const batch &s : batches) {
         const size_t apart = s.apart ? s.apart : (size_t)s.rows * s.cols;
         if (apart * (s.count - 1) + (size_t)s.rows * s.cols > max_w) continue;
-        std::vector<float> us;
-        for (int rep = 0; rep < 25; rep++) {
-            CHECK(cudaEventRecord(a));
-            CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, w, CUDA_R_16BF,
-                                             s.cols, (long long)apart, x, CUDA_R_16BF, s.cols, 0, &zero, c, CUDA_R_32F,
-                                             s.rows, (long long)s.rows * tokens, s.count, CUBLAS_COMPUTE_32F,
-                                             CUBLAS_GEMM_DEFAULT));
-            CHECK(cudaEventRecord(b));
-            CHECK(cudaEventSynchronize(b));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, a, b));
-            if (rep >= 5) us.push_back(ms * 1000);
-        }
-        std::sort(us.begin(), us.end());
-        double t = us[us.size() / 2];
+        double t = median_us([&] {
+            return cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, w,
+                                              CUDA_R_16BF, s.cols, (long long)apart, x, CUDA_R_16BF, s.cols, 0, &zero,
+                                              c, CUDA_R_32F, s.rows, (long long)s.rows * tokens, s.count,
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
         printf("%-24s %d x %6d x %6d x %5d: %8.1f us, %6.0f TFLOP/s\n", s.name, s.count, s.rows, s.cols, tokens, t,
                2.0 * s.count * s.rows * s.cols * tokens / t / 1e6);
         /* the same batch through arrays of pointers (cublasGemmBatchedEx), as the cuda device launches it */
@@ -95,20 +92,11 @@ int main(int argc, char **argv)
         void **d;
         CHECK(cudaMalloc(&d, sizeof hp));
         CHECK(cudaMemcpy(d, hp, sizeof hp, cudaMemcpyHostToDevice));
-        us.clear();
-        for (int rep = 0; rep < 25; rep++) {
-            CHECK(cudaEventRecord(a));
-            CHECK(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, (const void **)d,
-                                      CUDA_R_16BF, s.cols, (const void **)(d + 2), CUDA_R_16BF, s.cols, &zero, d + 4,
-                                      CUDA_R_32F, s.rows, s.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            CHECK(cudaEventRecord(b));
-            CHECK(cudaEventSynchronize(b));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, a, b));
-            if (rep >= 5) us.push_back(ms * 1000);
-        }
-        std::sort(us.begin(), us.end());
-        t = us[us.size() / 2];
+        t = median_us([&] {
+            return cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, (const void **)d,
+                                       CUDA_R_16BF, s.cols, (const void **)(d + 2), CUDA_R_16BF, s.cols, &zero, d + 4,
+                                       CUDA_R_32F, s.rows, s.count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
         printf("%-24s %d x %6d x %6d x %5d: %8.1f us, %6.0f TFLOP/s (pointers)\n", s.name, s.count, s.rows, s.cols,
                tokens, t, 2.0 * s.count * s.rows * s.cols * tokens / t / 1e6);
         CHECK(cudaFree(d));
@@ -172,21 +160,12 @@ int main(int argc, char **argv)
         CHECK(cudaMemcpy(d, hw.data(), pieces * sizeof(void *), cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(d + pieces, hx.data(), pieces * sizeof(void *), cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(d + 2 * pieces, hc.data(), pieces * sizeof(void *), cudaMemcpyHostToDevice));
-        std::vector<float> us;
-        for (int rep = 0; rep < 25; rep++) {
-            CHECK(cudaEventRecord(a));
-            CHECK(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, kv_rows, tokens, cols, &one, (const void **)d,
-                                      CUDA_R_16BF, cols, (const void **)(d + pieces), CUDA_R_16BF, cols, &zero,
-                                      d + 2 * pieces, CUDA_R_32F, kv_rows, pieces, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
-            CHECK(cudaEventRecord(b));
-            CHECK(cudaEventSynchronize(b));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, a, b));
-            if (rep >= 5) us.push_back(ms * 1000);
-        }
-        std::sort(us.begin(), us.end());
-        const double t = us[us.size() / 2];
+        const double t = median_us([&] {
+            return cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, kv_rows, tokens, cols, &one, (const void **)d,
+                                       CUDA_R_16BF, cols, (const void **)(d + pieces), CUDA_R_16BF, cols, &zero,
+                                       d + 2 * pieces, CUDA_R_32F, kv_rows, pieces, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT);
+        });
         printf("qkv as %d pieces of %4d rows: %8.1f us, %6.0f TFLOP/s\n", pieces, kv_rows, t,
                2.0 * pieces * kv_rows * cols * tokens / t / 1e6);
         CHECK(cudaFree(d));
