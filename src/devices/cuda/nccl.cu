@@ -39,6 +39,7 @@ struct oneshot_boxes {
 };
 static oneshot_boxes boxes;
 static bool oneshot;
+static bool twoshot_only; /* LLM_CUDA_ALL_REDUCE=two-shot on every rank: the two-shot kernel at every size (tests) */
 
 static __host__ __device__ size_t box_floats(int size) { return (size_t)2 * size * ONESHOT_MAX; }
 /* floats from a box's start to its slots: past the flags, rounded to 16 bytes */
@@ -159,7 +160,7 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
     const char *why = NULL;
     memset(&boxes, 0, sizeof boxes);
     boxes.rank = rank, boxes.size = size;
-    oneshot = false;
+    oneshot = twoshot_only = false;
     if (!all || cudaMalloc(&d_cards, (size_t)(size + 1) * sizeof *d_cards) != cudaSuccess ||
         cudaMalloc(&d_ok, sizeof *d_ok) != cudaSuccess) {
         cudaGetLastError();
@@ -203,12 +204,14 @@ static int oneshot_open(const llm_device_options *opt, char *err, size_t err_len
                     cudaMemcpy(d_boxes, boxes.box, sizeof boxes.box, cudaMemcpyHostToDevice) != cudaSuccess))
         mine.ok = 0, why = "no memory for the table of boxes";
     cudaGetLastError();
-    /* every rank takes the same path, or the first call would wait forever */
-    if (cudaMemcpy(d_ok, &mine.ok, sizeof mine.ok, cudaMemcpyHostToDevice) == cudaSuccess &&
+    /* every rank takes the same path, or the first call would wait forever: the least of each rank's 0 (no peer
+     * path), 1 (one-shot for a row, two-shot above) and 2 (two-shot at every size) */
+    const int path = mine.ok ? 1 + g.set.all_reduce_twoshot_only : 0;
+    if (cudaMemcpy(d_ok, &path, sizeof path, cudaMemcpyHostToDevice) == cudaSuccess &&
         ncclAllReduce(d_ok, d_ok, 1, ncclInt, ncclMin, comm, llm_cuda.stream) == ncclSuccess &&
         cudaStreamSynchronize(llm_cuda.stream) == cudaSuccess &&
         cudaMemcpy(&agreed, d_ok, sizeof agreed, cudaMemcpyDeviceToHost) == cudaSuccess && agreed && mine.ok)
-        oneshot = true;
+        oneshot = true, twoshot_only = agreed == 2;
     cudaGetLastError();
     if (!oneshot && rank == 0)
         fprintf(stderr, "llm-run: cuda: all-reduce through NCCL at every size (no one-shot path: %s)\n",
@@ -227,7 +230,7 @@ static void oneshot_close(void)
     if (boxes.size && boxes.box[boxes.rank]) cudaFree(boxes.box[boxes.rank]);
     cudaGetLastError();
     memset(&boxes, 0, sizeof boxes);
-    oneshot = step_slots = false;
+    oneshot = step_slots = twoshot_only = false;
 }
 
 __device__ __forceinline__ void store_release_system(unsigned long long *p, unsigned long long v)
@@ -379,7 +382,7 @@ const char *cuda_tp_path(void)
 {
     if (tp_size <= 1) return "";
     if (!oneshot) return "NCCL";
-    return g.set.all_reduce_twoshot_only ? "two-shot through peer memory at every size"
+    return twoshot_only ? "two-shot through peer memory at every size"
                                          : "one-shot through peer memory up to 64 KB, two-shot above";
 }
 
@@ -424,7 +427,7 @@ void cuda_tp_close(void)
 void cuda_tp_all_reduce(float *x, size_t count)
 {
 #ifdef LLM_HAVE_NCCL
-    if (oneshot && count <= (size_t)ONESHOT_MAX && !g.set.all_reduce_twoshot_only) {
+    if (oneshot && count <= (size_t)ONESHOT_MAX && !twoshot_only) {
         oneshot_all_reduce<<<1, ONESHOT_THREADS, 0, llm_cuda.stream>>>(x, (int)count, boxes);
         LLM_CUDA_LAUNCHED("all_reduce");
         return;
