@@ -229,7 +229,7 @@ static int cuda_init(const llm_device_options *opt, char *err, size_t err_len)
     llm_cuda.step_trace = g.set.step_trace;
     g.step_tokens = 0, g.prog_n = 0, g.persisted = 0, g.step_programs = 0, g.persist_cut = false;
     g.persist_cut_why = NULL, g.persist_cut_refusal = LLM_REFUSE_NONE;
-    g.group = llm_group{}, g.group_seq = 0, g.groups = 0, g.groups_fused = 0, g.replays = 0;
+    g.group = llm_group{}, g.group_seq = 0, g.groups = 0, g.groups_fused = 0, g.replays = 0, g.products_joined = 0;
     memset(g.refused, 0, sizeof g.refused);
     if (g.persist && !g.prog && !(g.prog = (llm_cuda_step_op *)malloc(PROG_MAX * sizeof *g.prog))) g.persist = false;
     if (g.sync_each) g.use_graphs = false;
