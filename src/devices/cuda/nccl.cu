@@ -25,7 +25,7 @@ static int tp_size = 1, tp_rank = 0;
  * call's parity: a rank may run one call ahead of another, never two) of a row from each rank, then one flag a rank
  * (the last call whose row that rank has written here) and this rank's count of calls, then the persistent step's
  * slots (step.cu, tp_sum): STEP_SUM_SLOTS summed products a step, a row from each rank, EMPTY until written; then the
- * two-shot all-reduce's area (twoshot_area). */
+ * two-shot all-reduce's area (twoshot_at). */
 constexpr int ONESHOT_MAX = 16384; /* floats a call: 64 KB, a hidden row of 16,384 */
 constexpr int ONESHOT_THREADS = 1024;
 /* The two-shot all-reduce: at most TWOSHOT_MAX floats a launch (512 rows of 8,192: Llama-70B's prompt batch; more go
