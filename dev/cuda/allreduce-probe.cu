@@ -11,7 +11,13 @@
 #include <nccl.h>
 #include <vector>
 
-#define CHECK(x) do { if ((x) != 0) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
+#define CHECK(x)                                                                                                       \
+    do {                                                                                                               \
+        if ((x) != 0) {                                                                                                \
+            fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x);                                             \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 
 constexpr int MAXR = 8, MAXB = 256;
 struct boxes {
@@ -81,7 +87,8 @@ __global__ void __launch_bounds__(1024) two_shot(float *x, size_t count, boxes b
     const float4 *gather = (const float4 *)b.gather[me];
     for (int k = 1; k < R; k++) {
         const int j = (me + k) % R;
-        for (size_t i = lo / 4 + threadIdx.x; i < end(j) / 4; i += blockDim.x) x4[j * seg / 4 + i] = gather[j * seg / 4 + i];
+        for (size_t i = lo / 4 + threadIdx.x; i < end(j) / 4; i += blockDim.x)
+            x4[j * seg / 4 + i] = gather[j * seg / 4 + i];
     }
     if (threadIdx.x == 0) b.calls[blockIdx.x] = call;
 }

@@ -11,7 +11,13 @@
 #include <cuda_bf16.h>
 #include <vector>
 
-#define CHECK(x) do { if ((x) != 0) { fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x); exit(1); } } while (0)
+#define CHECK(x)                                                                                                       \
+    do {                                                                                                               \
+        if ((x) != 0) {                                                                                                \
+            fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x);                                             \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
 
 int main(int argc, char **argv)
 {
@@ -110,24 +116,28 @@ int main(int argc, char **argv)
             char *wbuf, *cbuf;
             CHECK(cudaMalloc(&wbuf, far_w ? gap + (size_t)rows * cols * 2 : (size_t)2 * rows * cols * 2));
             CHECK(cudaMalloc(&cbuf, far_c ? gap + (size_t)rows * tokens * 4 : (size_t)2 * rows * tokens * 4));
-            __nv_bfloat16 *w0 = (__nv_bfloat16 *)wbuf, *w1 = (__nv_bfloat16 *)(wbuf + (far_w ? gap : (size_t)rows * cols * 2));
+            __nv_bfloat16 *w0 = (__nv_bfloat16 *)wbuf;
+            __nv_bfloat16 *w1 = (__nv_bfloat16 *)(wbuf + (far_w ? gap : (size_t)rows * cols * 2));
             float *c0 = (float *)cbuf, *c1 = (float *)(cbuf + (far_c ? gap : (size_t)rows * tokens * 4));
             std::vector<__nv_bfloat16> hw((size_t)rows * cols);
-            for (size_t i = 0; i < hw.size(); i++) hw[i] = __float2bfloat16((float)((i * 2654435761u) % 1000) / 1000 - 0.5f);
+            for (size_t i = 0; i < hw.size(); i++)
+                hw[i] = __float2bfloat16((float)((i * 2654435761u) % 1000) / 1000 - 0.5f);
             CHECK(cudaMemcpy(w0, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
-            for (size_t i = 0; i < hw.size(); i++) hw[i] = __float2bfloat16((float)((i * 40503u) % 1000) / 1000 - 0.5f);
+            for (size_t i = 0; i < hw.size(); i++)
+                hw[i] = __float2bfloat16((float)((i * 40503u) % 1000) / 1000 - 0.5f);
             CHECK(cudaMemcpy(w1, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
             float *r0, *r1;
             CHECK(cudaMalloc(&r0, (size_t)rows * tokens * 4));
             CHECK(cudaMalloc(&r1, (size_t)rows * tokens * 4));
-            CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w0, CUDA_R_16BF, cols, x, CUDA_R_16BF,
-                               cols, &zero, r0, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w1, CUDA_R_16BF, cols, x, CUDA_R_16BF,
-                               cols, &zero, r1, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            for (int k = 0; k < 2; k++)
+                CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, k ? w1 : w0, CUDA_R_16BF,
+                                   cols, x, CUDA_R_16BF, cols, &zero, k ? r1 : r0, CUDA_R_32F, rows,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             const long long sw = w1 - w0, sc = c1 - c0;
-            cublasStatus_t st = cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w0,
-                                                           CUDA_R_16BF, cols, sw, x, CUDA_R_16BF, cols, 0, &zero, c0,
-                                                           CUDA_R_32F, rows, sc, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            cublasStatus_t st =
+                cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w0, CUDA_R_16BF,
+                                           cols, sw, x, CUDA_R_16BF, cols, 0, &zero, c0, CUDA_R_32F, rows, sc, 2,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
             cudaError_t e = cudaDeviceSynchronize();
             double worst = -1;
             if (st == CUBLAS_STATUS_SUCCESS && e == cudaSuccess) {

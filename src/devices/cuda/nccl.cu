@@ -364,7 +364,8 @@ __global__ void __launch_bounds__(TWOSHOT_THREADS) twoshot_all_reduce(float *x, 
     const vec *sums = (const vec *)gather(me);
     for (int k = 1; k < R; k++) {
         const int j = (me + k) % R;
-        for (size_t i = lo / V + threadIdx.x; i < end(j) / V; i += blockDim.x) xv[j * seg / V + i] = sums[j * seg / V + i];
+        for (size_t i = lo / V + threadIdx.x; i < end(j) / V; i += blockDim.x)
+            xv[j * seg / V + i] = sums[j * seg / V + i];
     }
     if (threadIdx.x == 0) calls[blockIdx.x] = call;
 }
