@@ -728,8 +728,8 @@ static void test_fused_layer(void **state)
 
 /* The fast precision, where a batch's products round x to BF16 once (2^-9 of each value, random signs: half the step
  * of the 8-bit blocks above, so their 2e-2 holds with room) and the products of one shape on one input share a
- * launch: v joins k and up joins gate (one strided-batched cuBLAS call each, counted), q (another shape, with a bias)
- * goes alone. A join that multiplied the wrong matrix or wrote the wrong output moves values by their own size. */
+ * launch: v joins k and up joins gate (one batched cuBLAS launch each, counted), q (another shape, with a bias) goes
+ * alone. A join that multiplied the wrong matrix or wrote the wrong output moves values by their own size. */
 static void test_fused_layer_fast(void **state)
 {
     (void)state;

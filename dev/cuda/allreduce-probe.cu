@@ -2,22 +2,13 @@
  * ncclAllReduce against a two-shot all-reduce through peer memory (each rank pushes segment j of its rows into rank
  * j's box; rank j sums its segment in rank order and pushes the sums into every box; each rank copies the others'
  * sums home), many blocks each with its own flags. Back-to-back calls, so that the ranks' skew is paid once; the sums
- * checked against the rows added on the host in rank order. Does a kernel of ours beat NCCL's bandwidth? (notes 189)
- *   nvcc -O3 -std=c++17 -o /tmp/allreduce-probe dev/cuda/allreduce-probe.cu -lnccl && /tmp/allreduce-probe */
-#include <algorithm>
+ * checked against the rows added on the host in rank order. Does a kernel of ours beat NCCL's bandwidth? (notes 190)
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/allreduce-probe dev/cuda/allreduce-probe.cu \
+ *       -lnccl && /tmp/allreduce-probe */
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <nccl.h>
-#include <vector>
 
-#define CHECK(x)                                                                                                       \
-    do {                                                                                                               \
-        if ((x) != 0) {                                                                                                \
-            fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x);                                             \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
+#include "cuda-probe.cuh"
 
 constexpr int MAXR = 8, MAXB = 256;
 struct boxes {
@@ -124,7 +115,7 @@ int main()
         b[r] = b[0];
         b[r].calls = calls, b[r].rank = r, b[r].size = R;
     }
-    CHECK(ncclCommInitAll(comm.data(), R, devs.data()));
+    CHECK_STATUS(ncclCommInitAll(comm.data(), R, devs.data()));
     /* random rows a rank, kept to restore before each checked call */
     std::vector<std::vector<float>> host(R, std::vector<float>(max_count));
     srand(1);
@@ -135,9 +126,10 @@ int main()
     }
     auto run = [&](int blocks, size_t count) {
         if (blocks == 0) {
-            CHECK(ncclGroupStart());
-            for (int r = 0; r < R; r++) CHECK(ncclAllReduce(x[r], x[r], count, ncclFloat, ncclSum, comm[r], st[r]));
-            CHECK(ncclGroupEnd());
+            CHECK_STATUS(ncclGroupStart());
+            for (int r = 0; r < R; r++)
+                CHECK_STATUS(ncclAllReduce(x[r], x[r], count, ncclFloat, ncclSum, comm[r], st[r]));
+            CHECK_STATUS(ncclGroupEnd());
         } else {
             for (int r = 0; r < R; r++) {
                 CHECK(cudaSetDevice(r));

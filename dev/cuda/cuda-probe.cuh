@@ -1,5 +1,5 @@
-// What the stand-alone measurements dev/cuda/stream-probe.cu and dev/cuda/persistent-probe.cu share: a check on every
-// CUDA call, the shared-memory barrier, bulk-copy and poll instructions their rings use (the device's own,
+// What the stand-alone measurements in dev/cuda/*-probe.cu share: a check on every CUDA call (and on a CUDA library's,
+// cuBLAS's or NCCL's), the shared-memory barrier, bulk-copy and poll instructions the rings use (the device's own,
 // src/devices/cuda/hopper.cuh), and the median time of a launch. Not part of llm-run.
 #pragma once
 
@@ -22,15 +22,25 @@
         }                                                                                                          \
     } while (0)
 
-/* Milliseconds of launch() on the default stream, the median of five after one warm-up; prepare() runs untimed
+/* A CUDA library's status (cublasStatus_t, ncclResult_t: 0 is success), else the call named and exit. */
+#define CHECK_STATUS(call)                                                                                         \
+    do {                                                                                                           \
+        int s_ = (int)(call);                                                                                      \
+        if (s_ != 0) {                                                                                             \
+            fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #call, s_);                              \
+            exit(1);                                                                                               \
+        }                                                                                                          \
+    } while (0)
+
+/* Milliseconds of launch() on the default stream, the median of `runs` after `warmups`; prepare() runs untimed
  * before each. */
-template <class P, class F> static float median_ms(P prepare, F launch)
+template <class P, class F> static float median_ms(P prepare, F launch, int runs = 5, int warmups = 1)
 {
     cudaEvent_t a, b;
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
     std::vector<float> ms;
-    for (int r = 0; r < 6; r++) {
+    for (int r = 0; r < warmups + runs; r++) {
         prepare();
         CHECK(cudaEventRecord(a));
         launch();
@@ -39,7 +49,7 @@ template <class P, class F> static float median_ms(P prepare, F launch)
         CHECK(cudaEventSynchronize(b));
         float t;
         CHECK(cudaEventElapsedTime(&t, a, b));
-        if (r) ms.push_back(t);
+        if (r >= warmups) ms.push_back(t);
     }
     CHECK(cudaEventDestroy(a));
     CHECK(cudaEventDestroy(b));

@@ -1,23 +1,14 @@
 /* The batched products of a split prompt as cuBLAS runs them (prefill.cu's half_product: W^T . x in BF16, f32 out):
  * TFLOP/s of each of Llama-2-70B's products at 512 tokens whole, split in two (rows for q/k/v, gate/up; columns for
  * o, down), a rank's q/k/v or gate/up as one product, and products of one shape as one strided batch (gate and up;
- * k and v) or a batch of pointers (q, k, v cut into pieces of k's rows). Which shapes lose when split? (notes 189)
- *   nvcc -O3 -o /tmp/gemm-shapes-probe dev/cuda/gemm-shapes-probe.cu -lcublas && /tmp/gemm-shapes-probe [tokens] */
-#include <algorithm>
+ * k and v) or a batch of pointers (q, k, v cut into pieces of k's rows). Which shapes lose when split? (notes 190)
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/gemm-shapes-probe dev/cuda/gemm-shapes-probe.cu \
+ *       -lcublas && /tmp/gemm-shapes-probe [tokens] */
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
-#include <vector>
 
-#define CHECK(x)                                                                                                       \
-    do {                                                                                                               \
-        if ((x) != 0) {                                                                                                \
-            fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #x);                                             \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
+#include "cuda-probe.cuh"
 
 int main(int argc, char **argv)
 {
@@ -41,29 +32,13 @@ int main(int argc, char **argv)
     CHECK(cudaMemset(w, 0x3c, max_w * 2)); /* small finite values: timing only */
     CHECK(cudaMemset(x, 0x3c, (size_t)tokens * 57344 * 2));
     cublasHandle_t h;
-    CHECK(cublasCreate(&h));
+    CHECK_STATUS(cublasCreate(&h));
     void *ws;
     CHECK(cudaMalloc(&ws, 32 << 20));
-    CHECK(cublasSetWorkspace(h, ws, 32 << 20));
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
+    CHECK_STATUS(cublasSetWorkspace(h, ws, 32 << 20));
     const float one = 1.0f, zero = 0.0f;
-    /* the median of 20 launches of `launch` (after 5 to warm up), in microseconds */
-    auto median_us = [&](auto launch) {
-        std::vector<float> us;
-        for (int rep = 0; rep < 25; rep++) {
-            CHECK(cudaEventRecord(a));
-            CHECK(launch());
-            CHECK(cudaEventRecord(b));
-            CHECK(cudaEventSynchronize(b));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, a, b));
-            if (rep >= 5) us.push_back(ms * 1000);
-        }
-        std::sort(us.begin(), us.end());
-        return (double)us[us.size() / 2];
-    };
+    /* the median of 20 launches of a cuBLAS call (after 5 to warm up), in microseconds */
+    auto median_us = [&](auto launch) { return 1000.0 * median_ms([] {}, [&] { CHECK_STATUS(launch()); }, 20, 5); };
     for (const shape &s : shapes) {
         const double t = median_us([&] {
             return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, tokens, s.cols, &one, w, CUDA_R_16BF, s.cols, x,
@@ -130,9 +105,9 @@ int main(int argc, char **argv)
             CHECK(cudaMalloc(&r0, (size_t)rows * tokens * 4));
             CHECK(cudaMalloc(&r1, (size_t)rows * tokens * 4));
             for (int k = 0; k < 2; k++)
-                CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, k ? w1 : w0, CUDA_R_16BF,
-                                   cols, x, CUDA_R_16BF, cols, &zero, k ? r1 : r0, CUDA_R_32F, rows,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                CHECK_STATUS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, k ? w1 : w0,
+                                          CUDA_R_16BF, cols, x, CUDA_R_16BF, cols, &zero, k ? r1 : r0, CUDA_R_32F,
+                                          rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             const long long sw = w1 - w0, sc = c1 - c0;
             cublasStatus_t st =
                 cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, tokens, cols, &one, w0, CUDA_R_16BF,

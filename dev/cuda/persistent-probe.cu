@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1) chain_kernel(const __grid_constant
                 if (!c.compute) continue;
                 long long t0r = clock64();
                 if (c.signaller) { /* this warp's 8 row sums to the signaller, no barrier */
-                    sums.put(tile_it++, warp, lane, warp_sum8(acc, lane));
+                    sums.put(tile_it++, warp, lane, acc); /* put hands in warp_quads8 of them */
                     st_red += clock64() - t0r;
                     continue;
                 }

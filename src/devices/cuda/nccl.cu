@@ -29,8 +29,8 @@ static int tp_size = 1, tp_rank = 0;
 constexpr int ONESHOT_MAX = 16384; /* floats a call: 64 KB, a hidden row of 16,384 */
 constexpr int ONESHOT_THREADS = 1024;
 /* The two-shot all-reduce: at most TWOSHOT_MAX floats a launch (512 rows of 8,192: Llama-70B's prompt batch; more go
- * in pieces), by TWOSHOT_BLOCKS blocks (each meets only the same block of the other ranks: the probe's best, 64, of
- * 8 to 132 for 4-16 MB on two H200s) */
+ * in pieces; its area takes 2 x 16 MB of each GPU's box), by TWOSHOT_BLOCKS blocks (each meets only the same block of
+ * the other ranks: the probe's best, 64, of 8 to 132 for 4-16 MB on two H200s) */
 constexpr size_t TWOSHOT_MAX = (size_t)1 << 22;
 constexpr int TWOSHOT_BLOCKS = 64, TWOSHOT_THREADS = 1024;
 struct oneshot_boxes {
@@ -384,7 +384,7 @@ const char *cuda_tp_path(void)
     if (tp_size <= 1) return "";
     if (!oneshot) return "NCCL";
     return twoshot_only ? "two-shot through peer memory at every size"
-                                         : "one-shot through peer memory up to 64 KB, two-shot above";
+                        : "one-shot through peer memory up to 64 KB, two-shot above";
 }
 
 /* Join the group of opt (after cudaSetDevice): blocks until every rank has joined. A group of one joins nothing. */
