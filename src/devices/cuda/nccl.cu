@@ -250,9 +250,19 @@ __device__ __forceinline__ unsigned long long *flags_of(float *box, int size)
     return (unsigned long long *)(box + box_floats(size));
 }
 
-/* One block: the rows are small and the wait is for the other GPUs, not for bandwidth. A rank that never arrives
- * (its process died) would hold this kernel forever: after 30 s it traps, the device's sticky error, named by the
- * step that waits on it. */
+/* Spin until another rank's release store brings *flag to call. A rank that never arrives (its process died) would
+ * hold the kernel forever: after 30 s it traps, the device's sticky error, named by the step that waits on it. */
+__device__ void wait_for_call(const unsigned long long *flag, unsigned long long call)
+{
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    while (load_acquire_system(flag) < call) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > 30ull * 1000 * 1000 * 1000) __trap();
+    }
+}
+
+/* One block: the rows are small and the wait is for the other GPUs, not for bandwidth. */
 __global__ void __launch_bounds__(ONESHOT_THREADS) oneshot_all_reduce(float *x, int count, oneshot_boxes b)
 {
     float *own = b.box[b.rank];
@@ -273,12 +283,7 @@ __global__ void __launch_bounds__(ONESHOT_THREADS) oneshot_all_reduce(float *x, 
     if (j < b.size && j != b.rank) {
         __threadfence_system();
         store_release_system(&flags_of(b.box[j], b.size)[b.rank], call);
-        unsigned long long start, now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-        while (load_acquire_system(&flags[j]) < call) {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-            if (now - start > 30ull * 1000 * 1000 * 1000) __trap();
-        }
+        wait_for_call(&flags[j], call);
     }
     __syncthreads(); /* every other rank's row is here */
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
@@ -298,7 +303,7 @@ __device__ __forceinline__ unsigned long long *twoshot_flags(float *box, int siz
 }
 
 /* This block tells the same block of every other rank that its writes of meeting m are in their boxes, and waits
- * for theirs (after 30 s a trap, as the one-shot's). */
+ * for theirs. */
 __device__ void twoshot_meet(const oneshot_boxes &b, int m, unsigned long long call)
 {
     __syncthreads();
@@ -307,13 +312,7 @@ __device__ void twoshot_meet(const oneshot_boxes &b, int m, unsigned long long c
         const size_t at = ((size_t)m * TWOSHOT_BLOCKS + blockIdx.x) * LLM_TP_MAX;
         __threadfence_system();
         store_release_system(&twoshot_flags(b.box[t], b.size)[at + b.rank], call);
-        const unsigned long long *mine = &twoshot_flags(b.box[b.rank], b.size)[at + t];
-        unsigned long long start, now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-        while (load_acquire_system(mine) < call) {
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-            if (now - start > 30ull * 1000 * 1000 * 1000) __trap();
-        }
+        wait_for_call(&twoshot_flags(b.box[b.rank], b.size)[at + t], call);
     }
     __syncthreads();
 }

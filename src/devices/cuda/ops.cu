@@ -391,10 +391,11 @@ void op_rmsnorm(float *out, const float *x, const llm_weight *weight, int n, int
         rmsnorm_offset(out, x, weight, n, dim, eps, offset);
         return;
     }
-    /* a batch's norm of the residual add's sum before it (the head's of every row, not of the last alone) */
+    /* a batch's norm of the residual add's sum before it (the head's of every row, not of the last alone); the norm
+     * may write over the add's y itself (each element is read before it is written, by the same thread) */
     if ((f & LLM_FUSE_ADD_NORM) && P->kind == PEND_ADD && n > 1 && x == P->job.resid && P->count == (size_t)n * dim &&
-        !overlaps(out, all, x, all) && !src_overlaps(P->add_y, P->count, out, all) && !owed_any(x, all) &&
-        !owed_partly(out, all)) {
+        !overlaps(out, all, x, all) && (P->add_y.hi == out || !src_overlaps(P->add_y, P->count, out, all)) &&
+        !owed_any(x, all) && !owed_partly(out, all)) {
         P->kind = PEND_NONE;
         written(out, all);
         llm_cuda_halves h;
