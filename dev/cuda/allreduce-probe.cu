@@ -19,17 +19,6 @@ struct boxes {
     int rank, size;
 };
 
-__device__ __forceinline__ void store_release_system(unsigned long long *p, unsigned long long v)
-{
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned long long load_acquire_system(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* Tell every other rank's same block that this block's writes of `phase` are there, and wait for theirs. */
 __device__ void meet(const boxes &b, int phase, unsigned long long call)
 {

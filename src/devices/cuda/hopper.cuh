@@ -137,6 +137,19 @@ __device__ __forceinline__ float ld_relaxed1(const float *p)
     return v;
 }
 
+/* A flag another GPU (another process) reads: the writes before the store are visible to whoever loads the value
+ * with load_acquire_system (nccl.cu's all-reduce meetings). */
+__device__ __forceinline__ void store_release_system(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long load_acquire_system(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
 /* The sums over a warp's 32 lanes of 8 values at once, but for the last two rounds: lane l returns a quarter of the
  * total of v[(l >> 2) & 7], the four lanes 4r .. 4r + 3 together the whole of value r's. Each round gives the
  * partner lane the half of the values it keeps the other half of (dev/cuda/notes.md, version 77). */

@@ -10,6 +10,7 @@
  * kernels. Not here: which rank holds which rows (src/model/split.h), starting the ranks
  * (src/tp.c). Built without NCCL (make LLM_NCCL=0) the device is always a group of one. */
 #include "device_internal.cuh"
+#include "hopper.cuh"
 
 #include <dlfcn.h>
 #include <type_traits>
@@ -231,18 +232,6 @@ static void oneshot_close(void)
     cudaGetLastError();
     memset(&boxes, 0, sizeof boxes);
     oneshot = step_slots = twoshot_only = false;
-}
-
-__device__ __forceinline__ void store_release_system(unsigned long long *p, unsigned long long v)
-{
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long load_acquire_system(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
 }
 
 __device__ __forceinline__ unsigned long long *flags_of(float *box, int size)
