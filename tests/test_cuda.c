@@ -1870,6 +1870,37 @@ static void test_persistent_qk_norms_gqa(void **state)
         }
 }
 
+/* A small model whose phases most blocks have no unit of: models/tiny's layer as one of two GPUs holds it (hidden
+ * 256, two heads of 64 over one KV head, intermediate 344). On a GPU of 132 SMs, blocks 26-39 finish a gate/up tile
+ * and then skip two phases before their next, and the signaller's lanes used to part there: some overwrote the
+ * phase they skipped while others still read it, took a tile of a phase they had none in, and the step hung
+ * (dev/cuda/notes.md, version 198). The step runs every decode step and matches the kernel-per-op step and cpu. */
+static void test_persistent_skipped_phases(void **state)
+{
+    (void)state;
+    persistent_or_skip();
+    dev->release();
+    const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+    const int n_prompt = sizeof prompt / sizeof *prompt;
+    char *dir = random_family_dir(RANDOM_LLAMA, 256, 2, 1, 64, 344, 4, 1024);
+    int vocab = 0;
+    size_t n_persisted = 0;
+    float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
+    const size_t cut = last_cut;
+    float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
+    float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
+    const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+    const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
+    print_message("hidden 256, 2 heads of 64, intermediate 344: %zu persistent launches; vs the kernel-per-op step "
+                  "%.2g, vs cpu %.2g\n", n_persisted, e_kernels, e_cpu);
+    assert_int_equal(cut, 0);
+    assert_int_equal(n_persisted, DECODE_STEPS);
+    assert_true(e_kernels < 1e-5);
+    assert_true(e_cpu < 1e-4);
+    free(persisted), free(kernels), free(cpu);
+    stw_rmdir(dir);
+}
+
 /* How many of the (1 + DECODE_STEPS) positions have ref's top logit ahead by more than 2 tol of its largest |logit|,
  * each asserted to have got's top logit the same token; said in *clear. */
 static void same_greedy_where_clear(const float *got, const float *ref, int vocab, double tol, int *clear)
@@ -2087,7 +2118,7 @@ int main(void)
         cmocka_unit_test(test_moe_decode_quant),
         cmocka_unit_test(test_persistent_step),
         cmocka_unit_test(test_persistent_cache_types), cmocka_unit_test(test_persistent_wide_inputs),
-        cmocka_unit_test(test_persistent_qk_norms_gqa),
+        cmocka_unit_test(test_persistent_qk_norms_gqa), cmocka_unit_test(test_persistent_skipped_phases),
         cmocka_unit_test(test_persistent_quant),
         cmocka_unit_test(test_persistent_cut),        cmocka_unit_test(test_decode_path),
         cmocka_unit_test(test_timeline),

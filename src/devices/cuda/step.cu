@@ -1296,12 +1296,19 @@ __device__ __forceinline__ void prefetch_phase(const step_program &prog, const s
         if (lane + 32 * k < PHASE_WORDS) pre.w[k] = from[lane + 32 * k];
 }
 
-/* Phase ph into tab[slot] (from the prefetch when it holds ph), then the GEMV phase after it prefetched. */
+/* Phase ph into tab[slot] (from the prefetch when it holds ph), then the GEMV phase after it prefetched.
+ *
+ * The first __syncwarp: every lane is done reading the slot's phase before any lane overwrites it. The lanes part
+ * after a tile (those without a row leave finish_tile early) and need not meet again before the next entry, so
+ * without it the early lanes of a block that skips phases (no unit in them: small models) entered the next phase
+ * while the late ones still read the one before's base and units, and took a tile of a phase they had not: the
+ * step hung (`llm-run --tp 2 models/tiny`, dev/cuda/notes.md version 198). */
 __device__ __forceinline__ void enter_phase(const step_program &prog, const step_phase *phases, step_phase *tab,
                                             int slot, int ph, phase_prefetch &pre, int lane)
 {
     uint2 *to = (uint2 *)(tab + slot);
     const uint2 *from = (const uint2 *)(phases + ph);
+    __syncwarp();
 #pragma unroll
     for (int k = 0; k < 2; k++)
         if (lane + 32 * k < PHASE_WORDS) to[lane + 32 * k] = pre.ph == ph ? pre.w[k] : from[lane + 32 * k];
