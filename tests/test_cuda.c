@@ -1827,6 +1827,30 @@ static char *random_family_dir(random_family family, int hidden, int heads, int 
     return dir;
 }
 
+/* The model in dir decoded with the persistent step (every step one launch, the model not cut) against the
+ * kernel-per-op step (the same ops, f32 sums in another order) and cpu, and the kernels against cpu; what names the
+ * case in the message. */
+static void persistent_matches_kernels_and_cpu(const char *dir, const int32_t *prompt, int n_prompt, const char *what)
+{
+    int vocab = 0;
+    size_t n_persisted = 0;
+    float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
+    const size_t cut = last_cut;
+    float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
+    float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
+    const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
+    const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
+    const double e_kernels_cpu = rel_error(kernels, cpu, n);
+    print_message("%s: %zu persistent launches; vs the kernel-per-op step %.2g, vs cpu %.2g (kernel per op vs cpu "
+                  "%.2g)\n", what, n_persisted, e_kernels, e_cpu, e_kernels_cpu);
+    assert_int_equal(cut, 0);
+    assert_int_equal(n_persisted, DECODE_STEPS);
+    assert_true(e_kernels < 1e-5);
+    assert_true(e_cpu < 1e-4);
+    assert_true(e_kernels_cpu < 1e-4);
+    free(persisted), free(kernels), free(cpu);
+}
+
 /* q/k norms with grouped KV heads and norm weights that are not 1, in BF16 (so the accurate prompt's q/k/v sums are
  * owed as split-f32 halves): OLMo 2's over the whole projection (OLMo-2-32B has 40 query heads over 8; the olmo2
  * fixture, cut from OLMo-2-0425-1B, has none), where the persistent step's attention items sum q's squares over all 8
@@ -1848,24 +1872,9 @@ static void test_persistent_qk_norms_gqa(void **state)
     for (size_t f = 0; f < sizeof families / sizeof *families; f++)
         for (size_t i = 0; i < sizeof head_dims / sizeof *head_dims; i++) {
             char *dir = random_family_dir(families[f].family, 512, 8, 2, head_dims[i], 1024, 2, 64);
-            int vocab = 0;
-            size_t n_persisted = 0;
-            float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
-            const size_t cut = last_cut;
-            float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
-            float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
-            const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
-            const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
-            const double e_kernels_cpu = rel_error(kernels, cpu, n);
-            print_message("%s, 8 heads of %d over 2 KV heads: %zu persistent launches; vs the kernel-per-op step "
-                          "%.2g, vs cpu %.2g (kernel per op vs cpu %.2g)\n",
-                          families[f].name, head_dims[i], n_persisted, e_kernels, e_cpu, e_kernels_cpu);
-            assert_int_equal(cut, 0);
-            assert_int_equal(n_persisted, DECODE_STEPS);
-            assert_true(e_kernels < 1e-5);
-            assert_true(e_cpu < 1e-4);
-            assert_true(e_kernels_cpu < 1e-4);
-            free(persisted), free(kernels), free(cpu);
+            char what[64];
+            snprintf(what, sizeof what, "%s, 8 heads of %d over 2 KV heads", families[f].name, head_dims[i]);
+            persistent_matches_kernels_and_cpu(dir, prompt, n_prompt, what);
             stw_rmdir(dir);
         }
 }
@@ -1883,21 +1892,7 @@ static void test_persistent_skipped_phases(void **state)
     const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
     const int n_prompt = sizeof prompt / sizeof *prompt;
     char *dir = random_family_dir(RANDOM_LLAMA, 256, 2, 1, 64, 344, 4, 1024);
-    int vocab = 0;
-    size_t n_persisted = 0;
-    float *persisted = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "1", &vocab, &n_persisted);
-    const size_t cut = last_cut;
-    float *kernels = decode_dir(dir, prompt, n_prompt, "cuda", "0", "1", "0", &vocab, NULL);
-    float *cpu = decode_dir(dir, prompt, n_prompt, "cpu", "1", "1", "0", &vocab, NULL);
-    const size_t n = (size_t)(1 + DECODE_STEPS) * vocab;
-    const double e_kernels = rel_error(persisted, kernels, n), e_cpu = rel_error(persisted, cpu, n);
-    print_message("hidden 256, 2 heads of 64, intermediate 344: %zu persistent launches; vs the kernel-per-op step "
-                  "%.2g, vs cpu %.2g\n", n_persisted, e_kernels, e_cpu);
-    assert_int_equal(cut, 0);
-    assert_int_equal(n_persisted, DECODE_STEPS);
-    assert_true(e_kernels < 1e-5);
-    assert_true(e_cpu < 1e-4);
-    free(persisted), free(kernels), free(cpu);
+    persistent_matches_kernels_and_cpu(dir, prompt, n_prompt, "hidden 256, 2 heads of 64, intermediate 344");
     stw_rmdir(dir);
 }
 
