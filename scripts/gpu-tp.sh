@@ -13,8 +13,11 @@
 # PROTOS (default "LL LL128": NCCL_PROTO values to time), COMPARE=0 (no compare) and QUICK=1 (only the default path on
 # one, two and four GPUs and the QUANTS: no kernel-per-op, NCCL or profile runs) shorten the 7b stage.
 # Results under OUT (default /tmp/llm-run-tp). NCCL_NVLS_ENABLE=0 keeps NVLink multicast off, as the workplace's
-# machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...). Each run is bounded (timeout)
-# so that one hang does not take the rest.
+# machines require. Arguments go to make (PKG_CFLAGS=..., PKG_LIBS=..., NCCL_HOME=...; LLM_DEPS_DIR as
+# scripts/deps-env.sh says). PREBUILT=ARCHIVE: no build on the GPU machine (minutes of device time): the archive's
+# one top folder holds llm-run, test_tp and test_cuda built here (dev/cuda/prebuild.sh DIR build/llm-run
+# build/tests/test_tp build/tests/test_cuda, then tar cJf ARCHIVE DIR). Each run is bounded (timeout) so that one hang
+# does not take the rest.
 set -u
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/llm-run-tp}; MODELS=${MODELS:-/tmp/llm-run-models}; STAGES=${STAGES:-"test 7b"}
@@ -32,10 +35,19 @@ has big && [ ! -f "$BIG/model.safetensors" ] && CUDA_VISIBLE_DEVICES=${GEN_GPU:-
     > "$OUT/ckpt-big.txt" 2>&1 &
 has moe && [ ! -f "$MOE/model.safetensors" ] && CUDA_VISIBLE_DEVICES= python3 scripts/make-random-checkpoint.py \
     --shape qwen3-30b-a3b --layers "$ML" --out "$MOE" --dtype bf16 > "$OUT/ckpt-moe.txt" 2>&1 &
-make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "$@" build/llm-run build/tests/test_tp build/tests/test_cuda \
-    > "$OUT/build.txt" 2>&1 || {
-    tail -20 "$OUT/build.txt"; exit 1; }
-grep -q 1 build/nccl-flag || echo "warning: built without NCCL (set NCCL_HOME): only test_tp's CPU part runs"
+. scripts/deps-env.sh
+if [ -n "${PREBUILT:-}" ]; then # the binaries where the build would put them (test_tp starts ranks of build/llm-run)
+    rm -rf /tmp/llm-run-prebuilt && mkdir -p /tmp/llm-run-prebuilt build/tests &&
+        tar xJf "$PREBUILT" -C /tmp/llm-run-prebuilt --strip-components=1 || exit 1
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/llm-run-prebuilt" # (libquadmath, if there)
+    cp /tmp/llm-run-prebuilt/llm-run build/ && cp /tmp/llm-run-prebuilt/test_tp /tmp/llm-run-prebuilt/test_cuda \
+        build/tests/ || exit 1
+else
+    make -j"$(nproc)" CUDA_ARCH=${CUDA_ARCH:-hopper} "${MAKEVARS[@]}" "$@" build/llm-run build/tests/test_tp \
+        build/tests/test_cuda > "$OUT/build.txt" 2>&1 || {
+        tail -20 "$OUT/build.txt"; exit 1; }
+    grep -q 1 build/nccl-flag || echo "warning: built without NCCL (set NCCL_HOME): only test_tp's CPU part runs"
+fi
 run() {
     local f=$1; shift
     timeout 300 "$@" > "$OUT/$f" 2>&1; echo "exit $?" >> "$OUT/$f"; grep -E "^\||llm-run:|exit [^0]" "$OUT/$f"
