@@ -1879,21 +1879,41 @@ static void test_persistent_qk_norms_gqa(void **state)
         }
 }
 
-/* A small model whose phases most blocks have no unit of: models/tiny's layer as one of two GPUs holds it (hidden
- * 256, two heads of 64 over one KV head, intermediate 344). On a GPU of 132 SMs, blocks 26-39 finish a gate/up tile
- * and then skip two phases before their next, and the signaller's lanes used to part there: some overwrote the
- * phase they skipped while others still read it, took a tile of a phase they had none in, and the step hung
- * (dev/cuda/notes.md, version 198). The step runs every decode step and matches the kernel-per-op step and cpu. */
+/* Small models, whose phases most blocks have no unit of, so that blocks skip phases, often several in a row: first
+ * models/tiny's layer as one of two GPUs holds it (hidden 256, two heads of 64 over one KV head, intermediate 344).
+ * On a GPU of 132 SMs its blocks 26-39 finish a gate/up tile and then skip two phases before their next, and the
+ * signaller's lanes used to part there: some overwrote the phase they skipped while others still read it, took a
+ * tile of a phase they had none in, and the step hung (dev/cuda/notes.md, version 198). The other shapes deal the
+ * units otherwise (other hidden and intermediate sizes, heads of 128, q/k norms per head and over the projection).
+ * Each runs every decode step persistent and matches the kernel-per-op step and cpu. */
 static void test_persistent_skipped_phases(void **state)
 {
     (void)state;
     persistent_or_skip();
     dev->release();
+    static const struct {
+        random_family family;
+        int hidden, heads, kv_heads, head_dim, inter, layers;
+    } shapes[] = {
+        {RANDOM_LLAMA, 256, 2, 1, 64, 344, 4},  {RANDOM_LLAMA, 64, 1, 1, 64, 96, 4},
+        {RANDOM_LLAMA, 128, 2, 1, 64, 200, 3},  {RANDOM_LLAMA, 192, 3, 1, 64, 136, 4},
+        {RANDOM_LLAMA, 320, 5, 1, 64, 512, 2},  {RANDOM_LLAMA, 384, 3, 3, 128, 256, 2},
+        {RANDOM_QWEN3, 256, 2, 1, 64, 344, 4},  {RANDOM_OLMO2, 256, 4, 2, 64, 344, 3},
+    };
     const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
     const int n_prompt = sizeof prompt / sizeof *prompt;
-    char *dir = random_family_dir(RANDOM_LLAMA, 256, 2, 1, 64, 344, 4, 1024);
-    persistent_matches_kernels_and_cpu(dir, prompt, n_prompt, "hidden 256, 2 heads of 64, intermediate 344");
-    stw_rmdir(dir);
+    static const char *const family_names[] = {[RANDOM_LLAMA] = "llama", [RANDOM_QWEN3] = "qwen3",
+                                               [RANDOM_OLMO2] = "olmo2"};
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        char *dir = random_family_dir(shapes[i].family, shapes[i].hidden, shapes[i].heads, shapes[i].kv_heads,
+                                      shapes[i].head_dim, shapes[i].inter, shapes[i].layers, 1024);
+        char what[128];
+        snprintf(what, sizeof what, "%s, hidden %d, %d heads of %d over %d, intermediate %d, %d layers",
+                 family_names[shapes[i].family], shapes[i].hidden, shapes[i].heads, shapes[i].head_dim,
+                 shapes[i].kv_heads, shapes[i].inter, shapes[i].layers);
+        persistent_matches_kernels_and_cpu(dir, prompt, n_prompt, what);
+        stw_rmdir(dir);
+    }
 }
 
 /* How many of the (1 + DECODE_STEPS) positions have ref's top logit ahead by more than 2 tol of its largest |logit|,
