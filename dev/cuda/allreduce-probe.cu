@@ -3,9 +3,16 @@
  * j's box; rank j sums its segment in rank order and pushes the sums into every box; each rank copies the others'
  * sums home), many blocks each with its own flags. Back-to-back calls, so that the ranks' skew is paid once; the sums
  * checked against the rows added on the host in rank order. Does a kernel of ours beat NCCL's bandwidth? (notes 190)
+ * PROBE_OVERLAP=1 asks instead whether a split prompt's sums can hide behind its products (notes 200's lead, version
+ * 203; written without a GPU, not yet run): on every GPU, cuBLAS's product of half a prompt (256 tokens) through a
+ * rank's share of Llama-2-70B's down (8,192 rows x 28,672 / GPUs columns, BF16, f32 out) on one stream, the two-shot
+ * sum of the other half's 256 rows (64 blocks) on another, each alone and both at once: at once near the longer of
+ * the two, the chunks' overlap pays; near their sum, the product holds every SM and it does not.
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -o /tmp/allreduce-probe dev/cuda/allreduce-probe.cu \
- *       -lnccl && /tmp/allreduce-probe */
+ *       -lnccl -lcublas && /tmp/allreduce-probe */
 #include <cmath>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <nccl.h>
 
 #include "cuda-probe.cuh"
@@ -73,6 +80,89 @@ __global__ void __launch_bounds__(1024) two_shot(float *x, size_t count, boxes b
     if (threadIdx.x == 0) b.calls[blockIdx.x] = call;
 }
 
+/* PROBE_OVERLAP: a half prompt's product and the other half's sum on each GPU, alone and at once (the header) */
+static void overlap(int R, const std::vector<float *> &x, const std::vector<cudaStream_t> &st, const boxes *b)
+{
+    const int M = 8192, N = 256, Kc = 28672 / R, reps = 20;
+    std::vector<cublasHandle_t> h(R);
+    std::vector<cudaStream_t> gs(R);
+    std::vector<__nv_bfloat16 *> w(R), xs(R);
+    std::vector<float *> out(R);
+    for (int r = 0; r < R; r++) {
+        CHECK(cudaSetDevice(r));
+        CHECK(cudaStreamCreateWithFlags(&gs[r], cudaStreamNonBlocking));
+        CHECK_STATUS(cublasCreate(&h[r]));
+        CHECK_STATUS(cublasSetStream(h[r], gs[r]));
+        CHECK(cudaMalloc(&w[r], (size_t)M * Kc * 2));
+        CHECK(cudaMalloc(&xs[r], (size_t)N * Kc * 2));
+        CHECK(cudaMalloc(&out[r], (size_t)M * N * 4));
+        CHECK(cudaMemset(w[r], 0, (size_t)M * Kc * 2));
+        CHECK(cudaMemset(xs[r], 0, (size_t)N * Kc * 2));
+    }
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&](int r) { /* out (M x N, column-major) = w^T (w: Kc x M) x xs (Kc x N) */
+        CHECK_STATUS(cublasGemmEx(h[r], CUBLAS_OP_T, CUBLAS_OP_N, M, N, Kc, &one, w[r], CUDA_R_16BF, Kc, xs[r],
+                                  CUDA_R_16BF, Kc, &zero, out[r], CUDA_R_32F, M, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    };
+    auto sum = [&](int r) {
+        two_shot<<<64, 1024, 0, st[r]>>>(x[r], (size_t)N * M, b[r]);
+        CHECK(cudaGetLastError());
+    };
+    /* each rank's time from an event before to one after, on both streams (the later end), the slowest rank's */
+    auto timed = [&](bool products, bool sums) {
+        std::vector<cudaEvent_t> a(R), e(R), g_end(R);
+        for (int r = 0; r < R; r++) {
+            CHECK(cudaSetDevice(r));
+            CHECK(cudaDeviceSynchronize());
+            CHECK(cudaEventCreate(&a[r]));
+            CHECK(cudaEventCreate(&e[r]));
+            CHECK(cudaEventCreate(&g_end[r]));
+            CHECK(cudaEventRecord(a[r], st[r]));
+            CHECK(cudaStreamWaitEvent(gs[r], a[r], 0));
+        }
+        for (int k = 0; k < reps; k++)
+            for (int r = 0; r < R; r++) {
+                CHECK(cudaSetDevice(r));
+                if (products) gemm(r);
+                if (sums) sum(r);
+            }
+        double worst = 0;
+        for (int r = 0; r < R; r++) {
+            CHECK(cudaSetDevice(r));
+            CHECK(cudaEventRecord(g_end[r], gs[r]));
+            CHECK(cudaStreamWaitEvent(st[r], g_end[r], 0));
+            CHECK(cudaEventRecord(e[r], st[r]));
+        }
+        for (int r = 0; r < R; r++) {
+            CHECK(cudaSetDevice(r));
+            CHECK(cudaEventSynchronize(e[r]));
+            float ms;
+            CHECK(cudaEventElapsedTime(&ms, a[r], e[r]));
+            worst = std::max(worst, (double)ms);
+            CHECK(cudaEventDestroy(a[r]));
+            CHECK(cudaEventDestroy(e[r]));
+            CHECK(cudaEventDestroy(g_end[r]));
+        }
+        return worst * 1000 / reps;
+    };
+    for (int round = 0; round < 2; round++) { /* the first round warms cuBLAS and the peers' links */
+        const double p = timed(true, false), s = timed(false, true), both = timed(true, true);
+        if (round)
+            printf("%d GPUs: a half prompt's product (%d x %d x %d) %.1f us, the other half's sum (%.1f MB) %.1f us, "
+                   "both at once %.1f us (their sum %.1f, the longer %.1f)\n",
+                   R, M, N, Kc, p, (double)N * M * 4 / 1e6, s, both, p + s, std::max(p, s));
+    }
+    for (int r = 0; r < R; r++) {
+        CHECK(cudaSetDevice(r));
+        CHECK_STATUS(cublasDestroy(h[r]));
+        CHECK(cudaStreamDestroy(gs[r]));
+        CHECK(cudaFree(w[r]));
+        CHECK(cudaFree(xs[r]));
+        CHECK(cudaFree(out[r]));
+    }
+}
+
 int main()
 {
     int R = 0;
@@ -128,6 +218,10 @@ int main()
         }
     };
     auto sync = [&]() { for (int r = 0; r < R; r++) { CHECK(cudaSetDevice(r)); CHECK(cudaStreamSynchronize(st[r])); } };
+    if (getenv("PROBE_OVERLAP")) {
+        overlap(R, x, st, b);
+        return 0;
+    }
     const int block_counts[] = {0, 8, 16, 32, 64, 132};
     printf("%d GPUs\n", R);
     for (size_t rows : {1, 16, 128, 256, 512}) {
