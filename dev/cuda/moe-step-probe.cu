@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(THREADS, 1) moe_kernel(const __grid_constant__
             it++;
             return ring + (size_t)s * STAGE;
         };
-        auto issue = [&](const __nv_bfloat16 *row, uint32_t bytes) { /* lane i < 8: row i (NULL: none) */
+        auto issue = [&](const __nv_bfloat16 *row, uint32_t bytes) { /* a stage of 8 rows: lane i < 8 copies row i */
             uint64_t *bar;
             char *slot = slot_of(bar);
             if (lane == 0) mbar_expect_tx(bar, bytes * ROWS);
