@@ -45,7 +45,7 @@ void llm_gen_flags_add(llm_gen_flags *f, void **table, int *n, void *const *own,
                         "(every device)");
     f->quant_head = arg_lit0(NULL, "quant-head", "with --quant, the LM head too (when not tied to the embeddings)");
     f->cache_type = arg_str0(NULL, "cache-type", "TYPE", "the KV cache's type: f32, f16, bf16, q8_0 (default: the "
-                             "device's, f16 on blas, f32 on cpu and cuda)");
+                             "device's, f16 on blas and cuda, f32 on cpu)");
     f->cpu_moe = arg_lit0(NULL, "cpu-moe", "keep every mixture-of-experts layer's experts in host memory, run by "
                           "blas, the rest on the GPU (for experts that do not fit it)");
     f->n_cpu_moe = arg_int0(NULL, "n-cpu-moe", "N", "the same for the first N sparse layers' experts");
