@@ -1740,6 +1740,12 @@ static void test_persistent_wide_inputs(void **state)
 }
 
 typedef enum { RANDOM_LLAMA, RANDOM_QWEN3, RANDOM_OLMO2 } random_family;
+/* each family's architecture and model_type, as config.json names them */
+static const char *const random_family_names[][2] = {
+    [RANDOM_LLAMA] = {"LlamaForCausalLM", "llama"},
+    [RANDOM_QWEN3] = {"Qwen3ForCausalLM", "qwen3"},
+    [RANDOM_OLMO2] = {"Olmo2ForCausalLM", "olmo2"},
+};
 
 /* A Llama, a Qwen3 (q/k norms per head) or an OLMo 2 (post norms only, q/k norms over the whole projection) of random
  * BF16 weights (uniform in +-0.02, norms around 1, tied embeddings) written to a new folder. */
@@ -1807,18 +1813,14 @@ static char *random_family_dir(random_family family, int hidden, int heads, int 
     size_t len = 0;
     unsigned char *file = stw_tensors(t, n, NULL, &len);
     assert_non_null(file);
-    static const char *const names_of[][2] = {
-        [RANDOM_LLAMA] = {"LlamaForCausalLM", "llama"},
-        [RANDOM_QWEN3] = {"Qwen3ForCausalLM", "qwen3"},
-        [RANDOM_OLMO2] = {"Olmo2ForCausalLM", "olmo2"},
-    };
     char config[1024];
     snprintf(config, sizeof config,
              "{\"architectures\": [\"%s\"], \"model_type\": \"%s\", \"hidden_size\": %d, "
              "\"intermediate_size\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
              "\"num_hidden_layers\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
              "\"max_position_embeddings\": 256, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}",
-             names_of[family][0], names_of[family][1], hidden, inter, heads, kv_heads, head_dim, layers, vocab);
+             random_family_names[family][0], random_family_names[family][1], hidden, inter, heads, kv_heads, head_dim,
+             layers, vocab);
     char *dir = stw_tmpdir();
     assert_int_equal(stw_write(dir, "model.safetensors", file, len), 0);
     assert_int_equal(stw_write(dir, "config.json", config, strlen(config)), 0);
@@ -1862,18 +1864,16 @@ static void test_persistent_qk_norms_gqa(void **state)
     (void)state;
     persistent_or_skip();
     dev->release();
-    static const struct {
-        random_family family;
-        const char *name;
-    } families[] = {{RANDOM_OLMO2, "olmo2"}, {RANDOM_QWEN3, "qwen3"}};
+    static const random_family families[] = {RANDOM_OLMO2, RANDOM_QWEN3};
     static const int head_dims[] = {64, 128};
     const int32_t prompt[] = {1, 5, 9, 14, 22, 31, 40, 63};
     const int n_prompt = sizeof prompt / sizeof *prompt;
     for (size_t f = 0; f < sizeof families / sizeof *families; f++)
         for (size_t i = 0; i < sizeof head_dims / sizeof *head_dims; i++) {
-            char *dir = random_family_dir(families[f].family, 512, 8, 2, head_dims[i], 1024, 2, 64);
+            char *dir = random_family_dir(families[f], 512, 8, 2, head_dims[i], 1024, 2, 64);
             char what[64];
-            snprintf(what, sizeof what, "%s, 8 heads of %d over 2 KV heads", families[f].name, head_dims[i]);
+            snprintf(what, sizeof what, "%s, 8 heads of %d over 2 KV heads", random_family_names[families[f]][1],
+                     head_dims[i]);
             persistent_matches_kernels_and_cpu(dir, prompt, n_prompt, what);
             stw_rmdir(dir);
         }
@@ -1902,14 +1902,12 @@ static void test_persistent_skipped_phases(void **state)
     };
     const int32_t prompt[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
     const int n_prompt = sizeof prompt / sizeof *prompt;
-    static const char *const family_names[] = {[RANDOM_LLAMA] = "llama", [RANDOM_QWEN3] = "qwen3",
-                                               [RANDOM_OLMO2] = "olmo2"};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         char *dir = random_family_dir(shapes[i].family, shapes[i].hidden, shapes[i].heads, shapes[i].kv_heads,
                                       shapes[i].head_dim, shapes[i].inter, shapes[i].layers, 1024);
         char what[128];
         snprintf(what, sizeof what, "%s, hidden %d, %d heads of %d over %d, intermediate %d, %d layers",
-                 family_names[shapes[i].family], shapes[i].hidden, shapes[i].heads, shapes[i].head_dim,
+                 random_family_names[shapes[i].family][1], shapes[i].hidden, shapes[i].heads, shapes[i].head_dim,
                  shapes[i].kv_heads, shapes[i].inter, shapes[i].layers);
         persistent_matches_kernels_and_cpu(dir, prompt, n_prompt, what);
         stw_rmdir(dir);

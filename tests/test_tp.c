@@ -1102,9 +1102,9 @@ static void test_split_fast(void **state)
 }
 
 /* The model shipped in models/ (a trained Llama as the Hub lays it out, with its tokenizer and chat template) split
- * over two GPUs, through the CLI as a user runs it: the same greedy text as on one GPU. Found failing on 2026-11-29
- * (the persistent split step of this shape traps in its first decode step: dev/cuda/notes.md, version 197), while
- * the fixtures' and the real shapes' splits pass. */
+ * over two GPUs, through the CLI as a user runs it: the same greedy text as on one GPU. Its split step hung in the
+ * first decode step until the signaller's lanes met before a phase slot was rewritten (dev/cuda/notes.md, versions
+ * 197-198), while the fixtures' and the real shapes' splits passed. */
 static void test_split_shipped_model(void **state)
 {
     (void)state;

@@ -247,23 +247,13 @@ __global__ void fill(__nv_bfloat16 *w, size_t n, float scale, uint32_t seed)
     }
 }
 
-static float bf16_host(__nv_bfloat16 v)
-{
-    uint16_t b;
-    memcpy(&b, &v, 2);
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* rows [r0, r0 + n) of a device matrix of `cols` columns, as floats */
 static std::vector<float> rows_of(const __nv_bfloat16 *m, size_t r0, size_t n, size_t cols)
 {
     std::vector<__nv_bfloat16> b(n * cols);
     CHECK(cudaMemcpy(b.data(), m + r0 * cols, b.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> f(b.size());
-    for (size_t i = 0; i < b.size(); i++) f[i] = bf16_host(b[i]);
+    for (size_t i = 0; i < b.size(); i++) f[i] = __bfloat162float(b[i]);
     return f;
 }
 
